@@ -1,0 +1,82 @@
+"""django-redis-outbox: reliable message delivery for Django on Redis.
+
+Quick use::
+
+    import outbox
+
+    message = outbox.send("orders", {"order": 42})
+    outbox.get(message.id).status      # "pending", "sending", "succeeded", ...
+
+See README.md for set-up and ``docs/architecture.md`` for the records and statuses.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActionResult",
+    "Attempt",
+    "DeliveryError",
+    "InvalidMessage",
+    "Message",
+    "MessageNotFound",
+    "MessageTooLarge",
+    "OutboxError",
+    "PermanentDeliveryError",
+    "Status",
+    "UnknownDestination",
+    "attempts",
+    "cancel",
+    "delete",
+    "get",
+    "requeue",
+    "send",
+    "send_many",
+]
+
+_LAZY = {
+    "ActionResult": "outbox.actions",
+    "Attempt": "outbox.records",
+    "Message": "outbox.records",
+    "Status": "outbox.records",
+    "DeliveryError": "outbox.exceptions",
+    "InvalidMessage": "outbox.exceptions",
+    "MessageNotFound": "outbox.exceptions",
+    "MessageTooLarge": "outbox.exceptions",
+    "OutboxError": "outbox.exceptions",
+    "PermanentDeliveryError": "outbox.exceptions",
+    "UnknownDestination": "outbox.exceptions",
+    "attempts": "outbox.api",
+    "cancel": "outbox.api",
+    "delete": "outbox.api",
+    "get": "outbox.api",
+    "requeue": "outbox.api",
+    "send": "outbox.api",
+    "send_many": "outbox.api",
+}
+
+if TYPE_CHECKING:
+    from .actions import ActionResult
+    from .api import attempts, cancel, delete, get, requeue, send, send_many
+    from .exceptions import (
+        DeliveryError,
+        InvalidMessage,
+        MessageNotFound,
+        MessageTooLarge,
+        OutboxError,
+        PermanentDeliveryError,
+        UnknownDestination,
+    )
+    from .records import Attempt, Message, Status
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so that ``INSTALLED_APPS = ["outbox"]`` imports no Django models before setup.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'outbox' has no attribute {name!r}")

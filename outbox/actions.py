@@ -1,0 +1,207 @@
+"""Bulk operations on messages: requeue, cancel, delete, in batches.
+
+Each works on any iterable of ids (a selection, or every id matching a filter from
+:meth:`~outbox.store.MessageRepository.iter_ids`), 1,000 ids per Lua call, never one
+round trip per message. Every change is a compare-and-set: ids that changed meanwhile
+are counted as skipped, not forced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import islice
+
+from . import dispatch
+from .connection import get_repository
+from .events import send_bulk_signal
+from .records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
+
+CHUNK = 1000
+# Seconds between the index scores of messages changed in one chunk: distinct scores
+# keep walks by score (MessageRepository.iter_ids) free of large ties. 1 microsecond is
+# 4 ULPs of an epoch time near 1.8e9, so the scores stay distinct.
+TIE_BREAK_US = 1
+TIE_BREAK = TIE_BREAK_US / 1e6
+
+
+class ScoreClock:
+    """Hands out the first index score for each chunk so chunks never overlap.
+
+    A chunk of n messages takes the scores ``now, now + 1 µs, ... now + (n - 1) µs``
+    (``lua/bulk.lua``). Chunks are prepared faster than 1 µs per message, so reading
+    ``time.time()`` per chunk would hand the next chunk scores the previous one already
+    used; this clock starts each chunk at or after the previous chunk's end, counting in
+    whole microseconds (exact as floats near today's epoch). Thread-safe, one per process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next_us = 0
+
+    def reserve(self, count: int) -> float:
+        """Epoch seconds to use as ``now`` for a chunk of ``count`` messages."""
+        with self._lock:
+            start_us = max(time.time_ns() // 1000, self._next_us)
+            self._next_us = start_us + max(count, 1) * TIE_BREAK_US
+        return start_us / 1e6
+
+
+score_clock = ScoreClock()
+
+Progress = Callable[[int, int], None]  # (acted so far, skipped so far)
+
+
+@dataclass
+class ActionResult:
+    """How many messages an action changed, and how many it skipped (wrong status or gone)."""
+
+    acted: int = 0
+    skipped: int = 0
+
+    def add(self, other: ActionResult) -> None:
+        self.acted += other.acted
+        self.skipped += other.skipped
+
+
+def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
+    """Split any iterable of ids into lists of at most ``size``.
+
+    (:meth:`~outbox.store.MessageRepository.iter_ids` yields lists: flatten it with
+    ``itertools.chain.from_iterable`` first.)
+
+    Raises:
+        TypeError: an item is not a str (e.g. a list of ids was passed unflattened).
+    """
+    it = iter(ids)
+    while True:
+        chunk = list(islice(it, size))
+        if not chunk:
+            return
+        if not all(isinstance(i, str) for i in chunk):
+            raise TypeError("message ids must be str; flatten lists of ids (e.g. from iter_ids) first")
+        yield chunk
+
+
+Execute = Callable[[], list[str]]  # writes one prepared chunk; returns the ids acted on
+
+
+def _run(ids: Iterable[str], action: str, prepare: Callable[[list[str]], Execute], progress: Progress | None) -> ActionResult:
+    """Prepare each chunk in this thread while a helper thread writes the previous one.
+
+    Python's share of a bulk action (building the changes, reading each chunk's queues)
+    then overlaps Redis's share (running the script) instead of adding to it; redis-py
+    releases the GIL while it waits on the socket. Signals are sent from this thread.
+    """
+    total = ActionResult()
+    in_flight: tuple[int, Future[list[str]]] | None = None
+
+    def collect() -> None:
+        size, future = in_flight
+        applied = future.result()
+        send_bulk_signal(action, applied)
+        total.add(ActionResult(len(applied), size - len(applied)))
+        if progress:
+            progress(total.acted, total.skipped)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-bulk") as writer:
+        for chunk in chunks(ids):
+            execute = prepare(chunk)
+            if in_flight is not None:
+                collect()
+            in_flight = (len(chunk), writer.submit(execute))
+        if in_flight is not None:
+            collect()
+    return total
+
+
+def _writer(
+    groups: list[tuple[str, list[str]]],
+    *,
+    action: str,
+    from_statuses: tuple[str, ...],
+    to: str,
+    now: float,
+    set: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
+    queues: dict[str, str] | None = None,
+) -> Execute:
+    """Build the MULTI/EXEC for one chunk now, with no I/O; the returned callable sends it
+    and returns the ids acted on.
+
+    Args:
+        groups: (job id or "", ids) per delivery job; ``queues`` maps job id -> queue name
+            for the jobs to enqueue in the same transaction.
+    """
+    ids = [message_id for _, batch in groups for message_id in batch]
+    if not ids:
+        return list
+    repo = get_repository()
+    pipe = repo.pipeline()
+    repo.bulk_transition(pipe, groups, from_statuses=from_statuses, to=to, now=now, action=action, set=set, unset=unset, step=TIE_BREAK)
+    for job_id, batch in groups:
+        if queues and job_id in queues:
+            dispatch.enqueue(pipe, queues[job_id], batch, job_id=job_id)
+
+    def execute() -> list[str]:
+        with pipe:
+            reply = pipe.execute()[0]
+        return repo.parse_bulk(ids, reply)
+
+    return execute
+
+
+def requeue(ids: Iterable[str], *, progress: Progress | None = None) -> ActionResult:
+    """Send failed, cancelled or succeeded messages again.
+
+    Each goes back to ``pending`` with its retry count reset to 0 (a fresh retry
+    budget) and a delivery job on its queue; its attempt history is kept.
+    """
+    return _run(ids, "requeued", _prepare_requeue, progress)
+
+
+def _prepare_requeue(ids: list[str]) -> Execute:
+    now = score_clock.reserve(len(ids))
+    found = [(message_id, queue) for message_id, queue in zip(ids, get_repository().resend_field(ids, "queue")) if queue]
+    plan = dispatch.plan_jobs(found, key=lambda pair: pair[1])
+    groups = [(job_id, [message_id for message_id, _ in batch]) for _, batch, job_id in plan]
+    queues = {job_id: queue for queue, _, job_id in plan}
+    return _writer(
+        groups,
+        action="requeued",
+        from_statuses=REQUEUEABLE_STATUSES,
+        to=Status.PENDING.value,
+        now=now,
+        set={"retry_count": "0", "next_attempt_at": repr(now)},
+        unset=("last_error", "last_status_code", "lease"),
+        queues=queues,
+    )
+
+
+def cancel(ids: Iterable[str], *, progress: Progress | None = None) -> ActionResult:
+    """Withdraw pending or retrying messages (-> ``cancelled``); their queued jobs become no-ops."""
+    return _run(ids, "cancelled", _prepare_cancel, progress)
+
+
+def _prepare_cancel(ids: list[str]) -> Execute:
+    return _writer(
+        [("", ids)],
+        action="cancelled",
+        from_statuses=CANCELLABLE_STATUSES,
+        to=Status.CANCELLED.value,
+        now=score_clock.reserve(len(ids)),
+        unset=("next_attempt_at",),
+    )
+
+
+def delete(ids: Iterable[str], *, progress: Progress | None = None) -> ActionResult:
+    """Delete messages and their history for good (any status but ``sending``)."""
+    return _run(ids, "deleted", _prepare_delete, progress)
+
+
+def _prepare_delete(ids: list[str]) -> Execute:
+    repo = get_repository()
+    return lambda: [message_id for message_id, ok in zip(ids, repo.delete(ids, DELETABLE_STATUSES)) if ok]

@@ -1,0 +1,101 @@
+"""A small stacked bar chart of outcomes per minute, laid out in Python and drawn by the
+template as inline SVG (no JavaScript, no external library).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+
+@dataclass
+class Segment:
+    """One coloured part of a bar: ``series`` name, top ``y`` and height ``h`` (SVG units)."""
+
+    series: str
+    y: float
+    h: float
+    value: int
+
+
+@dataclass
+class Bar:
+    """The bar of one minute: left ``x``, ``width`` and its segments, bottom up."""
+
+    x: float
+    width: float
+    minute: datetime
+    label: str
+    segments: list[Segment] = field(default_factory=list)
+
+
+@dataclass
+class Chart:
+    """Everything the template needs to draw the chart (SVG user units)."""
+
+    width: int
+    height: int
+    left: int
+    top: int
+    bottom: int
+    peak: int
+    bars: list[Bar]
+    totals: dict[str, int]
+    first: datetime | None
+    last: datetime | None
+
+    @property
+    def baseline(self) -> int:
+        return self.height - self.bottom
+
+    @property
+    def mid_y(self) -> float:
+        return self.top + (self.baseline - self.top) / 2
+
+
+def outcome_chart(
+    minutes: Sequence[int],
+    series: Mapping[str, Sequence[int]],
+    *,
+    width: int = 720,
+    height: int = 180,
+    left: int = 44,
+    top: int = 10,
+    bottom: int = 22,
+) -> Chart:
+    """Lay out a stacked bar per minute.
+
+    Args:
+        minutes: epoch minutes (``epoch seconds // 60``), oldest first.
+        series: name -> one count per minute, stacked in the given order, bottom up.
+        width, height: the SVG viewBox size; ``left``, ``top``, ``bottom``: margins
+            kept for the axis labels.
+
+    Returns:
+        A :class:`Chart`; its ``peak`` is the largest stacked total (at least 1).
+    """
+    n = len(minutes)
+    peak = max([sum(values[i] for values in series.values()) for i in range(n)] or [0]) or 1
+    plot_w = width - left - 4
+    plot_h = height - top - bottom
+    slot = plot_w / n if n else plot_w
+    bars = []
+    for i, minute in enumerate(minutes):
+        moment = datetime.fromtimestamp(minute * 60, tz=timezone.utc)
+        base = float(height - bottom)
+        parts = []
+        for name, values in series.items():
+            value = int(values[i])
+            h = plot_h * value / peak
+            base -= h
+            parts.append(Segment(name, round(base, 2), round(h, 2), value))
+        label = ", ".join(f"{s.value} {s.series}" for s in parts)
+        bars.append(
+            Bar(round(left + i * slot + 0.5, 2), round(max(slot - 1, 1), 2), moment, label, [s for s in parts if s.value])
+        )
+    totals = {name: sum(int(v) for v in values) for name, values in series.items()}
+    return Chart(
+        width, height, left, top, bottom, peak, bars, totals,
+        bars[0].minute if bars else None, bars[-1].minute if bars else None,
+    )

@@ -1,0 +1,157 @@
+"""The bulk management commands (``outbox_requeue``, ``outbox_purge``): one base class
+with the console's filters, a dry-run count, a confirmation prompt and a progress bar.
+
+Options (all optional)::
+
+    --status S            a status to act on; repeat for several (default: per command)
+    --destination D       only messages to this destination
+    --queue Q             only messages on this django-rq queue
+    --created-after T     --created-before T     --updated-after T     --updated-before T
+                          T: 2025-11-21T10:30, 2025-11-21, 7d / 12h / 30m ago, or epoch seconds
+    --dry-run             print how many messages match, change nothing
+    --yes, --no-input     do not ask for confirmation
+
+Messages that match only after the command started (created later, or finished
+later) are left alone; messages that change meanwhile are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ..actions import ActionResult
+from ..connection import get_repository
+from ..store.queries import Count, MessageFilter, TimeRange, count_matching
+from .filters import parse_time
+from .operations import Operation, Selection, execute
+
+TIME_OPTIONS = ("created_after", "created_before", "updated_after", "updated_before")
+
+
+def _time(value: str) -> float:
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class Progress:
+    """A one-line text progress bar rewritten in place on a stream (``\\r``)."""
+
+    WIDTH = 30
+
+    def __init__(self, stream: Any, op: Operation, total: Count) -> None:
+        self.stream = stream
+        self.op = op
+        self.total = total
+        self.done = ActionResult()
+        self.base = ActionResult()
+
+    def __call__(self, acted: int, skipped: int) -> None:
+        self.done = ActionResult(self.base.acted + acted, self.base.skipped + skipped)
+        n = self.done.acted + self.done.skipped
+        whole = max(self.total.n, n, 1)
+        filled = int(self.WIDTH * n / whole)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        about = "" if self.total.exact else "≥"
+        self.stream.write(
+            f"\r{self.op.name} [{bar}] {n:,}/{about}{self.total.n:,}: {self.done.acted:,} {self.op.past}, "
+            f"{self.done.skipped:,} skipped",
+            ending="",
+        )
+        self.stream.flush()
+
+    def next_part(self) -> None:
+        """Start counting the next status on top of what is done."""
+        self.base = ActionResult(self.done.acted, self.done.skipped)
+
+
+class BulkCommand(BaseCommand):
+    """Base of a bulk command; subclasses set ``operation`` and ``default_statuses``."""
+
+    operation: Operation
+    default_statuses: tuple[str, ...]
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        op = self.operation
+        parser.add_argument(
+            "--status",
+            action="append",
+            choices=op.statuses,
+            help=f"status to act on; repeat for several (default: {', '.join(self.default_statuses)})",
+        )
+        parser.add_argument("--destination", help="only messages to this destination")
+        parser.add_argument("--queue", help="only messages on this django-rq queue")
+        for name in TIME_OPTIONS:
+            parser.add_argument(
+                "--" + name.replace("_", "-"),
+                type=_time,
+                metavar="TIME",
+                help="2025-11-21T10:30, 2025-11-21, 7d/12h/30m ago, or epoch seconds",
+            )
+        parser.add_argument("--dry-run", action="store_true", help="print how many messages match; change nothing")
+        parser.add_argument(
+            "--yes",
+            "-y",
+            "--no-input",
+            "--noinput",
+            action="store_false",
+            dest="interactive",
+            help="do not ask for confirmation",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        op = self.operation
+        repo = get_repository()
+        statuses = list(dict.fromkeys(options["status"] or self.default_statuses))
+        flt = MessageFilter(
+            destination=options["destination"] or None,
+            queue=options["queue"] or None,
+            created=TimeRange(options["created_after"], options["created_before"]),
+            updated=TimeRange(options["updated_after"], options["updated_before"]),
+        )
+        as_of = time.time()
+        total = count_matching(repo, flt, statuses)
+        what = self.describe(statuses, options)
+        about = "" if total.exact else "at least "
+        self.stdout.write(f"{about}{total.n:,} message(s) match: {what}.")
+        if options["dry_run"]:
+            self.stdout.write("Dry run: nothing changed.")
+            return
+        if total.exact and total.n == 0:
+            self.stdout.write("Nothing to do.")
+            return
+        if options["interactive"] and not self.confirm(f"{op.label} {about}{total.n:,} message(s)? [y/N] "):
+            raise CommandError("Cancelled: nothing changed.")
+        progress = Progress(self.stderr, op, total)
+        result = ActionResult()
+        for status in statuses:
+            selection = Selection(filter=flt.with_status(status), as_of=as_of)
+            result.add(execute(repo, op, selection, progress))
+            progress.next_part()
+        self.stderr.write("")
+        line = f"{result.acted:,} {op.past}"
+        if result.skipped:
+            line += f", {result.skipped:,} skipped (in another status or changed meanwhile)"
+        self.stdout.write(line + ".")
+
+    def describe(self, statuses: list[str], options: dict[str, Any]) -> str:
+        parts = [f"status {' or '.join(statuses)}"]
+        for name in ("destination", "queue", *TIME_OPTIONS):
+            if options.get(name) is not None:
+                value = options[name]
+                if name in TIME_OPTIONS:
+                    value = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+                parts.append(f"{name.replace('_', ' ')} {value}")
+        return ", ".join(parts)
+
+    def confirm(self, question: str) -> bool:
+        """Ask on the terminal; False when there is none (use ``--yes`` in scripts)."""
+        if not sys.stdin or not sys.stdin.isatty():
+            raise CommandError("Not a terminal: pass --yes (or --no-input) to act without confirmation.")
+        return input(question).strip().lower() in ("y", "yes")

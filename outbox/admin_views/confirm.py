@@ -1,0 +1,185 @@
+"""Bulk actions: the confirmation page, the action itself, and background progress.
+
+Flow (all mutations are POSTs through the admin's CSRF protection):
+
+1. The list (or a detail page) POSTs ``action`` with either ``_selected_action`` ids
+   or ``select_across=1`` and the list's filter parameters to
+   ``admin:outbox_message_action``.
+2. Without ``post=yes`` the view answers with the confirmation page: how many
+   messages the action will act on and what will happen. Nothing changes.
+3. The confirmation POSTs the same fields with ``post=yes`` and ``as_of`` (when the
+   page was shown). Selected ids, and "all matching" selections of up to
+   ``MessageAdmin.sync_action_limit`` messages, run in the request (1,000 ids per
+   Lua call) and the user is sent back with a report "N requeued, M skipped".
+   Larger selections (or ones whose size a bounded scan could not pin down) run as a
+   background RQ job (:mod:`.tasks`) and the user is sent to its progress page.
+
+Every step checks the operation's permission (403 otherwise), and each action is
+recorded in the admin history (LogEntry) with the user.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    QueryDict,
+)
+from django.template.response import TemplateResponse
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from ..connection import get_repository
+from ..store.queries import find
+from . import tasks
+from .base import TEMPLATES, context, require_view, url
+from .filters import FILTER_PARAMS, SEARCH_PARAM, describe, parse_filter
+from .history import record
+from .operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+
+#: Selected ids listed on the confirmation page (the count covers them all).
+IDS_SHOWN = 20
+#: Longest message id accepted from a form.
+MAX_ID_LENGTH = 100
+
+
+class SelectionError(ValueError):
+    """The POSTed selection cannot be acted on; the text says why."""
+
+
+def _next_url(model_admin: ModelAdmin, request: HttpRequest) -> str:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+        return target
+    return url(model_admin, "message_list")
+
+
+def selection_from_post(data: QueryDict, now: float) -> Selection:
+    """The selection a POST describes.
+
+    Raises:
+        SelectionError: nothing selected, too many ids, or an invalid filter (acting on
+            a filter with a parameter ignored would act on more than the user chose).
+    """
+    if data.get("select_across") == "1":
+        search = (data.get(SEARCH_PARAM) or "").strip()
+        if search:
+            return Selection(ids=find(get_repository(), search), description=f"the messages found for {search!r}")
+        flt, params, errors = parse_filter(data, now)
+        if errors:
+            raise SelectionError("The filter is not valid, so nothing was changed: " + " ".join(errors))
+        try:
+            as_of = min(float(data.get("as_of", now)), now)
+        except ValueError:
+            as_of = now
+        return Selection(filter=flt, as_of=as_of, description=f"all messages matching {describe(params)}")
+    ids = list(dict.fromkeys(i for i in data.getlist("_selected_action") if i and len(i) <= MAX_ID_LENGTH))
+    if not ids:
+        raise SelectionError("Items must be selected in order to perform actions on them. No items have been changed.")
+    if len(ids) > MAX_SELECTED:
+        raise SelectionError(f"At most {MAX_SELECTED:,} messages can be selected; use “select all matching” instead.")
+    noun = f"message {ids[0]}" if len(ids) == 1 else f"{len(ids):,} selected messages"
+    return Selection(ids=ids, description=noun)
+
+
+def _hidden_fields(data: QueryDict, op: Operation, as_of: float) -> list[tuple[str, str]]:
+    """The fields the confirmation form POSTs again (selection, filter, return URL)."""
+    fields = [("action", op.name), ("as_of", repr(as_of))]
+    for name in ("select_across", "next", SEARCH_PARAM, *FILTER_PARAMS):
+        if data.get(name):
+            fields.append((name, data[name]))
+    if data.get("select_across") != "1":
+        fields += [("_selected_action", i) for i in dict.fromkeys(data.getlist("_selected_action"))]
+    return fields
+
+
+def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """POST only (``admin:outbox_message_action``): confirm, then run, a bulk action.
+
+    Needs ``outbox.view_message`` and the operation's own permission
+    (``outbox.requeue_message``, ``outbox.cancel_message``, ``outbox.delete_message``).
+    """
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    require_view(model_admin, request)
+    next_url = _next_url(model_admin, request)
+    op = OPERATIONS.get(request.POST.get("action", ""))
+    if op is None:
+        messages.warning(request, "No action selected.")
+        return HttpResponseRedirect(next_url)
+    if not request.user.has_perm(op.permission):
+        raise PermissionDenied
+    now = time.time()
+    try:
+        selection = selection_from_post(request.POST, now)
+    except SelectionError as exc:
+        messages.warning(request, str(exc))
+        return HttpResponseRedirect(next_url)
+    repo = get_repository()
+    count = selection.count(repo, op)
+    limit = getattr(model_admin, "sync_action_limit", 20_000)
+    background = selection.all_matching and (count.n > limit or not count.exact)
+
+    if request.POST.get("post") != "yes":
+        return TemplateResponse(
+            request,
+            f"{TEMPLATES}/action_confirm.html",
+            context(
+                model_admin,
+                request,
+                f"{op.label} messages: are you sure?",
+                op=op,
+                selection=selection,
+                count=count,
+                selected=len(selection.ids) if selection.ids is not None else None,
+                ids_shown=(selection.ids or [])[:IDS_SHOWN],
+                statuses=", ".join(op.statuses),
+                background=background,
+                hidden_fields=_hidden_fields(request.POST, op, now),
+                action_url=url(model_admin, "message_action"),
+                cancel_url=next_url,
+            ),
+        )
+
+    if background:
+        job_id = tasks.start(op, selection, request.user.pk, count.n)
+        record(
+            request.user.pk,
+            op,
+            f"{op.label} {selection.description}: started in the background "
+            f"({'' if count.exact else 'at least '}{count.n:,} messages; job {job_id}).",
+        )
+        return HttpResponseRedirect(url(model_admin, "message_action_status", job_id))
+
+    result = execute(repo, op, selection)
+    text = report(op, result, selection.description)
+    single = selection.ids[0] if selection.ids is not None and len(selection.ids) == 1 else None
+    record(request.user.pk, op, text, object_id=single)
+    (messages.success if result.acted else messages.warning)(request, text)
+    return HttpResponseRedirect(next_url)
+
+
+def action_status(model_admin: ModelAdmin, request: HttpRequest, job_id: str) -> HttpResponse:
+    """GET: progress of a background action (``admin:outbox_message_action_status``).
+
+    Read only; refreshes itself every 2 seconds until the job ends.
+    """
+    require_view(model_admin, request)
+    task = tasks.status(job_id)
+    if task is None:
+        raise Http404("No such background action.")
+    return TemplateResponse(
+        request,
+        f"{TEMPLATES}/action_status.html",
+        context(model_admin, request, f"{OPERATIONS[task.operation].label} in progress", task=task),
+    )

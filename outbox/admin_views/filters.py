@@ -1,0 +1,197 @@
+"""Query-string parameters of the message list (and of bulk actions, which carry the
+same filter): parsing into a :class:`~outbox.store.queries.MessageFilter`, and back.
+
+=================  ==========================================================
+parameter          meaning
+=================  ==========================================================
+``status``         one of the statuses
+``destination``    a destination name
+``queue``          a django-rq queue name
+``created_from``   created at or after (see :func:`parse_time` for formats)
+``created_to``     created at or before
+``updated_from``   last status change at or after
+``updated_to``     last status change at or before
+``q``              search: a message id or an idempotency key (exact)
+``o``              sort: ``created``, ``updated`` or ``next_attempt``; ``-`` prefix
+                   for newest first
+``p``              page number, from 1
+=================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.utils import timezone
+from django.utils.http import urlencode
+
+from ..records import STATUSES
+from ..store.queries import SORT_FIELDS, MessageFilter, TimeRange
+
+FILTER_PARAMS = ("status", "destination", "queue", "created_from", "created_to", "updated_from", "updated_to")
+SEARCH_PARAM = "q"
+SORT_PARAM = "o"
+PAGE_PARAM = "p"
+LIST_PARAMS = (*FILTER_PARAMS, SEARCH_PARAM, SORT_PARAM, PAGE_PARAM)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+
+
+def parse_time(value: str, now: float | None = None) -> float:
+    """Epoch seconds from what a user types for a time bound.
+
+    Accepts epoch seconds (``1763780000``), a duration ago (``30m``, ``2h``, ``7d``,
+    ``1w``), an ISO 8601 date (``2025-11-21``: midnight) or date-time
+    (``2025-11-21T10:30``, as an ``<input type="datetime-local">`` sends it; without an
+    offset it is in the current Django time zone).
+
+    Raises:
+        ValueError: none of these.
+    """
+    text = value.strip()
+    if not text:
+        raise ValueError("empty time")
+    relative = _RELATIVE.match(text.lower())
+    if relative:
+        return (time.time() if now is None else now) - float(relative.group(1)) * _UNITS[relative.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise ValueError(f"not a time: {value!r} (use 2025-11-21T10:30, 2025-11-21, 2h or epoch seconds)") from None
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, timezone.get_current_timezone())
+    return moment.timestamp()
+
+
+@dataclass
+class ListQuery:
+    """A parsed message-list query string.
+
+    Attributes:
+        filter: what to list.
+        search: the search text ("" for none).
+        sort: a field of :data:`~outbox.store.queries.SORT_FIELDS`, or "" for the index order.
+        descending: newest (largest) first.
+        page: page number, from 1.
+        params: the accepted parameters as given (for links and hidden inputs).
+        errors: messages about parameters that were ignored.
+    """
+
+    filter: MessageFilter
+    search: str = ""
+    sort: str = ""
+    descending: bool = True
+    page: int = 1
+    params: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def querystring(self, **changes: str | int | None) -> str:
+        """``?...`` of these parameters with some changed (None removes one).
+
+        Changing anything but the page resets to page 1.
+        """
+        params = dict(self.params)
+        if any(k != PAGE_PARAM for k in changes):
+            params.pop(PAGE_PARAM, None)
+        for key, value in changes.items():
+            if value is None or value == "":
+                params.pop(key, None)
+            else:
+                params[key] = str(value)
+        ordered = [(k, params[k]) for k in LIST_PARAMS if k in params]
+        return "?" + urlencode(ordered) if ordered else "?"
+
+    @property
+    def filter_params(self) -> dict[str, str]:
+        """The filter and search parameters alone (what bulk actions carry)."""
+        return {k: v for k, v in self.params.items() if k in FILTER_PARAMS or k == SEARCH_PARAM}
+
+    @property
+    def is_filtered(self) -> bool:
+        return bool(self.filter_params)
+
+
+def parse_filter(data: Mapping[str, str], now: float | None = None) -> tuple[MessageFilter, dict[str, str], list[str]]:
+    """Read the filter parameters of ``data`` (a QueryDict or dict).
+
+    Returns:
+        (the filter, the accepted parameters as given, error messages for the others).
+    """
+    params: dict[str, str] = {}
+    errors: list[str] = []
+    values: dict[str, str | None] = {}
+    for name in ("status", "destination", "queue"):
+        value = (data.get(name) or "").strip()
+        if name == "status" and value and value not in STATUSES:
+            errors.append(f"Unknown status {value!r}; showing all statuses.")
+            value = ""
+        values[name] = value or None
+        if value:
+            params[name] = value
+    bounds: dict[str, float | None] = {}
+    for name in FILTER_PARAMS[3:]:
+        raw = (data.get(name) or "").strip()
+        bounds[name] = None
+        if not raw:
+            continue
+        try:
+            bounds[name] = parse_time(raw, now)
+        except ValueError as exc:
+            errors.append(f"{name.replace('_', ' ').capitalize()}: {exc}; ignored.")
+            continue
+        params[name] = raw
+    flt = MessageFilter(
+        status=values["status"],
+        destination=values["destination"],
+        queue=values["queue"],
+        created=TimeRange(bounds["created_from"], bounds["created_to"]),
+        updated=TimeRange(bounds["updated_from"], bounds["updated_to"]),
+    )
+    return flt, params, errors
+
+
+def parse_list_query(data: Mapping[str, str], now: float | None = None) -> ListQuery:
+    """Parse the message list's query string (see the module docstring); never raises."""
+    flt, params, errors = parse_filter(data, now)
+    search = (data.get(SEARCH_PARAM) or "").strip()
+    if search:
+        params[SEARCH_PARAM] = search
+    sort, descending = "", True
+    raw_sort = (data.get(SORT_PARAM) or "").strip()
+    if raw_sort:
+        name = raw_sort.lstrip("-")
+        if name in SORT_FIELDS:
+            sort, descending = name, raw_sort.startswith("-")
+            params[SORT_PARAM] = raw_sort
+        else:
+            errors.append(f"Unknown sort {raw_sort!r}; ignored.")
+    page = 1
+    raw_page = (data.get(PAGE_PARAM) or "").strip()
+    if raw_page:
+        try:
+            page = max(1, int(raw_page))
+        except ValueError:
+            errors.append(f"Page {raw_page!r} is not a number; showing page 1.")
+        else:
+            params[PAGE_PARAM] = str(page)
+    return ListQuery(flt, search, sort, descending, page, params, errors)
+
+
+def describe(params: Mapping[str, str]) -> str:
+    """A short human description of filter parameters, e.g. ``status failed, destination hook``."""
+    parts = []
+    for name in FILTER_PARAMS:
+        if params.get(name):
+            parts.append(f"{name.replace('_', ' ')} {params[name]}")
+    if params.get(SEARCH_PARAM):
+        parts.append(f"search {params[SEARCH_PARAM]!r}")
+    return ", ".join(parts) if parts else "no filter"

@@ -1,0 +1,31 @@
+"""Recording bulk operations in the admin's history (``django.contrib.admin.models.LogEntry``)."""
+
+from __future__ import annotations
+
+from django.contrib.admin.models import LogEntry
+from django.contrib.contenttypes.models import ContentType
+
+from ..models import Message
+from .operations import Operation
+
+
+def record(user_id: int, op: Operation, text: str, object_id: str | None = None) -> LogEntry:
+    """Write one LogEntry for an operation by ``user_id``.
+
+    Args:
+        user_id: the acting user's primary key.
+        op: the operation (its ``log_flag`` becomes the entry's action flag).
+        text: the report (see :func:`~outbox.admin_views.operations.report`).
+        object_id: the message id when the operation was on one message, else None.
+
+    The object type is the unmanaged :class:`outbox.models.Message`; the object
+    representation is the message id, or "messages" for a bulk operation.
+    """
+    return LogEntry.objects.create(
+        user_id=user_id,
+        content_type=ContentType.objects.get_for_model(Message, for_concrete_model=False),
+        object_id=object_id,
+        object_repr=(object_id or "messages")[:200],
+        action_flag=op.log_flag,
+        change_message=text,
+    )

@@ -1,0 +1,220 @@
+"""The message list: filters, search, sorting, pagination, and the action form.
+
+A page costs a few O(log N) commands plus one pipeline for its rows, whatever the
+number of messages, when an index serves the filter and the sort (see
+:mod:`outbox.store.queries`). Sorting follows the index that serves the filter:
+
+==========================  =======================  ==============================
+status filter               sorts served             default
+==========================  =======================  ==============================
+none                        created                  newest created first
+pending, retrying           next attempt             soonest due first
+sending                     updated (claim time)     latest claimed first
+succeeded/failed/cancelled  updated (entered status) latest first
+==========================  =======================  ==============================
+
+Another sort is refused with a note (never a sort of a million rows in Python).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
+
+from ..conf import outbox_settings
+from ..connection import get_repository
+from ..records import STATUSES, Message
+from ..store.queries import find, page, served_sorts, summaries
+from ..templatetags.outbox_admin import zone_abbreviation
+from .base import TEMPLATES, allowed_operations, context, require_view, url
+from .filters import SEARCH_PARAM, ListQuery, parse_list_query
+from .formatting import moment, shorten
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+
+SORT_LABELS = {"created": "Created", "updated": "Updated", "next_attempt": "Next attempt"}
+
+
+@dataclass
+class Row:
+    """One message in the list (times are aware datetimes; templates localize them)."""
+
+    id: str
+    url: str
+    destination: str
+    content_type: str
+    status: str
+    retry_count: int
+    max_retries: int
+    next_attempt: datetime | None
+    last_error: str
+    last_error_full: str
+    created: datetime | None
+    updated: datetime | None
+    queue: str
+
+
+@dataclass
+class Choice:
+    """A filter link in the sidebar."""
+
+    label: str
+    value: str
+    url: str
+    selected: bool
+    count: int | None = None
+
+
+@dataclass
+class Column:
+    """A sortable column header."""
+
+    field: str
+    label: str
+    url: str | None
+    sorted: bool
+    descending: bool
+
+
+def time_zone_label() -> str:
+    """The current time zone for a note: ``America/Chicago (CST)``, or just ``UTC``."""
+    name = timezone.get_current_timezone_name()
+    abbreviation = zone_abbreviation(timezone.localtime())
+    return name if abbreviation == name else f"{name} ({abbreviation})"
+
+
+def default_sort(status: str | None) -> tuple[str, bool]:
+    """(field, descending) a status's list is shown in when no sort is asked for."""
+    served = served_sorts(status)[0]
+    return served, served != "next_attempt"
+
+
+def _row(model_admin: ModelAdmin, m: Message) -> Row:
+    return Row(
+        id=m.id,
+        url=url(model_admin, "message_detail", m.id),
+        destination=m.destination,
+        content_type=m.content_type,
+        status=m.status,
+        retry_count=m.retry_count,
+        max_retries=m.max_retries,
+        next_attempt=moment(m.next_attempt_at),
+        last_error=shorten(m.last_error, 120),
+        last_error_full=shorten(m.last_error, 500),
+        created=moment(m.created_at),
+        updated=moment(m.updated_at),
+        queue=m.queue,
+    )
+
+
+def _choices(query: ListQuery, param: str, values: list[str], counts: dict[str, int] | None = None) -> list[Choice]:
+    """Sidebar links for one filter parameter; following one leaves a search."""
+    current = query.params.get(param, "")
+    out = [Choice("All", "", query.querystring(**{param: None, SEARCH_PARAM: None}), current == "")]
+    for value in values:
+        count = counts.get(value) if counts is not None else None
+        link = query.querystring(**{param: value, SEARCH_PARAM: None})
+        out.append(Choice(value, value, link, current == value, count))
+    return out
+
+
+def _columns(query: ListQuery, sort: str, descending: bool) -> list[Column]:
+    served = served_sorts(query.filter.status)
+    columns = []
+    for name, label in SORT_LABELS.items():
+        if name not in served:
+            columns.append(Column(name, label, None, False, False))
+            continue
+        is_sorted = name == sort
+        flip = not descending if is_sorted else default_sort(query.filter.status)[1]
+        columns.append(Column(name, label, query.querystring(o=("-" if flip else "") + name), is_sorted, descending))
+    return columns
+
+
+def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """GET: the message list (``admin:outbox_message_list``). Needs ``outbox.view_message``."""
+    require_view(model_admin, request)
+    repo = get_repository()
+    query = parse_list_query(request.GET)
+    flt = query.filter
+    per_page = model_admin.list_per_page
+    notes: list[str] = []
+
+    sort, descending = default_sort(flt.status)
+    if query.sort:
+        if query.sort in served_sorts(flt.status):
+            sort, descending = query.sort, query.descending
+        else:
+            notes.append(
+                f"Sorting by {SORT_LABELS[query.sort].lower()} is not available "
+                f"{'for ' + flt.status + ' messages' if flt.status else 'without a status filter'}: "
+                f"they are listed by {SORT_LABELS[sort].lower()}, the order of the index that serves this list."
+            )
+
+    exact, scanned = True, 0
+    if query.search:
+        ids = find(repo, query.search)
+        total = len(ids)
+        current = 1
+    else:
+        current = query.page
+        result = page(repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending)
+        ids, total, exact, scanned = result.ids, result.total, result.exact, result.scanned
+        if not exact:
+            notes.append(
+                f"No index serves the {' and '.join(result.plan.limits)} filter, so only the first "
+                f"{scanned:,} of {result.index_total:,} messages were checked: {total:,} of them match. "
+                "Narrow the list by status, destination or a time range the index serves "
+                "(created without a status; updated with a finished status) to see the rest."
+            )
+    rows = [_row(model_admin, m) for m in summaries(repo, ids) if m is not None]
+
+    paginator = Paginator(range(total), per_page)
+    page_links = []
+    if paginator.num_pages > 1 and not query.search:
+        for number in paginator.get_elided_page_range(min(current, paginator.num_pages), on_each_side=2, on_ends=1):
+            if number == Paginator.ELLIPSIS:
+                page_links.append((None, number, False))
+            else:
+                page_links.append((query.querystring(p=number), number, number == current))
+
+    destination_counts = repo.counts(flt.destination) if not query.search else None
+    operations = allowed_operations(request)
+    return TemplateResponse(
+        request,
+        f"{TEMPLATES}/message_list.html",
+        context(
+            model_admin,
+            request,
+            f"{flt.status.capitalize() if flt.status else 'All'} messages"
+            + (f" to {flt.destination}" if flt.destination else ""),
+            query=query,
+            rows=rows,
+            total=total,
+            exact=exact,
+            notes=notes,
+            errors=query.errors,
+            sort_columns={c.field: c for c in _columns(query, sort, descending)},
+            page_links=page_links,
+            page_number=current,
+            num_pages=paginator.num_pages,
+            status_choices=_choices(query, "status", list(STATUSES), destination_counts),
+            destination_choices=_choices(query, "destination", repo.destinations()),
+            queue_choices=_choices(query, "queue", outbox_settings.queue_names),
+            operations=operations,
+            action_url=url(model_admin, "message_action"),
+            hidden_filters=sorted(query.filter_params.items()),
+            clear_url=query.querystring(**{k: None for k in query.params}),
+            time_form_hidden=[(k, v) for k, v in query.params.items() if k in ("status", "destination", "queue", "o")],
+            time_zone=timezone.get_current_timezone_name(),
+            time_zone_label=time_zone_label(),
+            can_select_across=bool(operations) and not query.search and total > len(rows),
+        ),
+    )

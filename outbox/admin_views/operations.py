@@ -1,0 +1,198 @@
+"""The bulk operations of the console and the commands: what each does, who may do it,
+what it acts on (:class:`Selection`), and running it (:func:`execute`).
+
+The work itself is :mod:`outbox.actions` (1,000 ids per Lua call, compare-and-set):
+here an operation is only named, described and fed with ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+from django.contrib.admin.models import CHANGE, DELETION
+
+from .. import actions
+from ..actions import ActionResult, Progress
+from ..records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES
+from ..store import MessageRepository
+from ..store.queries import (
+    CHUNK,
+    Count,
+    MessageFilter,
+    TimeRange,
+    count_matching,
+    eligible_statuses,
+    iter_matching,
+)
+
+#: Most ids an action on selected messages accepts (a page holds far fewer).
+MAX_SELECTED = 10_000
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A bulk operation.
+
+    Attributes:
+        name: ``requeue``, ``cancel`` or ``delete`` (the function in :mod:`outbox.actions`).
+        label: the verb for buttons and menus.
+        past: the past participle for reports.
+        codename: the permission codename on ``outbox.Message``.
+        statuses: the statuses it acts on; messages in others are skipped.
+        consequences: what happens, for the confirmation page.
+        log_flag: the admin LogEntry action flag.
+    """
+
+    name: str
+    label: str
+    past: str
+    codename: str
+    statuses: tuple[str, ...]
+    consequences: tuple[str, ...]
+    log_flag: int
+
+    @property
+    def permission(self) -> str:
+        """The permission name for ``user.has_perm``."""
+        return f"outbox.{self.codename}"
+
+    def run(self, ids: Iterable[str], progress: Progress | None = None) -> ActionResult:
+        """Act on ``ids`` in batches; see :mod:`outbox.actions`."""
+        return getattr(actions, self.name)(ids, progress=progress)
+
+
+REQUEUE = Operation(
+    name="requeue",
+    label="Requeue",
+    past="requeued",
+    codename="requeue_message",
+    statuses=REQUEUEABLE_STATUSES,
+    consequences=(
+        "Each message goes back to pending and is queued for delivery now.",
+        "Its retry count is reset to 0: it gets a fresh retry budget (its max retries).",
+        "Its attempt history is kept; new attempts are added to it.",
+        "Only failed, cancelled and succeeded messages are requeued; requeuing a succeeded "
+        "message delivers it again. Messages in other statuses are skipped.",
+    ),
+    log_flag=CHANGE,
+)
+CANCEL = Operation(
+    name="cancel",
+    label="Cancel",
+    past="cancelled",
+    codename="cancel_message",
+    statuses=CANCELLABLE_STATUSES,
+    consequences=(
+        "Pending and retrying messages become cancelled and are not delivered; "
+        "delivery jobs already queued for them do nothing.",
+        "Their records and attempt history are kept; they can be requeued later.",
+        "Messages in other statuses (being sent right now, or finished) are skipped.",
+    ),
+    log_flag=CHANGE,
+)
+DELETE = Operation(
+    name="delete",
+    label="Delete",
+    past="deleted",
+    codename="delete_message",
+    statuses=DELETABLE_STATUSES,
+    consequences=(
+        "The messages, their delivery state and their attempt history are removed "
+        "from Redis for good. This cannot be undone.",
+        "An idempotency key that points at a deleted message is released.",
+        "Messages being sent right now are skipped.",
+    ),
+    log_flag=DELETION,
+)
+OPERATIONS: dict[str, Operation] = {op.name: op for op in (REQUEUE, CANCEL, DELETE)}
+
+
+@dataclass
+class Selection:
+    """What an operation acts on: listed ids, or every message matching a filter.
+
+    Attributes:
+        ids: the selected ids, or None for "all matching".
+        filter: the filter, when ``ids`` is None.
+        as_of: epoch seconds the user confirmed at: "all matching" skips messages
+            created later, and in finished statuses those that finished later.
+        description: a short human description (for reports and the admin history).
+    """
+
+    ids: list[str] | None = None
+    filter: MessageFilter = field(default_factory=MessageFilter)
+    as_of: float = field(default_factory=time.time)
+    description: str = ""
+
+    @property
+    def all_matching(self) -> bool:
+        return self.ids is None
+
+    def count(self, repo: MessageRepository, op: Operation) -> Count:
+        """How many of the selected messages ``op`` would act on now."""
+        if self.ids is not None:
+            n = 0
+            for start in range(0, len(self.ids), CHUNK):
+                n += sum(s in op.statuses for s in repo.resend_field(self.ids[start : start + CHUNK], "status"))
+            return Count(n, True)
+        return count_matching(repo, self.filter, eligible_statuses(self.filter, op.statuses))
+
+    def iter_ids(self, repo: MessageRepository, op: Operation) -> Iterator[str]:
+        """Every selected id ``op`` may act on, walking indexes in batches."""
+        if self.ids is not None:
+            return iter(self.ids)
+        batches = iter_matching(repo, self.filter, eligible_statuses(self.filter, op.statuses), as_of=self.as_of)
+        return chain.from_iterable(batches)
+
+    # -- for background jobs (RQ pickles arguments; keep them plain) ---------------
+    def to_dict(self) -> dict[str, Any]:
+        f = self.filter
+        return {
+            "ids": self.ids,
+            "filter": {
+                "status": f.status,
+                "destination": f.destination,
+                "queue": f.queue,
+                "created": [f.created.start, f.created.end],
+                "updated": [f.updated.start, f.updated.end],
+            },
+            "as_of": self.as_of,
+            "description": self.description,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Selection:
+        f = data["filter"]
+        flt = MessageFilter(
+            status=f["status"],
+            destination=f["destination"],
+            queue=f["queue"],
+            created=TimeRange(*f["created"]),
+            updated=TimeRange(*f["updated"]),
+        )
+        return cls(ids=data["ids"], filter=flt, as_of=data["as_of"], description=data["description"])
+
+
+def execute(
+    repo: MessageRepository, op: Operation, selection: Selection, progress: Progress | None = None
+) -> ActionResult:
+    """Run ``op`` on the selection now, in batches of 1,000 ids; ``progress(acted, skipped)``
+    is called after each batch.
+
+    Returns:
+        How many messages were acted on, and how many were skipped (in another status,
+        changed meanwhile, or gone).
+    """
+    return op.run(selection.iter_ids(repo, op), progress)
+
+
+def report(op: Operation, result: ActionResult, description: str) -> str:
+    """The one-line report of a finished operation, for the user and the admin history."""
+    text = f"{op.label} {description}: {result.acted:,} {op.past}"
+    if result.skipped:
+        text += f", {result.skipped:,} skipped (in another status or changed meanwhile)"
+    return text + "."

@@ -1,0 +1,99 @@
+"""Django system checks for the outbox's settings (``python manage.py check``).
+
+=============  =====================================================================
+id             problem
+=============  =====================================================================
+outbox.E001    ``OUTBOX`` has unknown keys or a value of the wrong type
+outbox.E002    a destination is malformed, or its transport refuses its options
+outbox.E003    an outbox queue is missing from ``RQ_QUEUES``
+outbox.E004    ``OUTBOX["REDIS_ALIAS"]`` is not a django-redis cache
+outbox.E005    ``OUTBOX["RETRY"]`` or ``MAX_RETRIES`` is invalid
+outbox.W001    an outbox queue in ``RQ_QUEUES`` does not use ``USE_REDIS_CACHE`` with
+               the outbox's alias, so records and jobs may not share one MULTI/EXEC
+outbox.W002    no destinations are configured
+=============  =====================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+from .conf import DEFAULTS, PRIORITIES, outbox_settings
+from .destinations import configuration_errors, validate_max_retries
+from .retry import RetryPolicy
+
+POSITIVE_NUMBERS = ("MAX_BODY_BYTES", "VISIBILITY_TIMEOUT", "RECOVERY_INTERVAL", "RECOVERY_GRACE", "BATCH_SIZE", "ATTEMPTS_KEPT")
+
+
+@register()
+def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
+    errors: list = []
+    user = getattr(settings, "OUTBOX", {})
+    if not isinstance(user, dict):
+        return [Error("settings.OUTBOX must be a dict", id="outbox.E001")]
+    unknown = set(user) - set(DEFAULTS)
+    if unknown:
+        errors.append(Error(f"unknown OUTBOX key(s): {', '.join(sorted(unknown))}", hint=f"known keys: {', '.join(DEFAULTS)}", id="outbox.E001"))
+    for name in POSITIVE_NUMBERS:
+        value = getattr(outbox_settings, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            errors.append(Error(f"OUTBOX['{name}'] must be a positive number, not {value!r}", id="outbox.E001"))
+    queues = outbox_settings.QUEUES
+    if not isinstance(queues, dict) or set(queues) != set(PRIORITIES) or not all(isinstance(q, str) and q for q in queues.values()):
+        errors.append(Error("OUTBOX['QUEUES'] must map 'high', 'default' and 'low' to queue names", id="outbox.E001"))
+        return errors
+    retention = outbox_settings.RETENTION
+    if not isinstance(retention, dict) or any(
+        k not in ("succeeded", "cancelled", "failed")
+        or not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0))
+        for k, v in retention.items()
+    ):
+        errors.append(
+            Error(
+                "OUTBOX['RETENTION'] must map 'succeeded', 'cancelled' or 'failed' to seconds (> 0) or None",
+                id="outbox.E001",
+            )
+        )
+    try:
+        RetryPolicy.from_value(outbox_settings.RETRY)
+        validate_max_retries(outbox_settings.MAX_RETRIES, "OUTBOX['MAX_RETRIES']")
+    except ValueError as exc:
+        errors.append(Error(str(exc), id="outbox.E005"))
+        return errors
+    errors += [Error(message, id="outbox.E002") for message in configuration_errors()]
+    if not outbox_settings.DESTINATIONS:
+        errors.append(Warning("OUTBOX['DESTINATIONS'] is empty: send() has nowhere to deliver", id="outbox.W002"))
+    alias = outbox_settings.REDIS_ALIAS
+    cache = getattr(settings, "CACHES", {}).get(alias)
+    if not cache or "django_redis" not in str(cache.get("BACKEND", "")):
+        errors.append(
+            Error(
+                f"OUTBOX['REDIS_ALIAS'] = {alias!r} is not a django-redis cache in CACHES",
+                hint="add CACHES[alias] = {'BACKEND': 'django_redis.cache.RedisCache', 'LOCATION': 'redis://...'}",
+                id="outbox.E004",
+            )
+        )
+    rq_queues = getattr(settings, "RQ_QUEUES", {})
+    for name in outbox_settings.queue_names:
+        config = rq_queues.get(name)
+        if config is None:
+            errors.append(
+                Error(
+                    f"outbox queue {name!r} is not in RQ_QUEUES",
+                    hint=f"add RQ_QUEUES[{name!r}] = {{'USE_REDIS_CACHE': {alias!r}}}",
+                    id="outbox.E003",
+                )
+            )
+        elif config.get("USE_REDIS_CACHE") != alias:
+            errors.append(
+                Warning(
+                    f"RQ_QUEUES[{name!r}] does not set USE_REDIS_CACHE = {alias!r}",
+                    hint="the outbox enqueues on its own connection; point django-rq at the same Redis so its "
+                    "dashboard and workers see these jobs",
+                    id="outbox.W001",
+                )
+            )
+    return errors

@@ -1,0 +1,148 @@
+"""The outbox's settings: one object over the ``OUTBOX`` dict in Django settings.
+
+Read settings as ``from outbox.conf import outbox_settings; outbox_settings.MAX_RETRIES``.
+Values are read lazily and cached; the cache is dropped on Django's
+``setting_changed`` signal (so ``override_settings`` works in tests).
+
+Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
+
+=====================  ==========================================================
+``REDIS_ALIAS``        django-redis cache alias whose connection the outbox uses
+                       (default ``"default"``). Point django-rq's queues at the same
+                       alias with ``USE_REDIS_CACHE`` so records and jobs share one
+                       MULTI/EXEC round trip.
+``KEY_PREFIX``         prefix of every Redis key the outbox writes (``"outbox"``).
+``QUEUES``             priority -> django-rq queue name
+                       (``{"high": "outbox_high", "default": "outbox", "low": "outbox_low"}``).
+``DESTINATIONS``       name -> ``{"TRANSPORT": alias or dotted path, "OPTIONS": {...},
+                       "MAX_RETRIES": n, "RETRY": policy}``.
+``MAX_RETRIES``        retries after the first attempt before a message is failed (10).
+``RETRY``              default retry policy, see :mod:`outbox.retry`.
+``MAX_BODY_BYTES``     largest accepted body in bytes (1 MiB).
+``VISIBILITY_TIMEOUT`` seconds a claimed message may stay ``sending`` before the
+                       recovery sweep takes it back (300). Also the RQ job timeout.
+``RECOVERY_INTERVAL``  seconds between recovery sweeps in ``outbox_worker`` (30).
+``RECOVERY_GRACE``     seconds a due message may wait with no queued job before the
+                       sweep enqueues it again (60).
+``BATCH_SIZE``         most message ids per delivery job (100).
+``ATTEMPTS_KEPT``      attempt records kept per message, newest first (50).
+``EVENTS_CHANNEL``     Redis Pub/Sub channel for outcome events (``"<prefix>:events"``),
+                       or None to publish nothing.
+``RETENTION``          status -> seconds a finished message is kept before the recovery
+                       sweep deletes it (None = for ever). Default: succeeded 7 days,
+                       cancelled 30 days, failed (dead letters) for ever.
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .retry import RetryPolicy
+
+DEFAULTS: dict[str, Any] = {
+    "REDIS_ALIAS": "default",
+    "KEY_PREFIX": "outbox",
+    "QUEUES": {"high": "outbox_high", "default": "outbox", "low": "outbox_low"},
+    "DESTINATIONS": {},
+    "MAX_RETRIES": 10,
+    "RETRY": {"strategy": "exponential", "base": 10, "factor": 2, "max_delay": 6 * 3600, "jitter": "equal"},
+    "MAX_BODY_BYTES": 1024 * 1024,
+    "VISIBILITY_TIMEOUT": 300,
+    "RECOVERY_INTERVAL": 30,
+    "RECOVERY_GRACE": 60,
+    "BATCH_SIZE": 100,
+    "ATTEMPTS_KEPT": 50,
+    "EVENTS_CHANNEL": "",  # "" means "<KEY_PREFIX>:events"
+    "RETENTION": {"succeeded": 7 * 24 * 3600, "cancelled": 30 * 24 * 3600, "failed": None},
+}
+
+PRIORITIES = ("high", "default", "low")
+MAX_RETRIES_LIMIT = 1000
+
+
+class OutboxSettings:
+    """Attribute access to ``settings.OUTBOX`` merged over :data:`DEFAULTS`.
+
+    Raises:
+        AttributeError: for a name that is not a setting.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] = {}
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        value = getattr(settings, "OUTBOX", {})
+        if not isinstance(value, dict):
+            raise ImproperlyConfigured("settings.OUTBOX must be a dict")
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in DEFAULTS:
+            raise AttributeError(name)
+        if name not in self._cache:
+            value = self.user_settings.get(name, DEFAULTS[name])
+            if name == "EVENTS_CHANNEL" and value == "":
+                value = f"{self.KEY_PREFIX}:events"
+            self._cache[name] = value
+        return self._cache[name]
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The global default :class:`RetryPolicy`.
+
+        Raises:
+            ImproperlyConfigured: ``OUTBOX["RETRY"]`` is not a valid policy.
+        """
+        if "_retry_policy" not in self._cache:
+            try:
+                self._cache["_retry_policy"] = RetryPolicy.from_value(self.RETRY)
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"OUTBOX['RETRY']: {exc}") from exc
+        return self._cache["_retry_policy"]
+
+    def queue_name(self, priority: str | None) -> str:
+        """The django-rq queue name for a priority (None means ``"default"``).
+
+        Raises:
+            ValueError: the priority is not one of ``high``, ``default``, ``low``.
+        """
+        priority = priority or "default"
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}, not {priority!r}")
+        return self.QUEUES[priority]
+
+    @property
+    def queue_names(self) -> list[str]:
+        """Queue names in the order workers listen to them: high, default, low."""
+        seen: list[str] = []
+        for priority in PRIORITIES:
+            name = self.QUEUES[priority]
+            if name not in seen:
+                seen.append(name)
+        return seen
+
+    def reload(self) -> None:
+        """Drop cached values (and everything derived from them)."""
+        self._cache.clear()
+        from . import connection, delivery, destinations, dispatch
+
+        connection.get_repository.cache_clear()
+        destinations.clear_cache()
+        dispatch.clear_cache()
+        delivery.close_transports()
+
+
+outbox_settings = OutboxSettings()
+
+
+@receiver(setting_changed)
+def _reload_settings(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("OUTBOX", "CACHES", "RQ_QUEUES", "RQ"):
+        outbox_settings.reload()

@@ -1,0 +1,42 @@
+"""The outbox's Redis connection and repository, from the django-redis alias in settings."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from django.core.exceptions import ImproperlyConfigured
+from redis import Redis
+
+from .conf import outbox_settings
+from .store import MessageRepository
+
+IDEMPOTENCY_TTL = 24 * 3600  # seconds; as long as Stripe keeps idempotency keys
+
+
+def get_connection() -> Redis:
+    """The redis-py client of the django-redis cache alias ``OUTBOX["REDIS_ALIAS"]``.
+
+    Raises:
+        ImproperlyConfigured: the alias is not a django-redis cache.
+    """
+    from django_redis import get_redis_connection
+
+    alias = outbox_settings.REDIS_ALIAS
+    try:
+        return get_redis_connection(alias)
+    except (NotImplementedError, KeyError) as exc:
+        raise ImproperlyConfigured(
+            f"OUTBOX['REDIS_ALIAS'] = {alias!r} must name a django-redis cache in CACHES"
+        ) from exc
+
+
+@cache
+def get_repository() -> MessageRepository:
+    """The process-wide :class:`MessageRepository` built from settings (cached)."""
+    return MessageRepository(
+        get_connection(),
+        outbox_settings.KEY_PREFIX,
+        attempts_kept=outbox_settings.ATTEMPTS_KEPT,
+        events_channel=outbox_settings.EVENTS_CHANNEL or "",
+        idempotency_ttl=IDEMPOTENCY_TTL,
+    )

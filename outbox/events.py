@@ -1,0 +1,99 @@
+"""Outcome events: Django signals in the process that made the change, and JSON on a
+Redis Pub/Sub channel (``OUTBOX["EVENTS_CHANNEL"]``, published by the same Lua script
+that makes the status change, so an event is published if and only if it happened).
+
+Signals (``sender`` is the :class:`~outbox.records.Message` class; keyword ``message``
+is the message after the change; ``attempt`` an :class:`~outbox.records.Attempt` or None):
+
+* :data:`message_succeeded`: delivered.
+* :data:`message_retrying`: an attempt failed; a retry is scheduled (``next_attempt_at``).
+* :data:`message_failed`: dead letter (permanent error, retries spent, or worker lost too often).
+* :data:`messages_requeued`, :data:`messages_cancelled`, :data:`messages_deleted`: a
+  user or script acted on messages; keyword ``message_ids`` lists the ids acted on
+  (sent once per batch of up to 1,000, not per message).
+
+Pub/Sub payload of a delivery outcome (JSON object)::
+
+    {"event": "message.succeeded", "id": "msg_...", "destination": "orders",
+     "status": "succeeded", "retry_count": 0, "status_code": 200, "error": "",
+     "next_attempt_at": null, "at": 1763780000.123}
+
+A bulk action publishes one event per batch of up to 1,000 messages::
+
+    {"event": "messages.requeued", "ids": ["msg_...", ...], "at": 1763780000.123}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.dispatch import Signal
+
+from .records import Attempt, Message
+
+logger = logging.getLogger("outbox")
+
+message_succeeded = Signal()
+message_retrying = Signal()
+message_failed = Signal()
+messages_requeued = Signal()
+messages_cancelled = Signal()
+messages_deleted = Signal()
+
+SIGNALS = {
+    "succeeded": message_succeeded,
+    "retrying": message_retrying,
+    "failed": message_failed,
+}
+BULK_SIGNALS = {"requeued": messages_requeued, "cancelled": messages_cancelled, "deleted": messages_deleted}
+
+
+def send_bulk_signal(action: str, message_ids: list[str]) -> None:
+    """Send ``messages_<action>`` for ids acted on; receiver errors are logged."""
+    if not message_ids:
+        return
+    for receiver, result in BULK_SIGNALS[action].send_robust(sender=Message, message_ids=message_ids):
+        if isinstance(result, Exception):
+            logger.error("outbox signal receiver %r failed", receiver, exc_info=result)
+
+
+def event_payload(
+    status: str,
+    message: Message,
+    *,
+    at: float,
+    retry_count: int | None = None,
+    status_code: int | None = None,
+    error: str = "",
+    next_attempt_at: float | None = None,
+) -> str:
+    """The Pub/Sub JSON for a message entering ``status``."""
+    return json.dumps(
+        {
+            "event": f"message.{status}",
+            "id": message.id,
+            "destination": message.destination,
+            "status": status,
+            "retry_count": message.retry_count if retry_count is None else retry_count,
+            "status_code": status_code,
+            "error": error,
+            "next_attempt_at": next_attempt_at,
+            "at": at,
+        },
+        separators=(",", ":"),
+    )
+
+
+def send_signal(status: str, message: Message, attempt: Attempt | None = None) -> None:
+    """Send the Django signal for a message that entered ``status`` (if it has one).
+
+    A receiver that raises is logged and does not stop the others (``send_robust``):
+    the status change has already happened.
+    """
+    signal = SIGNALS.get(status)
+    if signal is None:
+        return
+    for receiver, result in signal.send_robust(sender=Message, message=message, attempt=attempt):
+        if isinstance(result, Exception):
+            logger.error("outbox signal receiver %r failed for %s", receiver, message.id, exc_info=result)

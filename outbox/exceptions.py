@@ -1,0 +1,87 @@
+"""Exceptions raised by the outbox.
+
+Every error the outbox raises on purpose derives from :class:`OutboxError`, so a
+caller can catch one class. Invalid settings are reported as Django's
+``ImproperlyConfigured`` (and as system checks, see :mod:`outbox.checks`).
+"""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every exception the outbox raises on purpose."""
+
+
+class InvalidMessage(OutboxError, ValueError):
+    """``send()`` was given input it cannot accept; nothing was written to Redis.
+
+    Attributes:
+        field: the argument at fault (``"body"``, ``"headers"``, ``"destination"``...).
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class UnknownDestination(InvalidMessage):
+    """The destination name is not a key of ``OUTBOX["DESTINATIONS"]``."""
+
+
+class MessageTooLarge(InvalidMessage):
+    """The encoded body is larger than ``OUTBOX["MAX_BODY_BYTES"]``.
+
+    Attributes:
+        size: the encoded body size in bytes.
+        limit: the configured limit in bytes.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"message body is {size} bytes, over the limit of {limit} bytes (OUTBOX['MAX_BODY_BYTES'])",
+            field="body",
+        )
+        self.size = size
+        self.limit = limit
+
+
+class MessageNotFound(OutboxError, KeyError):
+    """No message record exists under this id (never sent, or deleted)."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else "message not found"
+
+
+class DeliveryError(OutboxError):
+    """A transport failed to deliver a message.
+
+    Transports raise it (or a subclass) from ``deliver()``. The worker records it as
+    a failed delivery attempt and decides: retry with backoff, or dead letter.
+
+    Args:
+        message: what went wrong, for the attempt history (kept to 1,000 chars).
+        status_code: the receiver's HTTP status, when there was a response.
+        retry_after: seconds the receiver asked us to wait (``Retry-After``), or None.
+        permanent: True when retrying cannot help (HTTP 400, bad address...):
+            the message is failed at once, whatever retries are left.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        permanent: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after = retry_after
+        self.permanent = permanent
+
+
+class PermanentDeliveryError(DeliveryError):
+    """A delivery failure that retrying cannot fix; the message becomes a dead letter."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message, status_code=status_code, permanent=True)

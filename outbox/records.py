@@ -1,0 +1,243 @@
+"""The records the outbox keeps, as Python objects: :class:`Message` and :class:`Attempt`.
+
+A message lives in Redis as two hashes (see ``docs/architecture.md``): the *message
+record* (what to send) and the *resend record* (delivery state). :class:`Message`
+joins both. Times are UTC epoch seconds (float).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    """Where a message is in its life; see the status machine in ``docs/architecture.md``."""
+
+    PENDING = "pending"  # waiting for its first attempt (or requeued)
+    SENDING = "sending"  # claimed by a worker; an attempt is under way
+    RETRYING = "retrying"  # an attempt failed; the next one is due at next_attempt_at
+    SUCCEEDED = "succeeded"  # delivered
+    FAILED = "failed"  # dead letter: permanent error or retries spent; kept and visible
+    CANCELLED = "cancelled"  # withdrawn before delivery
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATUSES = tuple(s.value for s in Status)
+#: Statuses from which a message can still be delivered without a user acting.
+ACTIVE_STATUSES = (Status.PENDING.value, Status.SENDING.value, Status.RETRYING.value)
+#: Statuses a requeue accepts.
+REQUEUEABLE_STATUSES = (Status.FAILED.value, Status.CANCELLED.value, Status.SUCCEEDED.value)
+#: Statuses a cancel accepts.
+CANCELLABLE_STATUSES = (Status.PENDING.value, Status.RETRYING.value)
+#: Statuses a delete accepts (not ``sending``: an attempt is in flight).
+DELETABLE_STATUSES = tuple(s for s in STATUSES if s != Status.SENDING.value)
+
+
+def new_message_id(now: float | None = None) -> str:
+    """A new message id: ``msg_`` + 12 hex digits of milliseconds + 16 random hex digits.
+
+    Ids sort by creation time (to the millisecond) and are safe in Redis keys, URLs and
+    the Standard Webhooks ``webhook-id`` header.
+    """
+    millis = int((time.time() if now is None else now) * 1000)
+    return f"msg_{millis:012x}{os.urandom(8).hex()}"
+
+
+@dataclass
+class Attempt:
+    """One delivery attempt, as kept in the capped attempts list.
+
+    Attributes:
+        started_at: epoch seconds when the transport was called.
+        duration_ms: how long the transport took, in milliseconds.
+        outcome: ``"succeeded"``, ``"retrying"``, ``"failed"`` or ``"lost"`` (the worker
+            died or overran the visibility timeout).
+        status_code: the receiver's HTTP status, if any.
+        error: the error text (empty on success).
+        worker: name of the worker process (host:pid).
+        retry_count: the message's retry count after this attempt.
+        detail: the transport's note on a success (e.g. an SMTP reply), or "".
+    """
+
+    started_at: float
+    duration_ms: float
+    outcome: str
+    status_code: int | None = None
+    error: str = ""
+    worker: str = ""
+    retry_count: int = 0
+    detail: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "started_at": self.started_at,
+                "duration_ms": round(self.duration_ms, 3),
+                "outcome": self.outcome,
+                "status_code": self.status_code,
+                "error": self.error,
+                "worker": self.worker,
+                "retry_count": self.retry_count,
+                **({"detail": self.detail} if self.detail else {}),
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Attempt:
+        data = json.loads(raw)
+        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass
+class Message:
+    """A message with its delivery state: the message record and the resend record joined.
+
+    Attributes:
+        id: the message id (see :func:`new_message_id`).
+        destination: name of the destination in ``OUTBOX["DESTINATIONS"]``.
+        body: the payload, as bytes.
+        content_type: MIME type of ``body``.
+        headers: extra headers for the transport (name -> value).
+        created_at: epoch seconds.
+        idempotency_key: the caller's key, or None.
+        status: a :class:`Status` value.
+        retry_count: retries so far (attempts after the first); a dead letter that spent
+            its budget shows ``max_retries``.
+        max_retries: retries allowed after the first attempt.
+        retry_policy: the resolved policy dict (see :mod:`outbox.retry`).
+        send_time: when the first attempt was due (created_at + delay).
+        next_attempt_at: when the next attempt is due (pending/retrying), else None.
+        last_attempt_at: when the last attempt started, or None.
+        last_error: text of the last failure ("" when none).
+        last_status_code: HTTP status of the last attempt, or None.
+        queue: the django-rq queue its jobs go to.
+        updated_at: epoch seconds of the last status change.
+        job_id: id of the last RQ job enqueued for it.
+        lease: token of the worker's claim while ``sending`` (the visibility-timeout lease).
+    """
+
+    id: str
+    destination: str
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+    created_at: float = 0.0
+    idempotency_key: str | None = None
+    status: str = Status.PENDING.value
+    retry_count: int = 0
+    max_retries: int = 0
+    retry_policy: dict[str, Any] = field(default_factory=dict)
+    send_time: float = 0.0
+    next_attempt_at: float | None = None
+    last_attempt_at: float | None = None
+    last_error: str = ""
+    last_status_code: int | None = None
+    queue: str = ""
+    updated_at: float = 0.0
+    job_id: str = ""
+    lease: str = ""
+
+    # -- conveniences -------------------------------------------------------------
+    @property
+    def text(self) -> str:
+        """The body decoded as UTF-8 (undecodable bytes replaced)."""
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON.
+
+        Raises:
+            ValueError: the body is not JSON.
+        """
+        return json.loads(self.body)
+
+    @property
+    def is_dead_letter(self) -> bool:
+        return self.status == Status.FAILED.value
+
+    # -- Redis hash encoding ------------------------------------------------------
+    def message_fields(self) -> dict[str, bytes | str]:
+        """The message record as a flat hash mapping."""
+        fields: dict[str, bytes | str] = {
+            "id": self.id,
+            "destination": self.destination,
+            "body": self.body,
+            "content_type": self.content_type,
+            "headers": json.dumps(self.headers, separators=(",", ":")),
+            "created_at": repr(self.created_at),
+        }
+        if self.idempotency_key:
+            fields["idempotency_key"] = self.idempotency_key
+        return fields
+
+    def resend_fields(self) -> dict[str, str]:
+        """The resend record as a flat hash mapping (None fields left out)."""
+        fields = {
+            "status": self.status,
+            "destination": self.destination,
+            "retry_count": str(self.retry_count),
+            "max_retries": str(self.max_retries),
+            "retry_policy": json.dumps(self.retry_policy, separators=(",", ":")),
+            "send_time": repr(self.send_time),
+            "next_attempt_at": _opt(self.next_attempt_at),
+            "last_attempt_at": _opt(self.last_attempt_at),
+            "last_error": self.last_error,
+            "last_status_code": _opt(self.last_status_code),
+            "queue": self.queue,
+            "updated_at": repr(self.updated_at),
+            "job_id": self.job_id,
+        }
+        return {k: v for k, v in fields.items() if v != ""}
+
+    @classmethod
+    def from_hashes(cls, message: dict[bytes, bytes], resend: dict[bytes, bytes]) -> Message:
+        """Build a message from the two hashes as redis-py returns them (bytes keys)."""
+        m = {k.decode(): v for k, v in message.items()}
+        r = {k.decode(): v.decode() for k, v in resend.items()}
+        return cls(
+            id=m["id"].decode(),
+            destination=m["destination"].decode(),
+            body=m.get("body", b""),
+            content_type=m.get("content_type", b"").decode(),
+            headers=json.loads(m.get("headers", b"{}")),
+            created_at=float(m.get("created_at", b"0")),
+            idempotency_key=m["idempotency_key"].decode() if m.get("idempotency_key") else None,
+            status=r.get("status", ""),
+            retry_count=int(r.get("retry_count", "0")),
+            max_retries=int(r.get("max_retries", "0")),
+            retry_policy=json.loads(r.get("retry_policy", "{}")),
+            send_time=float(r.get("send_time", "0")),
+            next_attempt_at=_float(r.get("next_attempt_at")),
+            last_attempt_at=_float(r.get("last_attempt_at")),
+            last_error=r.get("last_error", ""),
+            last_status_code=int(r["last_status_code"]) if r.get("last_status_code") else None,
+            queue=r.get("queue", ""),
+            updated_at=float(r.get("updated_at", "0")),
+            job_id=r.get("job_id", ""),
+            lease=r.get("lease", ""),
+        )
+
+    @classmethod
+    def from_flat(cls, message: list[bytes], resend: list[bytes]) -> Message:
+        """Build a message from two flat ``HGETALL`` replies as a Lua script returns them."""
+        return cls.from_hashes(_pairs(message), _pairs(resend))
+
+
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    return dict(zip(flat[::2], flat[1::2]))
+
+
+def _opt(value: float | int | None) -> str:
+    return "" if value is None else repr(value)
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value else None

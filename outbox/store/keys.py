@@ -1,0 +1,70 @@
+"""Redis key names. Nothing outside :mod:`outbox.store` builds an outbox key.
+
+Layout, for prefix ``outbox`` (see ``docs/architecture.md``):
+
+==================================  ===========  ============================================
+key                                 type         holds
+==================================  ===========  ============================================
+``outbox:message:<id>``             hash         the message record
+``outbox:resend:<id>``              hash         the resend record (delivery state)
+``outbox:attempts:<id>``            list         attempt records, newest first, capped
+``outbox:status:<status>``          sorted set   ids in that status (score: see below)
+``outbox:status:<status>:dest:<d>`` sorted set   the same, for one destination
+``outbox:created``                  sorted set   every id, scored by created_at
+``outbox:created:dest:<d>``         sorted set   every id of one destination, by created_at
+``outbox:destinations``             set          destination names ever used
+``outbox:idempotency:<key>``        string       the id sent under that key (expires)
+``outbox:lock:<name>``              string       short-lived locks (recovery sweep)
+``outbox:stats:<outcome>:<minute>`` string       outcome counters per minute (expire)
+==================================  ===========  ============================================
+
+Status index scores: ``pending`` and ``retrying`` by next_attempt_at (so due messages
+are a range query), ``sending`` by lease deadline (claim time + visibility timeout),
+the others by the time they entered the status.
+
+The Lua scripts in ``lua/`` build the same names from the prefix; keep both in step.
+Multi-key scripts that build names make the outbox unsuitable for Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names under one prefix."""
+
+    prefix: str
+
+    def message(self, message_id: str) -> str:
+        return f"{self.prefix}:message:{message_id}"
+
+    def resend(self, message_id: str) -> str:
+        return f"{self.prefix}:resend:{message_id}"
+
+    def attempts(self, message_id: str) -> str:
+        return f"{self.prefix}:attempts:{message_id}"
+
+    def status(self, status: str, destination: str | None = None) -> str:
+        if destination is None:
+            return f"{self.prefix}:status:{status}"
+        return f"{self.prefix}:status:{status}:dest:{destination}"
+
+    def created(self, destination: str | None = None) -> str:
+        if destination is None:
+            return f"{self.prefix}:created"
+        return f"{self.prefix}:created:dest:{destination}"
+
+    @property
+    def destinations(self) -> str:
+        return f"{self.prefix}:destinations"
+
+    def idempotency(self, key: str) -> str:
+        return f"{self.prefix}:idempotency:{key}"
+
+    def lock(self, name: str) -> str:
+        return f"{self.prefix}:lock:{name}"
+
+    def stats(self, outcome: str, minute: int) -> str:
+        return f"{self.prefix}:stats:{outcome}:{minute}"

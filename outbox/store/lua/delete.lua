@@ -1,0 +1,32 @@
+-- Delete messages in one of the allowed statuses: both records, attempts, every index
+-- entry, and the idempotency key if it still points at the message.
+--
+-- ARGV[1] prefix, ARGV[2] comma-separated allowed statuses, ARGV[3..] ids
+-- Returns, per id: 1 deleted, 0 refused (status not allowed, or no such message).
+local prefix = ARGV[1]
+local allowed = {}
+for s in string.gmatch(ARGV[2], '[^,]+') do allowed[s] = true end
+local out = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local rkey = prefix .. ':resend:' .. id
+  local mkey = prefix .. ':message:' .. id
+  local cur = redis.call('HMGET', rkey, 'status', 'destination')
+  local status, dest = cur[1], cur[2]
+  if status and allowed[status] then
+    local idem = redis.call('HGET', mkey, 'idempotency_key')
+    if idem then
+      local ikey = prefix .. ':idempotency:' .. idem
+      if redis.call('GET', ikey) == id then redis.call('DEL', ikey) end
+    end
+    redis.call('ZREM', prefix .. ':status:' .. status, id)
+    redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
+    redis.call('ZREM', prefix .. ':created', id)
+    redis.call('ZREM', prefix .. ':created:dest:' .. dest, id)
+    redis.call('DEL', rkey, mkey, prefix .. ':attempts:' .. id)
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out

@@ -1,0 +1,73 @@
+-- Compare-and-set status transitions, many messages per call. This is the lock
+-- against double processing: a change applies only if the message is in one of the
+-- expected statuses (and, if asked, its lease matches and it is due).
+--
+-- ARGV[1] prefix
+-- ARGV[2] now (epoch seconds, string)
+-- ARGV[3] attempts kept per message
+-- ARGV[4] Pub/Sub channel for events ("" = publish nothing)
+-- ARGV[5] JSON list of changes, each:
+--   {"id": str, "from": [statuses], "to": status, "score": str,
+--    "set": {field: str}, "unset": [field], "lease": str (must match),
+--    "due_by": str (next_attempt_at must be <= this epoch time),
+--    "attempt": str (JSON pushed on the attempts list), "event": str (published),
+--    "stat": str (outcome counted per minute), "load": bool (return both records)}
+-- Returns, per change: {applied 0|1, status after ("" if no such message)
+--                       [, message HGETALL, resend HGETALL when load and applied]}
+local prefix = ARGV[1]
+local now = tonumber(ARGV[2])
+local kept = tonumber(ARGV[3])
+local channel = ARGV[4]
+local changes = cjson.decode(ARGV[5])
+local minute = math.floor(now / 60)
+local out = {}
+for i, c in ipairs(changes) do
+  local rkey = prefix .. ':resend:' .. c.id
+  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease')
+  local status = cur[1]
+  local applied = 0
+  if status then
+    local allowed = false
+    for _, s in ipairs(c.from) do
+      if s == status then allowed = true end
+    end
+    if allowed and c.due_by and cur[3] and tonumber(cur[3]) > tonumber(c.due_by) then allowed = false end
+    if allowed and c.lease and c.lease ~= cur[4] then allowed = false end
+    if allowed then
+      applied = 1
+      local dest = cur[2]
+      redis.call('ZREM', prefix .. ':status:' .. status, c.id)
+      redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, c.id)
+      redis.call('ZADD', prefix .. ':status:' .. c.to, c.score, c.id)
+      redis.call('ZADD', prefix .. ':status:' .. c.to .. ':dest:' .. dest, c.score, c.id)
+      local fields = {'status', c.to, 'updated_at', ARGV[2]}
+      if c.set then
+        for k, v in pairs(c.set) do
+          fields[#fields + 1] = k
+          fields[#fields + 1] = v
+        end
+      end
+      redis.call('HSET', rkey, unpack(fields))
+      if c.unset and #c.unset > 0 then redis.call('HDEL', rkey, unpack(c.unset)) end
+      if c.attempt then
+        local akey = prefix .. ':attempts:' .. c.id
+        redis.call('LPUSH', akey, c.attempt)
+        redis.call('LTRIM', akey, 0, kept - 1)
+      end
+      if c.stat then
+        local skey = prefix .. ':stats:' .. c.stat .. ':' .. minute
+        redis.call('INCR', skey)
+        redis.call('EXPIRE', skey, 7200)
+      end
+      if c.event and channel ~= '' then redis.call('PUBLISH', channel, c.event) end
+      status = c.to
+    end
+  end
+  local row = {applied, status or ''}
+  if applied == 1 and c.load then
+    row[3] = redis.call('HGETALL', prefix .. ':message:' .. c.id)
+    row[4] = redis.call('HGETALL', rkey)
+  end
+  out[i] = row
+end
+return out

@@ -1,0 +1,371 @@
+"""Read-only queries for the admin console and the bulk commands, over a repository.
+
+Each query reads one sorted set of :class:`~outbox.store.MessageRepository` (see
+:mod:`outbox.store.keys`) and never loads every id:
+
+* the index is the status index when a status is given, else the created index; the
+  destination picks the per-destination variant;
+* a time range on the field the index is scored by becomes a score range
+  (ZCOUNT/ZRANGE, exact and O(log N));
+* other conditions (a queue; a created range on a status index; an updated range on
+  a ``pending``/``retrying``/``sending`` index) are checked id by id. For a page that
+  means a *bounded scan* of at most :data:`SCAN_LIMIT` index entries, and the count is
+  then a lower bound (:attr:`Page.exact` is False); bulk actions check every entry,
+  1,000 at a time.
+
+What an index's score means (``updated`` is the time the message entered its status,
+which is its ``updated_at`` for terminal statuses):
+
+============================  ==============================================
+index                         score
+============================  ==============================================
+created (no status)           created_at
+pending, retrying             next_attempt_at
+sending                       lease deadline (claim time + visibility timeout)
+succeeded, failed, cancelled  time it entered the status (updated_at)
+============================  ==============================================
+
+Keys are built only through ``repo.keys`` and ``repo.index_key``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+from ..records import STATUSES, Message, Status
+from .repository import MessageRepository
+
+#: Index entries a page whose filter no index serves may examine.
+SCAN_LIMIT = 5_000
+#: Ids read per round trip while scanning.
+CHUNK = 1000
+#: Sort keys of the message list.
+SORT_FIELDS = ("created", "updated", "next_attempt")
+#: Message-record fields a list row needs (everything but the body).
+SUMMARY_FIELDS = ("id", "destination", "content_type", "headers", "created_at", "idempotency_key")
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """An inclusive range of epoch seconds; None means unbounded on that side."""
+
+    start: float | None = None
+    end: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.start is not None or self.end is not None
+
+    def contains(self, value: float) -> bool:
+        """True if ``value`` (epoch seconds) lies in the range."""
+        return (self.start is None or value >= self.start) and (self.end is None or value <= self.end)
+
+
+@dataclass(frozen=True)
+class MessageFilter:
+    """What the message list, bulk actions and bulk commands select.
+
+    Attributes:
+        status: one of :data:`~outbox.records.STATUSES`, or None for any.
+        destination: a destination name, or None for any.
+        queue: a django-rq queue name, or None for any.
+        created: range of ``created_at``.
+        updated: range of ``updated_at`` (the time of the last status change).
+    """
+
+    status: str | None = None
+    destination: str | None = None
+    queue: str | None = None
+    created: TimeRange = field(default_factory=TimeRange)
+    updated: TimeRange = field(default_factory=TimeRange)
+
+    def with_status(self, status: str | None) -> MessageFilter:
+        """The same filter for another status."""
+        return replace(self, status=status)
+
+
+def score_field(status: str | None) -> str:
+    """What the score of the index for ``status`` means: ``"created"``, ``"next_attempt"``,
+    ``"lease"`` (sending) or ``"updated"``."""
+    if status is None:
+        return "created"
+    if status in (Status.PENDING.value, Status.RETRYING.value):
+        return "next_attempt"
+    if status == Status.SENDING.value:
+        return "lease"
+    return "updated"
+
+
+def served_sorts(status: str | None) -> tuple[str, ...]:
+    """The sort fields the index for ``status`` orders by (the lease deadline of a
+    ``sending`` message is its claim time, = updated_at, plus a constant)."""
+    scored = score_field(status)
+    return ("updated",) if scored == "lease" else (scored,)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a filter is read: one index, a score range on it, and per-id checks.
+
+    Attributes:
+        filter: the filter planned.
+        key: the sorted set read.
+        score_field: what its score means (see :func:`score_field`).
+        lo, hi: inclusive score bounds (None = unbounded).
+        check_created: created range checked per id (from the id, no read).
+        check_updated: updated range checked per id (reads the resend record).
+        check_queue: queue checked per id (reads the resend record), or None.
+    """
+
+    filter: MessageFilter
+    key: str
+    score_field: str
+    lo: float | None = None
+    hi: float | None = None
+    check_created: TimeRange = field(default_factory=TimeRange)
+    check_updated: TimeRange = field(default_factory=TimeRange)
+    check_queue: str | None = None
+
+    @property
+    def exact(self) -> bool:
+        """True if the index and score range alone answer the filter."""
+        return not (self.check_created or self.check_updated or self.check_queue is not None)
+
+    @property
+    def reads_records(self) -> bool:
+        return bool(self.check_updated) or self.check_queue is not None
+
+    @property
+    def limits(self) -> list[str]:
+        """Human-readable names of the conditions checked id by id."""
+        out = []
+        if self.check_queue is not None:
+            out.append("queue")
+        if self.check_created:
+            out.append("created range (with a status)")
+        if self.check_updated:
+            out.append("updated range (with this status)" if self.filter.status else "updated range (without a status)")
+        return out
+
+
+def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
+    """Choose the index and score range that serve ``flt``; the rest becomes per-id checks.
+
+    Raises:
+        ValueError: an unknown status.
+    """
+    key = repo.index_key(flt.status, flt.destination)
+    scored = score_field(flt.status)
+    served = {"created": flt.created, "updated": flt.updated}.get(scored, TimeRange())
+    return Plan(
+        filter=flt,
+        key=key,
+        score_field=scored,
+        lo=served.start,
+        hi=served.end,
+        check_created=TimeRange() if scored == "created" else flt.created,
+        check_updated=TimeRange() if scored == "updated" else flt.updated,
+        check_queue=flt.queue,
+    )
+
+
+def created_at_of(message_id: str) -> float:
+    """The creation time (epoch seconds, to the millisecond) encoded in a message id.
+
+    Ids are ``msg_`` + 12 hex digits of milliseconds + random digits (see
+    :func:`~outbox.records.new_message_id`). Returns 0.0 for an id of another shape.
+    """
+    try:
+        return int(message_id[4:16], 16) / 1000.0
+    except ValueError:
+        return 0.0
+
+
+def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
+    """The ids that pass the plan's per-id checks, in order (one round trip if records are read)."""
+    out = [i for i in ids if p.check_created.contains(created_at_of(i))] if p.check_created else list(ids)
+    if not out or not p.reads_records:
+        return out
+    pipe = repo.connection.pipeline(transaction=False)
+    for message_id in out:
+        pipe.hmget(repo.keys.resend(message_id), "queue", "updated_at")
+    kept = []
+    for message_id, (queue, updated) in zip(out, pipe.execute()):
+        if p.check_queue is not None and (queue or b"").decode() != p.check_queue:
+            continue
+        if p.check_updated and not (updated and p.check_updated.contains(float(updated))):
+            continue
+        kept.append(message_id)
+    return kept
+
+
+def count_range(repo: MessageRepository, p: Plan) -> int:
+    """Entries of the plan's index within its score range (ZCARD or ZCOUNT, O(log N))."""
+    return repo.count_range(p.key, p.lo, p.hi)
+
+
+def range_ids(repo: MessageRepository, p: Plan, *, offset: int, limit: int, descending: bool) -> list[str]:
+    """A slice of the plan's index within its score range, by rank (O(log N) per page)."""
+    return repo.range_by_rank(p.key, p.lo, p.hi, offset=offset, limit=limit, descending=descending)
+
+
+@dataclass
+class Page:
+    """One page of a filtered, sorted listing.
+
+    Attributes:
+        ids: the message ids on the page, in order.
+        total: how many match: exact if :attr:`exact`, else the matches found among
+            the :attr:`scanned` entries (a lower bound).
+        exact: True if ``total`` is the true count.
+        scanned: index entries examined by a bounded scan (0 when the index served it).
+        index_total: entries of the index within the score range.
+        plan: how the filter was read.
+    """
+
+    ids: list[str]
+    total: int
+    exact: bool
+    scanned: int
+    index_total: int
+    plan: Plan
+
+
+def page(
+    repo: MessageRepository,
+    flt: MessageFilter,
+    *,
+    offset: int = 0,
+    limit: int = 50,
+    descending: bool = True,
+    scan_limit: int | None = None,
+) -> Page:
+    """A page of the ids matching ``flt``, in the order of the index that serves it.
+
+    Served filters cost a few O(log N) commands whatever the page. Others scan at most
+    ``scan_limit`` (default :data:`SCAN_LIMIT`) index entries from the start, in the
+    requested direction.
+    """
+    scan_limit = SCAN_LIMIT if scan_limit is None else scan_limit
+    p = plan(repo, flt)
+    index_total = count_range(repo, p)
+    if p.exact:
+        ids = range_ids(repo, p, offset=offset, limit=limit, descending=descending)
+        return Page(ids, index_total, True, 0, index_total, p)
+    matches: list[str] = []
+    scanned = 0
+    while scanned < min(scan_limit, index_total):
+        batch = range_ids(repo, p, offset=scanned, limit=min(CHUNK, scan_limit - scanned), descending=descending)
+        if not batch:
+            break
+        scanned += len(batch)
+        matches += check(repo, p, batch)
+    exact = scanned >= index_total
+    return Page(matches[offset : offset + limit], len(matches), exact, scanned, index_total, p)
+
+
+@dataclass
+class Count:
+    """A number of messages; ``exact`` False means at least ``n`` (a bounded scan stopped)."""
+
+    n: int = 0
+    exact: bool = True
+
+
+def eligible_statuses(flt: MessageFilter, allowed: Sequence[str]) -> list[str]:
+    """The statuses an action allowed on ``allowed`` statuses will walk for ``flt``."""
+    if flt.status is None:
+        return list(allowed)
+    return [flt.status] if flt.status in allowed else []
+
+
+def count_matching(
+    repo: MessageRepository, flt: MessageFilter, statuses: Sequence[str], *, scan_limit: int | None = None
+) -> Count:
+    """How many messages in ``statuses`` match ``flt`` (exact when indexes serve it)."""
+    total = Count()
+    for status in statuses:
+        found = page(repo, flt.with_status(status), limit=0, scan_limit=scan_limit)
+        total.n += found.total
+        total.exact = total.exact and found.exact
+    return total
+
+
+def iter_matching(
+    repo: MessageRepository,
+    flt: MessageFilter,
+    statuses: Sequence[str],
+    *,
+    as_of: float,
+    batch: int = CHUNK,
+) -> Iterator[list[str]]:
+    """Yield every id in ``statuses`` matching ``flt``, a batch at a time, for a bulk action.
+
+    Walks each status index with :meth:`~outbox.store.MessageRepository.iter_ids` (safe
+    while the action moves ids out of it). Only messages created up to ``as_of`` and,
+    in terminal statuses, that entered their status up to ``as_of`` are yielded: what
+    the user saw when confirming, and never a message the action itself sent back
+    round (requeued, delivered again and back in ``succeeded``).
+    """
+    for status in statuses:
+        p = plan(repo, flt.with_status(status))
+        hi = p.hi
+        if p.score_field == "updated":
+            hi = as_of if hi is None else min(hi, as_of)
+        created = p.check_created
+        end = as_of if created.end is None else min(created.end, as_of)
+        p = replace(p, hi=hi, check_created=TimeRange(created.start, end))
+        for ids in repo.iter_ids(status, flt.destination, batch=batch, min_score=p.lo, max_score=p.hi):
+            kept = check(repo, p, ids)
+            if kept:
+                yield kept
+
+
+def find(repo: MessageRepository, text: str) -> list[str]:
+    """Ids matching a search: a message id (exact) or an idempotency key (exact).
+
+    One round trip for the id, one for the key. Returns at most two ids, no duplicates.
+    """
+    text = text.strip()
+    if not text:
+        return []
+    found = []
+    if repo.connection.exists(repo.keys.resend(text)):
+        found.append(text)
+    by_key = repo.ids_for_idempotency_keys([text])[0]
+    if by_key and by_key not in found and repo.connection.exists(repo.keys.resend(by_key)):
+        found.append(by_key)
+    return found
+
+
+def summaries(repo: MessageRepository, ids: Sequence[str]) -> list[Message | None]:
+    """The messages with these ids without their bodies (``body`` is b""), for list rows.
+
+    One round trip (HMGET of the message record's small fields, HGETALL of the resend
+    record); None where an id has no message.
+    """
+    if not ids:
+        return []
+    pipe = repo.connection.pipeline(transaction=False)
+    for message_id in ids:
+        pipe.hmget(repo.keys.message(message_id), SUMMARY_FIELDS)
+        pipe.hgetall(repo.keys.resend(message_id))
+    replies = pipe.execute()
+    out: list[Message | None] = []
+    for i in range(len(ids)):
+        values, resend = replies[2 * i], replies[2 * i + 1]
+        record = {name.encode(): v for name, v in zip(SUMMARY_FIELDS, values) if v is not None}
+        out.append(Message.from_hashes(record, resend) if record.get(b"id") and resend else None)
+    return out
+
+
+def counts_by_destination(repo: MessageRepository, destinations: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Per destination, the message count per status: one pipeline of O(1) ZCARDs."""
+    destinations = list(destinations)
+    pipe = repo.connection.pipeline(transaction=False)
+    for destination in destinations:
+        for status in STATUSES:
+            pipe.zcard(repo.index_key(status, destination))
+    values = pipe.execute()
+    n = len(STATUSES)
+    return {d: dict(zip(STATUSES, values[i * n : (i + 1) * n])) for i, d in enumerate(destinations)}

@@ -1,0 +1,450 @@
+"""The message repository: the only code that reads or writes outbox keys in Redis.
+
+Model-like access to messages (``get``, ``get_many``, ``filter``, ``count``) and atomic
+status transitions (compare-and-set Lua scripts, see ``lua/transition.lua``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import Redis
+from redis.client import Pipeline
+
+from ..exceptions import MessageNotFound
+from ..records import STATUSES, Attempt, Message
+from .keys import Keys
+from .scripts import source
+
+
+@dataclass
+class Change:
+    """One compare-and-set status change for :meth:`MessageRepository.transition`.
+
+    Attributes:
+        id: the message id.
+        from_statuses: statuses the message must be in for the change to apply.
+        to: the status after the change.
+        score: the message's score in the new status index (epoch seconds).
+        set: resend-record fields to write (values are strings).
+        unset: resend-record fields to delete.
+        lease: if given, the record's current lease must equal it.
+        due_by: if given, next_attempt_at must be <= this epoch time (seconds).
+        attempt: an attempt record to push on the capped attempts list.
+        event: a JSON event to publish on the events channel.
+        stat: an outcome name counted in the per-minute statistics.
+        load: return both records when applied (saves a round trip on claim).
+    """
+
+    id: str
+    from_statuses: Sequence[str]
+    to: str
+    score: float
+    set: dict[str, str] = field(default_factory=dict)
+    unset: Sequence[str] = ()
+    lease: str | None = None
+    due_by: float | None = None
+    attempt: Attempt | None = None
+    event: str | None = None
+    stat: str | None = None
+    load: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"id": self.id, "from": list(self.from_statuses), "to": self.to, "score": repr(self.score)}
+        if self.set:
+            data["set"] = self.set
+        if self.unset:
+            data["unset"] = list(self.unset)
+        if self.lease is not None:
+            data["lease"] = self.lease
+        if self.due_by is not None:
+            data["due_by"] = repr(self.due_by)
+        if self.attempt is not None:
+            data["attempt"] = self.attempt.to_json()
+        if self.event is not None:
+            data["event"] = self.event
+        if self.stat is not None:
+            data["stat"] = self.stat
+        if self.load:
+            data["load"] = True
+        return data
+
+
+@dataclass
+class ChangeResult:
+    """What :meth:`MessageRepository.transition` did with one :class:`Change`.
+
+    Attributes:
+        id: the message id.
+        applied: True if the compare-and-set succeeded.
+        status: the status after the call ("" when no such message exists).
+        message: both records, when the change asked to ``load`` and was applied.
+    """
+
+    id: str
+    applied: bool
+    status: str
+    message: Message | None = None
+
+
+class MessageRepository:
+    """Messages in Redis under one key prefix.
+
+    Args:
+        connection: a redis-py client (``decode_responses=False``), e.g. from
+            ``django_redis.get_redis_connection``.
+        prefix: key prefix (``OUTBOX["KEY_PREFIX"]``).
+        attempts_kept: attempt records kept per message.
+        events_channel: Pub/Sub channel for events, or "" for none.
+        idempotency_ttl: seconds an idempotency key is remembered (0 = for ever).
+
+    Redis errors (``redis.exceptions.RedisError``) propagate unchanged.
+    """
+
+    def __init__(
+        self,
+        connection: Redis,
+        prefix: str = "outbox",
+        *,
+        attempts_kept: int = 50,
+        events_channel: str = "",
+        idempotency_ttl: int = 0,
+    ) -> None:
+        self.connection = connection
+        self.keys = Keys(prefix)
+        self.attempts_kept = attempts_kept
+        self.events_channel = events_channel or ""
+        self.idempotency_ttl = idempotency_ttl
+        self._transition = connection.register_script(source("transition"))
+        self._delete = connection.register_script(source("delete"))
+
+    # -- writing ------------------------------------------------------------------
+    def pipeline(self) -> Pipeline:
+        """A MULTI/EXEC pipeline already in MULTI mode (RQ's enqueue expects that of a
+        caller's pipeline). Use as ``with repo.pipeline() as pipe: ...; pipe.execute()``."""
+        pipe = self.connection.pipeline()
+        pipe.multi()
+        return pipe
+
+    def create(self, pipe: Pipeline, messages: Sequence[Message]) -> None:
+        """Queue the creation of ``messages`` on a pipeline (one EVAL).
+
+        The pipeline's reply for this call is the list of ids that stand, in order: a
+        message's own id, or the id already sent under its idempotency key (then
+        nothing was written for it). Statuses must be ``pending``; the status score is
+        ``next_attempt_at``.
+        """
+        args: list[Any] = [self.keys.prefix, self.idempotency_ttl, len(messages)]
+        for m in messages:
+            mfields = m.message_fields()
+            rfields = m.resend_fields()
+            args += [
+                m.id,
+                m.idempotency_key or "",
+                m.destination,
+                m.status,
+                repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at),
+                repr(m.created_at),
+                len(mfields),
+            ]
+            for k, v in mfields.items():
+                args += [k, v]
+            args.append(len(rfields))
+            for k, v in rfields.items():
+                args += [k, v]
+        pipe.eval(source("create"), 0, *args)
+
+    def transition(self, changes: Sequence[Change], now: float, pipe: Pipeline | None = None) -> list[ChangeResult]:
+        """Apply compare-and-set status changes atomically (one script call).
+
+        Args:
+            changes: the changes; each applies only if its conditions hold.
+            now: epoch seconds, written as ``updated_at``.
+            pipe: queue the call on this pipeline instead; then this returns [] and the
+                caller reads the raw reply with :meth:`parse_transition`.
+
+        Returns:
+            One :class:`ChangeResult` per change, in order.
+        """
+        if not changes:
+            return []
+        args = [
+            self.keys.prefix,
+            repr(now),
+            self.attempts_kept,
+            self.events_channel,
+            json.dumps([c.to_json() for c in changes], separators=(",", ":")),
+        ]
+        if pipe is not None:
+            pipe.eval(source("transition"), 0, *args)
+            return []
+        return self.parse_transition(changes, self._transition(keys=[], args=args))
+
+    def bulk_transition(
+        self,
+        pipe: Pipeline,
+        groups: Sequence[tuple[str, Sequence[str]]],
+        *,
+        from_statuses: Sequence[str],
+        to: str,
+        now: float,
+        action: str,
+        set: dict[str, str] | None = None,
+        unset: Sequence[str] = (),
+        step: float = 1e-6,
+    ) -> None:
+        """Queue one compare-and-set applied to many messages on ``pipe`` (``lua/bulk.lua``).
+
+        Cheaper per message than :meth:`transition` for a user's bulk action: no
+        per-message JSON, and one Pub/Sub event (``messages.<action>`` with the ids) per
+        call instead of one per message. The pipeline's reply for it is a list of 0/1 per
+        id, in order (:meth:`parse_bulk`).
+
+        Args:
+            groups: (job id, ids): each group's job id is written as ``job_id`` ("" for none).
+            from_statuses: statuses a message must be in for the change to apply.
+            to: the status after the change.
+            now: epoch seconds (``updated_at``; the first index score).
+            action: the event name, e.g. ``"requeued"``.
+            set: other resend-record fields to write; unset: fields to delete.
+            step: seconds between the index scores of successive messages (no ties).
+        """
+        args: list[Any] = [self.keys.prefix, repr(now), self.events_channel, action, to, ",".join(from_statuses)]
+        set = set or {}
+        args.append(len(set))
+        for field_name, value in set.items():
+            args += [field_name, value]
+        args += [",".join(unset), repr(now), repr(step), len(groups)]
+        for job_id, ids in groups:
+            args += [job_id, len(ids), *ids]
+        pipe.eval(source("bulk"), 0, *args)
+
+    @staticmethod
+    def parse_bulk(ids: Sequence[str], reply: list[int]) -> list[str]:
+        """The ids a :meth:`bulk_transition` changed, from its reply."""
+        return [message_id for message_id, applied in zip(ids, reply) if applied]
+
+    @staticmethod
+    def parse_transition(changes: Sequence[Change], reply: list[Any]) -> list[ChangeResult]:
+        """Turn the transition script's raw reply into :class:`ChangeResult` objects."""
+        results = []
+        for change, row in zip(changes, reply):
+            message = Message.from_flat(row[2], row[3]) if len(row) > 2 else None
+            results.append(ChangeResult(change.id, bool(row[0]), row[1].decode(), message))
+        return results
+
+    def delete(self, ids: Sequence[str], statuses: Sequence[str]) -> list[bool]:
+        """Delete messages whose status is one of ``statuses`` (records, attempts, indexes).
+
+        Returns:
+            Per id, True if it was deleted.
+        """
+        if not ids:
+            return []
+        reply = self._delete(keys=[], args=[self.keys.prefix, ",".join(statuses), *ids])
+        return [bool(x) for x in reply]
+
+    # -- reading ------------------------------------------------------------------
+    def get(self, message_id: str) -> Message:
+        """The message with this id.
+
+        Raises:
+            MessageNotFound: no such message.
+        """
+        message = self.get_many([message_id])[0]
+        if message is None:
+            raise MessageNotFound(f"no message with id {message_id!r}")
+        return message
+
+    def get_many(self, ids: Sequence[str]) -> list[Message | None]:
+        """The messages with these ids, in order; None where an id has no message. One round trip."""
+        if not ids:
+            return []
+        pipe = self.connection.pipeline(transaction=False)
+        for message_id in ids:
+            pipe.hgetall(self.keys.message(message_id))
+            pipe.hgetall(self.keys.resend(message_id))
+        replies = pipe.execute()
+        out: list[Message | None] = []
+        for i in range(len(ids)):
+            message, resend = replies[2 * i], replies[2 * i + 1]
+            out.append(Message.from_hashes(message, resend) if message and resend else None)
+        return out
+
+    def ids_for_idempotency_keys(self, keys: Sequence[str]) -> list[str | None]:
+        """The id sent under each idempotency key, or None. One round trip."""
+        return [v.decode() if v else None for v in self.connection.mget([self.keys.idempotency(k) for k in keys])]
+
+    def resend_field(self, ids: Sequence[str], field_name: str) -> list[str]:
+        """One field of each message's resend record (``"status"``, ``"queue"``...); ""
+        for a missing message or field. One round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        for message_id in ids:
+            pipe.hget(self.keys.resend(message_id), field_name)
+        return [v.decode() if v else "" for v in pipe.execute()]
+
+    def attempts(self, message_id: str, limit: int | None = None) -> list[Attempt]:
+        """The message's attempt records, newest first (at most ``attempts_kept``)."""
+        end = -1 if limit is None else limit - 1
+        return [Attempt.from_json(raw) for raw in self.connection.lrange(self.keys.attempts(message_id), 0, end)]
+
+    def index_key(self, status: str | None = None, destination: str | None = None) -> str:
+        """The sorted set listing messages with this status and/or destination.
+
+        Raises:
+            ValueError: an unknown status.
+        """
+        if status is None:
+            return self.keys.created(destination)
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; expected one of {STATUSES}")
+        return self.keys.status(status, destination)
+
+    def filter(
+        self,
+        status: str | None = None,
+        destination: str | None = None,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        newest_first: bool = True,
+        min_score: float | None = None,
+        max_score: float | None = None,
+    ) -> list[str]:
+        """Ids with this status and/or destination, a page at a time.
+
+        Ordered by the index score (see :mod:`outbox.store.keys`): created_at when no
+        status is given. ``min_score``/``max_score`` bound the score (epoch seconds).
+        Deep pages cost O(log N) (see :meth:`range_by_rank`).
+        """
+        return self.range_by_rank(
+            self.index_key(status, destination), min_score, max_score, offset=offset, limit=limit, descending=newest_first
+        )
+
+    def range_by_rank(
+        self, key: str, lo: float | None, hi: float | None, *, offset: int, limit: int, descending: bool
+    ) -> list[str]:
+        """A page of a sorted set within a score range, read by rank.
+
+        Unlike ``ZRANGEBYSCORE ... LIMIT offset`` (which walks ``offset`` entries), this
+        finds the rank where the range starts with ZCOUNT and reads by rank, so a deep
+        page costs O(log N) too. Two round trips.
+        """
+        if limit <= 0:
+            return []
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
+        if descending:
+            pipe.zcount(key, score_bound(hi, "+inf", exclusive=True), "+inf")
+        else:
+            pipe.zcount(key, "-inf", score_bound(lo, "-inf", exclusive=True))
+        in_range, before = pipe.execute()
+        if (descending and hi is None) or (not descending and lo is None):
+            before = 0
+        end = min(offset + limit, in_range)
+        if end <= offset:
+            return []
+        read = self.connection.zrevrange if descending else self.connection.zrange
+        return [raw.decode() for raw in read(key, before + offset, before + end - 1)]
+
+    def count(
+        self,
+        status: str | None = None,
+        destination: str | None = None,
+        *,
+        min_score: float | None = None,
+        max_score: float | None = None,
+    ) -> int:
+        """How many messages have this status and/or destination (ZCARD, or ZCOUNT with bounds)."""
+        return self.count_range(self.index_key(status, destination), min_score, max_score)
+
+    def count_range(self, key: str, lo: float | None = None, hi: float | None = None) -> int:
+        """Entries of a sorted set within a score range: ZCARD without bounds, else ZCOUNT (O(log N))."""
+        if lo is None and hi is None:
+            return self.connection.zcard(key)
+        return self.connection.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
+
+    def counts(self, destination: str | None = None) -> dict[str, int]:
+        """Message count per status (one pipelined ZCARD each, O(1))."""
+        pipe = self.connection.pipeline(transaction=False)
+        for status in STATUSES:
+            pipe.zcard(self.keys.status(status, destination))
+        return dict(zip(STATUSES, pipe.execute()))
+
+    def destinations(self) -> list[str]:
+        """Names of every destination a message was ever sent to, sorted."""
+        return sorted(d.decode() for d in self.connection.smembers(self.keys.destinations))
+
+    def oldest(self, status: str, destination: str | None = None) -> tuple[str, float] | None:
+        """The (id, score) with the lowest score in a status index, or None if empty."""
+        rows = self.connection.zrange(self.keys.status(status, destination), 0, 0, withscores=True)
+        return (rows[0][0].decode(), rows[0][1]) if rows else None
+
+    def iter_ids(
+        self,
+        status: str | None = None,
+        destination: str | None = None,
+        *,
+        batch: int = 1000,
+        min_score: float | None = None,
+        max_score: float | None = None,
+    ) -> Iterator[list[str]]:
+        """Yield every matching id, ``batch`` at a time, oldest score first.
+
+        Walks the index by score with an exclusive lower bound, so ids that leave the
+        index meanwhile (a bulk action moving them) do not make it skip others.
+        """
+        key = self.index_key(status, destination)
+        lo, hi = score_bound(min_score, "-inf"), score_bound(max_score, "+inf")
+        seen_at_score: set[str] = set()
+        last_score: float | None = None
+        while True:
+            rows = self.connection.zrangebyscore(key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True)
+            ids = []
+            for raw, score in rows:
+                member = raw.decode()
+                if score == last_score and member in seen_at_score:
+                    continue
+                if score != last_score:
+                    last_score, seen_at_score = score, set()
+                seen_at_score.add(member)
+                ids.append(member)
+                if len(ids) == batch:
+                    break
+            if not ids:
+                return
+            yield ids
+            lo = repr(last_score)
+
+    def due(self, status: str, before: float, limit: int = 1000) -> list[tuple[str, float]]:
+        """Up to ``limit`` (id, score) pairs in a status index with score <= ``before``."""
+        rows = self.connection.zrangebyscore(self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True)
+        return [(raw.decode(), score) for raw, score in rows]
+
+    def stats(self, outcomes: Iterable[str], minutes: Sequence[int]) -> dict[str, list[int]]:
+        """Per-minute outcome counters: outcome -> counts for each minute (epoch // 60)."""
+        outcomes = list(outcomes)
+        pipe = self.connection.pipeline(transaction=False)
+        for outcome in outcomes:
+            for minute in minutes:
+                pipe.get(self.keys.stats(outcome, minute))
+        values = pipe.execute()
+        out: dict[str, list[int]] = {}
+        for i, outcome in enumerate(outcomes):
+            row = values[i * len(minutes) : (i + 1) * len(minutes)]
+            out[outcome] = [int(v) if v else 0 for v in row]
+        return out
+
+    def acquire_lock(self, name: str, token: str, ttl: float) -> bool:
+        """Take a short lock (``SET NX PX``); True if this caller holds it now."""
+        return bool(self.connection.set(self.keys.lock(name), token, nx=True, px=max(1, int(ttl * 1000))))
+
+
+def score_bound(value: float | None, default: str, exclusive: bool = False) -> str:
+    """A sorted-set score bound for ZCOUNT/ZRANGEBYSCORE: ``default`` when None, ``(x`` when exclusive."""
+    if value is None:
+        return default
+    return f"({value!r}" if exclusive else repr(value)

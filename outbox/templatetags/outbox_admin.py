@@ -1,0 +1,107 @@
+"""Template filters of the outbox console (``{% load outbox_admin %}``).
+
+A reusable app cannot require ``django.contrib.humanize`` in ``INSTALLED_APPS``, so the
+console brings its own number grouping; and its own time display, which always says
+the time zone and keeps the exact moment in a ``<time datetime>`` element.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from datetime import timezone as dt_timezone
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.dateformat import format as date_format
+from django.utils.dateparse import parse_datetime
+from django.utils.formats import number_format
+from django.utils.html import format_html
+
+register = template.Library()
+
+#: Date formats (``django.utils.dateformat``) of the ``when`` filter's styles.
+FULL = "Y-m-d H:i:s"
+SAME_DAY = "H:i:s"
+SAME_YEAR = "M j, H:i"
+OTHER_YEAR = "Y-m-d"
+
+
+@register.filter
+def grouped(value: Any) -> Any:
+    """An integer with thousands separators for display (``1234567`` → ``1,234,567`` in
+    English); anything that is not a number is returned unchanged. Keep raw numbers in
+    ``data-`` attributes for scripts and tests."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = int(str(value))
+        except (TypeError, ValueError):
+            return value
+    return number_format(value, force_grouping=True)
+
+
+def zone_abbreviation(moment: datetime) -> str:
+    """The time zone's short name at ``moment`` (``CET``, ``EST``, ``UTC``); zones with
+    no abbreviation (``-03``) are shown as an offset from UTC (``UTC-03``)."""
+    name = date_format(moment, "T")
+    return f"UTC{name}" if name[:1] in "+-" else name
+
+
+@register.filter
+def zone(value: datetime | None) -> str:
+    """The abbreviation of the current time zone at ``value`` (``CET``), or ``""``."""
+    return zone_abbreviation(timezone.localtime(value)) if isinstance(value, datetime) else ""
+
+
+@register.filter
+def when(value: datetime | str | None, style: str = "full") -> str:
+    """A moment in the current time zone inside ``<time datetime="ISO 8601">``.
+
+    Styles: ``full`` (``2025-11-21 22:10:57 CET``), ``precise`` (with milliseconds),
+    ``short`` (for tables: ``22:10:57`` today, ``Nov 21, 22:10`` this year, else
+    ``2025-11-21``; the full moment with its zone in the ``title``). ``None`` or ``""``
+    is ``–``; an ISO 8601 string (as RQ stores times) is parsed, else shown as it is.
+    """
+    if isinstance(value, str):
+        try:
+            parsed = parse_datetime(value.strip())
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            return value or "–"
+        value = parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, dt_timezone.utc)
+    if value is None:
+        return "–"
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    zone = zone_abbreviation(local)
+    iso = local.isoformat()
+    full = f"{date_format(local, FULL)} {zone}"
+    if style == "short":
+        today = timezone.localtime().date()
+        if local.date() == today:
+            shown = date_format(local, SAME_DAY)
+        elif local.year == today.year:
+            shown = date_format(local, SAME_YEAR)
+        else:
+            shown = date_format(local, OTHER_YEAR)
+        return format_html('<time datetime="{}" title="{}">{}</time>', iso, full, shown)
+    if style == "precise":
+        full = f"{date_format(local, FULL)}.{local.microsecond // 1000:03d} {zone}"
+    return format_html('<time datetime="{}">{}</time>', iso, full)
+
+
+@register.filter
+def id_parts(message_id: str, tail: int = 8) -> tuple[str, str, str]:
+    """A message id cut for a short display: ``(prefix, middle, end)``, e.g.
+    ``("msg_", "01a2017c4826cc7d", "4f60b163")``. The end is the random part that tells
+    ids apart (the middle is the creation time, shared by messages sent together);
+    templates show the prefix and the end, and keep the middle in the text (hidden), so
+    the whole id is still copied when the text is selected."""
+    prefix, sep, rest = message_id.partition("_")
+    if not sep:
+        prefix, rest = "", message_id
+    else:
+        prefix += sep
+    if len(rest) <= tail + 1:
+        return prefix, "", rest
+    return prefix, rest[:-tail], rest[-tail:]

@@ -1,0 +1,81 @@
+"""The transport interface: how a message reaches its destination.
+
+A transport is a class built once per destination per worker process with the
+destination's ``OPTIONS`` as keyword arguments, in the manner of django-anymail's
+backends. Subclasses implement :meth:`Transport.deliver`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..records import Message
+
+
+@dataclass
+class DeliveryResult:
+    """What a successful delivery returns.
+
+    Attributes:
+        status_code: the receiver's HTTP status code, if the transport speaks HTTP.
+        detail: a short note for the attempt history (e.g. the SMTP server's reply).
+    """
+
+    status_code: int | None = None
+    detail: str = ""
+
+
+class Transport:
+    """Base class of transports.
+
+    Args:
+        destination: the destination name this instance serves.
+        **options: the destination's ``OPTIONS``.
+
+    Raises:
+        django.core.exceptions.ImproperlyConfigured: from ``__init__`` when the options
+            are wrong (unknown keys, missing URL...); surfaced as system check
+            ``outbox.E002`` at startup.
+    """
+
+    #: Names of the options this transport accepts; others are refused.
+    options: tuple[str, ...] = ()
+
+    def __init__(self, destination: str, **options: Any) -> None:
+        from django.core.exceptions import ImproperlyConfigured
+
+        unknown = set(options) - set(self.options)
+        if unknown:
+            raise ImproperlyConfigured(
+                f"destination {destination!r}: unknown option(s) for {type(self).__name__}: "
+                f"{', '.join(sorted(unknown))} (accepted: {', '.join(self.options) or 'none'})"
+            )
+        self.destination = destination
+
+    def deliver(self, message: Message) -> DeliveryResult:
+        """Deliver one message.
+
+        Returns:
+            A :class:`DeliveryResult` on success.
+
+        Raises:
+            outbox.exceptions.DeliveryError: the delivery failed; ``permanent=True``
+                means retrying cannot help. Any other exception is taken as a
+                retryable failure too, recorded with its type and text.
+        """
+        raise NotImplementedError
+
+    def check_message(self, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+        """Refuse, at ``send()`` time, a message this transport could never deliver.
+
+        Args:
+            body: the encoded body (bytes); content_type: its MIME type; headers: extra headers.
+
+        Raises:
+            outbox.exceptions.InvalidMessage: the message cannot be delivered this way.
+        """
+
+    def close(self) -> None:
+        """Release connections or other resources. Called when a worker shuts down."""

@@ -1,0 +1,68 @@
+"""Deliver by calling a Python function.
+
+Options:
+
+* ``path`` (str, required): dotted path of a function ``f(message)`` taking a
+  :class:`~outbox.records.Message`. Returning means delivered (a returned
+  :class:`~outbox.transports.DeliveryResult` is recorded, any other value ignored);
+  raising means failed: a :class:`~outbox.exceptions.DeliveryError` keeps its
+  ``permanent``, ``retry_after`` and ``status_code``; any other exception is a
+  retryable failure, recorded as ``"<type>: <text>"``.
+
+The function runs in the worker process, once per attempt; it must be importable there.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from ..records import Message
+from .base import DeliveryResult, Transport
+
+
+class CallableTransport(Transport):
+    """Calls the function at ``OPTIONS["path"]`` with the message.
+
+    Raises:
+        ImproperlyConfigured: from ``__init__``, when ``path`` is missing, cannot be
+            imported, or is not a function of one argument.
+    """
+
+    options = ("path",)
+
+    def __init__(self, destination: str, **options: Any) -> None:
+        super().__init__(destination, **options)
+        where = f"destination {destination!r}"
+        path = options.get("path")
+        if not isinstance(path, str) or not path:
+            raise ImproperlyConfigured(f"{where}: the callable transport needs OPTIONS['path'], a dotted path")
+        try:
+            self.function = import_string(path)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"{where}: cannot import OPTIONS['path'] {path!r}: {exc}") from exc
+        if not callable(self.function) or inspect.isclass(self.function):
+            raise ImproperlyConfigured(f"{where}: OPTIONS['path'] {path!r} is not a function")
+        try:
+            inspect.signature(self.function).bind(None)
+        except TypeError as exc:
+            raise ImproperlyConfigured(
+                f"{where}: OPTIONS['path'] {path!r} must take one argument, the message ({exc})"
+            ) from exc
+        except ValueError:  # no signature to inspect (some builtins): trust it
+            pass
+
+    def deliver(self, message: Message) -> DeliveryResult:
+        """Call the function with the message.
+
+        Returns:
+            The function's :class:`DeliveryResult` if it returned one, else an empty one.
+
+        Raises:
+            Whatever the function raises (see the module docstring).
+        """
+        result = self.function(message)
+        return result if isinstance(result, DeliveryResult) else DeliveryResult()

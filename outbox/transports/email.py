@@ -1,0 +1,171 @@
+"""Email through Django's mail framework (``django.core.mail``).
+
+Options:
+
+* ``to`` (list of str, required unless every message sets a ``To`` header): recipients,
+  ``"a@example.com"`` or ``"Name <a@example.com>"``.
+* ``from_email`` (str): sender; ``DEFAULT_FROM_EMAIL`` when absent.
+* ``subject`` (str): subject when the message has no ``Subject`` header (default "Notification").
+* ``backend`` (str): dotted path of an email backend class; ``EMAIL_BACKEND`` when absent.
+  The SMTP backend takes its host, port, credentials and timeout from Django's
+  ``EMAIL_*`` settings.
+
+The body is the message body as UTF-8 text; ``text/html`` content is sent as HTML.
+Message headers ``To`` (comma-separated) and ``Subject`` override the options; other
+headers become email headers, and ``X-Outbox-Message-Id`` carries the message id.
+
+Outcomes: an SMTP server's permanent (5xx) refusal of every recipient, of the sender or
+of the message data fails the message at once; a transient (4xx) refusal, such as
+greylisting's 450/451 on ``RCPT``, and connection or network errors are retried.
+"""
+
+from __future__ import annotations
+
+import smtplib
+from email.utils import getaddresses
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.mail import EmailMessage, get_connection
+from django.core.validators import validate_email
+from django.utils.module_loading import import_string
+
+from ..exceptions import DeliveryError, InvalidMessage
+from ..records import Message
+from .base import DeliveryResult, Transport
+
+
+def _bad_address(address: Any) -> bool:
+    """True unless ``address`` is one valid email address (optionally with a display name)."""
+    if not isinstance(address, str) or "\r" in address or "\n" in address:
+        return True
+    parsed = getaddresses([address])
+    if len(parsed) != 1 or not parsed[0][1]:
+        return True
+    try:
+        validate_email(parsed[0][1])
+    except ValidationError:
+        return True
+    return False
+
+
+def _split_addresses(value: str) -> list[str]:
+    """The addresses of a comma-separated ``To`` header value."""
+    return [a.strip() for a in value.split(",") if a.strip()]
+
+
+def _plain_text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or "\r" in value or "\n" in value:
+        raise ImproperlyConfigured(f"{where} must be a str on one line, not {value!r}")
+    return value
+
+
+def _smtp_error(exc: smtplib.SMTPException) -> DeliveryError:
+    """A :class:`DeliveryError` for an SMTP exception: permanent when the server said 5xx to this message."""
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        refused = exc.recipients or {}
+        codes = [code for code, _ in refused.values()]
+        detail = "; ".join(
+            f"{address}: {code} {reply.decode(errors='replace') if isinstance(reply, bytes) else reply}"
+            for address, (code, reply) in refused.items()
+        )
+        permanent = bool(codes) and all(500 <= code < 600 for code in codes)
+        return DeliveryError(f"SMTP recipients refused: {detail}", permanent=permanent)
+    if isinstance(exc, (smtplib.SMTPSenderRefused, smtplib.SMTPDataError)):
+        reply = exc.smtp_error.decode(errors="replace") if isinstance(exc.smtp_error, bytes) else str(exc.smtp_error)
+        what = "sender refused" if isinstance(exc, smtplib.SMTPSenderRefused) else "message refused"
+        return DeliveryError(f"SMTP {what}: {exc.smtp_code} {reply}", permanent=500 <= exc.smtp_code < 600)
+    # Connection-level trouble (greeting, HELO, authentication, disconnects): retry.
+    return DeliveryError(f"{type(exc).__name__}: {exc}")
+
+
+class EmailTransport(Transport):
+    """Sends each message as one email (see the module docstring).
+
+    Raises:
+        ImproperlyConfigured: from ``__init__``, for invalid options.
+    """
+
+    options = ("to", "from_email", "subject", "backend")
+
+    def __init__(self, destination: str, **options: Any) -> None:
+        super().__init__(destination, **options)
+        where = f"destination {destination!r}"
+        to = options.get("to", [])
+        if not isinstance(to, (list, tuple)) or any(_bad_address(a) for a in to):
+            raise ImproperlyConfigured(f"{where}: OPTIONS['to'] must be a list of email addresses, not {to!r}")
+        self.to = list(to)
+        self.from_email = options.get("from_email")
+        if self.from_email is not None and _bad_address(self.from_email):
+            raise ImproperlyConfigured(f"{where}: OPTIONS['from_email'] must be an email address, not {self.from_email!r}")
+        self.subject = _plain_text(options.get("subject", "Notification"), f"{where}: OPTIONS['subject']")
+        self.backend = options.get("backend")
+        if self.backend is not None:
+            if not isinstance(self.backend, str):
+                raise ImproperlyConfigured(f"{where}: OPTIONS['backend'] must be a dotted path, not {self.backend!r}")
+            try:
+                import_string(self.backend)
+            except ImportError as exc:
+                raise ImproperlyConfigured(f"{where}: OPTIONS['backend'] {self.backend!r} cannot be imported: {exc}") from exc
+
+    def check_message(self, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+        """Refuse, at ``send()`` time, a message that cannot become an email.
+
+        Raises:
+            InvalidMessage: no recipient (no ``to`` option and no ``To`` header), a ``To``
+                header without valid addresses, or a body that is not UTF-8.
+        """
+        to_headers = [v for k, v in headers.items() if k.lower() == "to"]
+        if to_headers:
+            addresses = _split_addresses(to_headers[0])
+            if not addresses or any(_bad_address(a) for a in addresses):
+                raise InvalidMessage(
+                    f"the 'To' header must list email addresses separated by commas, not {to_headers[0]!r}",
+                    field="headers",
+                )
+        elif not self.to:
+            raise InvalidMessage(f"destination {self.destination!r} has no OPTIONS['to']: give a 'To' header", field="headers")
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidMessage("an email body must be UTF-8 text", field="body") from exc
+
+    def deliver(self, message: Message) -> DeliveryResult:
+        """Send the message as one email.
+
+        Returns:
+            A :class:`DeliveryResult` whose ``detail`` counts the recipients.
+
+        Raises:
+            DeliveryError: the backend failed; permanent for 5xx refusals (see the module docstring).
+        """
+        headers = dict(message.headers)
+        to = self.to
+        subject = self.subject
+        for key in list(headers):
+            if key.lower() == "to":
+                to = _split_addresses(headers.pop(key))
+            elif key.lower() == "subject":
+                subject = headers.pop(key)
+        headers.setdefault("X-Outbox-Message-Id", message.id)
+        try:
+            email = EmailMessage(
+                subject=subject,
+                body=message.text,
+                from_email=self.from_email,
+                to=to,
+                headers=headers,
+                connection=get_connection(self.backend) if self.backend else None,
+            )
+            if message.content_type.split(";")[0].strip().lower() == "text/html":
+                email.content_subtype = "html"
+            sent = email.send(fail_silently=False)
+        except smtplib.SMTPException as exc:
+            raise _smtp_error(exc) from exc
+        except OSError as exc:
+            raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:  # an address or header Django cannot encode: sending again cannot help
+            raise DeliveryError(f"cannot build the email: {type(exc).__name__}: {exc}", permanent=True) from exc
+        if not sent:
+            raise DeliveryError("the email backend reported 0 messages sent")
+        return DeliveryResult(detail=f"sent to {len(to)} recipient(s)")

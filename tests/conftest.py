@@ -1,0 +1,186 @@
+"""Fixtures: a private Redis (see tests/settings.py), real RQ workers, real HTTP receivers."""
+
+from __future__ import annotations
+
+import json
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.test import override_settings
+
+
+@pytest.fixture(autouse=True)
+def redis(settings):
+    """The private test Redis, emptied before each test; outbox caches reset."""
+    from outbox.conf import outbox_settings
+    from outbox.connection import get_connection, get_repository
+    from outbox.delivery import close_transports
+
+    outbox_settings.reload()
+    get_repository.cache_clear()
+    close_transports()
+    conn = get_connection()
+    conn.flushdb()
+    yield conn
+    close_transports()
+    get_repository.cache_clear()
+
+
+@pytest.fixture
+def repo(redis):
+    from outbox.connection import get_repository
+
+    return get_repository()
+
+
+def run_worker(*, burst: bool = True, simple: bool = False, max_jobs: int | None = None) -> None:
+    """Run a real RQ worker on the outbox queues in this process until the queues are empty.
+
+    It forks a work horse per job (RQ's default) unless ``simple``; with the scheduler on,
+    so due scheduled jobs are moved to their queues first.
+    """
+    import django_rq
+    from rq.worker import SimpleWorker
+
+    from outbox.conf import outbox_settings
+
+    kwargs = {"worker_class": SimpleWorker} if simple else {}
+    worker = django_rq.get_worker(*outbox_settings.queue_names, **kwargs)
+    worker.work(burst=burst, with_scheduler=True, max_jobs=max_jobs, logging_level="WARNING")
+
+
+@pytest.fixture
+def worker() -> Callable[..., None]:
+    return run_worker
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+
+@dataclass
+class Receiver:
+    """A real HTTP server on 127.0.0.1 that answers from a script of responses.
+
+    ``responses`` is a list of (status, headers, delay seconds) used in turn; the last
+    one repeats. Every request is recorded in ``requests``.
+    """
+
+    url: str = ""
+    requests: list[Received] = field(default_factory=list)
+    responses: list[tuple[int, dict[str, str], float]] = field(default_factory=lambda: [(200, {}, 0.0)])
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def respond(self, *responses: int | tuple) -> None:
+        self.responses = [r if isinstance(r, tuple) else (r, {}, 0.0) for r in responses]
+
+    def next_response(self) -> tuple[int, dict[str, str], float]:
+        with self.lock:
+            index = min(len(self.requests) - 1, len(self.responses) - 1)
+            return self.responses[index]
+
+
+@contextmanager
+def serving(server: socketserver.BaseServer) -> Iterator[socketserver.BaseServer]:
+    """Run a socketserver (HTTP, SMTP...) on loopback in a daemon thread for the block."""
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    state = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # else headers and body in two writes meet delayed ACKs: +40 ms
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length", 0))
+            body = self.rfile.read(length)
+            with state.lock:
+                state.requests.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+            status, headers, delay = state.next_response()
+            if delay:
+                time.sleep(delay)
+            payload = b"ok" if status < 300 else b"nope"
+            try:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except OSError:  # the client gave up (its timeout): nothing to answer
+                self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Handler)) as server:
+        state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        yield state
+
+
+def with_destinations(transport: str | None = None, *, retry=(0,), max_retries: int = 3, **entries: dict) -> override_settings:
+    """override_settings: the test OUTBOX with destinations added or replaced.
+
+    Each entry gets ``TRANSPORT`` (when ``transport`` is given), ``RETRY`` and
+    ``MAX_RETRIES`` unless it sets them itself.
+    """
+    from django.conf import settings
+
+    defaults = {"RETRY": list(retry), "MAX_RETRIES": max_retries}
+    if transport:
+        defaults["TRANSPORT"] = transport
+    config = {**settings.OUTBOX}
+    config["DESTINATIONS"] = {**config["DESTINATIONS"], **{name: {**defaults, **e} for name, e in entries.items()}}
+    return override_settings(OUTBOX=config)
+
+
+def hook_settings(url: str, **destination) -> override_settings:
+    """override_settings with the 'hook' destination pointing at ``url``."""
+    options = {"url": url, "timeout": 5, **destination.pop("OPTIONS", {})}
+    return with_destinations("webhook", hook={**destination, "OPTIONS": options})
+
+
+@pytest.fixture
+def hook(receiver):
+    """The 'hook' destination pointed at the ``receiver`` fixture for the test."""
+    with hook_settings(receiver.url):
+        yield receiver
+
+
+def assert_index_invariant(repo) -> None:
+    """Every message id is in exactly one status index, the one its resend record names."""
+    from outbox.records import STATUSES
+
+    conn = repo.connection
+    seen: dict[str, str] = {}
+    for status in STATUSES:
+        for raw in conn.zrange(repo.keys.status(status), 0, -1):
+            message_id = raw.decode()
+            assert message_id not in seen, f"{message_id} in both {seen[message_id]} and {status}"
+            seen[message_id] = status
+    all_ids = {r.decode() for r in conn.zrange(repo.keys.created(), 0, -1)}
+    assert set(seen) == all_ids, "status indexes and the created index disagree"
+    for message_id, status in seen.items():
+        assert conn.hget(repo.keys.resend(message_id), "status").decode() == status

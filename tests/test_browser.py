@@ -1,0 +1,225 @@
+"""End to end in a real browser: Playwright drives Debian's Chromium against a live server.
+
+A user logs in, opens the failed messages of one destination, selects all matching
+(more than a page), requeues them, confirms, reads the report, and sees the counts
+change; once the receiver answers 200 and a worker runs, they are succeeded.
+
+Chromium: ``OUTBOX_CHROMIUM`` if set, else ``/usr/bin/chromium`` (Debian's ``chromium``
+package; ``scripts/test`` installs it on CI), else ``chromium`` on PATH. Playwright's
+own browser downloads are not used. Without Chromium (or the ``playwright`` package)
+the test is skipped with the reason, except when ``CI`` is set: then it fails, so CI
+cannot pass without running it.
+
+Screenshots are written to ``docs/screenshots/`` when ``OUTBOX_SCREENSHOTS=1``
+(``OUTBOX_SCREENSHOTS=1 pytest tests/test_browser.py``), else to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+import outbox
+from tests.conftest import with_destinations
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+TIMEOUT_MS = 15_000  # longest wait for one page or element
+HOOK_FAILED = 60  # more than a page (list_per_page = 50), so "select all matching" is needed
+HOOK_SUCCEEDED = 20
+MEM_FAILED = 8
+MEM_ERROR = "SMTP 451 4.3.0 Mail server temporarily rejected message"
+SCRIPT = "<script>alert('xss')</script>"
+
+
+def chromium_path() -> str | None:
+    """The Chromium executable to drive, or None if there is none."""
+    configured = os.environ.get("OUTBOX_CHROMIUM")
+    candidates = [configured] if configured else ["/usr/bin/chromium", shutil.which("chromium") or ""]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def unavailable(reason: str) -> None:
+    """Skip, or fail when ``CI`` is set (CI must not pass by skipping the browser test)."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so the browser test must run, not skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_browser() -> str:
+    """The path of Chromium, after checking Playwright is importable."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        unavailable("the playwright package is not installed (pip install -e '.[test]')")
+    path = chromium_path()
+    if path is None:
+        where = os.environ.get("OUTBOX_CHROMIUM") or "/usr/bin/chromium or chromium on PATH"
+        unavailable(f"no Chromium found at {where}: install Debian's chromium package (apt-get install chromium)")
+    return path
+
+
+def outbox_config(hook_url: str) -> override_settings:
+    """The test settings with ``hook`` pointed at the receiver and ``mem`` always failing."""
+    return with_destinations(
+        hook={"TRANSPORT": "webhook", "OPTIONS": {"url": hook_url, "timeout": 5}},
+        mem={"TRANSPORT": "locmem", "MAX_RETRIES": 2, "OPTIONS": {"fail_with": MEM_ERROR}},
+    )
+
+
+def order(n: int) -> dict:
+    return {
+        "destination": "hook",
+        "body": {"event": "order.paid", "order": 1000 + n, "total": "49.90", "currency": "EUR", "customer": {"id": n, "email": f"c{n}@example.com"}},
+        "headers": {"Authorization": "Bearer sk_live_not_shown", "X-Tenant": "acme"},
+        "idempotency_key": f"order-paid-{1000 + n}",
+    }
+
+
+def shot(page, directory: Path, name: str, *, full_page: bool = True) -> Path:
+    path = directory / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    assert path.stat().st_size > 10_000, f"{path} looks empty"
+    return path
+
+
+def text(page, selector: str) -> str:
+    return page.locator(selector).inner_text(timeout=TIMEOUT_MS).strip()
+
+
+def test_requeue_all_failed_of_a_destination_in_the_browser(live_server, receiver, worker, repo, django_user_model, tmp_path):
+    """Log in, failed list of ``hook``, select all 60 matching, requeue, confirm; counts change."""
+    executable = require_browser()
+    from playwright.sync_api import sync_playwright
+
+    django_user_model.objects.create_superuser("ada", "ada@example.com", "correct horse")
+    screenshots = SCREENSHOTS if os.environ.get("OUTBOX_SCREENSHOTS") == "1" else tmp_path
+    screenshots.mkdir(parents=True, exist_ok=True)
+
+    with outbox_config(receiver.url):
+        # Real deliveries: some succeed, then the receiver fails and retries run out.
+        receiver.respond(200)
+        outbox.send_many([order(n) for n in range(HOOK_SUCCEEDED)])
+        worker(simple=True)
+        receiver.respond(500)
+        failed = outbox.send_many([order(n) for n in range(HOOK_SUCCEEDED, HOOK_SUCCEEDED + HOOK_FAILED)])
+        hostile = outbox.send("mem", {"note": SCRIPT})  # must render as text, never run
+        outbox.send_many([{"destination": "mem", "body": {"mail": n}} for n in range(MEM_FAILED - 1)])
+        worker(simple=True)
+        assert (repo.count("failed", "hook"), repo.count("failed", "mem")) == (HOOK_FAILED, MEM_FAILED)
+        assert len(outbox.attempts(failed[0].id)) == 4  # first try + 3 retries, all HTTP 500
+
+        base = live_server.url
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(TIMEOUT_MS)
+                dialogs: list[str] = []
+                page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+
+                # Log in through the admin's form; "next" leads to the outbox dashboard.
+                page.goto(f"{base}/admin/login/?next=/admin/outbox/message/")
+                page.fill("#id_username", "ada")
+                page.fill("#id_password", "correct horse")
+                page.click("input[type=submit]")
+                page.wait_for_selector("#count-failed")
+                assert text(page, "#count-failed") == str(HOOK_FAILED + MEM_FAILED)
+                assert page.locator('tr.destination-row.failing[data-destination="hook"]').count() == 1
+                shot(page, screenshots, "dashboard")
+
+                # The failed list, then only the hook destination's.
+                page.click("#nav-failed")
+                page.click('a.destination-filter[data-destination="hook"]')
+                page.wait_for_url(re.compile(r"destination=hook"))
+                assert "status=failed" in page.url
+                assert page.locator("#result-count").get_attribute("data-total") == str(HOOK_FAILED)
+                assert page.locator("#result_list tbody tr").count() == 50
+                assert "HTTP 500" in text(page, "#result_list tbody tr:first-child td.field-last-error")
+                shot(page, screenshots, "message-list-failed", full_page=False)
+
+                # Select the page, then all matching, choose requeue, Go.
+                page.check("#action-toggle")
+                page.click("#select-across-link")
+                assert page.locator("#select-across").input_value() == "1"
+                assert page.locator("#select-across-note").is_visible()
+                page.select_option("#action-select", "requeue")
+                page.click("#action-go")
+                page.wait_for_selector("#confirm-action")
+                assert page.locator("#action-count").get_attribute("data-count") == str(HOOK_FAILED)
+                assert "retry count is reset to 0" in text(page, "#content-main")
+                shot(page, screenshots, "confirm-requeue")
+                assert repo.count("failed", "hook") == HOOK_FAILED  # confirming is a separate step
+
+                # Confirm: back on the list, with the report and the new counts.
+                page.click("#confirm-action")
+                page.wait_for_selector("ul.messagelist li")
+                report = text(page, "ul.messagelist li")
+                assert f"{HOOK_FAILED} requeued" in report, report
+                assert "skipped" not in report
+                assert page.locator("#result-count").get_attribute("data-total") == "0"
+                assert text(page, "#status-filter-failed") == "Failed (0)"
+                assert text(page, "#status-filter-pending") == f"Pending ({HOOK_FAILED})"
+                shot(page, screenshots, "after-requeue", full_page=False)
+                assert repo.count("pending", "hook") == HOOK_FAILED
+                assert repo.count("failed", "mem") == MEM_FAILED  # another destination: untouched
+
+                # The receiver recovers and a worker delivers them: reload and see them succeeded.
+                receiver.respond(200)
+                worker(simple=True)
+                page.reload()
+                assert text(page, "#status-filter-succeeded") == f"Succeeded ({HOOK_SUCCEEDED + HOOK_FAILED})"
+                assert text(page, "#status-filter-pending") == "Pending (0)"
+                page.click("#nav-dashboard")
+                assert text(page, "#count-failed") == str(MEM_FAILED)
+                assert text(page, "#count-succeeded") == str(HOOK_SUCCEEDED + HOOK_FAILED)
+                assert page.locator('tr.destination-row.failing[data-destination="hook"]').count() == 0
+                assert page.locator('tr.destination-row.failing[data-destination="mem"]').count() == 1
+
+                # A requeued message: why it failed, attempt by attempt, then its success.
+                page.goto(f"{base}/admin/outbox/message/messages/{failed[0].id}/")
+                assert text(page, "#message-status") == "succeeded"
+                outcomes = page.locator("#attempts tbody tr td:nth-child(3)").all_inner_texts()
+                assert outcomes == ["succeeded", "failed", "retrying", "retrying", "retrying"]
+                codes = page.locator("#attempts tbody tr td:nth-child(4)").all_inner_texts()
+                assert codes == ["200", "500", "500", "500", "500"]
+                assert "sk_live_not_shown" not in page.content()  # the Authorization header is masked
+                shot(page, screenshots, "message-detail")
+
+                # A body with markup is shown as text: no script runs (no dialog).
+                page.goto(f"{base}/admin/outbox/message/messages/{hostile.id}/")
+                assert SCRIPT in text(page, "#body")
+                assert page.locator("#body script").count() == 0
+
+                # A still-failed message of the other destination, with its action buttons.
+                mem_id = next(i for i in repo.filter("failed", "mem", limit=2) if i != hostile.id)
+                page.goto(f"{base}/admin/outbox/message/messages/{mem_id}/")
+                assert MEM_ERROR in text(page, "#resend-record")
+                assert page.locator("#detail-requeue").is_visible()
+                shot(page, screenshots, "message-detail-failed")
+
+                assert dialogs == [] and errors == [], (dialogs, errors)
+            finally:
+                browser.close()
+
+    from django.contrib.admin.models import LogEntry
+
+    (entry,) = LogEntry.objects.all()
+    assert entry.user.username == "ada"
+    assert f"{HOOK_FAILED} requeued" in entry.get_change_message()

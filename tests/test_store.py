@@ -1,0 +1,200 @@
+"""The repository against a real Redis: records, indexes, compare-and-set transitions."""
+
+import json
+import time
+
+import pytest
+
+import outbox
+from outbox.records import STATUSES, Attempt, Message
+from outbox.store import Change
+from tests.conftest import assert_index_invariant
+
+
+def make(repo, n=1, **kwargs):
+    """Write messages through the real send path (records + job) and return them."""
+    return outbox.send_many([{"destination": "mem", "body": {"n": i}, **kwargs} for i in range(n)])
+
+
+def test_records_round_trip(repo):
+    sent = outbox.send(
+        "mem", {"order": 1, "name": "Zoë"}, headers={"X-Trace": "abc"}, idempotency_key="k-1", max_retries=7, retry=[1, 2]
+    )
+    got = repo.get(sent.id)
+    assert got.id == sent.id and got.destination == "mem"
+    assert got.json() == {"order": 1, "name": "Zoë"}
+    assert got.content_type == "application/json"
+    assert got.headers == {"X-Trace": "abc"}
+    assert got.idempotency_key == "k-1"
+    assert (got.status, got.retry_count, got.max_retries) == ("pending", 0, 7)
+    assert got.retry_policy["delays"] == [1.0, 2.0]
+    assert got.created_at == pytest.approx(time.time(), abs=5)
+    assert got.next_attempt_at == pytest.approx(got.created_at)
+    assert got.queue == "outbox" and got.job_id == sent.job_id
+    raw = repo.connection.hgetall(repo.keys.message(sent.id))
+    assert set(raw) >= {b"id", b"body", b"content_type", b"headers", b"destination", b"created_at", b"idempotency_key"}
+    resend = repo.connection.hgetall(repo.keys.resend(sent.id))
+    assert resend[b"status"] == b"pending" and resend[b"retry_count"] == b"0"
+    assert_index_invariant(repo)
+
+
+def test_binary_body_round_trips_exactly(repo):
+    body = bytes(range(256)) * 4
+    sent = outbox.send("mem", body)
+    got = repo.get(sent.id)
+    assert got.body == body and got.content_type == "application/octet-stream"
+
+
+def test_get_missing_raises_and_get_many_gives_none(repo):
+    with pytest.raises(outbox.MessageNotFound):
+        repo.get("msg_nope")
+    (m,) = make(repo)
+    assert [x.id if x else None for x in repo.get_many(["msg_nope", m.id])] == [None, m.id]
+
+
+def claim_change(message_id, lease="L1", now=None):
+    now = time.time() if now is None else now
+    return Change(
+        id=message_id, from_statuses=("pending", "retrying"), to="sending", score=now + 30, set={"lease": lease}, due_by=now, load=True
+    )
+
+
+def test_claim_is_compare_and_set(repo):
+    (m,) = make(repo)
+    now = time.time()
+    first = repo.transition([claim_change(m.id, "A")], now)[0]
+    assert first.applied and first.status == "sending"
+    assert first.message.id == m.id and first.message.lease == "A" and first.message.body == m.body
+    second = repo.transition([claim_change(m.id, "B")], now)[0]
+    assert not second.applied and second.status == "sending" and second.message is None
+    assert repo.get(m.id).lease == "A"
+    assert_index_invariant(repo)
+
+
+def test_claim_refuses_a_message_not_yet_due(repo):
+    (m,) = outbox.send_many([{"destination": "mem", "body": "later", "delay": 60}])
+    result = repo.transition([claim_change(m.id)], time.time())[0]
+    assert not result.applied and result.status == "pending"
+
+
+def test_completion_needs_the_lease(repo):
+    (m,) = make(repo)
+    now = time.time()
+    repo.transition([claim_change(m.id, "A")], now)
+    wrong = Change(id=m.id, from_statuses=("sending",), to="succeeded", score=now, lease="B")
+    assert not repo.transition([wrong], now)[0].applied
+    right = Change(id=m.id, from_statuses=("sending",), to="succeeded", score=now, lease="A", unset=("lease",))
+    assert repo.transition([right], now)[0].applied
+    got = repo.get(m.id)
+    assert got.status == "succeeded" and got.lease == ""
+    assert repo.count("succeeded") == 1 and repo.count("sending") == 0
+    assert_index_invariant(repo)
+
+
+@pytest.mark.parametrize(
+    "start,to,allowed",
+    [
+        ("pending", "cancelled", ("pending", "retrying")),
+        ("pending", "sending", ("pending", "retrying")),
+    ],
+)
+def test_each_transition_moves_the_index(repo, start, to, allowed):
+    (m,) = make(repo)
+    now = time.time()
+    r = repo.transition([Change(id=m.id, from_statuses=allowed, to=to, score=now)], now)[0]
+    assert r.applied
+    assert repo.count(to) == 1 and repo.count(start) == 0
+    assert repo.count(to, "mem") == 1 and repo.count(start, "mem") == 0
+    assert_index_invariant(repo)
+
+
+def test_transition_of_a_missing_message_reports_empty_status(repo):
+    r = repo.transition([Change(id="msg_missing", from_statuses=("pending",), to="cancelled", score=1.0)], time.time())[0]
+    assert not r.applied and r.status == ""
+
+
+def test_attempts_are_capped_newest_first(repo):
+    (m,) = make(repo)
+    repo.attempts_kept = 3
+    now = time.time()
+    for i in range(5):
+        # Bounce the message between pending and retrying, recording an attempt each time.
+        to = "retrying" if i % 2 == 0 else "pending"
+        frm = ("pending",) if i % 2 == 0 else ("retrying",)
+        attempt = Attempt(started_at=now + i, duration_ms=i, outcome="retrying", error=f"e{i}")
+        assert repo.transition([Change(id=m.id, from_statuses=frm, to=to, score=now, attempt=attempt)], now)[0].applied
+    assert [a.error for a in repo.attempts(m.id)] == ["e4", "e3", "e2"]
+
+
+def test_events_are_published_only_when_applied(repo):
+    (m,) = make(repo)
+    pubsub = repo.connection.pubsub()
+    pubsub.subscribe(repo.events_channel)
+    pubsub.get_message(timeout=1)  # the subscribe confirmation
+    now = time.time()
+    refused = Change(id=m.id, from_statuses=("failed",), to="pending", score=now, event='{"event":"no"}')
+    applied = Change(id=m.id, from_statuses=("pending",), to="cancelled", score=now, event='{"event":"yes"}')
+    repo.transition([refused, applied], now)
+    message = pubsub.get_message(timeout=2)
+    assert json.loads(message["data"]) == {"event": "yes"}
+    assert pubsub.get_message(timeout=0.2) is None
+    pubsub.close()
+
+
+def test_filter_count_and_pagination(repo):
+    messages = make(repo, 25)
+    ids = [m.id for m in messages]
+    assert repo.count() == 25 and repo.count("pending") == 25 and repo.count("pending", "mem") == 25
+    page1 = repo.filter(None, offset=0, limit=10)
+    page3 = repo.filter(None, offset=20, limit=10)
+    assert len(page1) == 10 and len(page3) == 5
+    assert set(page1 + repo.filter(None, offset=10, limit=10) + page3) == set(ids)
+    assert repo.counts() == {**{s: 0 for s in STATUSES}, "pending": 25}
+    assert repo.destinations() == ["mem"]
+    with pytest.raises(ValueError):
+        repo.filter("bogus")
+
+
+def test_iter_ids_sees_every_id_once_while_they_leave_the_index(repo):
+    ids = {m.id for m in make(repo, 2500)}
+    seen = []
+    for batch in repo.iter_ids("pending", batch=300):
+        seen += batch
+        now = time.time()
+        repo.transition([Change(id=i, from_statuses=("pending",), to="cancelled", score=now) for i in batch], now)
+    assert sorted(seen) == sorted(ids)
+    seen_static = [i for batch in repo.iter_ids("cancelled", batch=7) for i in batch]
+    assert sorted(seen_static) == sorted(ids)
+
+
+def test_delete_removes_everything_but_refuses_sending(repo):
+    a, b = make(repo, 2, idempotency_key=None)
+    c = outbox.send("mem", "x", idempotency_key="del-key")
+    now = time.time()
+    repo.transition([claim_change(b.id)], now)
+    assert repo.delete([a.id, b.id, c.id], ("pending", "failed")) == [True, False, True]
+    assert repo.connection.exists(repo.keys.message(a.id), repo.keys.resend(a.id), repo.keys.idempotency("del-key")) == 0
+    assert repo.count() == 1 and repo.count("sending") == 1
+    assert_index_invariant(repo)
+
+
+def test_message_from_hashes_ignores_unknown_fields(repo):
+    (m,) = make(repo)
+    repo.connection.hset(repo.keys.resend(m.id), "future_field", "x")
+    assert isinstance(repo.get(m.id), Message)
+
+
+def test_bulk_changes_give_every_message_its_own_score(repo):
+    # Formatting float sums to 6 decimals once rounded neighbours to the same score.
+    ids = [m.id for m in make(repo, 3000)]
+    assert outbox.cancel(ids).acted == 3000
+    scores = [score for _, score in repo.connection.zrange(repo.keys.status("cancelled"), 0, -1, withscores=True)]
+    assert len(set(scores)) == 3000
+
+
+def test_score_clock_never_hands_out_overlapping_chunks():
+    # Two chunks of 1,000 prepared within a millisecond once shared scores.
+    from outbox.actions import TIE_BREAK_US, score_clock
+
+    starts = [round(score_clock.reserve(1000) * 1e6) for _ in range(50)]
+    assert all(later - earlier >= 1000 * TIE_BREAK_US for earlier, later in zip(starts, starts[1:]))
