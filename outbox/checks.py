@@ -11,6 +11,8 @@ outbox.E005    ``OUTBOX["RETRY"]`` or ``MAX_RETRIES`` is invalid
 outbox.W001    an outbox queue in ``RQ_QUEUES`` does not use ``USE_REDIS_CACHE`` with
                the outbox's alias, so records and jobs may not share one MULTI/EXEC
 outbox.W002    no destinations are configured
+outbox.W003    a destination's attempt may take longer than half the visibility timeout,
+               so its lease can run out mid-attempt (a duplicate delivery)
 =============  =====================================================================
 """
 
@@ -22,7 +24,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from .conf import DEFAULTS, PRIORITIES, outbox_settings
-from .destinations import configuration_errors, validate_max_retries
+from .destinations import configuration_errors, get_destination, validate_max_retries
 from .retry import RetryPolicy
 
 POSITIVE_NUMBERS = ("MAX_BODY_BYTES", "VISIBILITY_TIMEOUT", "RECOVERY_INTERVAL", "RECOVERY_GRACE", "BATCH_SIZE", "ATTEMPTS_KEPT")
@@ -63,7 +65,11 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
     except ValueError as exc:
         errors.append(Error(str(exc), id="outbox.E005"))
         return errors
-    errors += [Error(message, id="outbox.E002") for message in configuration_errors()]
+    numbers_ok = not errors  # _lease_warnings divides VISIBILITY_TIMEOUT
+    destination_errors = configuration_errors()
+    errors += [Error(message, id="outbox.E002") for message in destination_errors]
+    if numbers_ok and not destination_errors:
+        errors += _lease_warnings()
     if not outbox_settings.DESTINATIONS:
         errors.append(Warning("OUTBOX['DESTINATIONS'] is empty: send() has nowhere to deliver", id="outbox.W002"))
     alias = outbox_settings.REDIS_ALIAS
@@ -97,3 +103,28 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 )
             )
     return errors
+
+
+def _lease_warnings() -> list:
+    """outbox.W003: destinations whose attempts may outlive their lease.
+
+    A worker starts no attempt once half the lease (``VISIBILITY_TIMEOUT``) is spent
+    (``outbox.delivery.deliver_batch``), so an attempt that may take longer than half of
+    it can still be running when the lease runs out and the recovery sweep takes the
+    message back.
+    """
+    budget = outbox_settings.VISIBILITY_TIMEOUT / 2
+    warnings = []
+    for name in outbox_settings.DESTINATIONS:
+        longest = get_destination(name).build_transport().longest_attempt()
+        if longest is not None and longest > budget:
+            warnings.append(
+                Warning(
+                    f"destination {name!r}: one attempt may take {longest:g} s, more than half of "
+                    f"OUTBOX['VISIBILITY_TIMEOUT'] ({outbox_settings.VISIBILITY_TIMEOUT:g} s)",
+                    hint="lower the transport's timeouts or raise VISIBILITY_TIMEOUT, or a lease may run out "
+                    "mid-attempt and the message be delivered twice",
+                    id="outbox.W003",
+                )
+            )
+    return warnings

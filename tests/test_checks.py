@@ -66,3 +66,14 @@ def test_manage_py_check_runs_them(settings):
 def test_bad_retention(settings, retention):
     settings.OUTBOX = {**settings.OUTBOX, "RETENTION": retention}
     assert "outbox.E001" in ids()
+
+
+def test_webhook_whose_attempt_may_outlive_half_the_lease_warns(settings):
+    hook = {"TRANSPORT": "webhook", "OPTIONS": {"url": "http://127.0.0.1:9/", "timeout": 10, "connect_timeout": 5}}
+    # 5 + 2 x 10 = 25 s per attempt at most; the last attempt may start at half the lease.
+    settings.OUTBOX = {**settings.OUTBOX, "DESTINATIONS": {"slow": hook}, "VISIBILITY_TIMEOUT": 40}
+    errors = check_outbox_settings()
+    assert [e.id for e in errors] == ["outbox.W003"]
+    assert "'slow'" in errors[0].msg and "25 s" in errors[0].msg
+    settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 50}
+    assert check_outbox_settings() == []

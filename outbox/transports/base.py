@@ -67,6 +67,15 @@ class Transport:
         """
         raise NotImplementedError
 
+    def longest_attempt(self) -> float | None:
+        """The longest one delivery attempt should take, in seconds, or None if unknown.
+
+        System check ``outbox.W003`` compares it with ``OUTBOX["VISIBILITY_TIMEOUT"]``: an
+        attempt that outlives its lease lets the recovery sweep hand the message to
+        another worker while the first is still delivering it (a duplicate delivery).
+        """
+        return None
+
     def check_message(self, body: bytes, content_type: str, headers: dict[str, str]) -> None:
         """Refuse, at ``send()`` time, a message this transport could never deliver.
 

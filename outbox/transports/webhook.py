@@ -169,6 +169,12 @@ class WebhookTransport(Transport):
         self._client: httpx.Client | None = None
         self._pid = 0
 
+    def longest_attempt(self) -> float:
+        """``connect_timeout`` + 2 × ``timeout`` seconds: connecting, waiting for the
+        response's headers, then reading up to :data:`MAX_RESPONSE_BYTES` of its body
+        (each bounded by its timeout; the request itself is small and written at once)."""
+        return self.connect_timeout + 2 * self.timeout
+
     @property
     def signer(self) -> Webhook | None:
         """The signer of the first (current) secret, or None without a secret."""
