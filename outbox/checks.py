@@ -39,18 +39,18 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
     unknown = set(user) - set(DEFAULTS)
     if unknown:
         errors.append(Error(f"unknown OUTBOX key(s): {', '.join(sorted(unknown))}", hint=f"known keys: {', '.join(DEFAULTS)}", id="outbox.E001"))
-    for name in POSITIVE_NUMBERS:
-        value = getattr(outbox_settings, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            errors.append(Error(f"OUTBOX['{name}'] must be a positive number, not {value!r}", id="outbox.E001"))
+    not_positive = [name for name in POSITIVE_NUMBERS if not _positive_number(getattr(outbox_settings, name))]
+    errors += [
+        Error(f"OUTBOX['{name}'] must be a positive number, not {getattr(outbox_settings, name)!r}", id="outbox.E001")
+        for name in not_positive
+    ]
     queues = outbox_settings.QUEUES
     if not isinstance(queues, dict) or set(queues) != set(PRIORITIES) or not all(isinstance(q, str) and q for q in queues.values()):
         errors.append(Error("OUTBOX['QUEUES'] must map 'high', 'default' and 'low' to queue names", id="outbox.E001"))
         return errors
     retention = outbox_settings.RETENTION
     if not isinstance(retention, dict) or any(
-        k not in ("succeeded", "cancelled", "failed")
-        or not (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0))
+        k not in ("succeeded", "cancelled", "failed") or not (v is None or _positive_number(v))
         for k, v in retention.items()
     ):
         errors.append(
@@ -65,10 +65,9 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
     except ValueError as exc:
         errors.append(Error(str(exc), id="outbox.E005"))
         return errors
-    numbers_ok = not errors  # _lease_warnings divides VISIBILITY_TIMEOUT
     destination_errors = configuration_errors()
     errors += [Error(message, id="outbox.E002") for message in destination_errors]
-    if numbers_ok and not destination_errors:
+    if "VISIBILITY_TIMEOUT" not in not_positive and not destination_errors:
         errors += _lease_warnings()
     if not outbox_settings.DESTINATIONS:
         errors.append(Warning("OUTBOX['DESTINATIONS'] is empty: send() has nowhere to deliver", id="outbox.W002"))
@@ -103,6 +102,11 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 )
             )
     return errors
+
+
+def _positive_number(value: Any) -> bool:
+    """An int or float above 0 (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _lease_warnings() -> list:
