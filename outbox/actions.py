@@ -119,7 +119,7 @@ def _run(ids: Iterable[str], action: str, prepare: Callable[[list[str]], Execute
 
 
 def _writer(
-    groups: list[tuple[str, list[str]]],
+    ids: list[str],
     *,
     action: str,
     from_statuses: tuple[str, ...],
@@ -127,29 +127,19 @@ def _writer(
     now: float,
     set: dict[str, str] | None = None,
     unset: tuple[str, ...] = (),
-    queues: dict[str, str] | None = None,
 ) -> Execute:
-    """Build the MULTI/EXEC for one chunk now, with no I/O; the returned callable sends it
-    and returns the ids acted on.
-
-    Args:
-        groups: (job id or "", ids) per delivery job; ``queues`` maps job id -> queue name
-            for the jobs to enqueue in the same transaction.
-    """
-    ids = [message_id for _, batch in groups for message_id in batch]
+    """The write of one chunk (``lua/bulk.lua``); the returned callable sends it, wakes
+    the queues that got due messages, and returns the ids acted on."""
     if not ids:
         return list
     repo = get_repository()
-    pipe = repo.pipeline()
-    repo.bulk_transition(pipe, groups, from_statuses=from_statuses, to=to, now=now, action=action, set=set, unset=unset, step=TIE_BREAK)
-    for job_id, batch in groups:
-        if queues and job_id in queues:
-            dispatch.enqueue(pipe, queues[job_id], batch, job_id=job_id)
 
     def execute() -> list[str]:
-        with pipe:
-            reply = pipe.execute()[0]
-        return repo.parse_bulk(ids, reply)
+        result = repo.bulk_transition(
+            [("", ids)], from_statuses=from_statuses, to=to, now=now, action=action, set=set, unset=unset, step=TIE_BREAK
+        )
+        dispatch.enqueue_wakeups(result.woken)
+        return result.applied
 
     return execute
 
@@ -157,38 +147,33 @@ def _writer(
 def requeue(ids: Iterable[str], *, progress: Progress | None = None) -> ActionResult:
     """Send failed, cancelled or succeeded messages again.
 
-    Each goes back to ``pending`` with its retry count reset to 0 (a fresh retry
-    budget) and a delivery job on its queue; its attempt history is kept.
+    Each goes back to ``pending``, due now, with its retry count reset to 0 (a fresh
+    retry budget), and its queue is woken; its attempt history is kept.
     """
     return _run(ids, "requeued", _prepare_requeue, progress)
 
 
 def _prepare_requeue(ids: list[str]) -> Execute:
     now = score_clock.reserve(len(ids))
-    found = [(message_id, queue) for message_id, queue in zip(ids, get_repository().resend_field(ids, "queue")) if queue]
-    plan = dispatch.plan_jobs(found, key=lambda pair: pair[1])
-    groups = [(job_id, [message_id for message_id, _ in batch]) for _, batch, job_id in plan]
-    queues = {job_id: queue for queue, _, job_id in plan}
     return _writer(
-        groups,
+        ids,
         action="requeued",
         from_statuses=REQUEUEABLE_STATUSES,
         to=Status.PENDING.value,
         now=now,
         set={"retry_count": "0", "next_attempt_at": repr(now)},
         unset=("last_error", "last_status_code", "lease"),
-        queues=queues,
     )
 
 
 def cancel(ids: Iterable[str], *, progress: Progress | None = None) -> ActionResult:
-    """Withdraw pending or retrying messages (-> ``cancelled``); their queued jobs become no-ops."""
+    """Withdraw pending or retrying messages (-> ``cancelled``): they leave their queue's due index."""
     return _run(ids, "cancelled", _prepare_cancel, progress)
 
 
 def _prepare_cancel(ids: list[str]) -> Execute:
     return _writer(
-        [("", ids)],
+        ids,
         action="cancelled",
         from_statuses=CANCELLABLE_STATUSES,
         to=Status.CANCELLED.value,

@@ -12,12 +12,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
+from redis.exceptions import RedisError
 
-from . import actions, dispatch
+from . import actions, intake
 from .connection import get_repository
-from .delivery import get_transport
-from .destinations import get_destination, validate_max_retries
-from .exceptions import InvalidMessage
+from .destinations import get_destination, get_transport, validate_max_retries
+from .exceptions import InvalidMessage, MessageNotFound, OutboxUnavailable
 from .records import Attempt, Message, Status, new_message_id
 from .retry import RetryPolicy
 from .validation import clean_delay, clean_headers, clean_idempotency_key, clean_priority, encode_body
@@ -78,7 +78,6 @@ def build_message(
         next_attempt_at=send_time,
         queue=clean_priority(priority),
         updated_at=now,
-        job_id=dispatch.new_job_id(),
     )
 
 
@@ -95,19 +94,26 @@ def send(
     priority: str | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Message:
-    """Store a message in Redis and queue its delivery.
+    """Store a message and have it delivered.
 
-    Costs one Redis round trip: the message record, the resend record, the indexes and
-    the RQ job go out in one MULTI/EXEC. Inside ``transaction.atomic`` (on database
-    ``using``) the write happens when the transaction commits; a rollback sends nothing.
+    Outside a transaction: one Redis round trip writes the message record, the resend
+    record and the indexes (one atomic script); when no wake-up job waits for its
+    queue, a second round trip enqueues one.
+
+    Inside ``transaction.atomic`` (on database ``using``): the message is written to
+    this app's table in the same transaction (as durable as your own rows), pushed to
+    Redis when the transaction commits, and pushed by the relay of an ``outbox_worker``
+    if that push could not happen (Redis down, process killed). A rollback sends nothing.
 
     Args:
         destination: a name in ``OUTBOX["DESTINATIONS"]``.
         body: bytes, str (sent as UTF-8), or JSON-serializable data (``application/json``).
         content_type: overrides the content type guessed from ``body``.
         headers: extra headers for the transport (RFC 9110 names; no CR/LF in values).
-        idempotency_key: sending again with the same key within 24 hours returns the
-            first message instead of creating another.
+        idempotency_key: sending again to the same destination with the same key within
+            24 hours returns the first message instead of creating another (with another
+            body it raises :class:`~outbox.exceptions.IdempotencyConflict`). Keys are
+            scoped per destination.
         max_retries: retries after the first attempt (0 to 1000); default from the
             destination, then ``OUTBOX["MAX_RETRIES"]``.
         retry: a retry policy (see :mod:`outbox.retry`) over the destination's.
@@ -120,9 +126,10 @@ def send(
         used, the earlier message as it is now.
 
     Raises:
-        InvalidMessage: bad input (``UnknownDestination``, ``MessageTooLarge``, ...);
-            nothing is written.
-        redis.exceptions.RedisError: Redis could not be reached (outside a transaction).
+        InvalidMessage: bad input (``UnknownDestination``, ``MessageTooLarge``,
+            ``IdempotencyConflict``, ...); nothing is written.
+        OutboxUnavailable: outside a transaction, Redis could not be reached (within
+            the socket timeouts of the cache alias); nothing is stored.
     """
     message = build_message(
         destination,
@@ -142,8 +149,7 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
     """Send a batch: each item is a dict of :func:`send`'s arguments.
 
     All items are validated before anything is written; one invalid item writes none.
-    Records go out in one MULTI/EXEC with one delivery job per ``BATCH_SIZE`` ids of a
-    queue and due time.
+    Records go out in one script call (atomic), and at most one wake-up job per queue.
 
     Returns:
         The messages, in order (see :func:`send` for idempotency keys).
@@ -174,58 +180,50 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
 
 
 def _submit(messages: list[Message], using: str) -> list[Message]:
-    """Write messages and their jobs now, or on commit of the current transaction."""
+    """Capture messages in the current transaction, or write them to Redis now."""
     if not messages:
         return []
-    # One job per BATCH_SIZE ids of the same queue and due time.
-    jobs = []
-    for (queue, due), batch, job_id in dispatch.plan_jobs(messages, key=lambda m: (m.queue, m.send_time)):
-        for m in batch:
-            m.job_id = job_id
-        jobs.append((queue, [m.id for m in batch], job_id, due))
+    if transaction.get_connection(using).in_atomic_block:
+        from .capture import capture
 
-    def write() -> list[str]:
-        repo = get_repository()
-        with repo.pipeline() as pipe:
-            repo.create(pipe, messages)
-            for queue, batch, job_id, due in jobs:
-                dispatch.enqueue(pipe, queue, batch, job_id=job_id, at=due)
-            return [i.decode() for i in pipe.execute()[0]]
-
-    connection = transaction.get_connection(using)
-    if connection.in_atomic_block:
-        transaction.on_commit(write, using=using)
-        return _resolve_known_keys(messages)
-    standing = write()
-    duplicates = [s for m, s in zip(messages, standing) if s != m.id]
+        return capture(messages, using)
+    try:
+        created = intake.store(messages)
+    except RedisError as exc:
+        raise OutboxUnavailable(
+            f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
+            "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
+        ) from exc
+    single = len(messages) == 1
+    for index, (message, c) in enumerate(zip(messages, created, strict=True)):
+        if c.code == "conflict":
+            raise intake.conflict(message, c, None if single else index)
+    duplicates = [c.standing_id for c in created if c.code == "duplicate"]
     if not duplicates:
         return messages
     found = {m.id: m for m in get_repository().get_many(duplicates) if m is not None}
-    return [found.get(s, m) if s != m.id else m for m, s in zip(messages, standing)]
-
-
-def _resolve_known_keys(messages: list[Message]) -> list[Message]:
-    """Inside a transaction: return messages already sent under the same key, if any.
-
-    (The key is checked again atomically on commit; a duplicate then writes nothing.)
-    """
-    keyed = [m for m in messages if m.idempotency_key]
-    if not keyed:
-        return messages
-    repo = get_repository()
-    existing = repo.ids_for_idempotency_keys([m.idempotency_key for m in keyed])
-    found = {m.id: m for m in repo.get_many([e for e in existing if e]) if m is not None}
-    replace = {m.id: found[e] for m, e in zip(keyed, existing) if e and e in found}
-    return [replace.get(m.id, m) for m in messages]
+    return [found.get(c.standing_id, m) if c.code == "duplicate" else m for m, c in zip(messages, created, strict=True)]
 
 
 def get(message_id: str) -> Message:
     """The message with this id, with its current delivery state.
 
+    A message captured in a transaction that Redis does not have yet (inside the
+    sending transaction, or while Redis is down) is read from the capture table, with
+    status ``pending``.
+
     Raises:
         MessageNotFound: no such message.
     """
-    return get_repository().get(message_id)
+    try:
+        return get_repository().get(message_id)
+    except MessageNotFound:
+        from .capture import captured
+
+        message = captured(message_id)
+        if message is None:
+            raise
+        return message
 
 
 def attempts(message_id: str) -> list[Attempt]:

@@ -20,11 +20,22 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 ``RETRY``              default retry policy, see :mod:`outbox.retry`.
 ``MAX_BODY_BYTES``     largest accepted body in bytes (1 MiB).
 ``VISIBILITY_TIMEOUT`` seconds a claimed message may stay ``sending`` before the
-                       recovery sweep takes it back (300). Also the RQ job timeout.
+                       recovery sweep takes it back (300): the lease. A worker starts
+                       no attempt it could not finish within half of it.
 ``RECOVERY_INTERVAL``  seconds between recovery sweeps in ``outbox_worker`` (30).
 ``RECOVERY_GRACE``     seconds a due message may wait with no queued job before the
                        sweep enqueues it again (60).
-``BATCH_SIZE``         most message ids per delivery job (100).
+``BATCH_SIZE``         most messages one claim takes (100).
+``CONCURRENCY``        attempts in flight at once per worker process (32; threads).
+``MAX_IN_FLIGHT``      default cap of attempts in flight per destination per worker
+                       process (16), so one slow receiver cannot take the whole pool;
+                       a destination's ``MAX_IN_FLIGHT`` overrides it.
+``WAKE_INTERVAL``      seconds between checks, in each ``outbox_worker``, for due
+                       messages (retries, delays) whose queue has no wake-up job (1).
+``RELAY_INTERVAL``     seconds between relay passes in each ``outbox_worker``, pushing
+                       messages captured in the database that did not reach Redis (1).
+``RELAY_AFTER``        seconds a captured message is left to the on-commit fast path
+                       before the relay pushes it (5).
 ``ATTEMPTS_KEPT``      attempt records kept per message, newest first (50).
 ``EVENTS_CHANNEL``     Redis Pub/Sub channel for outcome events (``"<prefix>:events"``),
                        or None to publish nothing.
@@ -57,6 +68,11 @@ DEFAULTS: dict[str, Any] = {
     "RECOVERY_INTERVAL": 30,
     "RECOVERY_GRACE": 60,
     "BATCH_SIZE": 100,
+    "CONCURRENCY": 32,
+    "MAX_IN_FLIGHT": 16,
+    "WAKE_INTERVAL": 1.0,
+    "RELAY_INTERVAL": 1.0,
+    "RELAY_AFTER": 5.0,
     "ATTEMPTS_KEPT": 50,
     "EVENTS_CHANNEL": "",  # "" means "<KEY_PREFIX>:events"
     "RETENTION": {"succeeded": 7 * 24 * 3600, "cancelled": 30 * 24 * 3600, "failed": None},
@@ -129,14 +145,9 @@ class OutboxSettings:
         return seen
 
     def reload(self) -> None:
-        """Drop cached values (and everything derived from them)."""
+        """Drop cached values. Modules that derive state from settings drop theirs on
+        ``setting_changed`` with receivers of their own."""
         self._cache.clear()
-        from . import connection, delivery, destinations, dispatch
-
-        connection.get_repository.cache_clear()
-        destinations.clear_cache()
-        dispatch.clear_cache()
-        delivery.close_transports()
 
 
 outbox_settings = OutboxSettings()

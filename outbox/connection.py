@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from redis import Redis
 
 from .conf import outbox_settings
 from .store import MessageRepository
 
 IDEMPOTENCY_TTL = 24 * 3600  # seconds; as long as Stripe keeps idempotency keys
+WAKE_TTL = 60.0  # seconds a queue's wake-up flag lives if no job clears it
 
 
 def get_connection() -> Redis:
@@ -39,4 +43,11 @@ def get_repository() -> MessageRepository:
         attempts_kept=outbox_settings.ATTEMPTS_KEPT,
         events_channel=outbox_settings.EVENTS_CHANNEL or "",
         idempotency_ttl=IDEMPOTENCY_TTL,
+        wake_ttl=WAKE_TTL,
     )
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("OUTBOX", "CACHES"):
+        get_repository.cache_clear()

@@ -1,16 +1,27 @@
-"""The worker side: claim messages, call their transports, record the outcome.
+"""The worker side: claim due messages, attempt them concurrently, record each outcome.
 
-One call of :func:`deliver_batch` (the body of the RQ job ``outbox.jobs.deliver``):
+:func:`run` is the body of the wake-up job ``outbox.jobs.deliver(queue)``. It repeats
+one cycle until nothing is due (or its time budget is spent):
 
-1. claims every id in one compare-and-set (``pending``/``retrying`` and due ->
-   ``sending`` with a fresh lease) that also returns both records (one round trip);
-2. delivers each claimed message through its destination's transport;
-3. records each outcome (attempt record, status change, event, and the retry job when
-   one is due later) in one pipeline, flushed at least once a second.
+1. **one round trip** writes the outcomes decided since the last cycle (attempt record,
+   status change, event: ``lua/transition.lua``, a compare-and-set on the lease) and
+   claims as many due messages as there are free slots (``lua/claim.lua``:
+   ``pending``/``retrying`` -> ``sending`` with a lease of ``VISIBILITY_TIMEOUT``);
+2. the claimed messages start on a thread pool of ``CONCURRENCY`` slots, at most
+   ``MAX_IN_FLIGHT`` per destination (the claim skips a destination at its cap);
+3. it waits until an attempt finishes and decides its outcome (success, retry with
+   backoff, or dead letter).
 
-A claim that fails means another worker has the message, or it is not due, or it was
-cancelled: nothing to do. A completion whose lease no longer matches (the worker overran
-the visibility timeout and the message was taken back) changes nothing.
+No attempt starts while an outcome decided before it is unwritten, and outcomes are
+written as soon as they are decided (the next cycle starts at once). So a process that
+dies (SIGKILL, a poison message calling ``os._exit``) repeats only the attempts that
+were in flight: the recovery sweep takes those back after their lease with a ``lost``
+attempt.
+
+Whatever escapes the loop (Redis errors, RQ's job timeout), :func:`run` first waits
+briefly for attempts in flight, writes every decided outcome (retrying while Redis is
+unreachable, up to the lease), releases claimed messages that never started (no
+attempt charged), and then re-raises.
 """
 
 from __future__ import annotations
@@ -18,36 +29,37 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ImproperlyConfigured
-from rq.timeouts import JobTimeoutException
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import dispatch
 from .conf import outbox_settings
 from .connection import get_repository
-from .destinations import get_destination
+from .destinations import get_destination, get_transport
 from .events import event_payload, send_signal
 from .exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
 from .records import Attempt, Message, Status
 from .retry import RetryPolicy, retry_delay
-from .store import Change, ChangeResult
-from .transports import Transport
+from .store import Change, ChangeResult, MessageRepository
 
 logger = logging.getLogger("outbox")
 
 ERROR_LIMIT = 1000  # characters of an error kept in records
-FLUSH_INTERVAL = 1.0  # seconds between writes of finished outcomes within a batch
-# A claim takes messages due up to this many seconds from now: it covers clock skew
-# between hosts and retries enqueued at once because they were due within
-# dispatch.SCHEDULE_THRESHOLD, which would otherwise wait for the recovery sweep.
-DUE_SLACK = 2 * dispatch.SCHEDULE_THRESHOLD
-LEASE_BUDGET = 0.5  # share of VISIBILITY_TIMEOUT after which a batch starts no new attempt
-
-_transports: dict[str, Transport] = {}
+DUE_SLACK = dispatch.DUE_SLACK  # a claim takes messages due up to this many seconds from now
+LEASE_BUDGET = 0.5  # share of VISIBILITY_TIMEOUT after which a run claims nothing new
+RUN_BUDGET = 10.0  # seconds a wake-up job keeps claiming before it hands over to a new job
+IDLE_POLL = 0.1  # seconds between claims while slots are free and attempts are in flight
+FAILSAFE_WAIT = 5.0  # seconds an interrupted run waits for attempts in flight
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
 
 
 def worker_name() -> str:
@@ -55,79 +67,7 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def get_transport(destination: str) -> Transport:
-    """The transport for a destination, built once per process and reused (connection reuse).
-
-    Raises:
-        UnknownDestination: the destination was removed from settings.
-        ImproperlyConfigured: its settings are invalid.
-    """
-    transport = _transports.get(destination)
-    if transport is None:
-        transport = get_destination(destination).build_transport()
-        _transports[destination] = transport
-    return transport
-
-
-def close_transports() -> None:
-    """Close and forget every cached transport."""
-    while _transports:
-        _, transport = _transports.popitem()
-        try:
-            transport.close()
-        except Exception:  # closing is best effort
-            logger.exception("closing transport failed")
-
-
-@dataclass
-class BatchReport:
-    """What one :func:`deliver_batch` call did (also the RQ job's result).
-
-    Attributes:
-        claimed: ids this call claimed and attempted.
-        skipped: ids it did not claim (taken, not due, cancelled, or missing).
-        outcomes: id -> status after the attempt (``succeeded``, ``retrying``, ``failed``),
-            or ``"stale"`` when the lease was lost before the outcome was written.
-    """
-
-    claimed: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    outcomes: dict[str, str] = field(default_factory=dict)
-    released: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, object]:
-        counts: dict[str, int] = {}
-        for outcome in self.outcomes.values():
-            counts[outcome] = counts.get(outcome, 0) + 1
-        return {"claimed": len(self.claimed), "skipped": len(self.skipped), "released": len(self.released), "outcomes": counts}
-
-
-def claim(message_ids: Sequence[str], now: float) -> tuple[list[Message], list[str]]:
-    """Claim due messages for delivery: ``pending``/``retrying`` -> ``sending``.
-
-    Returns:
-        (claimed messages with their records, ids not claimed).
-    """
-    lease = uuid.uuid4().hex
-    deadline = now + outbox_settings.VISIBILITY_TIMEOUT
-    changes = [
-        Change(
-            id=message_id,
-            from_statuses=(Status.PENDING.value, Status.RETRYING.value),
-            to=Status.SENDING.value,
-            score=deadline,
-            set={"lease": lease, "last_attempt_at": repr(now)},
-            due_by=now + DUE_SLACK,
-            load=True,
-        )
-        for message_id in dict.fromkeys(message_ids)
-    ]
-    results = get_repository().transition(changes, now)
-    claimed = [r.message for r in results if r.applied and r.message is not None]
-    skipped = [r.id for r in results if not r.applied]
-    return claimed, skipped
-
-
+# -- one attempt -----------------------------------------------------------------------
 @dataclass
 class Outcome:
     """The result of one attempt, before it is written."""
@@ -146,9 +86,10 @@ class Outcome:
 def attempt(message: Message) -> Outcome:
     """Deliver one claimed message through its transport and time it.
 
-    Every failure of the transport becomes part of the :class:`Outcome`; only RQ's
-    ``JobTimeoutException`` propagates: the job ran out of time, which is no fault of
-    the message in flight (it stays ``sending`` and the recovery sweep takes it back).
+    Every exception of the transport becomes part of the :class:`Outcome`: a
+    :class:`~outbox.exceptions.DeliveryError` as the transport described it; any other
+    exception (a bug in a transport or a callable) as a retryable failure, logged with
+    its traceback. Safe to call from any thread.
     """
     started_at = time.time()
     t0 = time.perf_counter()
@@ -162,8 +103,6 @@ def attempt(message: Message) -> Outcome:
         outcome.ok = True
         outcome.status_code = result.status_code
         outcome.detail = (result.detail or "")[:ERROR_LIMIT]
-    except JobTimeoutException:
-        raise
     except DeliveryError as exc:
         outcome.error = str(exc) or type(exc).__name__
         outcome.status_code = exc.status_code
@@ -171,19 +110,26 @@ def attempt(message: Message) -> Outcome:
         outcome.retry_after = exc.retry_after
     except Exception as exc:  # a transport bug or an unexpected library error: retryable
         outcome.error = f"{type(exc).__name__}: {exc}"
+        logger.warning(
+            "outbox attempt id=%s destination=%s raised %s (not a DeliveryError): a bug in the transport?",
+            message.id,
+            message.destination,
+            type(exc).__name__,
+            exc_info=exc,
+        )
     outcome.duration_ms = (time.perf_counter() - t0) * 1000
     outcome.error = outcome.error[:ERROR_LIMIT]
     return outcome
 
 
+# -- deciding an outcome ------------------------------------------------------------------
 @dataclass
 class Decision:
-    """A written-to-be outcome: the status change and, for a retry, its job."""
+    """An outcome to be written: the status change and the attempt record."""
 
     change: Change
     attempt: Attempt
     message: Message
-    retry_job: tuple[str, float] | None = None  # (job id, due time)
 
 
 def decide(
@@ -207,31 +153,37 @@ def decide(
     and ``retry_count`` goes up by one (it counts retries: attempts after the first);
     otherwise ``failed`` (dead letter), so a dead letter shows at most
     ``max_retries / max_retries``.
+
+    Never raises for a bad record: a retry policy that cannot be used (a record written
+    by an older version, or edited by hand) makes the message a dead letter whose error
+    says why, instead of stopping the worker or the recovery sweep.
     """
+    next_at: float | None = None
+    try:
+        retrying = not ok and not permanent and message.retry_count < message.max_retries
+        if retrying:
+            policy = RetryPolicy.from_value(message.retry_policy or None, default=outbox_settings.retry_policy)
+            next_at = now + retry_delay(policy, message.retry_count + 1, retry_after)
+    except Exception as exc:
+        error = f"{error}; and its retry policy cannot be used ({type(exc).__name__}: {exc}), so it is failed"[:ERROR_LIMIT]
+        retrying, ok = False, False
     base_set = {"last_status_code": str(status_code)} if status_code is not None else {}
     unset = [] if status_code is not None else ["last_status_code"]
-    retry_job = None
     if ok:
-        status, retry_count, next_at = Status.SUCCEEDED.value, message.retry_count, None
+        status, retry_count = Status.SUCCEEDED.value, message.retry_count
         fields = {**base_set}
         unset += ["next_attempt_at", "lease", "last_error"]
         score = now
-    else:
+    elif not retrying or next_at is None:
+        status, retry_count = Status.FAILED.value, message.retry_count
         fields = {**base_set, "last_error": error}
-        if permanent or message.retry_count >= message.max_retries:
-            status, retry_count, next_at = Status.FAILED.value, message.retry_count, None
-            unset += ["next_attempt_at", "lease"]
-            score = now
-        else:
-            status, retry_count = Status.RETRYING.value, message.retry_count + 1
-            fields["retry_count"] = str(retry_count)
-            policy = RetryPolicy.from_value(message.retry_policy or None, default=outbox_settings.retry_policy)
-            next_at = now + retry_delay(policy, retry_count, retry_after)
-            job_id = dispatch.new_job_id()
-            fields.update(next_attempt_at=repr(next_at), job_id=job_id)
-            unset += ["lease"]
-            score = next_at
-            retry_job = (job_id, next_at)
+        unset += ["next_attempt_at", "lease"]
+        score = now
+    else:
+        status, retry_count = Status.RETRYING.value, message.retry_count + 1
+        fields = {**base_set, "last_error": error, "retry_count": str(retry_count), "next_attempt_at": repr(next_at)}
+        unset += ["lease"]
+        score = next_at
     record = Attempt(
         started_at=now if started_at is None else started_at,
         duration_ms=duration_ms,
@@ -256,129 +208,281 @@ def decide(
         ),
         stat=status,
     )
-    message.status, message.retry_count, message.next_attempt_at = status, retry_count, next_at
+    message.status, message.retry_count, message.next_attempt_at = status, retry_count, next_at if status == Status.RETRYING.value else None
     message.last_error = error if not ok else ""
     message.last_status_code = status_code
-    return Decision(change, record, message, retry_job)
+    return Decision(change, record, message)
 
 
-#: A delivery job to enqueue: (queue, message ids, job id, due epoch seconds or None for now).
-JobSpec = tuple[str, Sequence[str], str, "float | None"]
+def decide_outcome(outcome: Outcome, now: float) -> Decision:
+    """:func:`decide` for an :class:`Outcome` of :func:`attempt`."""
+    return decide(
+        outcome.message,
+        now=now,
+        ok=outcome.ok,
+        error=outcome.error,
+        status_code=outcome.status_code,
+        permanent=outcome.permanent,
+        retry_after=outcome.retry_after,
+        started_at=outcome.started_at,
+        duration_ms=outcome.duration_ms,
+        detail=outcome.detail,
+    )
 
 
-def commit(changes: Sequence[Change], jobs: Sequence[JobSpec], now: float) -> list[ChangeResult]:
-    """Apply status changes and enqueue their delivery jobs in one MULTI/EXEC.
-
-    A job whose messages' changes were refused is harmless: its claim will find nothing.
-    """
-    repo = get_repository()
-    with repo.pipeline() as pipe:
-        repo.transition(changes, now, pipe=pipe)
-        for queue, ids, job_id, at in jobs:
-            dispatch.enqueue(pipe, queue, ids, job_id=job_id, at=at)
-        reply = pipe.execute()[0]
-    return repo.parse_transition(changes, reply)
+def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> None:
+    """Send the Django signal of each written decision whose compare-and-set applied."""
+    for d, r in zip(decisions, results, strict=True):
+        if r.applied:
+            send_signal(d.change.to, d.message, d.attempt)
 
 
 def write(decisions: Sequence[Decision], now: float) -> list[bool]:
-    """Write decisions in one MULTI/EXEC: the status changes and any retry jobs.
-
-    Sends the Django signal for each change that applied.
+    """Write decisions (one script call) and send their signals.
 
     Returns:
         Per decision, True if its compare-and-set applied.
     """
     if not decisions:
         return []
-    jobs = [(d.message.queue, [d.message.id], *d.retry_job) for d in decisions if d.retry_job is not None]
-    results = commit([d.change for d in decisions], jobs, now)
-    for d, r in zip(decisions, results):
-        if r.applied:
-            send_signal(d.change.to, d.message, d.attempt)
+    results = get_repository().transition([d.change for d in decisions], now)
+    announce(decisions, results)
     return [r.applied for r in results]
 
 
-def release(messages: Sequence[Message], now: float) -> list[str]:
-    """Give claimed, unattempted messages back (``sending`` -> ``pending``/``retrying``, due
-    now) with a new delivery job, in one MULTI/EXEC. No attempt is recorded.
+def claim(queue: str, now: float | None = None, limit: int | None = None) -> list[Message]:
+    """Claim up to ``limit`` (default ``BATCH_SIZE``) due messages of ``queue`` with a
+    fresh lease, as a run does, without attempting them (for tools and tests).
 
     Returns:
-        The ids released (those whose lease still matched).
+        The claimed messages (status ``sending``).
     """
-    if not messages:
-        return []
-    changes, jobs = [], []
-    for queue, batch, job_id in dispatch.plan_jobs(messages, key=lambda m: m.queue):
-        jobs.append((queue, [m.id for m in batch], job_id, None))
-        changes += [
-            Change(
-                id=m.id,
-                from_statuses=(Status.SENDING.value,),
-                to=Status.RETRYING.value if m.retry_count else Status.PENDING.value,
-                score=now,
-                set={"next_attempt_at": repr(now), "job_id": job_id},
-                unset=("lease",),
-                lease=m.lease,
+    now = time.time() if now is None else now
+    claimed = get_repository().claim(
+        queue,
+        now,
+        lease=uuid.uuid4().hex,
+        deadline=now + outbox_settings.VISIBILITY_TIMEOUT,
+        limit=outbox_settings.BATCH_SIZE if limit is None else limit,
+        due_slack=DUE_SLACK,
+    )
+    return claimed.messages
+
+
+# -- the run ------------------------------------------------------------------------------
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def attempt_pool() -> ThreadPoolExecutor:
+    """This process's pool of ``CONCURRENCY`` attempt threads (made anew after a fork)."""
+    global _pool
+    size = max(1, int(outbox_settings.CONCURRENCY))
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid() or _pool[1] != size:
+            _pool = (os.getpid(), size, ThreadPoolExecutor(max_workers=size, thread_name_prefix="outbox-attempt"))
+        return _pool[2]
+
+
+@dataclass
+class RunReport:
+    """What one :func:`run` did.
+
+    Attributes:
+        claimed: ids claimed and attempted.
+        outcomes: id -> status written (``succeeded``, ``retrying``, ``failed``), or
+            ``"stale"`` when the lease was lost before the outcome was written.
+        released: ids given back unattempted.
+    """
+
+    claimed: list[str] = field(default_factory=list)
+    outcomes: dict[str, str] = field(default_factory=dict)
+    released: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "claimed": len(self.claimed),
+            "released": len(self.released),
+            "outcomes": dict(Counter(self.outcomes.values())),
+        }
+
+
+class _Run:
+    """State of one :func:`run`: attempts in flight and outcomes not yet written."""
+
+    def __init__(self, queue: str, repo: MessageRepository, budget: float) -> None:
+        self.queue = queue
+        self.repo = repo
+        self.pool = attempt_pool()
+        self.concurrency = max(1, int(outbox_settings.CONCURRENCY))
+        self.started = time.time()
+        lease_budget = outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET
+        self.claim_until = self.started + min(budget, lease_budget)
+        self.in_flight: dict[Future[Outcome], Message] = {}
+        self.per_destination: Counter[str] = Counter()
+        self.decided: list[Decision] = []
+        self.report = RunReport()
+        self.next_due: float | None = None
+
+    # caps for the claim: free slots per configured destination
+    def caps(self) -> dict[str, int]:
+        caps = {}
+        for name in outbox_settings.DESTINATIONS:
+            try:
+                limit = get_destination(name).max_in_flight
+            except Exception:  # a broken destination: its attempts fail at once, uncapped
+                continue
+            caps[name] = max(0, limit - self.per_destination[name])
+        return caps
+
+    def exchange(self, want: int) -> list[Message]:
+        """Write decided outcomes and claim up to ``want`` messages: one round trip,
+        retried with backoff while Redis is unreachable (up to the earliest lease of the
+        outcomes being written, so a decided outcome is not given up lightly)."""
+        changes = [d.change for d in self.decided]
+        give_up_at = time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
+        delay, logged = 0.1, False
+        while True:
+            now = time.time()
+            lease, deadline = uuid.uuid4().hex, now + outbox_settings.VISIBILITY_TIMEOUT
+            try:
+                results, claim = self.repo.outcomes_and_claim(
+                    changes,
+                    now,
+                    self.queue,
+                    lease=lease,
+                    deadline=deadline,
+                    limit=want,
+                    caps=self.caps() if want else {},
+                    due_slack=DUE_SLACK,
+                )
+                break
+            except REDIS_ERRORS as exc:
+                if time.time() + delay > give_up_at:
+                    raise
+                if not logged:
+                    logger.warning("outbox: Redis unreachable while writing outcomes (%s); retrying", exc)
+                    logged = True
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                if want:  # the lost call may have claimed: give that claim back first
+                    try:
+                        self.repo.release(lease, deadline, time.time())
+                    except REDIS_ERRORS:
+                        pass
+        if logged:
+            logger.warning("outbox: Redis reachable again; %d outcome(s) written", len(changes))
+        announce(self.decided, results)
+        for d, r in zip(self.decided, results, strict=True):
+            self.report.outcomes[d.message.id] = d.change.to if r.applied else "stale"
+        self.decided.clear()
+        self.next_due = claim.next_due
+        return claim.messages
+
+    def start(self, messages: Sequence[Message]) -> None:
+        for index, message in enumerate(messages):
+            try:
+                future = self.pool.submit(attempt, message)
+            except BaseException:
+                self.release_unstarted(messages[index:])
+                raise
+            self.in_flight[future] = message
+            self.per_destination[message.destination] += 1
+            self.report.claimed.append(message.id)
+
+    def collect(self, timeout: float) -> None:
+        done, _ = wait(list(self.in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+        for future in done:
+            message = self.in_flight.pop(future)
+            self.per_destination[message.destination] -= 1
+            outcome = future.result()
+            decision = decide_outcome(outcome, time.time())
+            log_attempt(outcome, decision)
+            self.decided.append(decision)
+
+    def release_unstarted(self, messages: Sequence[Message]) -> None:
+        by_lease: dict[str, list[Message]] = {}
+        for m in messages:
+            by_lease.setdefault(m.lease, []).append(m)
+        for lease, group in by_lease.items():
+            result = self.repo.release(lease, 0.0, time.time(), [m.id for m in group])
+            self.report.released += result.applied
+            dispatch.enqueue_wakeups(result.woken)
+
+    def loop(self) -> None:
+        while True:
+            free = self.concurrency - len(self.in_flight)
+            want = min(outbox_settings.BATCH_SIZE, free) if time.time() < self.claim_until else 0
+            if want or self.decided:
+                claimed = self.exchange(want)
+                self.start(claimed)
+                if not claimed and not self.in_flight and not self.decided:
+                    return  # nothing due, nothing running
+            if not self.in_flight:
+                if want == 0:
+                    return  # the budget is spent
+                continue
+            self.collect(IDLE_POLL if free > 0 and time.time() < self.claim_until else 1.0)
+
+    def fail_safe(self) -> None:
+        """After an exception: keep what was decided, charge only what was in flight."""
+        if self.in_flight:
+            done, _ = wait(list(self.in_flight), timeout=FAILSAFE_WAIT)
+            for future in done:
+                message = self.in_flight.pop(future)
+                outcome = future.result()
+                decision = decide_outcome(outcome, time.time())
+                log_attempt(outcome, decision)
+                self.decided.append(decision)
+        if self.decided:
+            self.exchange(0)
+        if self.in_flight:
+            logger.warning(
+                "outbox: %d attempt(s) still in flight when the run stopped; the recovery sweep "
+                "takes them back after their lease",
+                len(self.in_flight),
             )
-            for m in batch
-        ]
-    released = [r.id for r in commit(changes, jobs, now) if r.applied]
-    logger.warning("outbox: released %d claimed message(s) to a new job: half the visibility timeout was spent", len(released))
-    return released
 
 
-def deliver_batch(message_ids: Sequence[str]) -> BatchReport:
-    """Claim, deliver and record a batch of messages. The RQ job calls this.
+def log_attempt(outcome: Outcome, decision: Decision) -> None:
+    """One log line per attempt on the ``outbox`` logger."""
+    logger.info(
+        "outbox attempt id=%s destination=%s outcome=%s status_code=%s duration_ms=%.1f retry_count=%d%s",
+        outcome.message.id,
+        outcome.message.destination,
+        decision.change.to,
+        outcome.status_code,
+        outcome.duration_ms,
+        decision.message.retry_count,
+        f" error={outcome.error!r}" if outcome.error else "",
+    )
+
+
+def run(queue: str, *, budget: float = RUN_BUDGET) -> RunReport:
+    """Deliver the due messages of ``queue`` until none is due or ``budget`` seconds
+    have passed (see the module docstring). The wake-up job calls this.
+
+    When the budget ends with messages still due, a new wake-up job is enqueued, so a
+    busy queue hands over between jobs (and other queues get their turn in RQ).
 
     Returns:
-        A :class:`BatchReport`.
+        A :class:`RunReport`.
+
+    Raises:
+        redis.exceptions.RedisError: Redis stayed unreachable (after the fail-safe
+            steps above).
     """
-    report = BatchReport()
-    claimed_at = time.time()
-    claimed, report.skipped = claim(message_ids, claimed_at)
-    report.claimed = [m.id for m in claimed]
-    # Start no attempt once half the lease is spent: the rest are released to another job
-    # rather than delivered under a lease that may run out mid-attempt.
-    start_by = claimed_at + outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET
-    pending: list[Decision] = []
-    last_flush = time.monotonic()
-
-    def flush() -> None:
-        applied = write(pending, time.time())
-        for d, ok in zip(pending, applied):
-            report.outcomes[d.message.id] = d.change.to if ok else "stale"
-        pending.clear()
-
-    for index, message in enumerate(claimed):
-        if time.time() > start_by:
-            report.released = release(claimed[index:], time.time())
-            break
-        outcome = attempt(message)
-        decision = decide(
-            message,
-            now=time.time(),
-            ok=outcome.ok,
-            error=outcome.error,
-            status_code=outcome.status_code,
-            permanent=outcome.permanent,
-            retry_after=outcome.retry_after,
-            started_at=outcome.started_at,
-            duration_ms=outcome.duration_ms,
-            detail=outcome.detail,
-        )
-        logger.info(
-            "outbox attempt id=%s destination=%s outcome=%s status_code=%s duration_ms=%.1f retry_count=%d%s",
-            message.id,
-            message.destination,
-            decision.change.to,
-            outcome.status_code,
-            outcome.duration_ms,
-            decision.message.retry_count,
-            f" error={outcome.error!r}" if outcome.error else "",
-        )
-        pending.append(decision)
-        if time.monotonic() - last_flush >= FLUSH_INTERVAL:
-            flush()
-            last_flush = time.monotonic()
-    flush()
-    return report
+    repo = get_repository()
+    repo.clear_wake_flag(queue)
+    state = _Run(queue, repo, budget)
+    try:
+        state.loop()
+    except BaseException:
+        try:
+            state.fail_safe()
+        except Exception:
+            logger.exception("outbox: could not write every decided outcome after a failed run")
+        raise
+    if state.next_due is not None and state.next_due <= time.time() + DUE_SLACK:
+        dispatch.wake([queue])
+    return state.report

@@ -7,7 +7,11 @@ Each entry::
         "OPTIONS": {"url": "https://...", "secret": "whsec_..."},
         "MAX_RETRIES": 5,                       # optional; else OUTBOX["MAX_RETRIES"]
         "RETRY": {"base": 2, "max_delay": 600}, # optional; over OUTBOX["RETRY"]
+        "MAX_IN_FLIGHT": 8,                     # optional; else OUTBOX["MAX_IN_FLIGHT"]
     }
+
+Transports are built once per process and reused (:func:`get_transport`), so HTTP
+connections to a receiver stay open across attempts.
 
 Retry settings resolve message -> destination -> global default, as Dramatiq's
 retries middleware resolves message -> actor -> default.
@@ -15,18 +19,24 @@ retries middleware resolves message -> actor -> default.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from .conf import MAX_RETRIES_LIMIT, outbox_settings
 from .exceptions import UnknownDestination
 from .retry import RetryPolicy
 from .transports import Transport, transport_class
 
-DESTINATION_KEYS = {"TRANSPORT", "OPTIONS", "MAX_RETRIES", "RETRY"}
+DESTINATION_KEYS = {"TRANSPORT", "OPTIONS", "MAX_RETRIES", "RETRY", "MAX_IN_FLIGHT"}
+
+logger = logging.getLogger("outbox")
+_transports: dict[str, Transport] = {}
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class Destination:
         options: the ``OPTIONS`` dict.
         max_retries: retries after the first attempt.
         retry_policy: the destination's resolved :class:`RetryPolicy`.
+        max_in_flight: most attempts to it in flight at once in one worker process.
     """
 
     name: str
@@ -46,6 +57,7 @@ class Destination:
     options: dict[str, Any]
     max_retries: int
     retry_policy: RetryPolicy
+    max_in_flight: int = 16
 
     def build_transport(self) -> Transport:
         """A new transport instance for this destination.
@@ -79,12 +91,15 @@ def _build(name: str, config: Any) -> Destination:
     options = config.get("OPTIONS", {})
     if not isinstance(options, dict):
         raise ImproperlyConfigured(f"{where}['OPTIONS'] must be a dict")
+    max_in_flight = config.get("MAX_IN_FLIGHT", outbox_settings.MAX_IN_FLIGHT)
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ImproperlyConfigured(f"{where}['MAX_IN_FLIGHT'] must be a positive integer, not {max_in_flight!r}")
     try:
         max_retries = validate_max_retries(config.get("MAX_RETRIES", outbox_settings.MAX_RETRIES), f"{where}['MAX_RETRIES']")
         policy = RetryPolicy.from_value(config.get("RETRY"), default=outbox_settings.retry_policy)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{where}: {exc}") from exc
-    destination = Destination(name, config["TRANSPORT"], dict(options), max_retries, policy)
+    destination = Destination(name, config["TRANSPORT"], dict(options), max_retries, policy, max_in_flight)
     destination.build_transport()  # refuses bad options now, not at the first delivery
     return destination
 
@@ -118,6 +133,37 @@ def configuration_errors() -> list[str]:
     return errors
 
 
+def get_transport(destination: str) -> Transport:
+    """The transport of a destination, built once per process and reused (connection reuse).
+
+    Raises:
+        UnknownDestination: the destination is not (or no longer) in settings.
+        ImproperlyConfigured: its settings are invalid.
+    """
+    transport = _transports.get(destination)
+    if transport is None:
+        transport = get_destination(destination).build_transport()
+        _transports[destination] = transport
+    return transport
+
+
+def close_transports() -> None:
+    """Close and forget every cached transport (closing is best effort: errors are logged)."""
+    while _transports:
+        _, transport = _transports.popitem()
+        try:
+            transport.close()
+        except Exception:
+            logger.exception("closing transport failed")
+
+
 def clear_cache() -> None:
-    """Forget built destinations (on settings change)."""
+    """Forget built destinations and close their transports."""
     get_destination.cache_clear()
+    close_transports()
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("OUTBOX", "EMAIL_BACKEND", "EMAIL_TIMEOUT"):
+        clear_cache()

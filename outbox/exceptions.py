@@ -85,3 +85,24 @@ class PermanentDeliveryError(DeliveryError):
 
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         super().__init__(message, status_code=status_code, permanent=True)
+
+
+class IdempotencyConflict(InvalidMessage):
+    """The idempotency key was already used for this destination with another body.
+
+    As Stripe does with a reused key and different parameters: the first message stands
+    and nothing is written for this one.
+
+    Attributes:
+        existing_id: the id of the message already sent under the key.
+    """
+
+    def __init__(self, message: str, *, existing_id: str) -> None:
+        super().__init__(message, field="idempotency_key")
+        self.existing_id = existing_id
+
+
+class OutboxUnavailable(OutboxError):
+    """Redis could not be reached to store a message (outside a transaction); nothing
+    was stored. Inside ``transaction.atomic`` this is not raised: the message is
+    captured in the database and reaches Redis later (see :mod:`outbox.capture`)."""

@@ -5,15 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def deliver(message_ids: Sequence[str]) -> dict[str, object]:
-    """Deliver a batch of messages (see :func:`outbox.delivery.deliver_batch`).
+def deliver(queue: str | Sequence[str]) -> dict[str, object]:
+    """Wake-up job: claim and deliver the due messages of ``queue`` (see
+    :func:`outbox.delivery.run`).
 
     Args:
-        message_ids: ids to claim and deliver; ids not due or already taken are skipped.
+        queue: the outbox queue name. A list of message ids (the argument of jobs
+            enqueued by versions before 0.2) wakes every outbox queue instead.
 
     Returns:
-        ``{"claimed": n, "skipped": n, "outcomes": {status: n}}``, kept by RQ as the job result.
+        A summary (``{"claimed": n, "outcomes": {status: n}, ...}``); RQ keeps no result
+        of delivery jobs (``result_ttl=0``).
     """
-    from .delivery import deliver_batch
+    from .conf import outbox_settings
+    from .delivery import run
 
-    return deliver_batch(message_ids).as_dict()
+    queues = [queue] if isinstance(queue, str) else outbox_settings.queue_names
+    summary: dict[str, object] = {}
+    for name in queues:
+        summary[name] = run(name).as_dict()
+    return summary if len(queues) > 1 else summary[queues[0]]

@@ -1,9 +1,13 @@
-"""The outbox's only Django model: an unmanaged, table-less :class:`Message` that puts
-"Outbox" in the admin index and carries the console's permissions.
+"""The outbox's Django models.
 
-Messages live in Redis (see :mod:`outbox.store`), not in the database. The model has
-no table (``managed = False``); its migration exists so that Django creates its
-content type and permissions:
+* :class:`Message`: unmanaged and table-less; it puts "Outbox" in the admin index and
+  carries the console's permissions. Messages live in Redis (see :mod:`outbox.store`).
+* :class:`CapturedMessage`: messages sent inside a database transaction, written in the
+  same transaction so they are as durable as the caller's own rows; a row lives only
+  until Redis has the message (see :mod:`outbox.capture`).
+
+:class:`Message`'s migration exists so that Django creates its content type and
+permissions:
 
 ==========================  =====================================================
 permission                  lets a staff user
@@ -33,3 +37,38 @@ class Message(models.Model):
         )
         verbose_name = "message"
         verbose_name_plural = "messages"
+
+
+class CapturedMessage(models.Model):
+    """A message sent inside a transaction that Redis may not have yet.
+
+    Written with the caller's rows, in the caller's transaction; deleted once the
+    message is in Redis (by the on-commit fast path or the relay). Never edit by hand.
+
+    Fields:
+        id: the message id.
+        destination, idempotency_key, fingerprint: for idempotency inside transactions
+            (the unique constraint makes a concurrent transaction with the same key wait
+            for the first and then find its message).
+        body: the message body (bytes).
+        record: the rest of the message as JSON (see :meth:`outbox.records.Message.to_record`).
+        created_at: epoch seconds.
+    """
+
+    id = models.CharField(primary_key=True, max_length=64)
+    destination = models.CharField(max_length=200)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    fingerprint = models.CharField(max_length=64, default="")
+    body = models.BinaryField()
+    record = models.TextField()
+    created_at = models.FloatField(db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["destination", "idempotency_key"], name="outbox_captured_unique_key"),
+        ]
+        verbose_name = "captured message"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return self.id

@@ -7,8 +7,10 @@ joins both. Times are UTC epoch seconds (float).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -40,14 +42,30 @@ CANCELLABLE_STATUSES = (Status.PENDING.value, Status.RETRYING.value)
 DELETABLE_STATUSES = tuple(s for s in STATUSES if s != Status.SENDING.value)
 
 
-def new_message_id(now: float | None = None) -> str:
-    """A new message id: ``msg_`` + 12 hex digits of milliseconds + 16 random hex digits.
+_id_lock = threading.Lock()
+_id_state = [0, 0]  # last millisecond, sequence within it
 
-    Ids sort by creation time (to the millisecond) and are safe in Redis keys, URLs and
-    the Standard Webhooks ``webhook-id`` header.
+
+def new_message_id(now: float | None = None) -> str:
+    """A new message id: ``msg_`` + 12 hex digits of milliseconds + 4 hex digits of a
+    sequence within that millisecond + 12 random hex digits.
+
+    Ids sort by creation time, and within one process in creation order (so messages
+    sent in the same millisecond are claimed first-in, first-out: the due index orders
+    equal due times by id). They are safe in Redis keys, URLs and the Standard Webhooks
+    ``webhook-id`` header.
     """
     millis = int((time.time() if now is None else now) * 1000)
-    return f"msg_{millis:012x}{os.urandom(8).hex()}"
+    with _id_lock:
+        if millis > _id_state[0]:
+            _id_state[0], _id_state[1] = millis, 0
+            seq = 0
+        elif millis == _id_state[0] and _id_state[1] < 0xFFFF:
+            _id_state[1] += 1
+            seq = _id_state[1]
+        else:  # an earlier time (given, or a clock stepped back), or 65,536 ids in one ms
+            seq = 0xFFFF
+    return f"msg_{millis:012x}{seq:04x}{os.urandom(6).hex()}"
 
 
 @dataclass
@@ -120,7 +138,8 @@ class Message:
         last_status_code: HTTP status of the last attempt, or None.
         queue: the django-rq queue its jobs go to.
         updated_at: epoch seconds of the last status change.
-        job_id: id of the last RQ job enqueued for it.
+        job_id: id of the RQ job that last carried it (written by versions before 0.2,
+            whose jobs named messages; today's jobs only wake workers).
         lease: token of the worker's claim while ``sending`` (the visibility-timeout lease).
     """
 
@@ -163,6 +182,19 @@ class Message:
     def is_dead_letter(self) -> bool:
         return self.status == Status.FAILED.value
 
+    def fingerprint(self) -> str:
+        """What an idempotency key protects: a hash of the content type and body.
+
+        Sending again under the same key with another fingerprint is an
+        :class:`~outbox.exceptions.IdempotencyConflict` (as Stripe refuses a reused key
+        with other parameters). Headers are left out: they often carry per-call values
+        (trace ids). 32 hex digits of SHA-256.
+        """
+        digest = hashlib.sha256(self.content_type.encode())
+        digest.update(b"\n")
+        digest.update(self.body)
+        return digest.hexdigest()[:32]
+
     # -- Redis hash encoding ------------------------------------------------------
     def message_fields(self) -> dict[str, bytes | str]:
         """The message record as a flat hash mapping."""
@@ -193,7 +225,6 @@ class Message:
             "last_status_code": _opt(self.last_status_code),
             "queue": self.queue,
             "updated_at": repr(self.updated_at),
-            "job_id": self.job_id,
         }
         return {k: v for k, v in fields.items() if v != ""}
 
@@ -224,6 +255,17 @@ class Message:
             job_id=r.get("job_id", ""),
             lease=r.get("lease", ""),
         )
+
+    def to_record(self) -> str:
+        """Every field but ``body``, as JSON (the database capture's ``record`` column)."""
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "body"}
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_record(cls, record: str, body: bytes) -> Message:
+        """The message from :meth:`to_record`'s JSON and its body."""
+        data = json.loads(record)
+        return cls(body=bytes(body), **{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @classmethod
     def from_flat(cls, message: list[bytes], resend: list[bytes]) -> Message:

@@ -1,16 +1,18 @@
-"""The recovery sweep: nothing stays stuck.
+"""The recovery sweep: nothing stays stuck, and finished messages do not pile up.
 
 * ``sending`` past its lease deadline (claim time + ``VISIBILITY_TIMEOUT``): the worker
-  died or hung. The message goes back to ``retrying`` (due now) with a ``lost`` attempt
-  recorded and its retry count raised, or to ``failed`` when no retries are left (so a
-  message that kills every worker it meets ends as a dead letter, not a loop).
-* ``pending``/``retrying`` due more than ``RECOVERY_GRACE`` seconds ago whose RQ job is
-  gone, finished or failed (e.g. Redis lost the queue, or a job was deleted by hand):
-  a new job is enqueued.
-
+  died or hung with the attempt in flight. The message goes back to ``retrying`` (due
+  now) with a ``lost`` attempt recorded and its retry count raised, or to ``failed``
+  when no retries are left (so a message that kills every worker it meets ends as a
+  dead letter, not a loop). A message whose record cannot be handled is failed with
+  the reason; the sweep goes on with the others.
 * finished messages older than ``OUTBOX["RETENTION"]`` for their status (by default
-  succeeded after 7 days, cancelled after 30; dead letters are kept): deleted, at most
-  ``limit`` per status per sweep.
+  succeeded after 7 days, cancelled after 30; dead letters are kept): deleted, in
+  batches, for up to half the sweep interval, so purging keeps pace with delivery.
+
+Due messages whose wake-up job was lost are not the sweep's business: every
+``outbox_worker`` wakes due queues itself each ``WAKE_INTERVAL``
+(:func:`outbox.dispatch.wake_due`), from the outbox's own indexes.
 
 ``outbox_worker`` runs :func:`recover` every ``RECOVERY_INTERVAL`` seconds in each
 worker process; a short Redis lock makes one sweep per interval across all of them.
@@ -25,103 +27,110 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from rq.job import Job, JobStatus
-
 from . import dispatch
 from .conf import outbox_settings
 from .connection import get_repository
-from .delivery import commit, decide, write
+from .delivery import decide, write
 from .records import Status
-from .store import Change
 
 logger = logging.getLogger("outbox")
 
-LIVE_JOB_STATUSES = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.STARTED, JobStatus.DEFERRED}
-SWEEP_LIMIT = 1000  # messages per status per sweep
+SWEEP_LIMIT = 1000  # messages per script call
 FINISHED_STATUSES = (Status.SUCCEEDED.value, Status.CANCELLED.value, Status.FAILED.value)
+PURGE_SHARE = 0.5  # share of RECOVERY_INTERVAL one sweep may spend purging
 
 
 @dataclass
 class RecoveryReport:
-    """What one sweep did: messages taken back from dead workers, and jobs enqueued again."""
+    """What one sweep did: messages taken back from lost workers, and messages purged."""
 
     lost: int = 0
-    reenqueued: int = 0
     purged: int = 0
+    purge_backlog: int = 0
 
 
-def recover(now: float | None = None, limit: int = SWEEP_LIMIT) -> RecoveryReport:
+def recover(now: float | None = None, limit: int = SWEEP_LIMIT, purge_budget: float | None = None) -> RecoveryReport:
     """Run one recovery sweep (see the module docstring).
 
     Args:
         now: epoch seconds (for tests); the current time by default.
-        limit: at most this many messages per status.
+        limit: messages per script call.
+        purge_budget: seconds the purge may take (default: half ``RECOVERY_INTERVAL``).
     """
     now = time.time() if now is None else now
-    return RecoveryReport(
-        lost=_recover_lost(now, limit), reenqueued=_reenqueue_orphans(now, limit), purged=_purge_expired(now, limit)
+    budget = outbox_settings.RECOVERY_INTERVAL * PURGE_SHARE if purge_budget is None else purge_budget
+    report = RecoveryReport(lost=_recover_lost(now, limit))
+    report.purged, report.purge_backlog = _purge_expired(now, limit, budget)
+    return report
+
+
+def purge_backlog(now: float | None = None) -> int:
+    """Finished messages past their retention, not yet deleted (O(log N) per status)."""
+    now = time.time() if now is None else now
+    repo = get_repository()
+    return sum(
+        repo.count(status, max_score=now - seconds)
+        for status, seconds in (outbox_settings.RETENTION or {}).items()
+        if seconds is not None and status in FINISHED_STATUSES
     )
 
 
-def _purge_expired(now: float, limit: int) -> int:
+def _purge_expired(now: float, limit: int, budget: float) -> tuple[int, int]:
     """Delete finished messages past their status's retention (their index score is the
-    time they entered the status)."""
+    time they entered the status), ``limit`` per call, until none is left or ``budget``
+    seconds are spent. Returns (purged, left past retention)."""
     repo = get_repository()
     purged = 0
+    stop_at = time.monotonic() + budget
     for status, seconds in (outbox_settings.RETENTION or {}).items():
         if seconds is None or status not in FINISHED_STATUSES:
             continue
-        expired = [message_id for message_id, _ in repo.due(status, now - seconds, limit)]
-        purged += sum(repo.delete(expired, (status,)))
+        while True:
+            expired = [message_id for message_id, _ in repo.due(status, now - seconds, limit)]
+            if not expired:
+                break
+            purged += sum(repo.delete(expired, (status,)))
+            if len(expired) < limit or time.monotonic() > stop_at:
+                break
     if purged:
         logger.info("outbox recovery: deleted %d finished message(s) past their retention", purged)
-    return purged
+    left = purge_backlog(now) if time.monotonic() > stop_at else 0
+    if left:
+        logger.warning("outbox recovery: %d finished message(s) past their retention wait for the next sweep", left)
+    return purged, left
 
 
 def _recover_lost(now: float, limit: int) -> int:
+    """Take back messages whose lease ran out (see the module docstring)."""
     repo = get_repository()
-    expired = [message_id for message_id, _ in repo.due(Status.SENDING.value, now, limit)]
-    decisions = []
-    for message in repo.get_many(expired):
-        if message is None or message.status != Status.SENDING.value:
-            continue
-        error = f"worker lost: no outcome within the visibility timeout of {outbox_settings.VISIBILITY_TIMEOUT}s"
-        decisions.append(
-            decide(message, now=now, ok=False, error=error, started_at=message.last_attempt_at, attempt_outcome="lost")
-        )
-    applied = sum(write(decisions, now))
-    if applied:
-        logger.warning("outbox recovery: took back %d message(s) from lost workers", applied)
-    return applied
+    taken = 0
+    while True:
+        expired = [message_id for message_id, _ in repo.due(Status.SENDING.value, now, limit)]
+        if not expired:
+            return taken
+        decisions = []
+        for message_id, message in zip(expired, repo.get_many(expired), strict=True):
+            if message is None or message.status != Status.SENDING.value:
+                _drop_orphan(message_id, now)
+                continue
+            error = f"worker lost: no outcome within the visibility timeout of {outbox_settings.VISIBILITY_TIMEOUT}s"
+            decisions.append(
+                decide(message, now=now, ok=False, error=error, started_at=message.last_attempt_at, attempt_outcome="lost")
+            )
+        applied = sum(write(decisions, now))
+        if applied:
+            logger.warning("outbox recovery: took back %d message(s) from lost workers", applied)
+            dispatch.wake({d.message.queue for d in decisions if d.change.to == Status.RETRYING.value}, now)
+        taken += applied
+        if len(expired) < limit or not applied:
+            return taken
 
 
-def _reenqueue_orphans(now: float, limit: int) -> int:
-    repo = get_repository()
-    candidates = []
-    for status in (Status.PENDING.value, Status.RETRYING.value):
-        candidates += [m for m in repo.get_many([i for i, _ in repo.due(status, now - outbox_settings.RECOVERY_GRACE, limit)]) if m]
-    if not candidates:
-        return 0
-    jobs = Job.fetch_many([m.job_id or "-" for m in candidates], connection=repo.connection)
-    orphans = [
-        m
-        for m, job in zip(candidates, jobs)
-        if job is None or job.get_status(refresh=False) not in LIVE_JOB_STATUSES
-    ]
-    changes, jobs = [], []
-    for queue, batch, job_id in dispatch.plan_jobs(orphans, key=lambda m: m.queue):
-        jobs.append((queue, [m.id for m in batch], job_id, None))
-        changes += [
-            # Same status, same score: a compare-and-set that only records the new job.
-            Change(id=m.id, from_statuses=(m.status,), to=m.status, score=m.next_attempt_at or now, set={"job_id": job_id})
-            for m in batch
-        ]
-    if not changes:
-        return 0
-    applied = sum(r.applied for r in commit(changes, jobs, now))
-    if applied:
-        logger.warning("outbox recovery: enqueued %d due message(s) that had no live job", applied)
-    return applied
+def _drop_orphan(message_id: str, now: float) -> None:
+    """An id in the sending index without a sending record (a half-deleted message):
+    remove the index entry so it cannot stall the sweep."""
+    get_repository().drop_index_entry(Status.SENDING.value, message_id)
+    logger.warning("outbox recovery: removed %s from the sending index: it has no sending record", message_id)
 
 
 class RecoveryLoop(threading.Thread):

@@ -20,7 +20,7 @@ def redis(settings):
     """The private test Redis, emptied before each test; outbox caches reset."""
     from outbox.conf import outbox_settings
     from outbox.connection import get_connection, get_repository
-    from outbox.delivery import close_transports
+    from outbox.destinations import close_transports
 
     outbox_settings.reload()
     get_repository.cache_clear()
@@ -39,20 +39,17 @@ def repo(redis):
     return get_repository()
 
 
-def run_worker(*, burst: bool = True, simple: bool = False, max_jobs: int | None = None) -> None:
-    """Run a real RQ worker on the outbox queues in this process until the queues are empty.
+def run_worker(*, burst: bool = True, simple: bool = False, max_jobs: int | None = None, relay: bool = False) -> None:
+    """Run a real outbox worker (RQ) on the outbox queues in this process, in burst mode:
+    one housekeeping pass (relay, recovery, wake-ups), then every queued job.
 
-    It forks a work horse per job (RQ's default) unless ``simple``; with the scheduler on,
-    so due scheduled jobs are moved to their queues first.
+    It forks a work horse per job (RQ's default) unless ``simple``. The relay of captured
+    messages runs only with ``relay`` (it needs database access: ``django_db`` tests).
     """
-    import django_rq
-    from rq.worker import SimpleWorker
-
     from outbox.conf import outbox_settings
+    from outbox.worker import run_worker as outbox_run_worker
 
-    kwargs = {"worker_class": SimpleWorker} if simple else {}
-    worker = django_rq.get_worker(*outbox_settings.queue_names, **kwargs)
-    worker.work(burst=burst, with_scheduler=True, max_jobs=max_jobs, logging_level="WARNING")
+    outbox_run_worker(outbox_settings.queue_names, burst=burst, fork=not simple, max_jobs=max_jobs, logging_level="WARNING", relay=relay)
 
 
 @pytest.fixture

@@ -79,13 +79,13 @@ def test_dashboard_counts_per_status_and_destination(admin_client, repo):
 
 
 def test_dashboard_queues_workers_and_oldest(admin_client, repo):
-    make(repo, 3)  # three pending messages, one delivery job queued
-    outbox.send("mem", "later", delay=3600)  # a scheduled job
+    make(repo, 3)  # three pending messages, one wake-up job queued
+    outbox.send("mem", "later", delay=3600)  # due later: no job
     html = text_of(admin_client.get(u("dashboard")))
     assert '<tr data-queue="outbox">' in html
     row = html.split('<tr data-queue="outbox">')[1].split("</tr>")[0]
+    assert '<td class="due">3</td>' in row and '<td class="later">1</td>' in row
     assert '<td class="queued">1</td>' in row
-    assert '<td class="scheduled">1</td>' in row
     assert element_text(html, "worker-count") == "0"
     assert "no worker is running" in html
     assert "due " in html.split('id="oldest-pending-wait"')[1].split("</td>")[0]

@@ -9,8 +9,12 @@ from pathlib import Path
 
 from django.test import override_settings
 
+import pytest
+
 import outbox
-from outbox.recovery import RecoveryLoop, recover
+from outbox.delivery import claim
+from outbox.recovery import recover
+from outbox.worker import Housekeeper
 from tests.conftest import assert_index_invariant, hook_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,11 +75,10 @@ def test_worker_killed_mid_delivery_then_delivered_by_another(receiver, repo):
 
 
 def test_lost_message_without_retries_left_becomes_a_dead_letter(hook, repo, settings):
-    from outbox.delivery import claim
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     m = outbox.send("hook", 1, max_retries=0)
-    claimed, _ = claim([m.id], time.time())
+    claimed = claim("outbox", time.time())
     assert [c.id for c in claimed] == [m.id]
     assert recover().lost == 0  # not yet past the visibility timeout
     report = recover(now=time.time() + 2)
@@ -86,53 +89,136 @@ def test_lost_message_without_retries_left_becomes_a_dead_letter(hook, repo, set
 
 
 def test_late_outcome_of_a_lost_worker_changes_nothing(hook, repo, settings):
-    from outbox.delivery import claim, decide, write
+    from outbox.delivery import decide, write
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     m = outbox.send("hook", 1)
-    (claimed,), _ = claim([m.id], time.time())
+    (claimed,) = claim("outbox", time.time())
     recover(now=time.time() + 2)  # taken back: retrying
     late = decide(claimed, now=time.time(), ok=True, status_code=200)
     assert write([late], time.time()) == [False]
     assert outbox.get(m.id).status == "retrying"
 
 
-def test_due_message_whose_job_vanished_is_enqueued_again(hook, worker, repo):
-    from outbox.dispatch import get_queue
+def test_due_message_whose_wakeup_job_vanished_is_woken_again(hook, worker, repo):
+    # Fault finding (b): a job taken off the queue by a worker killed before it ran it.
+    # The outbox's own indexes are the truth: the stale wake-up flag is replaced.
+    from outbox.dispatch import WAKE_STALE_AFTER, get_queue, wake_due
 
     m = outbox.send("hook", 1)
-    get_queue("outbox").empty()  # the job is lost (deleted by hand, Redis lost it...)
+    get_queue("outbox").empty()  # the job is lost; its wake-up flag stays
     worker(simple=True)
     assert outbox.get(m.id).status == "pending"
-    assert recover(now=m.created_at + 0.5).reenqueued == 0  # within RECOVERY_GRACE (1 s in tests)
-    assert recover(now=m.created_at + 5).reenqueued == 1
-    assert recover(now=m.created_at + 5).reenqueued == 0  # its new job is queued: left alone
+    assert wake_due(now=time.time()) == []  # the flag is fresh: a job may still be on its way
+    assert wake_due(now=time.time() + WAKE_STALE_AFTER + 0.1) == ["outbox"]
+    assert wake_due(now=time.time() + WAKE_STALE_AFTER + 0.2) == []  # one job, not one per check
     worker()
     assert outbox.get(m.id).status == "succeeded" and len(hook.requests) == 1
 
 
-def test_recovery_loops_share_one_sweep_per_interval(repo):
-    a, b = RecoveryLoop(interval=30), RecoveryLoop(interval=30)
-    assert a.sweep_once() is not None
-    assert b.sweep_once() is None  # the lock is held for this interval
+def test_a_due_retry_does_not_depend_on_rq_scheduler(receiver, repo):
+    # Fault finding (a): retries sat overdue while a killed process held RQ's scheduler
+    # lock. Due retries are found from the retrying index by any outbox_worker.
+    receiver.respond(500, 200)
+    with hook_settings(receiver.url, RETRY=[1]):
+        m = outbox.send("hook", 1)
+        worker = start_worker(receiver.url, 30)  # burst: one pass, no RQ scheduler
+        worker.communicate(timeout=60)
+        got = outbox.get(m.id)
+        assert got.status == "retrying"
+        from outbox.dispatch import get_queue
+
+        assert get_queue("outbox").scheduled_job_registry.count == 0  # nothing left to RQ
+        time.sleep(max(0.0, got.next_attempt_at - time.time()) + 0.1)
+        second = start_worker(receiver.url, 30)
+        output, _ = second.communicate(timeout=60)
+    assert outbox.get(m.id).status == "succeeded", output.decode()
 
 
-def test_a_job_timeout_is_not_blamed_on_the_message(receiver, worker, repo):
-    receiver.respond((200, {}, 3.0), (200, {}, 0.0))
-    with hook_settings(receiver.url):
+def test_recovery_sweeps_share_one_per_interval(repo):
+    a, b = Housekeeper(recovery_interval=30), Housekeeper(recovery_interval=30)
+    assert repo.acquire_lock("recovery", a.token, 27)
+    assert not repo.acquire_lock("recovery", b.token, 27)  # the lock is held for this interval
+
+
+def test_a_job_timeout_mid_batch_keeps_decided_outcomes_and_charges_only_the_attempt_in_flight(
+    receiver, worker, repo, monkeypatch
+):
+    # Issue 11, finding 2: VISIBILITY_TIMEOUT=2, max_retries=0, three messages: the first
+    # answered 200, the second hangs, the third not yet attempted. Before, all three
+    # ended failed with a lost attempt, the delivered one included.
+    from outbox import delivery, dispatch
+
+    monkeypatch.setattr(dispatch, "JOB_TIMEOUT_MARGIN", -1)  # RQ kills the job after 1 s
+    monkeypatch.setattr(delivery, "FAILSAFE_WAIT", 0.2)
+    receiver.respond((200, {}, 0.0), (200, {}, 3.0), (200, {}, 0.0))
+    with hook_settings(receiver.url, MAX_IN_FLIGHT=1):
         from django.conf import settings
 
-        with override_settings(OUTBOX={**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}):
-            m = outbox.send("hook", 1)
-            worker(simple=True)  # RQ kills the job after 1 s, mid-request
-            got = outbox.get(m.id)
-            assert got.status == "sending" and outbox.attempts(m.id) == []
-            time.sleep(max(0.0, got.last_attempt_at + 1.05 - time.time()))  # past the lease
+        with override_settings(OUTBOX={**settings.OUTBOX, "VISIBILITY_TIMEOUT": 2}):
+            first, hung, third = outbox.send_many([{"destination": "hook", "body": i, "max_retries": 0} for i in range(3)])
+            worker(simple=True)  # the job is killed mid-attempt of the second message
+            assert outbox.get(first.id).status == "succeeded"  # written before the second started
+            assert outbox.get(hung.id).status == "sending"  # in flight: the lease decides
+            assert outbox.attempts(hung.id) == []
+            assert outbox.get(third.id).status in ("pending", "succeeded")  # never charged
+            time.sleep(max(0.0, outbox.get(hung.id).last_attempt_at + 2.05 - time.time()))
             assert recover().lost == 1
             worker(simple=True)
-    got = outbox.get(m.id)
-    assert got.status == "succeeded"
-    assert [a.outcome for a in outbox.attempts(m.id)] == ["succeeded", "lost"]
+    assert [a.outcome for a in outbox.attempts(first.id)] == ["succeeded"]
+    assert [a.outcome for a in outbox.attempts(hung.id)] == ["lost"]
+    assert [a.outcome for a in outbox.attempts(third.id)] == ["succeeded"]
+    delivered = [r.headers["webhook-id"] for r in receiver.requests]
+    assert delivered.count(first.id) == 1 and delivered.count(third.id) == 1
+    assert_index_invariant(repo)
+
+
+def test_a_redis_error_in_the_loop_still_writes_decided_outcomes(hook, repo, monkeypatch):
+    # Issue 11, finding 2: any exception escaping the loop threw decided outcomes away.
+    from outbox import delivery
+    from outbox.store import MessageRepository
+
+    sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
+    calls = {"n": 0}
+    original = MessageRepository.outcomes_and_claim
+
+    def flaky(self, changes, now, queue, **options):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the write of the first outcomes, with the next claim
+            raise RuntimeError("boom between two writes")
+        return original(self, changes, now, queue, **options)
+
+    monkeypatch.setattr(MessageRepository, "outcomes_and_claim", flaky)
+    with pytest.raises(RuntimeError):
+        delivery.run("outbox")
+    assert {outbox.get(m.id).status for m in sent} == {"succeeded"}
+    assert all(len(outbox.attempts(m.id)) == 1 for m in sent)
+
+
+def test_a_message_with_an_unusable_retry_policy_is_failed_and_recovery_goes_on(hook, repo, settings):
+    # Issue 11, finding 4: a bad policy crashed the job, left the message sending, and
+    # then made every recovery sweep raise.
+    settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
+    bad, good = outbox.send_many([{"destination": "hook", "body": i} for i in range(2)])
+    repo.connection.hset(repo.keys.resend(bad.id), "retry_policy", '{"strategy": "exponential", "jitter": "bogus"}')
+    claimed = claim("outbox", time.time())
+    assert {m.id for m in claimed} == {bad.id, good.id}
+    report = recover(now=time.time() + 2)  # both leases expired
+    assert report.lost == 2
+    got = outbox.get(bad.id)
+    assert got.status == "failed" and "retry policy cannot be used" in got.last_error
+    assert outbox.get(good.id).status == "retrying"
+    assert_index_invariant(repo)
+
+
+def test_retention_keeps_pace_in_one_sweep(repo, settings):
+    # Issue 11, finding 9: 1,000 per status per sweep could not keep up with delivery.
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION": {"succeeded": 60, "cancelled": 60, "failed": None}}
+    sent = outbox.send_many([{"destination": "mem", "body": i} for i in range(2500)])
+    outbox.cancel([m.id for m in sent])
+    report = recover(now=time.time() + 61, limit=1000, purge_budget=30)
+    assert report.purged == 2500 and report.purge_backlog == 0
+    assert repo.count() == 0
 
 
 def test_retention_deletes_old_finished_messages_but_keeps_dead_letters(repo, settings, worker):
@@ -142,9 +228,9 @@ def test_retention_deletes_old_finished_messages_but_keeps_dead_letters(repo, se
     outbox.cancel(withdrawn.id)
     dead = outbox.send("mem", "dead", max_retries=0)
     now = time.time()
-    from outbox.delivery import claim, decide, write
+    from outbox.delivery import decide, write
 
-    claimed = {m.id: m for m in claim([done.id, dead.id], now)[0]}
+    claimed = {m.id: m for m in claim("outbox", now)}
     write([decide(claimed[done.id], now=now, ok=True), decide(claimed[dead.id], now=now, ok=False, error="x")], now)
     assert recover(now=now + 30).purged == 0  # younger than their retention
     assert recover(now=now + 61).purged == 2

@@ -83,18 +83,28 @@ def test_send_many_validates_everything_before_writing(repo):
     assert nothing_written(repo)
 
 
-def test_send_many_writes_all_with_batched_jobs(repo, settings):
-    settings.OUTBOX = {**settings.OUTBOX, "BATCH_SIZE": 10}
-    messages = outbox.send_many([{"destination": "mem", "body": i} for i in range(25)])
+def test_send_many_writes_all_and_wakes_each_queue_once(repo):
+    messages = outbox.send_many([{"destination": "mem", "body": i, "priority": "low" if i % 5 == 0 else None} for i in range(25)])
     assert len({m.id for m in messages}) == 25
     assert repo.count("pending") == 25
     from outbox.dispatch import get_queue
 
-    queue = get_queue("outbox")
-    assert queue.count == 3  # 10 + 10 + 5 ids
-    assert sorted(len(job.args[0]) for job in queue.jobs) == [5, 10, 10]
-    assert {m.job_id for m in messages} == {job.id for job in queue.jobs}
+    queue, low = get_queue("outbox"), get_queue("outbox_low")
+    assert queue.count == 1 and low.count == 1  # one wake-up job per queue, not per message
+    assert queue.jobs[0].args == ("outbox",) and queue.jobs[0].result_ttl == 0
+    assert repo.connection.zcard(repo.keys.due("outbox")) == 20 and repo.connection.zcard(repo.keys.due("outbox_low")) == 5
     assert_index_invariant(repo)
+
+
+def test_send_enqueues_a_job_only_when_none_is_waiting(repo):
+    from outbox.dispatch import get_queue
+
+    for i in range(20):
+        outbox.send("mem", i)
+    assert get_queue("outbox").count == 1
+    repo.clear_wake_flag("outbox")  # a worker started that job: the next send wakes another
+    outbox.send("mem", "after")
+    assert get_queue("outbox").count == 2
 
 
 def test_send_costs_one_round_trip(repo, monkeypatch):
@@ -116,12 +126,39 @@ def test_send_costs_one_round_trip(repo, monkeypatch):
 
 def test_idempotency_key_returns_the_first_message(repo):
     first = outbox.send("mem", {"n": 1}, idempotency_key="order-1")
-    again = outbox.send("mem", {"n": 2}, idempotency_key="order-1")
+    again = outbox.send("mem", {"n": 1}, idempotency_key="order-1")
     assert again.id == first.id and again.json() == {"n": 1}
     assert repo.count() == 1
     other = outbox.send("mem", {"n": 3}, idempotency_key="order-2")
     assert other.id != first.id and repo.count() == 2
-    assert 0 < repo.connection.ttl(repo.keys.idempotency("order-1")) <= 24 * 3600
+    assert 0 < repo.connection.ttl(repo.keys.idempotency("mem", "order-1")) <= 24 * 3600
+
+
+def test_idempotency_key_with_another_body_is_a_conflict(repo):
+    first = outbox.send("mem", {"order": 1}, idempotency_key="order-1")
+    with pytest.raises(outbox.IdempotencyConflict) as info:
+        outbox.send("mem", {"order": 999}, idempotency_key="order-1")
+    assert info.value.existing_id == first.id and isinstance(info.value, InvalidMessage)
+    assert repo.count() == 1
+
+
+def test_idempotency_keys_are_scoped_per_destination(repo):
+    mem = outbox.send("mem", {"order": 1}, idempotency_key="order-1")
+    hook = outbox.send("hook", {"order": 999}, idempotency_key="order-1")
+    assert hook.id != mem.id and hook.destination == "hook" and hook.json() == {"order": 999}
+    assert repo.count() == 2 and outbox.get(hook.id).destination == "hook"
+
+
+def test_a_conflict_in_send_many_writes_nothing(repo):
+    outbox.send("mem", {"order": 1}, idempotency_key="order-1")
+    with pytest.raises(outbox.IdempotencyConflict, match="item 1"):
+        outbox.send_many(
+            [
+                {"destination": "mem", "body": "fresh"},
+                {"destination": "mem", "body": {"order": 2}, "idempotency_key": "order-1"},
+            ]
+        )
+    assert repo.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -144,8 +181,10 @@ def test_a_rollback_sends_nothing(repo):
 def test_idempotency_inside_a_transaction(repo):
     first = outbox.send("mem", {"n": 1}, idempotency_key="tx-key")
     with transaction.atomic():
-        again = outbox.send("mem", {"n": 2}, idempotency_key="tx-key")
-    assert again.id == first.id and repo.count() == 1
+        again = outbox.send("mem", {"n": 1}, idempotency_key="tx-key")
+        twice = outbox.send("mem", {"n": 2}, idempotency_key="tx-2")
+        assert outbox.send("mem", {"n": 2}, idempotency_key="tx-2").id == twice.id  # same transaction
+    assert again.id == first.id and repo.count() == 2
 
 
 def test_priority_picks_the_queue(repo):
@@ -160,7 +199,12 @@ def test_priority_picks_the_queue(repo):
 def test_delay_schedules_the_first_attempt(repo):
     from outbox.dispatch import get_queue
 
+    from outbox.dispatch import wake_due
+
     m = outbox.send("mem", 1, delay=timedelta(minutes=5))
     assert m.next_attempt_at == pytest.approx(m.created_at + 300)
     queue = get_queue("outbox")
-    assert queue.count == 0 and queue.scheduled_job_registry.get_job_ids() == [m.job_id]
+    assert queue.count == 0  # nothing to wake yet: no job at all
+    assert repo.connection.zscore(repo.keys.due("outbox"), m.id) == pytest.approx(m.created_at + 300)
+    assert wake_due(now=m.created_at + 299) == [] and queue.count == 0
+    assert wake_due(now=m.created_at + 301) == ["outbox"] and queue.count == 1

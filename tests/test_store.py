@@ -173,7 +173,7 @@ def test_delete_removes_everything_but_refuses_sending(repo):
     now = time.time()
     repo.transition([claim_change(b.id)], now)
     assert repo.delete([a.id, b.id, c.id], ("pending", "failed")) == [True, False, True]
-    assert repo.connection.exists(repo.keys.message(a.id), repo.keys.resend(a.id), repo.keys.idempotency("del-key")) == 0
+    assert repo.connection.exists(repo.keys.message(a.id), repo.keys.resend(a.id), repo.keys.idempotency("mem", "del-key")) == 0
     assert repo.count() == 1 and repo.count("sending") == 1
     assert_index_invariant(repo)
 

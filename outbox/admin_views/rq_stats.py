@@ -1,6 +1,8 @@
-"""Read-only figures about the django-rq queues that carry outbox jobs, and their workers.
+"""Read-only figures about the outbox queues and their workers.
 
-Counts are raw ZCARD/LLEN of RQ's keys in one pipeline: unlike RQ's ``registry.count``
+Messages waiting per queue come from the outbox's own due index (due now, due later);
+RQ's figures (wake-up jobs waiting, jobs running, crashed jobs) are raw ZCARD/LLEN of
+RQ's keys in the same pipeline: unlike RQ's ``registry.count``
 (and django-rq's dashboard) nothing is cleaned up on read, so a page view never
 changes state. Workers are those registered on an outbox queue whose key has not
 expired (RQ refreshes it with every heartbeat).
@@ -8,12 +10,14 @@ expired (RQ refreshes it with every heartbeat).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rq.worker import Worker
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+from ..connection import get_repository
 from ..dispatch import get_queue
 
 WORKER_FIELDS = ("state", "queues", "hostname", "pid", "last_heartbeat", "current_job")
@@ -21,11 +25,13 @@ WORKER_FIELDS = ("state", "queues", "hostname", "pid", "last_heartbeat", "curren
 
 @dataclass
 class QueueStats:
-    """Jobs of one django-rq queue: waiting, scheduled for later, running, crashed."""
+    """One outbox queue: messages due now and later (the outbox's due index), and RQ's
+    jobs: wake-ups waiting, running, crashed."""
 
     name: str
+    due: int = 0
+    later: int = 0
     queued: int = 0
-    scheduled: int = 0
     started: int = 0
     failed: int = 0
     workers: int = 0
@@ -44,7 +50,7 @@ class WorkerInfo:
     current_job: str = ""
 
 
-def queue_stats(names: Sequence[str]) -> tuple[list[QueueStats], list[WorkerInfo]]:
+def queue_stats(names: Sequence[str], now: float | None = None) -> tuple[list[QueueStats], list[WorkerInfo]]:
     """Job counts per queue and the live workers of these queues. Two round trips.
 
     Returns:
@@ -54,18 +60,21 @@ def queue_stats(names: Sequence[str]) -> tuple[list[QueueStats], list[WorkerInfo
     if not queues:
         return [], []
     conn = queues[0].connection
+    due_keys = get_repository().keys
+    now = time.time() if now is None else now
     pipe = conn.pipeline(transaction=False)
     for q in queues:
+        pipe.zcount(due_keys.due(q.name), "-inf", repr(now))
+        pipe.zcount(due_keys.due(q.name), f"({now!r}", "+inf")
         pipe.llen(q.key)
-        pipe.zcard(q.scheduled_job_registry.key)
         pipe.zcard(q.started_job_registry.key)
         pipe.zcard(q.failed_job_registry.key)
         pipe.smembers(WORKERS_BY_QUEUE_KEY % q.name)
     replies = pipe.execute()
     stats, members = [], []
     for i, q in enumerate(queues):
-        queued, scheduled, started, failed, registered = replies[5 * i : 5 * i + 5]
-        stats.append(QueueStats(q.name, queued, scheduled, started, failed))
+        due, later, queued, started, failed, registered = replies[6 * i : 6 * i + 6]
+        stats.append(QueueStats(q.name, due, later, queued, started, failed))
         members.append({m.decode() for m in registered})
     keys = sorted(set().union(*members))
     if not keys:

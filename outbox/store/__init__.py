@@ -1,6 +1,6 @@
 """Redis storage of messages: key names, Lua scripts and the repository."""
 
 from .keys import Keys
-from .repository import Change, ChangeResult, MessageRepository
+from .repository import BulkResult, Change, ChangeResult, Claim, Created, CreateResult, MessageRepository
 
-__all__ = ["Change", "ChangeResult", "Keys", "MessageRepository"]
+__all__ = ["BulkResult", "Change", "ChangeResult", "Claim", "CreateResult", "Created", "Keys", "MessageRepository"]

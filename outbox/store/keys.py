@@ -13,7 +13,11 @@ key                                 type         holds
 ``outbox:created``                  sorted set   every id, scored by created_at
 ``outbox:created:dest:<d>``         sorted set   every id of one destination, by created_at
 ``outbox:destinations``             set          destination names ever used
-``outbox:idempotency:<key>``        string       the id sent under that key (expires)
+``outbox:due:<queue>``              sorted set   pending and retrying ids of a queue, by due
+                                                 time: what workers claim from
+``outbox:wake:<queue>``             string       set while a wake-up job for the queue waits
+``outbox:idempotency:<n>:<d>:<key>`` string      ``<id>|<fingerprint>`` sent under that key to
+                                                 destination ``d`` (``n`` = len(d)); expires
 ``outbox:lock:<name>``              string       short-lived locks (recovery sweep)
 ``outbox:stats:<outcome>:<minute>`` string       outcome counters per minute (expire)
 ==================================  ===========  ============================================
@@ -60,8 +64,19 @@ class Keys:
     def destinations(self) -> str:
         return f"{self.prefix}:destinations"
 
-    def idempotency(self, key: str) -> str:
-        return f"{self.prefix}:idempotency:{key}"
+    def due(self, queue: str) -> str:
+        return f"{self.prefix}:due:{queue}"
+
+    def wake(self, queue: str) -> str:
+        return f"{self.prefix}:wake:{queue}"
+
+    @staticmethod
+    def idempotency_scope(destination: str, key: str) -> str:
+        """An idempotency key scoped to its destination, unambiguously (length-prefixed)."""
+        return f"{len(destination)}:{destination}:{key}"
+
+    def idempotency(self, destination: str, key: str) -> str:
+        return f"{self.prefix}:idempotency:{self.idempotency_scope(destination, key)}"
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"

@@ -324,7 +324,8 @@ def iter_matching(
 def find(repo: MessageRepository, text: str) -> list[str]:
     """Ids matching a search: a message id (exact) or an idempotency key (exact).
 
-    One round trip for the id, one for the key. Returns at most two ids, no duplicates.
+    Keys are scoped per destination, so the key is looked up under every destination
+    ever used. Returns the message id first, then the key's messages; no duplicates.
     """
     text = text.strip()
     if not text:
@@ -332,9 +333,9 @@ def find(repo: MessageRepository, text: str) -> list[str]:
     found = []
     if repo.connection.exists(repo.keys.resend(text)):
         found.append(text)
-    by_key = repo.ids_for_idempotency_keys([text])[0]
-    if by_key and by_key not in found and repo.connection.exists(repo.keys.resend(by_key)):
-        found.append(by_key)
+    for by_key in repo.ids_for_idempotency_keys([(d, text) for d in repo.destinations()]):
+        if by_key and by_key not in found and repo.connection.exists(repo.keys.resend(by_key)):
+            found.append(by_key)
     return found
 
 

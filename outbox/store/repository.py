@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis
-from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from ..exceptions import MessageNotFound
 from ..records import STATUSES, Attempt, Message
 from .keys import Keys
-from .scripts import source
+from .scripts import sha, source
 
 
 @dataclass
@@ -90,6 +90,57 @@ class ChangeResult:
     message: Message | None = None
 
 
+@dataclass
+class Created:
+    """What :meth:`MessageRepository.create` did with one message.
+
+    Attributes:
+        id: the id the caller proposed.
+        standing_id: the id that stands for it: ``id``, or the message already sent under
+            the same idempotency key.
+        code: ``"new"`` (written), ``"exists"`` (a message with this id was already
+            written: a repeated push), ``"duplicate"`` (the key names another message
+            with the same body: nothing written) or ``"conflict"`` (the key names another
+            message with a different body: nothing written).
+    """
+
+    id: str
+    standing_id: str
+    code: str
+
+
+@dataclass
+class CreateResult:
+    """The reply of :meth:`MessageRepository.create`: one :class:`Created` per message,
+    in order, and the queues whose wake-up flag the call set (enqueue their job)."""
+
+    created: list[Created]
+    woken: list[str]
+
+
+@dataclass
+class Claim:
+    """The reply of :meth:`MessageRepository.claim`.
+
+    Attributes:
+        messages: the messages claimed (status ``sending``, this claim's lease), with both records.
+        next_due: epoch seconds when the earliest message left in the queue's due index
+            is due, or None when the index is empty.
+    """
+
+    messages: list[Message]
+    next_due: float | None
+
+
+@dataclass
+class BulkResult:
+    """The reply of :meth:`MessageRepository.bulk_transition`: the ids changed and the
+    queues whose wake-up flag the call set."""
+
+    applied: list[str]
+    woken: list[str]
+
+
 class MessageRepository:
     """Messages in Redis under one key prefix.
 
@@ -100,8 +151,11 @@ class MessageRepository:
         attempts_kept: attempt records kept per message.
         events_channel: Pub/Sub channel for events, or "" for none.
         idempotency_ttl: seconds an idempotency key is remembered (0 = for ever).
+        wake_ttl: seconds a queue's wake-up flag lives (see ``lua/wake.lua``).
 
-    Redis errors (``redis.exceptions.RedisError``) propagate unchanged.
+    Every write is one Lua script call, atomic on the server. Scripts are called by
+    SHA1 (``EVALSHA``) and loaded again after a ``NOSCRIPT`` reply (a restarted Redis
+    forgets them). Redis errors (``redis.exceptions.RedisError``) propagate unchanged.
     """
 
     def __init__(
@@ -112,39 +166,66 @@ class MessageRepository:
         attempts_kept: int = 50,
         events_channel: str = "",
         idempotency_ttl: int = 0,
+        wake_ttl: float = 60.0,
     ) -> None:
         self.connection = connection
         self.keys = Keys(prefix)
         self.attempts_kept = attempts_kept
         self.events_channel = events_channel or ""
         self.idempotency_ttl = idempotency_ttl
-        self._transition = connection.register_script(source("transition"))
-        self._delete = connection.register_script(source("delete"))
+        self.wake_ttl_ms = max(1, int(wake_ttl * 1000))
+
+    # -- running scripts ------------------------------------------------------------
+    def run_scripts(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """Run Lua scripts in one round trip (a pipeline without MULTI), in order.
+
+        Each script is atomic by itself; the calls are not atomic together.
+
+        Args:
+            calls: (script name in ``lua/``, ARGV) per call.
+
+        Returns:
+            The raw reply of each call, in order.
+
+        Raises:
+            redis.exceptions.RedisError: a call failed (after loading missing scripts
+                and running the calls that hit ``NOSCRIPT`` once more).
+        """
+        pipe = self.connection.pipeline(transaction=False)
+        for name, args in calls:
+            pipe.evalsha(sha(name), 0, *args)
+        replies = pipe.execute(raise_on_error=False)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            for name in {calls[i][0] for i in missing}:
+                self.connection.script_load(source(name))
+            pipe = self.connection.pipeline(transaction=False)
+            for i in missing:
+                pipe.evalsha(sha(calls[i][0]), 0, *calls[i][1])
+            for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def run_script(self, name: str, args: Sequence[Any]) -> Any:
+        """Run one Lua script (see :meth:`run_scripts`) and return its reply."""
+        return self.run_scripts([(name, args)])[0]
 
     # -- writing ------------------------------------------------------------------
-    def pipeline(self) -> Pipeline:
-        """A MULTI/EXEC pipeline already in MULTI mode (RQ's enqueue expects that of a
-        caller's pipeline). Use as ``with repo.pipeline() as pipe: ...; pipe.execute()``."""
-        pipe = self.connection.pipeline()
-        pipe.multi()
-        return pipe
-
-    def create(self, pipe: Pipeline, messages: Sequence[Message]) -> None:
-        """Queue the creation of ``messages`` on a pipeline (one EVAL).
-
-        The pipeline's reply for this call is the list of ids that stand, in order: a
-        message's own id, or the id already sent under its idempotency key (then
-        nothing was written for it). Statuses must be ``pending``; the status score is
-        ``next_attempt_at``.
-        """
-        args: list[Any] = [self.keys.prefix, self.idempotency_ttl, len(messages)]
+    def create_args(self, messages: Sequence[Message], now: float, due_slack: float) -> list[Any]:
+        """ARGV of ``lua/create.lua`` for ``messages`` (see :meth:`create`)."""
+        args: list[Any] = [self.keys.prefix, self.idempotency_ttl, self.wake_ttl_ms, repr(now), repr(due_slack), len(messages)]
         for m in messages:
             mfields = m.message_fields()
             rfields = m.resend_fields()
             args += [
                 m.id,
-                m.idempotency_key or "",
+                self.keys.idempotency_scope(m.destination, m.idempotency_key) if m.idempotency_key else "",
+                m.fingerprint(),
                 m.destination,
+                m.queue,
                 m.status,
                 repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at),
                 repr(m.created_at),
@@ -155,38 +236,119 @@ class MessageRepository:
             args.append(len(rfields))
             for k, v in rfields.items():
                 args += [k, v]
-        pipe.eval(source("create"), 0, *args)
+        return args
 
-    def transition(self, changes: Sequence[Change], now: float, pipe: Pipeline | None = None) -> list[ChangeResult]:
-        """Apply compare-and-set status changes atomically (one script call).
+    def create(self, messages: Sequence[Message], now: float, *, due_slack: float = 1.0) -> CreateResult:
+        """Write new ``pending`` messages (one script call, atomic).
 
-        Args:
-            changes: the changes; each applies only if its conditions hold.
-            now: epoch seconds, written as ``updated_at``.
-            pipe: queue the call on this pipeline instead; then this returns [] and the
-                caller reads the raw reply with :meth:`parse_transition`.
-
-        Returns:
-            One :class:`ChangeResult` per change, in order.
+        Idempotent on the message id: pushing the same message twice writes it once. A
+        message whose idempotency key (scoped to its destination) already names another
+        message is not written (see :class:`Created`). Each queue that gets a message due
+        by ``now + due_slack`` and has no wake-up flag gets one, and is listed in
+        :attr:`CreateResult.woken`.
         """
-        if not changes:
-            return []
-        args = [
+        if not messages:
+            return CreateResult([], [])
+        reply = self.run_script("create", self.create_args(messages, now, due_slack))
+        return self.parse_create(messages, reply)
+
+    @staticmethod
+    def parse_create(messages: Sequence[Message], reply: list[Any]) -> CreateResult:
+        """Turn ``lua/create.lua``'s raw reply into a :class:`CreateResult`."""
+        rows, woken = reply
+        created = [
+            Created(m.id, standing.decode(), code.decode()) for m, (standing, code) in zip(messages, rows, strict=True)
+        ]
+        return CreateResult(created, [q.decode() for q in woken])
+
+    def claim_args(
+        self,
+        queue: str,
+        now: float,
+        *,
+        lease: str,
+        deadline: float,
+        limit: int,
+        caps: dict[str, int] | None = None,
+        due_slack: float = 0.0,
+        scan: int | None = None,
+    ) -> list[Any]:
+        """ARGV of ``lua/claim.lua`` (see :meth:`claim`)."""
+        scan = scan if scan is not None else max(limit * 4, limit + 50)
+        return [
+            self.keys.prefix,
+            repr(now),
+            queue,
+            lease,
+            repr(deadline),
+            limit,
+            scan,
+            json.dumps(caps or {}, separators=(",", ":")),
+            repr(due_slack),
+        ]
+
+    def claim(self, queue: str, now: float, **options: Any) -> Claim:
+        """Claim up to ``limit`` due messages of ``queue`` for delivery, in due order.
+
+        ``pending``/``retrying`` -> ``sending`` with this claim's ``lease`` and the lease
+        ``deadline`` as the score in the sending index (``lua/claim.lua``). A destination
+        named in ``caps`` gives at most that many messages; its others stay due.
+
+        Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
+        ``caps``, ``due_slack``, ``scan``).
+        """
+        return self.parse_claim(self.run_script("claim", self.claim_args(queue, now, **options)))
+
+    @staticmethod
+    def parse_claim(reply: list[Any]) -> Claim:
+        """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
+        flat, next_due = reply
+        messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+        return Claim(messages, float(next_due) if next_due else None)
+
+    def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:
+        """ARGV of ``lua/transition.lua`` (see :meth:`transition`)."""
+        return [
             self.keys.prefix,
             repr(now),
             self.attempts_kept,
             self.events_channel,
             json.dumps([c.to_json() for c in changes], separators=(",", ":")),
         ]
-        if pipe is not None:
-            pipe.eval(source("transition"), 0, *args)
+
+    def transition(self, changes: Sequence[Change], now: float) -> list[ChangeResult]:
+        """Apply compare-and-set status changes atomically (one script call).
+
+        Args:
+            changes: the changes; each applies only if its conditions hold.
+            now: epoch seconds, written as ``updated_at``.
+
+        Returns:
+            One :class:`ChangeResult` per change, in order.
+        """
+        if not changes:
             return []
-        return self.parse_transition(changes, self._transition(keys=[], args=args))
+        return self.parse_transition(changes, self.run_script("transition", self.transition_args(changes, now)))
+
+    def outcomes_and_claim(
+        self, changes: Sequence[Change], now: float, queue: str, **claim_options: Any
+    ) -> tuple[list[ChangeResult], Claim]:
+        """Write outcomes, then claim the next messages, in one round trip.
+
+        The two scripts run in order in one pipeline: the outcomes are on the server
+        before the claim is taken (see :meth:`transition` and :meth:`claim`).
+        """
+        calls: list[tuple[str, Sequence[Any]]] = []
+        if changes:
+            calls.append(("transition", self.transition_args(changes, now)))
+        calls.append(("claim", self.claim_args(queue, now, **claim_options)))
+        replies = self.run_scripts(calls)
+        results = self.parse_transition(changes, replies[0]) if changes else []
+        return results, self.parse_claim(replies[-1])
 
     def bulk_transition(
         self,
-        pipe: Pipeline,
-        groups: Sequence[tuple[str, Sequence[str]]],
+        ids_by_group: Sequence[tuple[str, Sequence[str]]],
         *,
         from_statuses: Sequence[str],
         to: str,
@@ -195,16 +357,16 @@ class MessageRepository:
         set: dict[str, str] | None = None,
         unset: Sequence[str] = (),
         step: float = 1e-6,
-    ) -> None:
-        """Queue one compare-and-set applied to many messages on ``pipe`` (``lua/bulk.lua``).
+    ) -> BulkResult:
+        """One compare-and-set applied to many messages (``lua/bulk.lua``, one call).
 
         Cheaper per message than :meth:`transition` for a user's bulk action: no
         per-message JSON, and one Pub/Sub event (``messages.<action>`` with the ids) per
-        call instead of one per message. The pipeline's reply for it is a list of 0/1 per
-        id, in order (:meth:`parse_bulk`).
+        call instead of one per message. Messages that become ``pending`` enter their
+        queue's due index and wake it.
 
         Args:
-            groups: (job id, ids): each group's job id is written as ``job_id`` ("" for none).
+            ids_by_group: (job id, ids): each group's job id is written as ``job_id`` ("" for none).
             from_statuses: statuses a message must be in for the change to apply.
             to: the status after the change.
             now: epoch seconds (``updated_at``; the first index score).
@@ -217,24 +379,63 @@ class MessageRepository:
         args.append(len(set))
         for field_name, value in set.items():
             args += [field_name, value]
-        args += [",".join(unset), repr(now), repr(step), len(groups)]
-        for job_id, ids in groups:
-            args += [job_id, len(ids), *ids]
-        pipe.eval(source("bulk"), 0, *args)
-
-    @staticmethod
-    def parse_bulk(ids: Sequence[str], reply: list[int]) -> list[str]:
-        """The ids a :meth:`bulk_transition` changed, from its reply."""
-        return [message_id for message_id, applied in zip(ids, reply) if applied]
+        args += [",".join(unset), repr(now), repr(step), self.wake_ttl_ms, len(ids_by_group)]
+        ids: list[str] = []
+        for job_id, group in ids_by_group:
+            args += [job_id, len(group), *group]
+            ids += group
+        flags, woken = self.run_script("bulk", args)
+        return BulkResult([i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken])
 
     @staticmethod
     def parse_transition(changes: Sequence[Change], reply: list[Any]) -> list[ChangeResult]:
         """Turn the transition script's raw reply into :class:`ChangeResult` objects."""
         results = []
-        for change, row in zip(changes, reply):
+        for change, row in zip(changes, reply, strict=True):
             message = Message.from_flat(row[2], row[3]) if len(row) > 2 else None
             results.append(ChangeResult(change.id, bool(row[0]), row[1].decode(), message))
         return results
+
+    def release(self, lease: str, deadline: float, now: float, ids: Sequence[str] = ()) -> BulkResult:
+        """Give claimed, unattempted messages back with no attempt charged (``lua/release.lua``).
+
+        Args:
+            lease: the claim's lease token; only messages still held under it are released.
+            deadline: the claim's lease deadline; with no ``ids``, every message in the
+                sending index at exactly this score is a candidate (a claim whose reply
+                was lost on the way).
+            now: epoch seconds: released messages are due now.
+            ids: the messages to release, if known.
+        """
+        released, woken = self.run_script("release", [self.keys.prefix, repr(now), lease, repr(deadline), self.wake_ttl_ms, *ids])
+        return BulkResult([i.decode() for i in released], [q.decode() for q in woken])
+
+    def wake_candidates(self, queues: Sequence[str], now: float, stale_after: float) -> list[str]:
+        """The queues that need a wake-up job now (``lua/wake.lua``); their flags are set.
+
+        A queue needs one when a message in its due index is due and its flag is absent
+        or older than ``stale_after`` seconds.
+        """
+        if not queues:
+            return []
+        reply = self.run_script("wake", [self.keys.prefix, repr(now), self.wake_ttl_ms, repr(stale_after), *queues])
+        return [q.decode() for q in reply]
+
+    def set_wake_flags(self, queues: Sequence[str], now: float) -> None:
+        """Mark a wake-up job as waiting for each queue (the caller enqueues it)."""
+        pipe = self.connection.pipeline(transaction=False)
+        for queue in queues:
+            pipe.set(self.keys.wake(queue), repr(now), px=self.wake_ttl_ms)
+        pipe.execute()
+
+    def clear_wake_flag(self, queue: str) -> None:
+        """A wake-up job of ``queue`` has started: the next message due needs a new one."""
+        self.connection.delete(self.keys.wake(queue))
+
+    def next_due(self, queue: str) -> float | None:
+        """Epoch seconds when the earliest message in ``queue``'s due index is due, or None."""
+        rows = self.connection.zrange(self.keys.due(queue), 0, 0, withscores=True)
+        return rows[0][1] if rows else None
 
     def delete(self, ids: Sequence[str], statuses: Sequence[str]) -> list[bool]:
         """Delete messages whose status is one of ``statuses`` (records, attempts, indexes).
@@ -244,7 +445,7 @@ class MessageRepository:
         """
         if not ids:
             return []
-        reply = self._delete(keys=[], args=[self.keys.prefix, ",".join(statuses), *ids])
+        reply = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids])
         return [bool(x) for x in reply]
 
     # -- reading ------------------------------------------------------------------
@@ -274,9 +475,12 @@ class MessageRepository:
             out.append(Message.from_hashes(message, resend) if message and resend else None)
         return out
 
-    def ids_for_idempotency_keys(self, keys: Sequence[str]) -> list[str | None]:
-        """The id sent under each idempotency key, or None. One round trip."""
-        return [v.decode() if v else None for v in self.connection.mget([self.keys.idempotency(k) for k in keys])]
+    def ids_for_idempotency_keys(self, keys: Sequence[tuple[str, str]]) -> list[str | None]:
+        """The id sent under each (destination, idempotency key), or None. One round trip."""
+        if not keys:
+            return []
+        values = self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+        return [v.decode().split("|", 1)[0] if v else None for v in values]
 
     def resend_field(self, ids: Sequence[str], field_name: str) -> list[str]:
         """One field of each message's resend record (``"status"``, ``"queue"``...); ""
@@ -437,6 +641,10 @@ class MessageRepository:
             row = values[i * len(minutes) : (i + 1) * len(minutes)]
             out[outcome] = [int(v) if v else 0 for v in row]
         return out
+
+    def drop_index_entry(self, status: str, message_id: str) -> None:
+        """Remove an id from a status index (repairing an entry without a record)."""
+        self.connection.zrem(self.keys.status(status), message_id)
 
     def acquire_lock(self, name: str, token: str, ttl: float) -> bool:
         """Take a short lock (``SET NX PX``); True if this caller holds it now."""

@@ -1,13 +1,14 @@
-"""The Lua scripts of ``lua/``, loaded once per process.
+"""The Lua scripts of ``lua/``, read once per process.
 
-Standalone calls go through redis-py's :class:`redis.commands.core.Script` (EVALSHA,
-reloading on NOSCRIPT). Inside a MULTI/EXEC pipeline a NOSCRIPT error would not roll
-back the other commands, so there the full source is sent with EVAL instead; Redis
-caches the compiled script by its SHA1 either way (Redis docs, "Scripting with Lua").
+They are called by SHA1 with ``EVALSHA`` (see
+:meth:`outbox.store.MessageRepository.run_scripts`), which loads a script again when
+Redis answers ``NOSCRIPT`` (after a restart, or ``SCRIPT FLUSH``); Redis caches a
+compiled script by the SHA1 of its source (Redis docs, "Scripting with Lua").
 """
 
 from __future__ import annotations
 
+import hashlib
 from functools import cache
 from importlib import resources
 
@@ -16,3 +17,9 @@ from importlib import resources
 def source(name: str) -> str:
     """The text of ``lua/<name>.lua``."""
     return resources.files("outbox.store").joinpath("lua", f"{name}.lua").read_text()
+
+
+@cache
+def sha(name: str) -> str:
+    """The SHA1 (hex) by which Redis knows ``lua/<name>.lua``."""
+    return hashlib.sha1(source(name).encode()).hexdigest()

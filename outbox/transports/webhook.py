@@ -43,6 +43,7 @@ import math
 import os
 import re
 import ssl
+import threading
 import time
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -168,6 +169,7 @@ class WebhookTransport(Transport):
         self.verify = _verify(options.get("verify", True), f"{where}: OPTIONS['verify']")
         self._client: httpx.Client | None = None
         self._pid = 0
+        self._client_lock = threading.Lock()
 
     def longest_attempt(self) -> float:
         """``connect_timeout`` + 2 × ``timeout`` seconds: connecting, waiting for the
@@ -188,7 +190,11 @@ class WebhookTransport(Transport):
         its own: a socket shared with the parent would interleave both processes' bytes.
         The inherited pool is left unclosed (closing it would touch the parent's sockets).
         """
-        if self._client is None or self._pid != os.getpid():
+        if self._client is not None and self._pid == os.getpid():
+            return self._client
+        with self._client_lock:  # attempts run on a thread pool: build one pool, not one per thread
+            if self._client is not None and self._pid == os.getpid():
+                return self._client
             self._client = httpx.Client(
                 timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
                 verify=self.verify,
@@ -196,7 +202,7 @@ class WebhookTransport(Transport):
                 headers={"User-Agent": f"django-redis-outbox/{__version__}"},
             )
             self._pid = os.getpid()
-        return self._client
+            return self._client
 
     def check_message(self, body: bytes, content_type: str, headers: dict[str, str]) -> None:
         """Refuse, at ``send()`` time, what this destination could never send.

@@ -9,9 +9,10 @@
 -- ARGV[7] number of fields to set N, then N field/value pairs
 -- then: comma-separated fields to delete ("" = none),
 --       first index score, score step between messages (distinct scores, no ties),
---       number of groups G, then per group: job id ("" = none; else written as job_id),
---       number of ids, the ids.
--- Returns, per id in order: 1 changed, 0 skipped (other status, or no such message).
+--       wake flag TTL (ms), number of groups G, then per group: job id ("" = none;
+--       else written as job_id), number of ids, the ids.
+-- Returns {per id in order: 1 changed, 0 skipped (other status, or no such message),
+--          queues whose wake-up flag this call set (when messages became due)}.
 local prefix, now_s, channel, action, to = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local allowed = {}
 for s in string.gmatch(ARGV[6], '[^,]+') do allowed[s] = true end
@@ -31,8 +32,10 @@ for f in string.gmatch(ARGV[pos], '[^,]+') do unset[#unset + 1] = f end
 -- (not floored) to micros so that a caller counting in whole micros gets its number back.
 local base_us = math.floor(tonumber(ARGV[pos + 1]) * 1e6 + 0.5)
 local step_us = math.max(1, math.floor(tonumber(ARGV[pos + 2]) * 1e6 + 0.5))
-local ngroups = tonumber(ARGV[pos + 3])
-pos = pos + 4
+local wake_ttl = tonumber(ARGV[pos + 3])
+local ngroups = tonumber(ARGV[pos + 4])
+pos = pos + 5
+local woken, woken_set = {}, {}
 local to_key = prefix .. ':status:' .. to
 local out, acted, k = {}, {}, 0
 for _ = 1, ngroups do
@@ -43,8 +46,9 @@ for _ = 1, ngroups do
     pos = pos + 1
     k = k + 1
     local rkey = prefix .. ':resend:' .. id
-    local cur = redis.call('HMGET', rkey, 'status', 'destination')
+    local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue')
     local status, dest = cur[1], cur[2]
+    local due_key = prefix .. ':due:' .. (cur[3] or '')
     if status and allowed[status] then
       local us = base_us + (k - 1) * step_us
       local s = string.format('%d.%06d', math.floor(us / 1e6), us % 1e6)
@@ -52,6 +56,15 @@ for _ = 1, ngroups do
       redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
       redis.call('ZADD', to_key, s, id)
       redis.call('ZADD', to_key .. ':dest:' .. dest, s, id)
+      if to == 'pending' or to == 'retrying' then
+        redis.call('ZADD', due_key, s, id)
+        if not woken_set[cur[3]] then
+          woken_set[cur[3]] = true
+          if redis.call('SET', prefix .. ':wake:' .. cur[3], now_s, 'NX', 'PX', wake_ttl) then woken[#woken + 1] = cur[3] end
+        end
+      elseif status == 'pending' or status == 'retrying' then
+        redis.call('ZREM', due_key, id)
+      end
       redis.call('HSET', rkey, unpack(fields))
       if job ~= '' then redis.call('HSET', rkey, 'job_id', job) end
       if #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end
@@ -65,4 +78,4 @@ end
 if channel ~= '' and #acted > 0 then
   redis.call('PUBLISH', channel, cjson.encode({event = 'messages.' .. action, ids = acted, at = tonumber(now_s)}))
 end
-return out
+return {out, woken}

@@ -1,54 +1,93 @@
--- Create messages: message record, resend record, status and creation indexes,
--- idempotency key. Atomic per call.
+-- Create messages: message record, resend record, status, due and creation indexes,
+-- idempotency key, and the wake-up flag of each queue that has work due now.
+-- Atomic per call. Idempotent on the message id: a message whose record exists is
+-- left as it is (the on-commit fast path and the relay may both push it).
 --
 -- ARGV[1] prefix
 -- ARGV[2] idempotency TTL in seconds (0 = keep for ever)
--- ARGV[3] number of messages N, then per message:
---   id, idempotency_key ("" = none), destination, status, status score, created_at,
---   n_message_fields, message field/value pairs..., n_resend_fields, resend pairs...
--- Returns, per message, the id that stands: the new id, or the id already sent
--- under the same idempotency key (then nothing is written for that message).
+-- ARGV[3] wake flag TTL in milliseconds
+-- ARGV[4] now (epoch seconds), ARGV[5] due slack (seconds): a message due by now+slack wakes its queue
+-- ARGV[6] number of messages N, then per message:
+--   id, idempotency key name ("" = none; already scoped by destination),
+--   fingerprint (of body and content type), destination, queue, status, status score,
+--   created_at, n_message_fields, message field/value pairs..., n_resend_fields, resend pairs...
+-- Returns {results, woken}: results has per message {standing id, code} where code is
+-- "new", "exists" (this id was already written), "duplicate" (the key names another
+-- message with the same fingerprint: its id stands) or "conflict" (the key names
+-- another message with a different fingerprint: its id is returned) or "refused" (not
+-- written because another message of the call is a conflict: a call with a conflict
+-- writes nothing);
+-- woken lists the queues whose wake-up flag this call set (the caller enqueues their job).
 local prefix = ARGV[1]
 local idem_ttl = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
-local pos = 4
-local out = {}
+local wake_ttl = tonumber(ARGV[3])
+local now = tonumber(ARGV[4])
+local due_by = now + tonumber(ARGV[5])
+local n = tonumber(ARGV[6])
+local pos = 7
+local msgs = {}
+local conflict = false
 for i = 1, n do
-  local id, idem, dest, status, score, created =
-    ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3], ARGV[pos + 4], ARGV[pos + 5]
-  pos = pos + 6
+  local m = {}
+  m.id, m.idem, m.fp, m.dest, m.queue, m.status, m.score, m.created =
+    ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3], ARGV[pos + 4], ARGV[pos + 5], ARGV[pos + 6], ARGV[pos + 7]
+  pos = pos + 8
   local nm = tonumber(ARGV[pos]); pos = pos + 1
-  local mfields = {}
-  for j = 1, nm * 2 do mfields[j] = ARGV[pos + j - 1] end
+  m.mfields = {}
+  for j = 1, nm * 2 do m.mfields[j] = ARGV[pos + j - 1] end
   pos = pos + nm * 2
   local nr = tonumber(ARGV[pos]); pos = pos + 1
-  local rfields = {}
-  for j = 1, nr * 2 do rfields[j] = ARGV[pos + j - 1] end
+  m.rfields = {}
+  for j = 1, nr * 2 do m.rfields[j] = ARGV[pos + j - 1] end
   pos = pos + nr * 2
-
-  local existing = false
-  if idem ~= '' then
-    local ikey = prefix .. ':idempotency:' .. idem
-    existing = redis.call('GET', ikey)
-    if not existing then
-      if idem_ttl > 0 then
-        redis.call('SET', ikey, id, 'EX', idem_ttl)
-      else
-        redis.call('SET', ikey, id)
+  -- First pass: what would happen to each message.
+  m.code, m.standing = 'new', m.id
+  if redis.call('EXISTS', prefix .. ':message:' .. m.id) == 1 then
+    m.code = 'exists'
+  elseif m.idem ~= '' then
+    local held = redis.call('GET', prefix .. ':idempotency:' .. m.idem)
+    if held then
+      local sep = string.find(held, '|', 1, true)
+      local held_id, held_fp = held, ''
+      if sep then held_id, held_fp = string.sub(held, 1, sep - 1), string.sub(held, sep + 1) end
+      if held_id ~= m.id then
+        m.standing = held_id
+        if held_fp == m.fp then m.code = 'duplicate' else m.code = 'conflict'; conflict = true end
       end
     end
   end
-  if existing then
-    out[i] = existing
-  else
-    redis.call('HSET', prefix .. ':message:' .. id, unpack(mfields))
-    redis.call('HSET', prefix .. ':resend:' .. id, unpack(rfields))
+  msgs[i] = m
+end
+local out, woken, seen = {}, {}, {}
+for i, m in ipairs(msgs) do
+  -- Second pass: write, unless a conflict refuses the whole call (nothing half-written).
+  if m.code == 'new' and not conflict then
+    local id, dest, queue, status, score = m.id, m.dest, m.queue, m.status, m.score
+    if m.idem ~= '' then
+      local ikey = prefix .. ':idempotency:' .. m.idem
+      if idem_ttl > 0 then
+        redis.call('SET', ikey, id .. '|' .. m.fp, 'EX', idem_ttl)
+      else
+        redis.call('SET', ikey, id .. '|' .. m.fp)
+      end
+    end
+    redis.call('HSET', prefix .. ':message:' .. id, unpack(m.mfields))
+    redis.call('HSET', prefix .. ':resend:' .. id, unpack(m.rfields))
     redis.call('ZADD', prefix .. ':status:' .. status, score, id)
     redis.call('ZADD', prefix .. ':status:' .. status .. ':dest:' .. dest, score, id)
-    redis.call('ZADD', prefix .. ':created', created, id)
-    redis.call('ZADD', prefix .. ':created:dest:' .. dest, created, id)
+    redis.call('ZADD', prefix .. ':due:' .. queue, score, id)
+    redis.call('ZADD', prefix .. ':created', m.created, id)
+    redis.call('ZADD', prefix .. ':created:dest:' .. dest, m.created, id)
     redis.call('SADD', prefix .. ':destinations', dest)
-    out[i] = id
+    if tonumber(score) <= due_by and not seen[queue] then
+      seen[queue] = true
+      if redis.call('SET', prefix .. ':wake:' .. queue, ARGV[4], 'NX', 'PX', wake_ttl) then
+        woken[#woken + 1] = queue
+      end
+    end
+  elseif m.code == 'new' then
+    m.code = 'refused'
   end
+  out[i] = {m.standing, m.code}
 end
-return out
+return {out, woken}

@@ -11,14 +11,16 @@ for i = 3, #ARGV do
   local id = ARGV[i]
   local rkey = prefix .. ':resend:' .. id
   local mkey = prefix .. ':message:' .. id
-  local cur = redis.call('HMGET', rkey, 'status', 'destination')
+  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue')
   local status, dest = cur[1], cur[2]
   if status and allowed[status] then
     local idem = redis.call('HGET', mkey, 'idempotency_key')
     if idem then
-      local ikey = prefix .. ':idempotency:' .. idem
-      if redis.call('GET', ikey) == id then redis.call('DEL', ikey) end
+      local ikey = prefix .. ':idempotency:' .. string.len(dest) .. ':' .. dest .. ':' .. idem
+      local held = redis.call('GET', ikey)
+      if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
     end
+    redis.call('ZREM', prefix .. ':due:' .. (cur[3] or ''), id)
     redis.call('ZREM', prefix .. ':status:' .. status, id)
     redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
     redis.call('ZREM', prefix .. ':created', id)

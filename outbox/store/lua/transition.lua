@@ -1,6 +1,7 @@
 -- Compare-and-set status transitions, many messages per call. This is the lock
 -- against double processing: a change applies only if the message is in one of the
--- expected statuses (and, if asked, its lease matches and it is due).
+-- expected statuses (and, if asked, its lease matches and it is due). It keeps the
+-- status indexes and the queue's due index (pending|retrying, by due time) in step.
 --
 -- ARGV[1] prefix
 -- ARGV[2] now (epoch seconds, string)
@@ -23,7 +24,7 @@ local minute = math.floor(now / 60)
 local out = {}
 for i, c in ipairs(changes) do
   local rkey = prefix .. ':resend:' .. c.id
-  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease')
+  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease', 'queue')
   local status = cur[1]
   local applied = 0
   if status then
@@ -35,11 +36,18 @@ for i, c in ipairs(changes) do
     if allowed and c.lease and c.lease ~= cur[4] then allowed = false end
     if allowed then
       applied = 1
-      local dest = cur[2]
+      local dest = cur[2] or ''
       redis.call('ZREM', prefix .. ':status:' .. status, c.id)
       redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, c.id)
       redis.call('ZADD', prefix .. ':status:' .. c.to, c.score, c.id)
       redis.call('ZADD', prefix .. ':status:' .. c.to .. ':dest:' .. dest, c.score, c.id)
+      -- The due index of the message's queue holds exactly its pending|retrying messages.
+      local due_key = prefix .. ':due:' .. (cur[5] or '')
+      if c.to == 'pending' or c.to == 'retrying' then
+        redis.call('ZADD', due_key, c.score, c.id)
+      elseif status == 'pending' or status == 'retrying' then
+        redis.call('ZREM', due_key, c.id)
+      end
       local fields = {'status', c.to, 'updated_at', ARGV[2]}
       if c.set then
         for k, v in pairs(c.set) do

@@ -1,0 +1,45 @@
+"""How messages enter Redis: one write step shared by ``send()`` outside a transaction,
+the on-commit fast path and the relay of captured messages (:mod:`outbox.capture`).
+
+:func:`store` writes the records and indexes in one script call (idempotent on the
+message id, so a fast path and a relay racing never make two messages) and then
+enqueues a wake-up job for each queue that had none waiting (see :mod:`outbox.dispatch`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from . import dispatch
+from .connection import get_repository
+from .exceptions import IdempotencyConflict
+from .records import Message
+from .store import Created
+
+
+def store(messages: Sequence[Message], now: float | None = None) -> list[Created]:
+    """Write ``messages`` to Redis and wake their queues.
+
+    Returns:
+        One :class:`~outbox.store.Created` per message, in order.
+
+    Raises:
+        redis.exceptions.RedisError: Redis could not be reached or refused the write
+            (nothing was written: the write is one atomic script call).
+    """
+    if not messages:
+        return []
+    result = get_repository().create(messages, time.time() if now is None else now, due_slack=dispatch.DUE_SLACK)
+    dispatch.enqueue_wakeups(result.woken)
+    return result.created
+
+
+def conflict(message: Message, created: Created, index: int | None = None) -> IdempotencyConflict:
+    """The :class:`IdempotencyConflict` for a message whose key names another message."""
+    where = f"send_many item {index}: " if index is not None else ""
+    return IdempotencyConflict(
+        f"{where}idempotency_key {message.idempotency_key!r} was already used for destination "
+        f"{message.destination!r} with a different body (message {created.standing_id})",
+        existing_id=created.standing_id,
+    )

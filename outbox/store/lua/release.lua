@@ -1,0 +1,39 @@
+-- Give claimed messages back without charging an attempt: sending -> pending (no
+-- retries yet) or retrying, due now, back in their queue's due index, which is woken.
+-- Only messages still held under the given lease are released.
+--
+-- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] lease token
+-- ARGV[4] lease deadline: when no ids follow, every id in the sending index with this
+--         exact score is a candidate (a claim whose reply was lost)
+-- ARGV[5] wake flag TTL (ms)  ARGV[6..] ids (optional)
+-- Returns {ids released, queues whose wake-up flag this call set}.
+local prefix, now_s, lease, deadline, wake_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local ids = {}
+if #ARGV > 5 then
+  for i = 6, #ARGV do ids[#ids + 1] = ARGV[i] end
+else
+  ids = redis.call('ZRANGEBYSCORE', prefix .. ':status:sending', deadline, deadline)
+end
+local released, woken, seen = {}, {}, {}
+for _, id in ipairs(ids) do
+  local rkey = prefix .. ':resend:' .. id
+  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'lease', 'retry_count')
+  if cur[1] == 'sending' and cur[4] == lease then
+    local dest, queue = cur[2], cur[3] or ''
+    local to = 'pending'
+    if tonumber(cur[5] or '0') > 0 then to = 'retrying' end
+    redis.call('ZREM', prefix .. ':status:sending', id)
+    redis.call('ZREM', prefix .. ':status:sending:dest:' .. dest, id)
+    redis.call('ZADD', prefix .. ':status:' .. to, now_s, id)
+    redis.call('ZADD', prefix .. ':status:' .. to .. ':dest:' .. dest, now_s, id)
+    redis.call('ZADD', prefix .. ':due:' .. queue, now_s, id)
+    redis.call('HSET', rkey, 'status', to, 'next_attempt_at', now_s, 'updated_at', now_s)
+    redis.call('HDEL', rkey, 'lease')
+    released[#released + 1] = id
+    if not seen[queue] then
+      seen[queue] = true
+      if redis.call('SET', prefix .. ':wake:' .. queue, now_s, 'NX', 'PX', wake_ttl) then woken[#woken + 1] = queue end
+    end
+  end
+end
+return {released, woken}
