@@ -214,15 +214,21 @@ def get(message_id: str) -> Message:
 
     Raises:
         MessageNotFound: no such message.
+        OutboxUnavailable: Redis is unreachable and the message is not in the capture table.
     """
+    from .capture import captured
+
     try:
         return get_repository().get(message_id)
     except MessageNotFound:
-        from .capture import captured
-
         message = captured(message_id)
         if message is None:
             raise
+        return message
+    except RedisError as exc:
+        message = captured(message_id)
+        if message is None:
+            raise OutboxUnavailable(f"Redis could not be reached to read message {message_id!r}: {exc}") from exc
         return message
 
 

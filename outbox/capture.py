@@ -202,14 +202,20 @@ def relay(using: str | None = None, *, older_than: float | None = None, limit: i
 
     wait = outbox_settings.RELAY_AFTER if older_than is None else older_than
     pushed = 0
+    failure: Exception | None = None
     for alias in [using] if using else relay_databases():
-        while True:
-            n = _relay_batch(alias, time.time() - wait, limit)
-            pushed += n
-            if n < limit:
-                break
+        try:  # one database failing does not keep the others' messages back
+            while True:
+                n = _relay_batch(alias, time.time() - wait, limit)
+                pushed += n
+                if n < limit:
+                    break
+        except Exception as exc:
+            failure = failure or exc
     if pushed:
         logger.warning("outbox relay: pushed %d captured message(s) that missed the on-commit fast path", pushed)
+    if failure is not None:
+        raise failure
     return pushed
 
 

@@ -91,7 +91,11 @@ def _build(name: str, config: Any) -> Destination:
     options = config.get("OPTIONS", {})
     if not isinstance(options, dict):
         raise ImproperlyConfigured(f"{where}['OPTIONS'] must be a dict")
-    max_in_flight = config.get("MAX_IN_FLIGHT", outbox_settings.MAX_IN_FLIGHT)
+    try:
+        transport_default = transport_class(config["TRANSPORT"]).max_in_flight
+    except Exception:  # reported below by build_transport
+        transport_default = None
+    max_in_flight = config.get("MAX_IN_FLIGHT", transport_default or outbox_settings.MAX_IN_FLIGHT)
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise ImproperlyConfigured(f"{where}['MAX_IN_FLIGHT'] must be a positive integer, not {max_in_flight!r}")
     try:

@@ -55,6 +55,34 @@ TEMPLATES = [
     }
 ]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+
+
+def _postgres_answers() -> str:
+    """"" when the PostgreSQL of OUTBOX_TEST_POSTGRES (default 127.0.0.1:5432, database
+    test, trust auth) answers, else why not (tests needing it skip with that reason)."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed"
+    try:
+        psycopg.connect(POSTGRES_DSN, connect_timeout=2).close()
+    except Exception as exc:
+        return f"no PostgreSQL answers at {POSTGRES_DSN}: {exc}"
+    return ""
+
+
+POSTGRES_DSN = os.environ.get("OUTBOX_TEST_POSTGRES", "host=127.0.0.1 port=5432 dbname=test user=postgres")
+POSTGRES_MISSING = _postgres_answers()
+if not POSTGRES_MISSING:
+    _pg = dict(part.split("=", 1) for part in POSTGRES_DSN.split())
+    DATABASES["postgres"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _pg.get("dbname", "test"),
+        "USER": _pg.get("user", "postgres"),
+        "HOST": _pg.get("host", "127.0.0.1"),
+        "PORT": _pg.get("port", "5432"),
+        "TEST": {"NAME": f"outbox_test_{os.getpid()}"},
+    }
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
@@ -78,6 +106,7 @@ OUTBOX = {
             "MAX_RETRIES": 3,
         },
         "mem": {"TRANSPORT": "locmem", "RETRY": [0], "MAX_RETRIES": 2},
+        "poison": {"TRANSPORT": "callable", "OPTIONS": {"path": "tests.poison.record"}, "RETRY": [0], "MAX_RETRIES": 2},
     },
     "VISIBILITY_TIMEOUT": int(os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT", "30")),
     "RECOVERY_GRACE": 1,

@@ -20,17 +20,22 @@ from tests.conftest import assert_index_invariant, hook_settings
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_worker(receiver_url: str, visibility_timeout: int, *extra: str) -> subprocess.Popen:
-    """A real ``outbox_worker`` process on the test Redis (it inherits OUTBOX_TEST_REDIS_URL)."""
+def start_worker(receiver_url: str, visibility_timeout: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    """A real ``outbox_worker`` process on the test Redis (it inherits OUTBOX_TEST_REDIS_URL),
+    in burst mode unless ``extra`` holds ``"--no-burst"``."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "OUTBOX_TEST_HOOK_URL": receiver_url,
         "OUTBOX_TEST_VISIBILITY_TIMEOUT": str(visibility_timeout),
         "PYTHONPATH": str(ROOT),
+        **(env or {}),
     }
+    args = [a for a in extra if a != "--no-burst"]
+    if len(args) == len(extra):
+        args.insert(0, "--burst")
     return subprocess.Popen(
-        [sys.executable, "-m", "django", "outbox_worker", "--burst", *extra],
+        [sys.executable, "-m", "django", "outbox_worker", *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -42,6 +42,11 @@ class Transport:
 
     #: Names of the options this transport accepts; others are refused.
     options: tuple[str, ...] = ()
+    #: Attempts of one destination in flight at once per worker process when the
+    #: destination sets no ``MAX_IN_FLIGHT`` (None: ``OUTBOX["MAX_IN_FLIGHT"]``).
+    #: ``deliver()`` is called from a pool of threads; a transport that is not safe to
+    #: call concurrently says 1.
+    max_in_flight: int | None = None
 
     def __init__(self, destination: str, **options: Any) -> None:
         from django.core.exceptions import ImproperlyConfigured

@@ -33,6 +33,7 @@ class CallableTransport(Transport):
     """
 
     options = ("path",)
+    max_in_flight = 1  # your function may not be thread-safe: set the destination's MAX_IN_FLIGHT to run it concurrently
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)
