@@ -23,8 +23,8 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        recovery sweep takes it back (300): the lease. A worker starts
                        no attempt it could not finish within half of it.
 ``RECOVERY_INTERVAL``  seconds between recovery sweeps in ``outbox_worker`` (30).
-``RECOVERY_GRACE``     seconds a due message may wait with no queued job before the
-                       sweep enqueues it again (60).
+``RECOVERY_GRACE``     seconds a due message may wait before the dashboard shows it
+                       as late (60).
 ``BATCH_SIZE``         most messages one claim takes (100).
 ``CONCURRENCY``        attempts in flight at once per worker process (32; threads).
 ``MAX_IN_FLIGHT``      default cap of attempts in flight per destination per worker
