@@ -6,6 +6,8 @@
   when no retries are left (so a message that kills every worker it meets ends as a
   dead letter, not a loop). A message whose record cannot be handled is failed with
   the reason; the sweep goes on with the others.
+* records written by an older version are brought up to date once
+  (:meth:`~outbox.store.MessageRepository.upgrade`);
 * finished messages older than ``OUTBOX["RETENTION"]`` for their status (by default
   succeeded after 7 days, cancelled after 30; dead letters are kept): deleted, in
   batches, for up to half the sweep interval, so purging keeps pace with delivery.
@@ -22,9 +24,7 @@ worker process; a short Redis lock makes one sweep per interval across all of th
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from dataclasses import dataclass
 
 from . import dispatch
@@ -59,6 +59,10 @@ def recover(now: float | None = None, limit: int = SWEEP_LIMIT, purge_budget: fl
     """
     now = time.time() if now is None else now
     budget = outbox_settings.RECOVERY_INTERVAL * PURGE_SHARE if purge_budget is None else purge_budget
+    upgraded = get_repository().upgrade()
+    if upgraded:
+        logger.warning("outbox recovery: put %d message(s) written by an older version in their due index", upgraded)
+        dispatch.wake_due(now)
     report = RecoveryReport(lost=_recover_lost(now, limit))
     report.purged, report.purge_backlog = _purge_expired(now, limit, budget)
     return report
@@ -131,34 +135,3 @@ def _drop_orphan(message_id: str, now: float) -> None:
     remove the index entry so it cannot stall the sweep."""
     get_repository().drop_index_entry(Status.SENDING.value, message_id)
     logger.warning("outbox recovery: removed %s from the sending index: it has no sending record", message_id)
-
-
-class RecoveryLoop(threading.Thread):
-    """A daemon thread running :func:`recover` every ``interval`` seconds.
-
-    Every worker process may run one; a Redis lock (``SET NX PX``) held for most of the
-    interval lets only one of them sweep per interval.
-    """
-
-    def __init__(self, interval: float | None = None) -> None:
-        super().__init__(name="outbox-recovery", daemon=True)
-        self.interval = float(interval or outbox_settings.RECOVERY_INTERVAL)
-        self.token = uuid.uuid4().hex
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            self.sweep_once()
-            self._stop_event.wait(self.interval)
-
-    def sweep_once(self) -> RecoveryReport | None:
-        """Sweep if this process wins the lock for this interval; errors are logged."""
-        try:
-            if get_repository().acquire_lock("recovery", self.token, self.interval * 0.9):
-                return recover()
-        except Exception:
-            logger.exception("outbox recovery sweep failed; will try again in %.0fs", self.interval)
-        return None
-
-    def stop(self) -> None:
-        self._stop_event.set()

@@ -242,3 +242,12 @@ def test_retention_deletes_old_finished_messages_but_keeps_dead_letters(repo, se
     assert outbox.get(dead.id).status == "failed"  # dead letters stay until a person acts
     assert repo.count() == 1
     assert_index_invariant(repo)
+
+
+def test_messages_written_by_version_0_1_are_claimed_after_an_upgrade(hook, worker, repo):
+    # Version 0.1 kept pending/retrying messages only in the status indexes.
+    old = outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
+    repo.connection.delete(repo.keys.due("outbox"), f"{repo.keys.prefix}:schema")
+    worker(simple=True)  # its housekeeping pass runs the sweep, which upgrades
+    assert {outbox.get(m.id).status for m in old} == {"succeeded"}
+    assert repo.upgrade() == 0  # once

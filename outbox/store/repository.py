@@ -642,6 +642,29 @@ class MessageRepository:
             out[outcome] = [int(v) if v else 0 for v in row]
         return out
 
+    SCHEMA = 2  # 2: per-queue due indexes (version 0.2)
+
+    def upgrade(self, batch: int = 1000) -> int:
+        """Bring records written by an older version up to :attr:`SCHEMA` (idempotent).
+
+        Version 0.1 kept no due index: its ``pending`` and ``retrying`` messages are put
+        in their queue's due index (``lua/backfill.lua``). Returns how many ids were read.
+        """
+        key = f"{self.keys.prefix}:schema"
+        if int(self.connection.get(key) or 0) >= self.SCHEMA:
+            return 0
+        read = 0
+        for status in ("pending", "retrying"):
+            first = 0
+            while True:
+                n = int(self.run_script("backfill", [self.keys.prefix, status, first, batch]))
+                read += n
+                first += batch
+                if n < batch:
+                    break
+        self.connection.set(key, self.SCHEMA)
+        return read
+
     def drop_index_entry(self, status: str, message_id: str) -> None:
         """Remove an id from a status index (repairing an entry without a record)."""
         self.connection.zrem(self.keys.status(status), message_id)

@@ -1,4 +1,5 @@
-"""``python manage.py outbox_recover``: run one recovery sweep now (see :mod:`outbox.recovery`)."""
+"""``python manage.py outbox_recover``: run one recovery sweep now (see :mod:`outbox.recovery`),
+then wake every queue that has due messages and no waiting job."""
 
 from __future__ import annotations
 
@@ -7,15 +8,18 @@ from django.core.management.base import BaseCommand
 
 class Command(BaseCommand):
     help = (
-        "Take back messages from lost workers, re-enqueue due messages that have no live job, "
-        "and delete finished messages past OUTBOX['RETENTION']."
+        "Take back messages from lost workers, delete finished messages past OUTBOX['RETENTION'], "
+        "and wake queues whose due messages have no waiting job."
     )
 
     def handle(self, *args, **options):
+        from outbox.dispatch import wake_due
         from outbox.recovery import recover
 
         report = recover()
+        woken = wake_due()
         self.stdout.write(
-            f"recovered: {report.lost} from lost workers, {report.reenqueued} re-enqueued, "
-            f"{report.purged} deleted past their retention"
+            f"recovered: {report.lost} from lost workers, {report.purged} deleted past their retention "
+            f"({report.purge_backlog} left past retention), woke {len(woken)} queue(s)"
+            + (f": {', '.join(woken)}" if woken else "")
         )

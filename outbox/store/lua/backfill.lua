@@ -1,0 +1,17 @@
+-- Upgrade from records written before the due index existed (version 0.1): put a range
+-- of a status index's ids (pending or retrying) into their queue's due index, scored by
+-- next_attempt_at, unless they are there already.
+--
+-- ARGV[1] prefix  ARGV[2] status  ARGV[3] first rank  ARGV[4] how many
+-- Returns the number of ids read (fewer than asked: the index is done).
+local prefix, status = ARGV[1], ARGV[2]
+local first, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ids = redis.call('ZRANGE', prefix .. ':status:' .. status, first, first + count - 1, 'WITHSCORES')
+for i = 1, #ids, 2 do
+  local id, score = ids[i], ids[i + 1]
+  local cur = redis.call('HMGET', prefix .. ':resend:' .. id, 'queue', 'next_attempt_at')
+  if cur[1] then
+    redis.call('ZADD', prefix .. ':due:' .. cur[1], 'NX', cur[2] or score, id)
+  end
+end
+return #ids / 2
