@@ -73,7 +73,12 @@ OUTBOX = {
     "DESTINATIONS": {
         "hook": {
             "TRANSPORT": "webhook",
-            "OPTIONS": {"url": os.environ.get("OUTBOX_TEST_HOOK_URL", "http://127.0.0.1:9/hook"), "timeout": 5},
+            "OPTIONS": {
+                "url": os.environ.get("OUTBOX_TEST_HOOK_URL", "http://127.0.0.1:9/hook"),
+                "timeout": 5,
+                # The test receivers listen on 127.0.0.1, which the SSRF guard refuses by default.
+                "allow_private_networks": True,
+            },
             "RETRY": [0],
             "MAX_RETRIES": 3,
         },
