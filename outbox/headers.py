@@ -11,10 +11,12 @@ What is refused, and why:
   message that sets ``Transfer-Encoding: chunked`` next to the client's
   ``Content-Length`` is the setup of request smuggling (RFC 9112 §6.1 forbids both);
 * the ``webhook-*`` headers of Standard Webhooks, which the webhook transport writes;
-* values that are not ASCII, hold a control character (CR, LF, NUL, DEL... HTAB is
-  allowed inside), or begin or end with whitespace: RFC 9110 §5.5 ``field-value``
-  has no surrounding whitespace, and h11 (httpx) refuses such values at delivery time,
-  so they could only be retried until dead.
+* values that hold a control character (CR, LF, NUL, DEL, C1... HTAB is allowed
+  inside), or begin or end with whitespace: RFC 9110 §5.5 ``field-value`` has no
+  surrounding whitespace, and h11 (httpx) refuses such values at delivery time, so they
+  could only be retried until dead;
+* for HTTP (the webhook transport, :func:`check_ascii`), values that are not ASCII.
+  Email headers may be any Unicode text: Django encodes them (RFC 2047).
 
 Error messages name the header and the problem, never its value (values may be secrets).
 """
@@ -31,6 +33,9 @@ from .exceptions import InvalidMessage
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: RFC 9110 §5.5 field-value, ASCII only: visible characters, with SP/HTAB only between them.
 FIELD_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20\x09]*[\x21-\x7e])*)?")
+#: The same with any non-ASCII character but C1 controls allowed (email headers are
+#: RFC 2047-encoded by Django; HTTP transports add :func:`check_ascii`).
+FIELD_VALUE_TEXT = re.compile(r"(?:[^\x00-\x20\x7f-\x9f](?:[\x20\x09]*[^\x00-\x20\x7f-\x9f])*)?")
 #: Framing and hop-by-hop headers the HTTP client owns (lower case); ``proxy-*`` too.
 HOP_BY_HOP = frozenset(
     {"transfer-encoding", "content-length", "connection", "keep-alive", "upgrade", "te", "trailer", "host"}
@@ -77,7 +82,9 @@ def check_name(name: Any, where: str = "header") -> str:
         shown = repr(name) if isinstance(name, str) and len(name) <= 60 else f"of type {type(name).__name__}"
         if isinstance(name, str) and len(name) > 60:
             shown = f"{name[:40]!r}..."
-        raise InvalidMessage(f"{where} name {shown} is not a valid HTTP field name (RFC 9110 §5.1 token)", field="headers")
+        raise InvalidMessage(
+            f"{where} name {shown} is not a valid HTTP field name (RFC 9110 §5.1 token)", field="headers"
+        )
     if reserved(name):
         raise InvalidMessage(
             f"{_label(where, name)} is set by the HTTP client or the outbox and cannot be given "
@@ -87,41 +94,47 @@ def check_name(name: Any, where: str = "header") -> str:
     return name
 
 
-def value_problem(value: str) -> str | None:
+def value_problem(value: str, ascii_only: bool = False) -> str | None:
     """What is wrong with a header value, without quoting it, or None when it is fine."""
-    if FIELD_VALUE.fullmatch(value):
+    if (FIELD_VALUE if ascii_only else FIELD_VALUE_TEXT).fullmatch(value):
         return None
-    if not value.isascii():
+    if ascii_only and not value.isascii():
         return "must be ASCII text (an HTTP field value): percent-encode it, or put it in the body"
     if value != value.strip(" \t"):
         return "must not begin or end with whitespace (RFC 9110 §5.5)"
     for index, char in enumerate(value):
-        if char != "\t" and not 0x20 <= ord(char) < 0x7F:
+        if char != "\t" and (ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F):
             return f"must not contain the control character {char!r} (at position {index})"
     return "is not a valid HTTP field value"  # pragma: no cover - every case is named above
 
 
-def check_value(name: str, value: Any, where: str = "header") -> str:
-    """Check one header value (RFC 9110 §5.5, ASCII only).
+def check_value(name: str, value: Any, where: str = "header", ascii_only: bool = False) -> str:
+    """Check one header value (RFC 9110 §5.5; ASCII only when ``ascii_only``).
 
     Raises:
-        InvalidMessage: not a str, not ASCII, a control character, or surrounding whitespace.
+        InvalidMessage: not a str, a control character, surrounding whitespace, or
+            (``ascii_only``) a character outside ASCII.
     """
     if not isinstance(value, str):
-        raise InvalidMessage(f"{_label(where, name)} must have a str value, not {type(value).__name__}", field="headers")
-    problem = value_problem(value)
+        raise InvalidMessage(
+            f"{_label(where, name)} must have a str value, not {type(value).__name__}", field="headers"
+        )
+    problem = value_problem(value, ascii_only)
     if problem:
         raise InvalidMessage(f"{_label(where, name)} {problem}", field="headers")
     return value
 
 
-def clean_headers(headers: Mapping[str, str] | None, where: str = "header") -> dict[str, str]:
+def clean_headers(
+    headers: Mapping[str, str] | None, where: str = "header", ascii_only: bool = False
+) -> dict[str, str]:
     """Check a mapping of extra headers; every rule of the module docstring.
 
     Args:
         headers: name -> value, or None.
         where: how errors refer to the collection (``"header"`` for ``send()``,
             ``"OPTIONS['headers']"`` for a destination).
+        ascii_only: refuse non-ASCII values too (HTTP).
 
     Returns:
         A new dict of the same headers.
@@ -134,7 +147,9 @@ def clean_headers(headers: Mapping[str, str] | None, where: str = "header") -> d
         return {}
     if not isinstance(headers, Mapping):
         label = "headers" if where == "header" else where
-        raise InvalidMessage(f"{label} must be a dict of str to str, not {type(headers).__name__}", field="headers")
+        raise InvalidMessage(
+            f"{label} must be a dict of str to str, not {type(headers).__name__}", field="headers"
+        )
     if len(headers) > MAX_HEADERS:
         raise InvalidMessage(f"at most {MAX_HEADERS} headers, not {len(headers)}", field="headers")
     cleaned: dict[str, str] = {}
@@ -142,15 +157,31 @@ def clean_headers(headers: Mapping[str, str] | None, where: str = "header") -> d
     size = 0
     for name, value in headers.items():
         check_name(name, where)
-        check_value(name, value, where)
+        check_value(name, value, where, ascii_only)
         if name.lower() in seen:
-            raise InvalidMessage(f"{_label(where, name)} is given twice (names are case-insensitive)", field="headers")
+            raise InvalidMessage(
+                f"{_label(where, name)} is given twice (names are case-insensitive)", field="headers"
+            )
         seen.add(name.lower())
-        size += len(name) + len(value)
+        size += len(name) + len(value.encode("utf-8", "surrogatepass"))
         cleaned[name] = value
     if size > MAX_HEADER_BYTES:
         raise InvalidMessage(f"headers total {size} bytes, over {MAX_HEADER_BYTES}", field="headers")
     return cleaned
+
+
+def check_ascii(headers: Mapping[str, str], where: str = "header") -> None:
+    """Refuse header values that are not ASCII (HTTP carries header values as ASCII text;
+    h11 refuses others at delivery time).
+
+    Raises:
+        InvalidMessage: a value with a character outside ASCII.
+    """
+    for name, value in headers.items():
+        if not value.isascii():
+            raise InvalidMessage(
+                f"{_label(where, name)} {value_problem(value, ascii_only=True)}", field="headers"
+            )
 
 
 def clean_content_type(content_type: Any) -> str:
@@ -163,7 +194,11 @@ def clean_content_type(content_type: Any) -> str:
     Raises:
         InvalidMessage: anything else.
     """
-    if not isinstance(content_type, str) or len(content_type) > MAX_CONTENT_TYPE or not CONTENT_TYPE.fullmatch(content_type):
+    if (
+        not isinstance(content_type, str)
+        or len(content_type) > MAX_CONTENT_TYPE
+        or not CONTENT_TYPE.fullmatch(content_type)
+    ):
         shown = repr(content_type)[:80] if isinstance(content_type, str) else type(content_type).__name__
         raise InvalidMessage(
             f"content_type must be an ASCII MIME type like 'application/json; charset=utf-8' "

@@ -108,7 +108,14 @@ class RetryPolicy:
             value = {"strategy": "schedule", "delays": value}
         if not isinstance(value, Mapping):
             raise ValueError(f"retry policy must be a dict or a list of delays, not {type(value).__name__}")
-        unknown = {str(k)[:40] for k in value} - {"strategy", "base", "factor", "max_delay", "jitter", "delays"}
+        unknown = {str(k)[:40] for k in value} - {
+            "strategy",
+            "base",
+            "factor",
+            "max_delay",
+            "jitter",
+            "delays",
+        }
         if unknown:
             raise ValueError(f"unknown retry policy keys: {', '.join(sorted(unknown))}")
         strategy = value.get("strategy", "schedule" if "delays" in value else base_policy.strategy)
@@ -197,7 +204,10 @@ def backoff_delay(policy: RetryPolicy, retry_number: int, rng: _random.Random | 
 
 
 def retry_delay(
-    policy: RetryPolicy, retry_number: int, retry_after: float | None = None, rng: _random.Random | None = None
+    policy: RetryPolicy,
+    retry_number: int,
+    retry_after: float | None = None,
+    rng: _random.Random | None = None,
 ) -> float:
     """The wait before a retry, honouring a receiver's ``Retry-After`` (RFC 9110 §10.2.3).
 

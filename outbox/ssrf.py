@@ -107,7 +107,9 @@ class DeadlineStream(httpcore.NetworkStream):
     def close(self) -> None:
         self._stream.close()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> Any:
         timeout = self._backend.remaining(timeout, httpcore.ConnectTimeout)
         return DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, timeout), self._backend)
 
@@ -161,7 +163,9 @@ class GuardedBackend(httpcore.NetworkBackend):
     ) -> httpcore.NetworkStream:
         timeout = self.remaining(timeout, httpcore.ConnectTimeout)
         if not self.block_private:
-            return DeadlineStream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options), self)
+            return DeadlineStream(
+                self._inner.connect_tcp(host, port, timeout, local_address, socket_options), self
+            )
         addresses = resolve(host, port)
         allowed = [a for a in addresses if is_public_address(a)]
         if not allowed:
@@ -170,7 +174,11 @@ class GuardedBackend(httpcore.NetworkBackend):
         for address in allowed:  # connect to the checked address itself, never the name again
             try:
                 stream = self._inner.connect_tcp(
-                    address, port, self.remaining(timeout, httpcore.ConnectTimeout), local_address, socket_options
+                    address,
+                    port,
+                    self.remaining(timeout, httpcore.ConnectTimeout),
+                    local_address,
+                    socket_options,
                 )
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 error = exc
@@ -197,7 +205,8 @@ class GuardedTransport(httpx.HTTPTransport):
         limits: the connection pool's limits.
     """
 
-    def __init__(self, *, verify: Any, block_private: bool, limits: httpx.Limits = httpx.Limits()) -> None:
+    def __init__(self, *, verify: Any, block_private: bool, limits: httpx.Limits | None = None) -> None:
+        limits = limits or httpx.Limits()
         super().__init__(verify=verify, trust_env=False, limits=limits)
         self.backend = GuardedBackend(block_private=block_private)
         # httpx.HTTPTransport builds its pool without a network_backend argument; build

@@ -69,7 +69,9 @@ def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
         except RecursionError as exc:  # nested deeper than the interpreter's recursion limit
             raise InvalidMessage("body is nested too deeply to be serialized as JSON", field="body") from exc
         except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidMessage(f"body cannot be serialized as JSON: {str(exc)[:200]}", field="body") from exc
+            raise InvalidMessage(
+                f"body cannot be serialized as JSON: {str(exc)[:200]}", field="body"
+            ) from exc
         default_type = "application/json"
     limit = outbox_settings.MAX_BODY_BYTES
     if len(data) > limit:
@@ -112,7 +114,8 @@ def clean_idempotency_key(key: str | None) -> str | None:
         return None
     if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
         raise InvalidMessage(
-            f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters, not {shown(key)}", field="idempotency_key"
+            f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters, not {shown(key)}",
+            field="idempotency_key",
         )
     return key
 

@@ -8,8 +8,15 @@ Options:
   raising means failed: a :class:`~outbox.exceptions.DeliveryError` keeps its
   ``permanent``, ``retry_after`` and ``status_code``; any other exception is a
   retryable failure, recorded as ``"<type>: <text>"``.
+* ``deadline`` (seconds, default 30): the hard limit of one call. The function runs in
+  a thread of the worker process; when the deadline passes the attempt fails
+  (retryable) and the thread is abandoned to finish on its own, so a function that may
+  outlive its deadline must be idempotent (delivery is at least once anyway). System
+  check ``outbox.W003`` compares it with half of ``VISIBILITY_TIMEOUT``.
 
 The function runs in the worker process, once per attempt; it must be importable there.
+It runs in its own thread: thread-locals of the worker are not visible, and database
+connections it opens are closed when it returns.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ..records import Message
-from .base import DeliveryResult, Transport
+from .base import DeliveryResult, Transport, call_with_deadline, positive_seconds
+
+DEFAULT_DEADLINE = 30.0  # seconds
 
 
 class CallableTransport(Transport):
@@ -32,14 +41,16 @@ class CallableTransport(Transport):
             imported, or is not a function of one argument.
     """
 
-    options = ("path",)
+    options = ("path", "deadline")
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)
         where = f"destination {destination!r}"
         path = options.get("path")
         if not isinstance(path, str) or not path:
-            raise ImproperlyConfigured(f"{where}: the callable transport needs OPTIONS['path'], a dotted path")
+            raise ImproperlyConfigured(
+                f"{where}: the callable transport needs OPTIONS['path'], a dotted path"
+            )
         try:
             self.function = import_string(path)
         except ImportError as exc:
@@ -54,6 +65,14 @@ class CallableTransport(Transport):
             ) from exc
         except ValueError:  # no signature to inspect (some builtins): trust it
             pass
+        self.path = path
+        self.deadline = positive_seconds(
+            options.get("deadline", DEFAULT_DEADLINE), f"{where}: OPTIONS['deadline']"
+        )
+
+    def longest_attempt(self) -> float:
+        """The ``deadline`` option (seconds)."""
+        return self.deadline
 
     def deliver(self, message: Message) -> DeliveryResult:
         """Call the function with the message.
@@ -62,7 +81,10 @@ class CallableTransport(Transport):
             The function's :class:`DeliveryResult` if it returned one, else an empty one.
 
         Raises:
+            DeliveryError: retryable, the function did not return within ``deadline``.
             Whatever the function raises (see the module docstring).
         """
-        result = self.function(message)
+        result = call_with_deadline(
+            lambda: self.function(message), self.deadline, f"the callable {self.path!r}"
+        )
         return result if isinstance(result, DeliveryResult) else DeliveryResult()

@@ -179,7 +179,9 @@ class WebhookTransport(Transport):
         self.secrets = secrets_for(None, options)
         url = options.get("url")
         if not _http_url(url):
-            shown = redact(repr(url)[:200], secrets=self.secrets) if isinstance(url, str) else type(url).__name__
+            shown = (
+                redact(repr(url)[:200], secrets=self.secrets) if isinstance(url, str) else type(url).__name__
+            )
             raise ImproperlyConfigured(
                 f"{where}: OPTIONS['url'] must be an http:// or https:// URL without spaces or control "
                 f"characters, not {shown}"
@@ -188,16 +190,22 @@ class WebhookTransport(Transport):
         secret = options.get("secret")
         self.signers = [] if secret is None else _signers(secret, where)
         self.timeout = _positive(options.get("timeout", 10), f"{where}: OPTIONS['timeout']")
-        self.connect_timeout = _positive(options.get("connect_timeout", 5), f"{where}: OPTIONS['connect_timeout']")
+        self.connect_timeout = _positive(
+            options.get("connect_timeout", 5), f"{where}: OPTIONS['connect_timeout']"
+        )
         self.deadline = _positive(
             options.get("deadline", self.connect_timeout + 2 * self.timeout), f"{where}: OPTIONS['deadline']"
         )
         try:
-            self.headers = header_rules.clean_headers(options.get("headers"), "OPTIONS['headers']")
+            self.headers = header_rules.clean_headers(
+                options.get("headers"), "OPTIONS['headers']", ascii_only=True
+            )
             _check_http_headers(self.headers, "OPTIONS['headers']")
         except InvalidMessage as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from exc
-        self.allow_private_networks = _flag(options.get("allow_private_networks", False), f"{where}: OPTIONS['allow_private_networks']")
+        self.allow_private_networks = _flag(
+            options.get("allow_private_networks", False), f"{where}: OPTIONS['allow_private_networks']"
+        )
         self.trust_env = _flag(options.get("trust_env", False), f"{where}: OPTIONS['trust_env']")
         statuses = options.get("retry_statuses", DEFAULT_RETRY_STATUSES)
         if not isinstance(statuses, (list, tuple, set, frozenset)) or not all(
@@ -255,10 +263,11 @@ class WebhookTransport(Transport):
         Raises:
             InvalidMessage: a ``Content-Type`` header (use ``content_type=``), or a body
                 that is not UTF-8 while the destination signs (Standard Webhooks signs
-                text). (Header names and values are checked by ``send()`` with
-                :mod:`outbox.headers`.)
+                text), or a header value that is not ASCII (the other header rules of
+                :mod:`outbox.headers` are checked by ``send()`` for every transport).
         """
         _check_http_headers(headers)
+        header_rules.check_ascii(headers)
         if self.signers:
             try:
                 body.decode("utf-8")
@@ -308,15 +317,21 @@ class WebhookTransport(Transport):
         started = time.monotonic()
         client = self.client
         try:
-            with self._transport.deadline(self.deadline):  # type: ignore[union-attr]
-                with client.stream("POST", self.url, content=message.body, headers=headers) as response:
-                    code = response.status_code
-                    excerpt = _read_some(response)
+            with (
+                self._transport.deadline(self.deadline),  # type: ignore[union-attr]
+                client.stream("POST", self.url, content=message.body, headers=headers) as response,
+            ):
+                code = response.status_code
+                excerpt = _read_some(response)
         except PrivateAddressRefused as exc:
             raise PermanentDeliveryError(redact(str(exc), secrets=secrets)) from exc
         except httpx.TimeoutException as exc:
             elapsed = time.monotonic() - started
-            limit = f"the {self.deadline:g}s deadline" if elapsed >= self.deadline - 0.05 else f"{self.timeout:g}s"
+            limit = (
+                f"the {self.deadline:g}s deadline"
+                if elapsed >= self.deadline - 0.05
+                else f"{self.timeout:g}s"
+            )
             raise DeliveryError(f"timed out ({type(exc).__name__}) after {limit}") from exc
         except httpx.HTTPError as exc:
             raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secrets=secrets)) from exc
@@ -409,7 +424,12 @@ def _flag(value: Any, where: str) -> bool:
 
 
 def _positive(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ImproperlyConfigured(f"{where} must be a positive number of seconds, not {value!r}")
     return float(value)
 
