@@ -194,31 +194,66 @@ class GuardedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+def environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``,
+    minus ``NO_PROXY``; the standard library's reading of them), or None."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    proxies = urllib.request.getproxies_environment()
+    parts = urlsplit(url)
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+        return None
+    return proxy
+
+
 class GuardedTransport(httpx.HTTPTransport):
-    """``httpx.HTTPTransport`` over a :class:`GuardedBackend` (no proxy: with the
-    environment's proxies allowed, httpx mounts its own proxy transports, which connect
-    to the proxy, and the proxy to the receiver).
+    """``httpx.HTTPTransport`` over a :class:`GuardedBackend`, directly or through an
+    HTTP(S) proxy (then the backend connects to the proxy, which the operator chose, so
+    its address is not checked; the proxy connects to the receiver).
 
     Args:
         verify: as httpx takes it (bool or SSL context).
-        block_private: refuse non-public addresses.
+        block_private: refuse non-public addresses (direct connections).
+        proxy: an ``http://`` or ``https://`` proxy URL, or None.
         limits: the connection pool's limits.
+
+    Raises:
+        ValueError: a proxy of another scheme (SOCKS is not supported).
     """
 
-    def __init__(self, *, verify: Any, block_private: bool, limits: httpx.Limits | None = None) -> None:
+    def __init__(
+        self, *, verify: Any, block_private: bool, proxy: str | None = None, limits: httpx.Limits | None = None
+    ) -> None:
         limits = limits or httpx.Limits()
         super().__init__(verify=verify, trust_env=False, limits=limits)
-        self.backend = GuardedBackend(block_private=block_private)
+        self.backend = GuardedBackend(block_private=block_private and proxy is None)
         # httpx.HTTPTransport builds its pool without a network_backend argument; build
         # the same pool with ours (httpcore's public API).
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(verify=verify, trust_env=False),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=True,
-            http2=False,
-            network_backend=self.backend,
+        common = {
+            "ssl_context": httpx.create_ssl_context(verify=verify, trust_env=False),
+            "max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry,
+            "http1": True,
+            "http2": False,
+            "network_backend": self.backend,
+        }
+        if proxy is None:
+            self._pool = httpcore.ConnectionPool(**common)
+            return
+        parsed = httpx.Proxy(url=proxy)
+        if parsed.url.scheme not in ("http", "https"):
+            raise ValueError(f"only http:// and https:// proxies are supported, not {parsed.url.scheme}://")
+        self._pool = httpcore.HTTPProxy(
+            proxy_url=httpcore.URL(
+                scheme=parsed.url.raw_scheme, host=parsed.url.raw_host, port=parsed.url.port, target=parsed.url.raw_path
+            ),
+            proxy_auth=parsed.raw_auth,
+            proxy_headers=parsed.headers.raw,
+            proxy_ssl_context=parsed.ssl_context,
+            **common,
         )
 
     def deadline(self, seconds: float | None) -> Any:

@@ -33,10 +33,11 @@ Options:
   on (the default), connections to loopback, private, link-local (cloud metadata) and
   other non-public addresses are refused after name resolution, as a permanent failure;
   True lets this destination reach them (a receiver on your own network).
-* ``trust_env`` (bool, default False): honour ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``
-  and ``SSL_CERT_FILE`` from the environment. Off, so a variable set for something else
-  cannot route signed webhooks through a proxy. (Through a proxy, the proxy connects to
-  the receiver: the private-network check then applies to the proxy's address.)
+* ``trust_env`` (bool, default False): send through the proxy the environment names
+  (``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``, minus ``NO_PROXY``; http(s) proxies
+  only). Off, so a variable set for something else cannot route signed webhooks through
+  a proxy. Through a proxy, the proxy (which you chose) connects to the receiver, so the
+  private-network check does not apply; the deadline still does.
 * ``retry_statuses`` (list of int): the 4xx statuses that are retried; the list replaces
   the default 408, 409, 425, 429. Every other 4xx fails at once (permanent);
   5xx, 3xx and network errors or timeouts are retried.
@@ -76,7 +77,7 @@ from ..conf import outbox_settings
 from ..exceptions import DeliveryError, InvalidMessage, PermanentDeliveryError
 from ..records import Message
 from ..redaction import redact, secrets_for
-from ..ssrf import GuardedTransport, PrivateAddressRefused
+from ..ssrf import GuardedTransport, PrivateAddressRefused, environment_proxy
 from .base import DeliveryResult, Transport
 
 DEFAULT_RETRY_STATUSES = (408, 409, 425, 429)
@@ -244,12 +245,18 @@ class WebhookTransport(Transport):
         The inherited pool is left unclosed (closing it would touch the parent's sockets).
         """
         if self._client is None or self._pid != os.getpid():
-            self._transport = GuardedTransport(verify=self.verify, block_private=self.block_private_networks)
+            proxy = environment_proxy(self.url) if self.trust_env else None
+            try:
+                self._transport = GuardedTransport(
+                    verify=self.verify, block_private=self.block_private_networks, proxy=proxy
+                )
+            except ValueError as exc:  # a SOCKS proxy in the environment
+                raise DeliveryError(f"cannot use the environment's proxy: {exc}", permanent=True) from exc
             self._client = httpx.Client(
                 transport=self._transport,
                 timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
                 verify=self.verify,
-                trust_env=self.trust_env,
+                trust_env=False,  # proxies from the environment: see trust_env above
                 follow_redirects=False,
                 # The response is only read for an error excerpt: ask for it uncompressed.
                 headers={"User-Agent": f"django-redis-outbox/{__version__}", "Accept-Encoding": "identity"},
