@@ -69,6 +69,7 @@ def _variants(secret: str) -> set[str]:
     bytes), and its long words (the token of ``Bearer <token>``)."""
     found = {secret, secret.strip()}
     found.add(repr(secret)[1:-1])
+    found.add(secret.replace("\\", "\\\\").replace("'", "\\'"))  # as a repr quoting with ' escapes it
     found.add(repr(secret.encode("utf-8", "backslashreplace"))[2:-1])
     words = secret.split()
     if len(words) > 1:
