@@ -9,10 +9,10 @@
   address space (``100.64.0.0/10``), unspecified, multicast, reserved and documentation
   ranges, IPv4-mapped or NAT64 forms of those, i.e. every address that is not
   ``ipaddress``' ``is_global``. Svix refuses the same by default.
-* enforces an attempt's hard **deadline**: every connect, TLS handshake, read and write
-  gets at most the time left before the deadline as its socket timeout, so a receiver
-  dripping one byte at a time cannot hold an attempt past it (httpx's own timeouts are
-  per operation, not per request).
+* enforces an attempt's hard **deadline**: name resolution (in a helper thread), every
+  connect, TLS handshake, read and write gets at most the time left before the deadline
+  as its timeout, so a receiver dripping one byte at a time cannot hold an attempt past
+  it (httpx's own timeouts are per operation, not per request).
 
 :class:`GuardedTransport` is an ``httpx.HTTPTransport`` whose connection pool uses the
 backend. Use :meth:`GuardedTransport.deadline` around a request.
@@ -74,14 +74,30 @@ def is_public_address(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-def resolve(host: str, port: int) -> list[str]:
+def resolve(host: str, port: int, timeout: float | None = None) -> list[str]:
     """The addresses ``host`` resolves to for a TCP connection, in resolver order.
+
+    An IP literal is returned as is. A name is resolved in a helper thread waited for at
+    most ``timeout`` seconds (``getaddrinfo`` itself cannot be interrupted).
 
     Raises:
         httpcore.ConnectError: the name does not resolve.
+        httpcore.ConnectTimeout: it did not resolve within ``timeout``.
     """
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return [str(ipaddress.ip_address(host.strip("[]")))]
+    except ValueError:
+        pass
+    from .exceptions import DeliveryError
+    from .transports.base import call_with_deadline
+
+    def lookup() -> list[Any]:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+    try:
+        infos = lookup() if timeout is None else call_with_deadline(lookup, timeout, f"resolving {host!r}")
+    except DeliveryError as exc:
+        raise httpcore.ConnectTimeout(f"resolving {host!r} took longer than {timeout:g}s") from exc
     except (OSError, UnicodeError) as exc:
         raise httpcore.ConnectError(f"cannot resolve {host!r}: {exc}") from exc
     return list(dict.fromkeys(str(info[4][0]) for info in infos))

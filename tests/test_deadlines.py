@@ -152,3 +152,17 @@ def test_every_builtin_transport_declares_its_deadline():
     assert WebhookTransport("w", url="http://x/").longest_attempt() == 25
     assert LocmemTransport("m").longest_attempt() == 0
     assert NoDeadline("n").longest_attempt() is None
+
+
+def leaks(message):
+    raise RuntimeError(f"auth failed for {message.headers['Authorization']}")
+
+
+def test_a_callables_error_text_is_redacted(redis):
+    transport = CallableTransport("fn", path=f"{__name__}.leaks")
+    leaky = outbox.Message(
+        id="msg_1", destination="fn", body=b"", content_type="a/b", headers={"Authorization": "Bearer CALLABLE-SECRET"}
+    )
+    with pytest.raises(DeliveryError) as info:
+        transport.deliver(leaky)
+    assert str(info.value).startswith("RuntimeError: auth failed for") and "CALLABLE-SECRET" not in str(info.value)

@@ -7,7 +7,8 @@ Options:
   :class:`~outbox.transports.DeliveryResult` is recorded, any other value ignored);
   raising means failed: a :class:`~outbox.exceptions.DeliveryError` keeps its
   ``permanent``, ``retry_after`` and ``status_code``; any other exception is a
-  retryable failure, recorded as ``"<type>: <text>"``.
+  retryable failure, recorded as ``"<type>: <text>"``. Either text is recorded with the
+  message's secrets (sensitive header values, Authorization-style values) redacted.
 * ``deadline`` (seconds, default 30): the hard limit of one call. The function runs in
   a thread of the worker process; when the deadline passes the attempt fails
   (retryable) and the thread is abandoned to finish on its own, so a function that may
@@ -26,8 +27,11 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
+from rq.timeouts import JobTimeoutException
 
+from ..exceptions import DeliveryError
 from ..records import Message
+from ..redaction import redact, secrets_for
 from .base import DeliveryResult, Transport, call_with_deadline, positive_seconds
 
 DEFAULT_DEADLINE = 30.0  # seconds
@@ -82,9 +86,17 @@ class CallableTransport(Transport):
 
         Raises:
             DeliveryError: retryable, the function did not return within ``deadline``.
-            Whatever the function raises (see the module docstring).
+            DeliveryError: what the function raised; another exception becomes a retryable
+                ``DeliveryError("<type>: <text>")``. Texts are redacted.
         """
-        result = call_with_deadline(
-            lambda: self.function(message), self.deadline, f"the callable {self.path!r}"
-        )
+        secrets = secrets_for(message.headers, None)
+        try:
+            result = call_with_deadline(lambda: self.function(message), self.deadline, f"the callable {self.path!r}")
+        except DeliveryError as exc:
+            exc.args = (redact(str(exc), secrets=secrets), *exc.args[1:])
+            raise
+        except JobTimeoutException:  # RQ's job timeout, raised while waiting: not the message's fault
+            raise
+        except Exception as exc:  # recorded as "<type>: <text>", secrets redacted
+            raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secrets=secrets)) from exc
         return result if isinstance(result, DeliveryResult) else DeliveryResult()
