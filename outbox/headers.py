@@ -33,9 +33,10 @@ from .exceptions import InvalidMessage
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: RFC 9110 §5.5 field-value, ASCII only: visible characters, with SP/HTAB only between them.
 FIELD_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20\x09]*[\x21-\x7e])*)?")
-#: The same with any non-ASCII character but C1 controls allowed (email headers are
+#: The same with any non-ASCII character but C1 controls and the Unicode line and
+#: paragraph separators allowed (email headers are
 #: RFC 2047-encoded by Django; HTTP transports add :func:`check_ascii`).
-FIELD_VALUE_TEXT = re.compile(r"(?:[^\x00-\x20\x7f-\x9f](?:[\x20\x09]*[^\x00-\x20\x7f-\x9f])*)?")
+FIELD_VALUE_TEXT = re.compile(r"(?:[^\x00-\x20\x7f-\x9f\u2028\u2029](?:[\x20\x09]*[^\x00-\x20\x7f-\x9f\u2028\u2029])*)?")
 #: Framing and hop-by-hop headers the HTTP client owns (lower case); ``proxy-*`` too.
 HOP_BY_HOP = frozenset(
     {"transfer-encoding", "content-length", "connection", "keep-alive", "upgrade", "te", "trailer", "host"}
@@ -103,7 +104,7 @@ def value_problem(value: str, ascii_only: bool = False) -> str | None:
     if value != value.strip(" \t"):
         return "must not begin or end with whitespace (RFC 9110 §5.5)"
     for index, char in enumerate(value):
-        if char != "\t" and (ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F):
+        if char != "\t" and (ord(char) < 0x20 or 0x7F <= ord(char) <= 0x9F or char in "\u2028\u2029"):
             return f"must not contain the control character {char!r} (at position {index})"
     return "is not a valid HTTP field value"  # pragma: no cover - every case is named above
 

@@ -302,3 +302,29 @@ def test_the_deadline_is_per_attempt_not_per_pooled_connection(receiver):
         time.sleep(0.3)  # the reused connection outlives one attempt's deadline
     transport.close()
     assert len({r.path for r in receiver.requests}) == 1 and len(receiver.requests) == 3
+
+
+# -- item 1: no smuggling setup on the wire, even for a message stored before the checks -------
+
+
+def test_a_stored_message_with_framing_headers_never_puts_them_on_the_wire():
+    seen: list[bytes] = []
+
+    class Capture(socketserver.BaseRequestHandler):
+        def handle(self):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += self.request.recv(65536)
+            seen.append(data)
+            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Capture)
+    with serving(server):
+        transport = WebhookTransport(
+            "hook", url=f"http://127.0.0.1:{server.server_address[1]}/", allow_private_networks=True
+        )
+        legacy = message({"Transfer-Encoding": "chunked", "Connection": "close", "X-Order": "7"})
+        assert transport.deliver(legacy).status_code == 200
+        transport.close()
+    head = seen[0].split(b"\r\n\r\n")[0].lower()
+    assert b"transfer-encoding" not in head and b"content-length: 7" in head and b"x-order: 7" in head

@@ -295,10 +295,13 @@ class WebhookTransport(Transport):
         Returns:
             Header name -> value: the destination's headers, overridden by the message's
             (case-insensitively), then ``Content-Type`` and the ``webhook-*`` headers.
+            Framing and hop-by-hop headers (:func:`outbox.headers.reserved`) of a message
+            stored before ``send()`` refused them are dropped: the client writes those.
         """
-        overridden = {k.lower() for k in message.headers}
+        own = {k: v for k, v in message.headers.items() if not header_rules.reserved(k)}
+        overridden = {k.lower() for k in own}
         headers = {k: v for k, v in self.headers.items() if k.lower() not in overridden}
-        headers.update(message.headers)
+        headers.update(own)
         headers["Content-Type"] = message.content_type
         headers["webhook-id"] = message.id
         headers["webhook-timestamp"] = str(timestamp)
