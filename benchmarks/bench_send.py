@@ -67,7 +67,7 @@ def main(n: int) -> None:
     server, url = receiver()
     body = {"order": 1, "items": [{"sku": "A-1", "qty": 2}], "total": "19.90"}
     config = {**outbox_settings.user_settings}
-    config["DESTINATIONS"] = {**config["DESTINATIONS"], "bench": {"TRANSPORT": "webhook", "OPTIONS": {"url": url}}}
+    config["DESTINATIONS"] = {**config["DESTINATIONS"], "bench": {"TRANSPORT": "webhook", "OPTIONS": {"url": url, "allow_private_networks": True}}}
     with override_settings(OUTBOX=config):
         conn.flushdb()
         queue = get_queue("outbox")

@@ -163,6 +163,9 @@ OUTBOX = {
                 "secret": DEMO_WEBHOOK_SECRET,
                 "timeout": 10,
                 "connect_timeout": 3,
+                # The demo's receiver runs on this machine (127.0.0.1), which the SSRF guard
+                # (OUTBOX["BLOCK_PRIVATE_NETWORKS"]) refuses unless a destination opts in.
+                "allow_private_networks": True,
             },
         },
         "emails": {

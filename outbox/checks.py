@@ -11,8 +11,16 @@ outbox.E005    ``OUTBOX["RETRY"]`` or ``MAX_RETRIES`` is invalid
 outbox.W001    an outbox queue in ``RQ_QUEUES`` does not use ``USE_REDIS_CACHE`` with
                the outbox's alias, so records and jobs may not share one MULTI/EXEC
 outbox.W002    no destinations are configured
-outbox.W003    a destination's attempt may take longer than half the visibility timeout,
-               so its lease can run out mid-attempt (a duplicate delivery)
+outbox.W003    a destination's attempt deadline (``Transport.longest_attempt()``, enforced
+               by the transport) is longer than half the visibility timeout, or the
+               transport has none, so its lease can run out mid-attempt (a duplicate
+               delivery)
+=============  =====================================================================
+
+Messages never print secret values: every error text goes through
+:func:`outbox.redaction.redact` with the secrets of every configured destination.
+
+=============  =====================================================================
 =============  =====================================================================
 """
 
@@ -25,28 +33,73 @@ from django.core.checks import Error, Warning, register
 
 from .conf import DEFAULTS, PRIORITIES, outbox_settings
 from .destinations import configuration_errors, get_destination, validate_max_retries
+from .redaction import redact, secrets_for
 from .retry import RetryPolicy
 
-POSITIVE_NUMBERS = ("MAX_BODY_BYTES", "VISIBILITY_TIMEOUT", "RECOVERY_INTERVAL", "RECOVERY_GRACE", "BATCH_SIZE", "ATTEMPTS_KEPT")
+POSITIVE_NUMBERS = (
+    "MAX_BODY_BYTES",
+    "VISIBILITY_TIMEOUT",
+    "RECOVERY_INTERVAL",
+    "RECOVERY_GRACE",
+    "BATCH_SIZE",
+    "ATTEMPTS_KEPT",
+)
 
 
 @register()
 def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
+    """Every ``outbox.*`` problem of the settings (see the module docstring), secrets redacted."""
+    errors = _check()
+    secrets = _configured_secrets()
+    for error in errors:
+        error.msg = redact(str(error.msg), secrets=secrets)
+        if error.hint:
+            error.hint = redact(str(error.hint), secrets=secrets)
+    return errors
+
+
+def _configured_secrets() -> list[str]:
+    """The secrets of every destination in the settings (never raises)."""
+    destinations = outbox_settings.DESTINATIONS
+    found: list[str] = []
+    if isinstance(destinations, dict):
+        for config in destinations.values():
+            if isinstance(config, dict):
+                found += secrets_for(None, config.get("OPTIONS"))
+    return found
+
+
+def _check() -> list:
     errors: list = []
     user = getattr(settings, "OUTBOX", {})
     if not isinstance(user, dict):
         return [Error("settings.OUTBOX must be a dict", id="outbox.E001")]
     unknown = set(user) - set(DEFAULTS)
     if unknown:
-        errors.append(Error(f"unknown OUTBOX key(s): {', '.join(sorted(unknown))}", hint=f"known keys: {', '.join(DEFAULTS)}", id="outbox.E001"))
+        errors.append(
+            Error(
+                f"unknown OUTBOX key(s): {', '.join(sorted(unknown))}",
+                hint=f"known keys: {', '.join(DEFAULTS)}",
+                id="outbox.E001",
+            )
+        )
     not_positive = [name for name in POSITIVE_NUMBERS if not _positive_number(getattr(outbox_settings, name))]
     errors += [
-        Error(f"OUTBOX['{name}'] must be a positive number, not {getattr(outbox_settings, name)!r}", id="outbox.E001")
+        Error(
+            f"OUTBOX['{name}'] must be a positive number, not {getattr(outbox_settings, name)!r}",
+            id="outbox.E001",
+        )
         for name in not_positive
     ]
     queues = outbox_settings.QUEUES
-    if not isinstance(queues, dict) or set(queues) != set(PRIORITIES) or not all(isinstance(q, str) and q for q in queues.values()):
-        errors.append(Error("OUTBOX['QUEUES'] must map 'high', 'default' and 'low' to queue names", id="outbox.E001"))
+    if (
+        not isinstance(queues, dict)
+        or set(queues) != set(PRIORITIES)
+        or not all(isinstance(q, str) and q for q in queues.values())
+    ):
+        errors.append(
+            Error("OUTBOX['QUEUES'] must map 'high', 'default' and 'low' to queue names", id="outbox.E001")
+        )
         return errors
     retention = outbox_settings.RETENTION
     if not isinstance(retention, dict) or any(
@@ -70,7 +123,9 @@ def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
     if "VISIBILITY_TIMEOUT" not in not_positive and not destination_errors:
         errors += _lease_warnings()
     if not outbox_settings.DESTINATIONS:
-        errors.append(Warning("OUTBOX['DESTINATIONS'] is empty: send() has nowhere to deliver", id="outbox.W002"))
+        errors.append(
+            Warning("OUTBOX['DESTINATIONS'] is empty: send() has nowhere to deliver", id="outbox.W002")
+        )
     alias = outbox_settings.REDIS_ALIAS
     cache = getattr(settings, "CACHES", {}).get(alias)
     if not cache or "django_redis" not in str(cache.get("BACKEND", "")):
@@ -120,14 +175,25 @@ def _lease_warnings() -> list:
     budget = outbox_settings.VISIBILITY_TIMEOUT / 2
     warnings = []
     for name in outbox_settings.DESTINATIONS:
-        longest = get_destination(name).build_transport().longest_attempt()
-        if longest is not None and longest > budget:
+        transport = get_destination(name).build_transport()
+        longest = transport.longest_attempt()
+        if longest is None:
             warnings.append(
                 Warning(
-                    f"destination {name!r}: one attempt may take {longest:g} s, more than half of "
+                    f"destination {name!r}: its transport {type(transport).__name__} enforces no deadline on an "
+                    "attempt (longest_attempt() is None), so an attempt may outlive its lease",
+                    hint="implement longest_attempt() in the transport and enforce that deadline, or a lease "
+                    "may run out mid-attempt and the message be delivered twice",
+                    id="outbox.W003",
+                )
+            )
+        elif longest > budget:
+            warnings.append(
+                Warning(
+                    f"destination {name!r}: one attempt may take {longest:g} s (its deadline), more than half of "
                     f"OUTBOX['VISIBILITY_TIMEOUT'] ({outbox_settings.VISIBILITY_TIMEOUT:g} s)",
-                    hint="lower the transport's timeouts or raise VISIBILITY_TIMEOUT, or a lease may run out "
-                    "mid-attempt and the message be delivered twice",
+                    hint="lower the destination's OPTIONS['deadline'] (or its timeouts) or raise VISIBILITY_TIMEOUT, "
+                    "or a lease may run out mid-attempt and the message be delivered twice",
                     id="outbox.W003",
                 )
             )

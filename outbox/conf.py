@@ -42,6 +42,11 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 ``RETENTION``          status -> seconds a finished message is kept before the recovery
                        sweep deletes it (None = for ever). Default: succeeded 7 days,
                        cancelled 30 days, failed (dead letters) for ever.
+``BLOCK_PRIVATE_NETWORKS``
+                       refuse webhook connections to loopback, private, link-local
+                       (cloud metadata) and other non-public addresses, checked after
+                       name resolution on every connection (True). A webhook destination
+                       opts out with ``OPTIONS["allow_private_networks"] = True``.
 =====================  ==========================================================
 """
 
@@ -76,6 +81,7 @@ DEFAULTS: dict[str, Any] = {
     "ATTEMPTS_KEPT": 50,
     "EVENTS_CHANNEL": "",  # "" means "<KEY_PREFIX>:events"
     "RETENTION": {"succeeded": 7 * 24 * 3600, "cancelled": 30 * 24 * 3600, "failed": None},
+    "BLOCK_PRIVATE_NETWORKS": True,
 }
 
 PRIORITIES = ("high", "default", "low")

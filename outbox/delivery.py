@@ -48,6 +48,7 @@ from .destinations import get_destination, get_transport
 from .events import event_payload, send_signal
 from .exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
 from .records import Attempt, Message, Status
+from .redaction import redact_message_text
 from .retry import RetryPolicy, retry_delay
 from .store import Change, ChangeResult, MessageRepository
 
@@ -98,7 +99,9 @@ def attempt(message: Message) -> Outcome:
         try:
             transport = get_transport(message.destination)
         except (UnknownDestination, ImproperlyConfigured) as exc:
-            raise PermanentDeliveryError(f"destination {message.destination!r} cannot be used: {exc}") from exc
+            raise PermanentDeliveryError(
+                redact_message_text(f"destination {message.destination!r} cannot be used: {exc}", message)
+            ) from exc
         result = transport.deliver(message)
         outcome.ok = True
         outcome.status_code = result.status_code
@@ -109,7 +112,7 @@ def attempt(message: Message) -> Outcome:
         outcome.permanent = exc.permanent
         outcome.retry_after = exc.retry_after
     except Exception as exc:  # a transport bug or an unexpected library error: retryable
-        outcome.error = f"{type(exc).__name__}: {exc}"
+        outcome.error = redact_message_text(f"{type(exc).__name__}: {exc}", message)
         logger.warning(
             "outbox attempt id=%s destination=%s raised %s (not a DeliveryError): a bug in the transport?",
             message.id,

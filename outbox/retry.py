@@ -35,6 +35,9 @@ from typing import Any
 JITTER_MODES = ("full", "equal", "none")
 STRATEGIES = ("exponential", "schedule")
 MAX_DELAY_LIMIT = 30 * 24 * 3600.0  # 30 days: longer waits are almost surely a units mistake
+MIN_DELAY = 0.001  # seconds: a delay is 0 or at least 1 ms (5e-324 is a typo, not a wait)
+MAX_FACTOR = 100.0  # growth per retry; more reaches max_delay at the second retry anyway
+MAX_SCHEDULE = 1000  # delays in a fixed schedule (MAX_RETRIES_LIMIT retries use at most that many)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,33 @@ class RetryPolicy:
     jitter: str = "equal"
     delays: tuple[float, ...] = field(default=())
 
+    def __post_init__(self) -> None:
+        """Validate every field, however the policy was built.
+
+        Raises:
+            ValueError: an unknown strategy or jitter; ``base``, ``max_delay`` or a delay
+                not 0 or between 1 ms and 30 days, or not a finite number; ``factor``
+                not between 1 and 100; a schedule with no delays or over 1,000.
+        """
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"retry strategy must be one of {STRATEGIES}, not {_shown(self.strategy)}")
+        if self.jitter not in JITTER_MODES:
+            raise ValueError(f"retry jitter must be one of {JITTER_MODES}, not {_shown(self.jitter)}")
+        object.__setattr__(self, "base", _seconds(self.base, "base"))
+        object.__setattr__(self, "max_delay", _seconds(self.max_delay, "max_delay"))
+        factor = _number(self.factor, "factor")
+        if not 1 <= factor <= MAX_FACTOR:
+            raise ValueError(f"retry factor must be between 1 and {MAX_FACTOR:g}, not {factor!r}")
+        object.__setattr__(self, "factor", factor)
+        raw = self.delays
+        if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+            raise ValueError(f"retry delays must be a list of seconds, not {_shown(raw)}")
+        if len(raw) > MAX_SCHEDULE:
+            raise ValueError(f"a retry schedule has at most {MAX_SCHEDULE} delays, not {len(raw)}")
+        object.__setattr__(self, "delays", tuple(_seconds(d, "delays") for d in raw))
+        if self.strategy == "schedule" and not self.delays:
+            raise ValueError("a retry schedule needs a non-empty list of delays in seconds")
+
     @classmethod
     def from_value(cls, value: Any, *, default: RetryPolicy | None = None) -> RetryPolicy:
         """Build a policy from a settings value.
@@ -67,8 +97,7 @@ class RetryPolicy:
             default: the policy whose fields fill in keys the mapping leaves out.
 
         Raises:
-            ValueError: unknown keys, wrong types, negative or non-finite numbers,
-                an empty schedule, or delays over 30 days.
+            ValueError: unknown keys, or any value :meth:`__post_init__` refuses.
         """
         base_policy = default or cls()
         if value is None:
@@ -79,27 +108,26 @@ class RetryPolicy:
             value = {"strategy": "schedule", "delays": value}
         if not isinstance(value, Mapping):
             raise ValueError(f"retry policy must be a dict or a list of delays, not {type(value).__name__}")
-        unknown = set(value) - {"strategy", "base", "factor", "max_delay", "jitter", "delays"}
+        unknown = {str(k)[:40] for k in value} - {
+            "strategy",
+            "base",
+            "factor",
+            "max_delay",
+            "jitter",
+            "delays",
+        }
         if unknown:
             raise ValueError(f"unknown retry policy keys: {', '.join(sorted(unknown))}")
         strategy = value.get("strategy", "schedule" if "delays" in value else base_policy.strategy)
-        if strategy not in STRATEGIES:
-            raise ValueError(f"retry strategy must be one of {STRATEGIES}, not {strategy!r}")
-        jitter = value.get("jitter", base_policy.jitter)
-        if jitter not in JITTER_MODES:
-            raise ValueError(f"retry jitter must be one of {JITTER_MODES}, not {jitter!r}")
-        base = _seconds(value.get("base", base_policy.base), "base")
-        factor = _number(value.get("factor", base_policy.factor), "factor")
-        if factor < 1:
-            raise ValueError(f"retry factor must be >= 1, not {factor}")
-        max_delay = _seconds(value.get("max_delay", base_policy.max_delay), "max_delay")
-        delays: tuple[float, ...] = ()
-        if strategy == "schedule":
-            raw = value.get("delays", base_policy.delays)
-            if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence) or not raw:
-                raise ValueError("a retry schedule needs a non-empty list of delays in seconds")
-            delays = tuple(_seconds(d, "delays") for d in raw)
-        return cls(strategy=strategy, base=base, factor=factor, max_delay=max_delay, jitter=jitter, delays=delays)
+        delays = value.get("delays", base_policy.delays) if strategy == "schedule" else ()
+        return cls(
+            strategy=strategy,
+            base=value.get("base", base_policy.base),
+            factor=value.get("factor", base_policy.factor),
+            max_delay=value.get("max_delay", base_policy.max_delay),
+            jitter=value.get("jitter", base_policy.jitter),
+            delays=delays,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The policy as a JSON-ready dict (stored in the resend record)."""
@@ -114,9 +142,18 @@ class RetryPolicy:
         }
 
 
+def _shown(value: Any) -> str:
+    """A short rendering of a refused value (never a huge or recursive repr)."""
+    if isinstance(value, (str, float, bool)) or value is None:
+        return repr(value)[:60]
+    return f"a {type(value).__name__}"
+
+
 def _number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"retry {name} must be a number, not {value!r}")
+        raise ValueError(f"retry {name} must be a number, not {_shown(value)}")
+    if isinstance(value, int) and abs(value) > 10**15:  # float() of 10**400 overflows
+        raise ValueError(f"retry {name} must be between 0 and {MAX_DELAY_LIMIT:.0f}, not a very large int")
     if not math.isfinite(value):
         raise ValueError(f"retry {name} must be finite, not {value!r}")
     return float(value)
@@ -124,8 +161,10 @@ def _number(value: Any, name: str) -> float:
 
 def _seconds(value: Any, name: str) -> float:
     seconds = _number(value, name)
-    if seconds < 0 or seconds > MAX_DELAY_LIMIT:
-        raise ValueError(f"retry {name} must be between 0 and {MAX_DELAY_LIMIT:.0f} seconds, not {value!r}")
+    if not (seconds == 0 or MIN_DELAY <= seconds <= MAX_DELAY_LIMIT):
+        raise ValueError(
+            f"retry {name} must be 0 or between {MIN_DELAY:g} and {MAX_DELAY_LIMIT:.0f} seconds, not {seconds!r}"
+        )
     return seconds
 
 
@@ -141,21 +180,21 @@ def backoff_delay(policy: RetryPolicy, retry_number: int, rng: _random.Random | 
         The delay in seconds, ``0 <= delay <= policy.max_delay`` for exponential policies.
 
     Raises:
-        ValueError: ``retry_number`` below 1.
+        ValueError: ``retry_number`` below 1. Never for a valid policy and retry number.
     """
     if retry_number < 1:
         raise ValueError(f"retry_number starts at 1, not {retry_number}")
     if policy.strategy == "schedule":
         delay = policy.delays[min(retry_number, len(policy.delays)) - 1]
+    elif policy.base == 0 or policy.max_delay == 0:
+        delay = 0.0
     else:
-        # Compare in log space so a large retry_number cannot overflow a float.
-        exponent = retry_number - 1
-        if policy.base == 0:
-            delay = 0.0
-        elif policy.factor > 1 and exponent * math.log(policy.factor) > math.log(policy.max_delay / policy.base + 1):
+        # In log space, so no retry_number can overflow a float (base >= 1 ms, factor <= 100).
+        log_delay = math.log(policy.base) + (retry_number - 1) * math.log(policy.factor)
+        if log_delay >= math.log(policy.max_delay):
             delay = policy.max_delay
-        else:
-            delay = min(policy.max_delay, policy.base * policy.factor**exponent)
+        else:  # factor ** (n - 1) < max_delay / base <= 2.6e9 here: no overflow
+            delay = min(policy.max_delay, policy.base * policy.factor ** (retry_number - 1))
     rng = rng or _random
     if policy.jitter == "full":
         return rng.uniform(0, delay)
@@ -165,7 +204,10 @@ def backoff_delay(policy: RetryPolicy, retry_number: int, rng: _random.Random | 
 
 
 def retry_delay(
-    policy: RetryPolicy, retry_number: int, retry_after: float | None = None, rng: _random.Random | None = None
+    policy: RetryPolicy,
+    retry_number: int,
+    retry_after: float | None = None,
+    rng: _random.Random | None = None,
 ) -> float:
     """The wait before a retry, honouring a receiver's ``Retry-After`` (RFC 9110 §10.2.3).
 
@@ -176,6 +218,6 @@ def retry_delay(
         Seconds to wait.
     """
     delay = backoff_delay(policy, retry_number, rng)
-    if retry_after is not None and retry_after > delay:
+    if retry_after is not None and math.isfinite(retry_after) and retry_after > delay:
         delay = min(float(retry_after), MAX_DELAY_LIMIT)
     return delay

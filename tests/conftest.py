@@ -141,7 +141,9 @@ def with_destinations(transport: str | None = None, *, retry=(0,), max_retries: 
     """override_settings: the test OUTBOX with destinations added or replaced.
 
     Each entry gets ``TRANSPORT`` (when ``transport`` is given), ``RETRY`` and
-    ``MAX_RETRIES`` unless it sets them itself.
+    ``MAX_RETRIES`` unless it sets them itself. Webhook entries get
+    ``OPTIONS["allow_private_networks"] = True`` unless they set it: the test receivers
+    listen on 127.0.0.1, which the SSRF guard refuses by default.
     """
     from django.conf import settings
 
@@ -149,7 +151,11 @@ def with_destinations(transport: str | None = None, *, retry=(0,), max_retries: 
     if transport:
         defaults["TRANSPORT"] = transport
     config = {**settings.OUTBOX}
-    config["DESTINATIONS"] = {**config["DESTINATIONS"], **{name: {**defaults, **e} for name, e in entries.items()}}
+    built = {name: {**defaults, **e} for name, e in entries.items()}
+    for entry in built.values():
+        if entry.get("TRANSPORT") == "webhook" and isinstance(entry.get("OPTIONS", {}), dict):
+            entry["OPTIONS"] = {"allow_private_networks": True, **entry.get("OPTIONS", {})}
+    config["DESTINATIONS"] = {**config["DESTINATIONS"], **built}
     return override_settings(OUTBOX=config)
 
 

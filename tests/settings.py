@@ -101,12 +101,22 @@ OUTBOX = {
     "DESTINATIONS": {
         "hook": {
             "TRANSPORT": "webhook",
-            "OPTIONS": {"url": os.environ.get("OUTBOX_TEST_HOOK_URL", "http://127.0.0.1:9/hook"), "timeout": 5},
+            "OPTIONS": {
+                "url": os.environ.get("OUTBOX_TEST_HOOK_URL", "http://127.0.0.1:9/hook"),
+                "timeout": 5,
+                # The test receivers listen on 127.0.0.1, which the SSRF guard refuses by default.
+                "allow_private_networks": True,
+            },
             "RETRY": [0],
             "MAX_RETRIES": 3,
         },
         "mem": {"TRANSPORT": "locmem", "RETRY": [0], "MAX_RETRIES": 2},
-        "poison": {"TRANSPORT": "callable", "OPTIONS": {"path": "tests.poison.record"}, "RETRY": [0], "MAX_RETRIES": 2},
+        "poison": {
+            "TRANSPORT": "callable",
+            "OPTIONS": {"path": "tests.poison.record", "deadline": 5},
+            "RETRY": [0],
+            "MAX_RETRIES": 2,
+        },
     },
     "VISIBILITY_TIMEOUT": int(os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT", "30")),
     "RECOVERY_GRACE": 1,

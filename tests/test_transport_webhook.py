@@ -64,7 +64,9 @@ class Server:
         full = []
         for r in responses:
             r = (r,) if isinstance(r, int) else r
-            full.append((r[0], r[1] if len(r) > 1 else {}, r[2] if len(r) > 2 else 0.0, r[3] if len(r) > 3 else b"ok"))
+            full.append(
+                (r[0], r[1] if len(r) > 1 else {}, r[2] if len(r) > 2 else 0.0, r[3] if len(r) > 3 else b"ok")
+            )
         self.script[path] = full
         return self.base + path
 
@@ -282,7 +284,9 @@ def test_status_codes_succeed_retry_or_fail_at_once(server, worker, repo):
         got = outbox.get(sent[f"s{code}"].id)
         assert (got.status, got.retry_count, got.last_status_code) == ("succeeded", 1, 200), code
         later, first = outbox.attempts(got.id)
-        assert (first.outcome, first.status_code) == ("retrying", code) and first.error.startswith(f"HTTP {code}")
+        assert (first.outcome, first.status_code) == ("retrying", code) and first.error.startswith(
+            f"HTTP {code}"
+        )
         assert len(server.for_path(f"/s{code}")) == 2
     assert_index_invariant(repo)
 
@@ -473,7 +477,7 @@ def test_a_forked_work_horse_does_not_share_its_parents_connection(server, worke
 
 def test_close_releases_the_connection_and_a_later_delivery_reconnects(server):
     url = server.on("/close", 200)
-    transport = WebhookTransport("close", url=url)
+    transport = WebhookTransport("close", url=url, allow_private_networks=True)
     message = outbox.Message(id="msg_0001", destination="close", body=b"{}", content_type="application/json")
     assert transport.deliver(message).status_code == 200
     transport.close()
@@ -565,7 +569,12 @@ def test_manage_py_check_fails_on_a_bad_webhook(settings):
         {"url": "http://127.0.0.1:8000/h?x=1", "secret": SECRET, "timeout": 0.5, "connect_timeout": 1},
         {"url": "http://x", "secret": SECRET[len("whsec_") :]},  # bare base64 is accepted too
         {"url": "http://x", "secret": "whsec_" + base64.b64encode(os.urandom(24)).decode().rstrip("=")},
-        {"url": "http://x", "retry_statuses": (429,), "verify": False, "headers": {"Authorization": "Bearer t"}},
+        {
+            "url": "http://x",
+            "retry_statuses": (429,),
+            "verify": False,
+            "headers": {"Authorization": "Bearer t"},
+        },
     ],
 )
 def test_good_options(options):
@@ -606,4 +615,6 @@ def test_a_run_to_a_slow_receiver_stops_claiming_when_half_its_lease_is_spent(se
     assert [outbox.get(m.id).status for m in sent] == ["succeeded"] * 4
     attempts = [a for m in sent for a in outbox.attempts(m.id)]
     assert len(attempts) == 4, "a released message must not count an attempt"
-    assert not [a.error for a in attempts if "JobTimeoutException" in a.error], "the job's timeout blamed on a message"
+    assert not [a.error for a in attempts if "JobTimeoutException" in a.error], (
+        "the job's timeout blamed on a message"
+    )

@@ -1,12 +1,21 @@
-"""What every console page shares: the admin context, URLs and permission checks."""
+"""What every console page shares: the admin context, URLs, permission checks, and the
+answer when a page cannot be served (:func:`console_view`: Redis unreachable -> 503,
+:class:`BadRequest` -> 400, with a page that says what to check)."""
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import reverse
+from redis.exceptions import RedisError
 
 from .operations import OPERATIONS, Operation
 
@@ -45,3 +54,82 @@ def context(model_admin: ModelAdmin, request: HttpRequest, title: str, **extra: 
         "list_url": url(model_admin, "message_list"),
         **extra,
     }
+
+
+logger = logging.getLogger("outbox")
+
+
+class BadRequest(ValueError):
+    """A request the console cannot act on (a parameter out of range...): answered 400
+    with the text."""
+
+
+def redis_location() -> str:
+    """``host:port/db`` of the outbox's Redis (from ``CACHES``), without credentials."""
+    from ..conf import outbox_settings
+
+    alias = outbox_settings.REDIS_ALIAS
+    location = (getattr(settings, "CACHES", {}).get(alias) or {}).get("LOCATION", "")
+    if isinstance(location, (list, tuple)):
+        location = location[0] if location else ""
+    try:
+        parts = urlsplit(str(location))
+        where = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else (parts.path or "?")
+    except ValueError:
+        where = "?"
+    return f"CACHES[{alias!r}] ({where})"
+
+
+def redis_hints() -> list[str]:
+    """What to check when Redis cannot be reached (the admin page and the commands)."""
+    return [
+        f"Is the Redis server of {redis_location()} running, and reachable from this process "
+        "(host, port, password, TLS)?",
+        "The outbox keeps its messages and RQ its queues there; nothing was changed.",
+        "Reload this page once Redis answers again.",
+    ]
+
+
+def problem_page(
+    model_admin: ModelAdmin,
+    request: HttpRequest,
+    status: int,
+    title: str,
+    problem: str,
+    hints: list[str] | None = None,
+) -> HttpResponse:
+    """A console page saying why a request cannot be served, with HTTP ``status``."""
+    response = TemplateResponse(
+        request,
+        f"{TEMPLATES}/problem.html",
+        context(model_admin, request, title, problem=problem, hints=hints or [], status=status),
+        status=status,
+    )
+    return response.render()
+
+
+def console_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Decorate a console view: render it now, and answer 503 (Redis unreachable, with
+    what to check) or 400 (:class:`BadRequest`) instead of a bare 500."""
+
+    @functools.wraps(view)
+    def wrapped(model_admin: ModelAdmin, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            response = view(model_admin, request, *args, **kwargs)
+            if isinstance(response, TemplateResponse) and not response.is_rendered:
+                response.render()  # templates read lazily: a Redis error must surface here
+            return response
+        except RedisError as exc:
+            logger.warning("outbox console: Redis unavailable: %s: %s", type(exc).__name__, exc)
+            return problem_page(
+                model_admin,
+                request,
+                503,
+                "Redis is unavailable",
+                f"The outbox cannot reach its Redis ({type(exc).__name__}: {str(exc)[:300]}).",
+                redis_hints(),
+            )
+        except BadRequest as exc:
+            return problem_page(model_admin, request, 400, "Bad request", str(exc))
+
+    return wrapped

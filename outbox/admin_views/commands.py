@@ -13,6 +13,11 @@ Options (all optional)::
 
 Messages that match only after the command started (created later, or finished
 later) are left alone; messages that change meanwhile are skipped and counted.
+
+Errors are one line (a ``CommandError``): Redis unreachable (with what to check), or a
+``--destination`` that is unknown (``outbox_requeue``: not in ``OUTBOX["DESTINATIONS"]``,
+as ``send()`` says; ``outbox_purge``: neither configured nor ever used, so messages of a
+destination removed from the settings can still be purged).
 """
 
 from __future__ import annotations
@@ -22,11 +27,17 @@ import sys
 import time
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import RedisError
 
 from ..actions import ActionResult
 from ..connection import get_repository
+from ..destinations import get_destination
+from ..exceptions import UnknownDestination
 from ..store.queries import Count, MessageFilter, TimeRange, count_matching
+from ..store.repository import MessageRepository
+from .base import redis_hints
 from .filters import parse_time
 from .operations import Operation, Selection, execute
 
@@ -106,8 +117,34 @@ class BulkCommand(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self.run(**options)
+        except RedisError as exc:
+            hint = redis_hints()[0]
+            raise CommandError(f"cannot reach Redis ({type(exc).__name__}: {str(exc)[:200]}); nothing changed. {hint}") from None
+
+    def check_destination(self, repo: MessageRepository, name: str) -> None:
+        """Refuse an unknown ``--destination`` (see the module docstring).
+
+        Raises:
+            CommandError: it is unknown.
+        """
+        try:
+            get_destination(name)
+            return
+        except UnknownDestination as exc:
+            if self.operation.name == "requeue" or name not in repo.destinations():
+                raise CommandError(str(exc)) from None
+        except ImproperlyConfigured as exc:
+            if self.operation.name == "requeue":
+                raise CommandError(f"destination {name!r} cannot be used: {exc}") from None
+
+    def run(self, **options: Any) -> None:
+        """The command's work (:meth:`handle` turns Redis errors into one line)."""
         op = self.operation
         repo = get_repository()
+        if options["destination"]:
+            self.check_destination(repo, options["destination"])
         statuses = list(dict.fromkeys(options["status"] or self.default_statuses))
         flt = MessageFilter(
             destination=options["destination"] or None,

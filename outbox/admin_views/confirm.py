@@ -20,6 +20,7 @@ recorded in the admin history (LogEntry) with the user.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -37,10 +38,9 @@ from django.template.response import TemplateResponse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from ..connection import get_repository
-from ..store.queries import find
 from . import tasks
-from .base import TEMPLATES, context, require_view, url
-from .filters import FILTER_PARAMS, SEARCH_PARAM, describe, parse_filter
+from .base import TEMPLATES, BadRequest, console_view, context, require_view, url
+from .filters import FILTER_PARAMS, SEARCH_PARAM, describe, parse_as_of, parse_filter, search_ids, search_text
 from .history import record
 from .operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
 
@@ -51,15 +51,23 @@ if TYPE_CHECKING:
 IDS_SHOWN = 20
 #: Longest message id accepted from a form.
 MAX_ID_LENGTH = 100
+#: What an RQ job id may hold (RQ refuses others with a ValueError).
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 class SelectionError(ValueError):
-    """The POSTed selection cannot be acted on; the text says why."""
+    """The POSTed selection cannot be acted on; the text says why (sent back to the list)."""
+
+
+class InvalidSelection(BadRequest):
+    """The POSTed filter or ``as_of`` is invalid: answered 400, nothing changed."""
 
 
 def _next_url(model_admin: ModelAdmin, request: HttpRequest) -> str:
     target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+    if target and url_has_allowed_host_and_scheme(
+        target, {request.get_host()}, require_https=request.is_secure()
+    ):
         return target
     return url(model_admin, "message_list")
 
@@ -68,26 +76,33 @@ def selection_from_post(data: QueryDict, now: float) -> Selection:
     """The selection a POST describes.
 
     Raises:
-        SelectionError: nothing selected, too many ids, or an invalid filter (acting on
-            a filter with a parameter ignored would act on more than the user chose).
+        SelectionError: nothing selected, or too many ids.
+        InvalidSelection: an invalid filter (acting on a filter with a parameter ignored
+            would act on more than the user chose) or ``as_of``.
     """
     if data.get("select_across") == "1":
-        search = (data.get(SEARCH_PARAM) or "").strip()
+        search = search_text(data)
         if search:
-            return Selection(ids=find(get_repository(), search), description=f"the messages found for {search!r}")
+            return Selection(
+                ids=search_ids(get_repository(), search), description=f"the messages found for {search!r}"
+            )
         flt, params, errors = parse_filter(data, now)
         if errors:
-            raise SelectionError("The filter is not valid, so nothing was changed: " + " ".join(errors))
+            raise InvalidSelection("The filter is not valid, so nothing was changed: " + " ".join(errors))
         try:
-            as_of = min(float(data.get("as_of", now)), now)
-        except ValueError:
-            as_of = now
+            as_of = parse_as_of(data.get("as_of"), now)
+        except ValueError as exc:
+            raise InvalidSelection(f"{exc}; nothing was changed.") from None
         return Selection(filter=flt, as_of=as_of, description=f"all messages matching {describe(params)}")
     ids = list(dict.fromkeys(i for i in data.getlist("_selected_action") if i and len(i) <= MAX_ID_LENGTH))
     if not ids:
-        raise SelectionError("Items must be selected in order to perform actions on them. No items have been changed.")
+        raise SelectionError(
+            "Items must be selected in order to perform actions on them. No items have been changed."
+        )
     if len(ids) > MAX_SELECTED:
-        raise SelectionError(f"At most {MAX_SELECTED:,} messages can be selected; use “select all matching” instead.")
+        raise SelectionError(
+            f"At most {MAX_SELECTED:,} messages can be selected; use “select all matching” instead."
+        )
     noun = f"message {ids[0]}" if len(ids) == 1 else f"{len(ids):,} selected messages"
     return Selection(ids=ids, description=noun)
 
@@ -103,6 +118,7 @@ def _hidden_fields(data: QueryDict, op: Operation, as_of: float) -> list[tuple[s
     return fields
 
 
+@console_view
 def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """POST only (``admin:outbox_message_action``): confirm, then run, a bulk action.
 
@@ -169,12 +185,16 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
     return HttpResponseRedirect(next_url)
 
 
+@console_view
 def action_status(model_admin: ModelAdmin, request: HttpRequest, job_id: str) -> HttpResponse:
     """GET: progress of a background action (``admin:outbox_message_action_status``).
 
-    Read only; refreshes itself every 2 seconds until the job ends.
+    Read only; refreshes itself every 2 seconds until the job ends. 404 for an id that
+    is not an RQ job id or not a console job.
     """
     require_view(model_admin, request)
+    if not JOB_ID.fullmatch(job_id):
+        raise Http404("No such background action (not a job id).")
     task = tasks.status(job_id)
     if task is None:
         raise Http404("No such background action.")

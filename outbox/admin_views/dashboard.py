@@ -20,7 +20,7 @@ from ..conf import outbox_settings
 from ..connection import get_repository
 from ..records import STATUSES, Status
 from ..store.queries import counts_by_destination, created_at_of
-from .base import TEMPLATES, context, require_view, url
+from .base import TEMPLATES, console_view, context, require_view, url
 from .chart import outcome_chart
 from .formatting import duration, moment
 from .rq_stats import queue_stats
@@ -102,7 +102,8 @@ def destination_rows(model_admin: ModelAdmin, threshold: float) -> list[Destinat
             DestinationRow(
                 name=name,
                 counts=[
-                    StatusCount(s, counts[s], _list_url(model_admin, status=s, destination=name)) for s in STATUSES
+                    StatusCount(s, counts[s], _list_url(model_admin, status=s, destination=name))
+                    for s in STATUSES
                 ],
                 total=total,
                 trouble=trouble,
@@ -114,6 +115,7 @@ def destination_rows(model_admin: ModelAdmin, threshold: float) -> list[Destinat
     return rows
 
 
+@console_view
 def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """GET: the dashboard page (``admin:outbox_dashboard``). Needs ``outbox.view_message``."""
     require_view(model_admin, request)

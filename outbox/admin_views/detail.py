@@ -12,18 +12,26 @@ from typing import TYPE_CHECKING
 from django.contrib.admin.utils import unquote
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch
 
 from ..connection import get_repository
 from ..exceptions import MessageNotFound
 from ..records import Attempt, Message
-from .base import TEMPLATES, allowed_operations, context, require_view, url
+from ..redaction import destination_options, redact, secrets_for
+from .base import TEMPLATES, allowed_operations, console_view, context, require_view, url
 from .formatting import mask_headers, moment, preview_body, safe_content_type
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
 
 #: File name extensions for downloads, by content type.
-EXTENSIONS = {"application/json": "json", "text/plain": "txt", "text/html": "html", "application/xml": "xml", "text/xml": "xml"}
+EXTENSIONS = {
+    "application/json": "json",
+    "text/plain": "txt",
+    "text/html": "html",
+    "application/xml": "xml",
+    "text/xml": "xml",
+}
 
 
 @dataclass
@@ -46,14 +54,19 @@ def _get(message_id: str) -> Message:
         raise Http404("No such message.") from None
 
 
-def _attempt_row(a: Attempt) -> AttemptRow:
-    return AttemptRow(moment(a.started_at), a.duration_ms, a.outcome, a.status_code, a.error, a.worker, a.retry_count)
+def _attempt_row(a: Attempt, secrets: list[str]) -> AttemptRow:
+    error = redact(a.error or "", secrets=secrets)
+    return AttemptRow(
+        moment(a.started_at), a.duration_ms, a.outcome, a.status_code, error, a.worker, a.retry_count
+    )
 
 
+@console_view
 def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: str) -> HttpResponse:
     """GET: one message (``admin:outbox_message_detail``). Needs ``outbox.view_message``; 404 if gone."""
     require_view(model_admin, request)
     message = _get(message_id)
+    secrets = secrets_for(message.headers, destination_options(message.destination))
     detail_url = url(model_admin, "message_detail", message.id)
     actions = [
         {
@@ -78,10 +91,11 @@ def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: st
             last_attempt=moment(message.last_attempt_at),
             updated=moment(message.updated_at),
             headers=mask_headers(message.headers),
+            last_error=redact(message.last_error or "", secrets=secrets),
             retry_policy=json.dumps(message.retry_policy, sort_keys=True),
             body=preview_body(message.body, message.content_type),
             body_url=url(model_admin, "message_body", message.id),
-            attempts=[_attempt_row(a) for a in get_repository().attempts(message.id)],
+            attempts=[_attempt_row(a, secrets) for a in get_repository().attempts(message.id)],
             attempts_kept=get_repository().attempts_kept,
             actions=actions,
             action_url=url(model_admin, "message_action"),
@@ -89,6 +103,7 @@ def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: st
     )
 
 
+@console_view
 def message_body(model_admin: ModelAdmin, request: HttpRequest, message_id: str) -> HttpResponse:
     """GET: the raw body as an attachment with its content type (``admin:outbox_message_body``).
 
@@ -109,6 +124,11 @@ def message_body(model_admin: ModelAdmin, request: HttpRequest, message_id: str)
 
 def history_link(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
     """GET: where the admin history links an entry about one message
-    (``admin:outbox_message_change``, the id admin-quoted): a redirect to its detail page."""
+    (``admin:outbox_message_change``, the id admin-quoted): a redirect to its detail page,
+    or 404 for an id no detail page can have (one that unquotes to a ``/``)."""
     require_view(model_admin, request)
-    return HttpResponseRedirect(url(model_admin, "message_detail", unquote(object_id)))
+    try:
+        target = url(model_admin, "message_detail", unquote(object_id))
+    except NoReverseMatch:
+        raise Http404("No such message.") from None
+    return HttpResponseRedirect(target)

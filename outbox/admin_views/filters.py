@@ -11,7 +11,8 @@ parameter          meaning
 ``created_to``     created at or before
 ``updated_from``   last status change at or after
 ``updated_to``     last status change at or before
-``q``              search: a message id or an idempotency key (exact)
+``q``              search: a message id or an idempotency key (exact, as typed:
+                   surrounding spaces are kept, a key may have them)
 ``o``              sort: ``created``, ``updated`` or ``next_attempt``; ``-`` prefix
                    for newest first
 ``p``              page number, from 1
@@ -20,17 +21,26 @@ parameter          meaning
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.utils import timezone
 from django.utils.http import urlencode
 
 from ..records import STATUSES
-from ..store.queries import SORT_FIELDS, MessageFilter, TimeRange
+from ..store.queries import SORT_FIELDS, MessageFilter, TimeRange, find
+
+if TYPE_CHECKING:
+    from ..store.repository import MessageRepository
+
+#: Largest epoch seconds accepted (year 9999): Redis takes any finite score, but a
+#: datetime cannot show more.
+MAX_EPOCH = 253402300799.0
 
 FILTER_PARAMS = ("status", "destination", "queue", "created_from", "created_to", "updated_from", "updated_to")
 SEARCH_PARAM = "q"
@@ -51,25 +61,75 @@ def parse_time(value: str, now: float | None = None) -> float:
     offset it is in the current Django time zone).
 
     Raises:
-        ValueError: none of these.
+        ValueError: none of these, or not a finite time between years 1 BC and 9999
+            (``nan`` and ``inf`` would reach Redis as bounds it refuses).
     """
     text = value.strip()
     if not text:
         raise ValueError("empty time")
-    relative = _RELATIVE.match(text.lower())
+    relative = _RELATIVE.fullmatch(text.lower())
     if relative:
-        return (time.time() if now is None else now) - float(relative.group(1)) * _UNITS[relative.group(2)]
+        return _finite(
+            (time.time() if now is None else now) - float(relative.group(1)) * _UNITS[relative.group(2)],
+            value,
+        )
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         pass
+    else:
+        return _finite(number, value)
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
-        raise ValueError(f"not a time: {value!r} (use 2025-11-21T10:30, 2025-11-21, 2h or epoch seconds)") from None
-    if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment, timezone.get_current_timezone())
-    return moment.timestamp()
+        raise ValueError(
+            f"not a time: {value!r} (use 2025-11-21T10:30, 2025-11-21, 2h or epoch seconds)"
+        ) from None
+    try:
+        if timezone.is_naive(moment):
+            moment = timezone.make_aware(moment, timezone.get_current_timezone())
+        return moment.timestamp()
+    except (ValueError, OverflowError):  # year 1 or 9999 shifted out of range by the zone
+        raise ValueError(f"not a time: {value!r} (out of range)") from None
+
+
+def _finite(seconds: float, value: str) -> float:
+    if not math.isfinite(seconds) or abs(seconds) > MAX_EPOCH:
+        raise ValueError(f"not a time: {value!r} (use a finite number of epoch seconds up to year 9999)")
+    return seconds
+
+
+def parse_as_of(raw: str | None, now: float) -> float:
+    """The ``as_of`` of a confirmed bulk action: epoch seconds, not after ``now``.
+
+    Raises:
+        ValueError: not a finite number (``nan`` would reach Redis as a bound it refuses).
+    """
+    if raw is None or raw == "":
+        return now
+    try:
+        as_of = float(raw)
+    except ValueError:
+        raise ValueError(f"as_of must be epoch seconds, not {raw[:40]!r}") from None
+    if not math.isfinite(as_of) or abs(as_of) > MAX_EPOCH:
+        raise ValueError(f"as_of must be finite epoch seconds, not {raw[:40]!r}")
+    return min(as_of, now)
+
+
+def search_text(data: Mapping[str, str]) -> str:
+    """The search parameter as typed (not stripped: an idempotency key may have spaces
+    around it), or "" when it is blank."""
+    text = data.get(SEARCH_PARAM) or ""
+    return text if text.strip() else ""
+
+
+def search_ids(repo: MessageRepository, text: str) -> list[str]:
+    """Ids found for a search: :func:`~outbox.store.queries.find` (a message id or an
+    idempotency key, without surrounding spaces), and an idempotency key exactly as typed
+    when it has surrounding spaces."""
+    if not text.strip():
+        return []
+    return find(repo, text)
 
 
 @dataclass
@@ -120,7 +180,9 @@ class ListQuery:
         return bool(self.filter_params)
 
 
-def parse_filter(data: Mapping[str, str], now: float | None = None) -> tuple[MessageFilter, dict[str, str], list[str]]:
+def parse_filter(
+    data: Mapping[str, str], now: float | None = None
+) -> tuple[MessageFilter, dict[str, str], list[str]]:
     """Read the filter parameters of ``data`` (a QueryDict or dict).
 
     Returns:
@@ -162,7 +224,7 @@ def parse_filter(data: Mapping[str, str], now: float | None = None) -> tuple[Mes
 def parse_list_query(data: Mapping[str, str], now: float | None = None) -> ListQuery:
     """Parse the message list's query string (see the module docstring); never raises."""
     flt, params, errors = parse_filter(data, now)
-    search = (data.get(SEARCH_PARAM) or "").strip()
+    search = search_text(data)
     if search:
         params[SEARCH_PARAM] = search
     sort, descending = "", True

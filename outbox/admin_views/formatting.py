@@ -6,26 +6,26 @@ Everything returned here is plain text; templates escape it.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-#: Header names whose values are hidden (case-insensitive substrings).
-SECRET_HEADER = re.compile(r"authorization|token|secret|signature|cookie|api[-_]?key|password|passwd|credential", re.I)
+from ..redaction import is_sensitive_header
+
 MASK = "••••••••"
 #: Bytes of a body shown on the detail page; larger bodies are cut (download for all).
 BODY_PREVIEW_BYTES = 64 * 1024
 
 
 def mask_headers(headers: Mapping[str, str]) -> list[tuple[str, str, bool]]:
-    """``(name, shown value, masked?)`` per header, sorted by name; secret-looking
-    values (authorization, tokens, secrets, signatures, cookies, API keys, passwords)
-    are replaced by a mask that keeps only their length."""
+    """``(name, shown value, masked?)`` per header, sorted by name; the values of
+    sensitive headers (:func:`outbox.redaction.is_sensitive_header`: auth, token, secret,
+    key, session, password, cookie, signature, credential, private) are replaced by a
+    mask that keeps only their length."""
     out = []
     for name in sorted(headers, key=str.lower):
         value = str(headers[name])
-        if SECRET_HEADER.search(name):
+        if is_sensitive_header(name):
             out.append((name, f"{MASK} ({len(value)} characters hidden)", True))
         else:
             out.append((name, value, False))

@@ -30,10 +30,11 @@ from django.utils import timezone
 from ..conf import outbox_settings
 from ..connection import get_repository
 from ..records import STATUSES, Message
-from ..store.queries import find, page, served_sorts, summaries
+from ..redaction import destination_options, redact, secrets_for
+from ..store.queries import page, served_sorts, summaries
 from ..templatetags.outbox_admin import zone_abbreviation
-from .base import TEMPLATES, allowed_operations, context, require_view, url
-from .filters import SEARCH_PARAM, ListQuery, parse_list_query
+from .base import TEMPLATES, allowed_operations, console_view, context, require_view, url
+from .filters import SEARCH_PARAM, ListQuery, parse_list_query, search_ids
 from .formatting import moment, shorten
 
 if TYPE_CHECKING:
@@ -96,7 +97,16 @@ def default_sort(status: str | None) -> tuple[str, bool]:
     return served, served != "next_attempt"
 
 
+def shown_error(message: Message) -> str:
+    """The message's last error with its and its destination's secrets redacted."""
+    return redact(
+        message.last_error or "",
+        secrets=secrets_for(message.headers, destination_options(message.destination)),
+    )
+
+
 def _row(model_admin: ModelAdmin, m: Message) -> Row:
+    error = shown_error(m)
     return Row(
         id=m.id,
         url=url(model_admin, "message_detail", m.id),
@@ -106,15 +116,17 @@ def _row(model_admin: ModelAdmin, m: Message) -> Row:
         retry_count=m.retry_count,
         max_retries=m.max_retries,
         next_attempt=moment(m.next_attempt_at),
-        last_error=shorten(m.last_error, 120),
-        last_error_full=shorten(m.last_error, 500),
+        last_error=shorten(error, 120),
+        last_error_full=shorten(error, 500),
         created=moment(m.created_at),
         updated=moment(m.updated_at),
         queue=m.queue,
     )
 
 
-def _choices(query: ListQuery, param: str, values: list[str], counts: dict[str, int] | None = None) -> list[Choice]:
+def _choices(
+    query: ListQuery, param: str, values: list[str], counts: dict[str, int] | None = None
+) -> list[Choice]:
     """Sidebar links for one filter parameter; following one leaves a search."""
     current = query.params.get(param, "")
     out = [Choice("All", "", query.querystring(**{param: None, SEARCH_PARAM: None}), current == "")]
@@ -134,12 +146,18 @@ def _columns(query: ListQuery, sort: str, descending: bool) -> list[Column]:
             continue
         is_sorted = name == sort
         flip = not descending if is_sorted else default_sort(query.filter.status)[1]
-        columns.append(Column(name, label, query.querystring(o=("-" if flip else "") + name), is_sorted, descending))
+        columns.append(
+            Column(name, label, query.querystring(o=("-" if flip else "") + name), is_sorted, descending)
+        )
     return columns
 
 
+@console_view
 def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
-    """GET: the message list (``admin:outbox_message_list``). Needs ``outbox.view_message``."""
+    """GET: the message list (``admin:outbox_message_list``). Needs ``outbox.view_message``.
+
+    A parameter that cannot be used (a status that does not exist, ``created_from=nan``...)
+    is ignored with a note, and the page is answered with status 400."""
     require_view(model_admin, request)
     repo = get_repository()
     query = parse_list_query(request.GET)
@@ -160,7 +178,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
 
     exact, scanned = True, 0
     if query.search:
-        ids = find(repo, query.search)
+        ids = search_ids(repo, query.search)
         total = len(ids)
         current = 1
     else:
@@ -179,7 +197,9 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     paginator = Paginator(range(total), per_page)
     page_links = []
     if paginator.num_pages > 1 and not query.search:
-        for number in paginator.get_elided_page_range(min(current, paginator.num_pages), on_each_side=2, on_ends=1):
+        for number in paginator.get_elided_page_range(
+            min(current, paginator.num_pages), on_each_side=2, on_ends=1
+        ):
             if number == Paginator.ELLIPSIS:
                 page_links.append((None, number, False))
             else:
@@ -212,9 +232,13 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             action_url=url(model_admin, "message_action"),
             hidden_filters=sorted(query.filter_params.items()),
             clear_url=query.querystring(**{k: None for k in query.params}),
-            time_form_hidden=[(k, v) for k, v in query.params.items() if k in ("status", "destination", "queue", "o")],
+            time_form_hidden=[
+                (k, v) for k, v in query.params.items() if k in ("status", "destination", "queue", "o")
+            ],
             time_zone=timezone.get_current_timezone_name(),
             time_zone_label=time_zone_label(),
             can_select_across=bool(operations) and not query.search and total > len(rows),
         ),
+        # Parameters that were ignored make it a bad request; the page still shows the rest.
+        status=400 if query.errors else 200,
     )

@@ -322,18 +322,20 @@ def iter_matching(
 
 
 def find(repo: MessageRepository, text: str) -> list[str]:
-    """Ids matching a search: a message id (exact) or an idempotency key (exact).
+    """Ids matching a search: a message id (exact, surrounding spaces ignored) or an
+    idempotency key (exactly as typed, or without surrounding spaces).
 
     Keys are scoped per destination, so the key is looked up under every destination
     ever used. Returns the message id first, then the key's messages; no duplicates.
     """
-    text = text.strip()
+    typed, text = text, text.strip()
     if not text:
         return []
     found = []
     if repo.connection.exists(repo.keys.resend(text)):
         found.append(text)
-    for by_key in repo.ids_for_idempotency_keys([(d, text) for d in repo.destinations()]):
+    keys = dict.fromkeys([typed, text])  # a key may have surrounding spaces: try it as typed too
+    for by_key in repo.ids_for_idempotency_keys([(d, k) for k in keys for d in repo.destinations()]):
         if by_key and by_key not in found and repo.connection.exists(repo.keys.resend(by_key)):
             found.append(by_key)
     return found

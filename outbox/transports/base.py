@@ -7,11 +7,84 @@ backends. Subclasses implement :meth:`Transport.deliver`.
 
 from __future__ import annotations
 
+import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..exceptions import DeliveryError
 
 if TYPE_CHECKING:
     from ..records import Message
+
+T = TypeVar("T")
+
+
+def call_with_deadline(function: Callable[[], T], seconds: float, what: str) -> T:
+    """Run ``function()`` in a new daemon thread and wait for it at most ``seconds``.
+
+    Python cannot stop a thread: past the deadline the attempt is given up and the
+    thread is left to finish (or fail) on its own; its result is ignored. The thread
+    closes the database connections it opened.
+
+    Args:
+        function: what to run, without arguments.
+        seconds: the deadline.
+        what: how errors name it (``"the callable 'app.f'"``).
+
+    Returns:
+        What ``function`` returned.
+
+    Raises:
+        DeliveryError: retryable, the deadline passed (the work may still complete:
+            delivery is at least once).
+        BaseException: whatever ``function`` raised, re-raised in the calling thread.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = function()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+        finally:
+            try:
+                from django.db import connections
+
+                connections.close_all()
+            except Exception:  # pragma: no cover - closing is best effort
+                pass
+
+    thread = threading.Thread(target=run, name=f"outbox-deadline:{what}"[:60], daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise DeliveryError(
+            f"{what} did not finish within its {seconds:g}s deadline; the attempt was given up "
+            "(the work may still complete in the background)"
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def positive_seconds(value: Any, where: str) -> float:
+    """A positive, finite number of seconds from an option.
+
+    Raises:
+        django.core.exceptions.ImproperlyConfigured: anything else.
+    """
+    from django.core.exceptions import ImproperlyConfigured
+
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ImproperlyConfigured(f"{where} must be a positive number of seconds, not {value!r}"[:300])
+    return float(value)
 
 
 @dataclass
@@ -73,11 +146,15 @@ class Transport:
         raise NotImplementedError
 
     def longest_attempt(self) -> float | None:
-        """The longest one delivery attempt should take, in seconds, or None if unknown.
+        """The hard deadline of one delivery attempt in seconds, enforced by the transport,
+        or None when it has none.
 
-        System check ``outbox.W003`` compares it with ``OUTBOX["VISIBILITY_TIMEOUT"]``: an
-        attempt that outlives its lease lets the recovery sweep hand the message to
-        another worker while the first is still delivering it (a duplicate delivery).
+        Built-in transports enforce theirs (webhook: every socket operation is cut to the
+        time left; email and callable: the work runs in a thread that is given up at the
+        deadline). System check ``outbox.W003`` warns when it is over half of
+        ``OUTBOX["VISIBILITY_TIMEOUT"]``, or None: an attempt that outlives its lease lets
+        the recovery sweep hand the message to another worker while the first is still
+        delivering it (a duplicate delivery). Override it in your own transports.
         """
         return None
 

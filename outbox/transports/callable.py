@@ -7,9 +7,17 @@ Options:
   :class:`~outbox.transports.DeliveryResult` is recorded, any other value ignored);
   raising means failed: a :class:`~outbox.exceptions.DeliveryError` keeps its
   ``permanent``, ``retry_after`` and ``status_code``; any other exception is a
-  retryable failure, recorded as ``"<type>: <text>"``.
+  retryable failure, recorded as ``"<type>: <text>"``. Either text is recorded with the
+  message's secrets (sensitive header values, Authorization-style values) redacted.
+* ``deadline`` (seconds, default 30): the hard limit of one call. The function runs in
+  a thread of the worker process; when the deadline passes the attempt fails
+  (retryable) and the thread is abandoned to finish on its own, so a function that may
+  outlive its deadline must be idempotent (delivery is at least once anyway). System
+  check ``outbox.W003`` compares it with half of ``VISIBILITY_TIMEOUT``.
 
 The function runs in the worker process, once per attempt; it must be importable there.
+It runs in its own thread: thread-locals of the worker are not visible, and database
+connections it opens are closed when it returns.
 """
 
 from __future__ import annotations
@@ -19,9 +27,14 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
+from rq.timeouts import JobTimeoutException
 
+from ..exceptions import DeliveryError
 from ..records import Message
-from .base import DeliveryResult, Transport
+from ..redaction import redact, secrets_for
+from .base import DeliveryResult, Transport, call_with_deadline, positive_seconds
+
+DEFAULT_DEADLINE = 30.0  # seconds
 
 
 class CallableTransport(Transport):
@@ -32,7 +45,7 @@ class CallableTransport(Transport):
             imported, or is not a function of one argument.
     """
 
-    options = ("path",)
+    options = ("path", "deadline")
     max_in_flight = 1  # your function may not be thread-safe: set the destination's MAX_IN_FLIGHT to run it concurrently
 
     def __init__(self, destination: str, **options: Any) -> None:
@@ -40,7 +53,9 @@ class CallableTransport(Transport):
         where = f"destination {destination!r}"
         path = options.get("path")
         if not isinstance(path, str) or not path:
-            raise ImproperlyConfigured(f"{where}: the callable transport needs OPTIONS['path'], a dotted path")
+            raise ImproperlyConfigured(
+                f"{where}: the callable transport needs OPTIONS['path'], a dotted path"
+            )
         try:
             self.function = import_string(path)
         except ImportError as exc:
@@ -55,6 +70,14 @@ class CallableTransport(Transport):
             ) from exc
         except ValueError:  # no signature to inspect (some builtins): trust it
             pass
+        self.path = path
+        self.deadline = positive_seconds(
+            options.get("deadline", DEFAULT_DEADLINE), f"{where}: OPTIONS['deadline']"
+        )
+
+    def longest_attempt(self) -> float:
+        """The ``deadline`` option (seconds)."""
+        return self.deadline
 
     def deliver(self, message: Message) -> DeliveryResult:
         """Call the function with the message.
@@ -63,7 +86,18 @@ class CallableTransport(Transport):
             The function's :class:`DeliveryResult` if it returned one, else an empty one.
 
         Raises:
-            Whatever the function raises (see the module docstring).
+            DeliveryError: retryable, the function did not return within ``deadline``.
+            DeliveryError: what the function raised; another exception becomes a retryable
+                ``DeliveryError("<type>: <text>")``. Texts are redacted.
         """
-        result = self.function(message)
+        secrets = secrets_for(message.headers, None)
+        try:
+            result = call_with_deadline(lambda: self.function(message), self.deadline, f"the callable {self.path!r}")
+        except DeliveryError as exc:
+            exc.args = (redact(str(exc), secrets=secrets), *exc.args[1:])
+            raise
+        except JobTimeoutException:  # RQ's job timeout, raised while waiting: not the message's fault
+            raise
+        except Exception as exc:  # recorded as "<type>: <text>", secrets redacted
+            raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secrets=secrets)) from exc
         return result if isinstance(result, DeliveryResult) else DeliveryResult()

@@ -7,8 +7,13 @@ Options:
 * ``from_email`` (str): sender; ``DEFAULT_FROM_EMAIL`` when absent.
 * ``subject`` (str): subject when the message has no ``Subject`` header (default "Notification").
 * ``backend`` (str): dotted path of an email backend class; ``EMAIL_BACKEND`` when absent.
-  The SMTP backend takes its host, port, credentials and timeout from Django's
-  ``EMAIL_*`` settings.
+  The SMTP backend takes its host, port and credentials from Django's ``EMAIL_*`` settings.
+* ``timeout`` (seconds): the SMTP backend's socket timeout; default ``EMAIL_TIMEOUT``, or
+  :data:`DEFAULT_TIMEOUT` (10 s) when that is None (Django's default: no timeout at all).
+* ``deadline`` (seconds, default 3 x ``timeout``): the hard limit of one attempt. The
+  email is sent from a thread that is given up (a retryable failure) when the deadline
+  passes, so a server that answers one byte at a time cannot hold a worker. System
+  check ``outbox.W003`` compares it with half of ``VISIBILITY_TIMEOUT``.
 
 The body is the message body as UTF-8 text; ``text/html`` content is sent as HTML.
 Message headers ``To`` (comma-separated) and ``Subject`` override the options; other
@@ -25,14 +30,19 @@ import smtplib
 from email.utils import getaddresses
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.mail import EmailMessage, get_connection
+from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 from django.core.validators import validate_email
 from django.utils.module_loading import import_string
 
 from ..exceptions import DeliveryError, InvalidMessage
 from ..records import Message
-from .base import DeliveryResult, Transport
+from ..redaction import redact, secrets_for
+from .base import DeliveryResult, Transport, call_with_deadline, positive_seconds
+
+DEFAULT_TIMEOUT = 10.0  # seconds of SMTP socket timeout when EMAIL_TIMEOUT is None
 
 
 def _bad_address(address: Any) -> bool:
@@ -72,7 +82,11 @@ def _smtp_error(exc: smtplib.SMTPException) -> DeliveryError:
         permanent = bool(codes) and all(500 <= code < 600 for code in codes)
         return DeliveryError(f"SMTP recipients refused: {detail}", permanent=permanent)
     if isinstance(exc, (smtplib.SMTPSenderRefused, smtplib.SMTPDataError)):
-        reply = exc.smtp_error.decode(errors="replace") if isinstance(exc.smtp_error, bytes) else str(exc.smtp_error)
+        reply = (
+            exc.smtp_error.decode(errors="replace")
+            if isinstance(exc.smtp_error, bytes)
+            else str(exc.smtp_error)
+        )
         what = "sender refused" if isinstance(exc, smtplib.SMTPSenderRefused) else "message refused"
         return DeliveryError(f"SMTP {what}: {exc.smtp_code} {reply}", permanent=500 <= exc.smtp_code < 600)
     # Connection-level trouble (greeting, HELO, authentication, disconnects): retry.
@@ -86,27 +100,55 @@ class EmailTransport(Transport):
         ImproperlyConfigured: from ``__init__``, for invalid options.
     """
 
-    options = ("to", "from_email", "subject", "backend")
+    options = ("to", "from_email", "subject", "backend", "timeout", "deadline")
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)
         where = f"destination {destination!r}"
         to = options.get("to", [])
         if not isinstance(to, (list, tuple)) or any(_bad_address(a) for a in to):
-            raise ImproperlyConfigured(f"{where}: OPTIONS['to'] must be a list of email addresses, not {to!r}")
+            raise ImproperlyConfigured(
+                f"{where}: OPTIONS['to'] must be a list of email addresses, not {to!r}"
+            )
         self.to = list(to)
         self.from_email = options.get("from_email")
         if self.from_email is not None and _bad_address(self.from_email):
-            raise ImproperlyConfigured(f"{where}: OPTIONS['from_email'] must be an email address, not {self.from_email!r}")
+            raise ImproperlyConfigured(
+                f"{where}: OPTIONS['from_email'] must be an email address, not {self.from_email!r}"
+            )
         self.subject = _plain_text(options.get("subject", "Notification"), f"{where}: OPTIONS['subject']")
         self.backend = options.get("backend")
         if self.backend is not None:
             if not isinstance(self.backend, str):
-                raise ImproperlyConfigured(f"{where}: OPTIONS['backend'] must be a dotted path, not {self.backend!r}")
+                raise ImproperlyConfigured(
+                    f"{where}: OPTIONS['backend'] must be a dotted path, not {self.backend!r}"
+                )
             try:
                 import_string(self.backend)
             except ImportError as exc:
-                raise ImproperlyConfigured(f"{where}: OPTIONS['backend'] {self.backend!r} cannot be imported: {exc}") from exc
+                raise ImproperlyConfigured(
+                    f"{where}: OPTIONS['backend'] {self.backend!r} cannot be imported: {exc}"
+                ) from exc
+        default_timeout = getattr(settings, "EMAIL_TIMEOUT", None) or DEFAULT_TIMEOUT
+        self.timeout = positive_seconds(
+            options.get("timeout", default_timeout), f"{where}: OPTIONS['timeout']"
+        )
+        self.deadline = positive_seconds(
+            options.get("deadline", 3 * self.timeout), f"{where}: OPTIONS['deadline']"
+        )
+
+    def longest_attempt(self) -> float:
+        """The ``deadline`` option (seconds)."""
+        return self.deadline
+
+    def connection(self) -> Any:
+        """A backend connection; the SMTP backend (or a subclass) gets ``timeout``."""
+        path = self.backend or settings.EMAIL_BACKEND
+        try:
+            is_smtp = issubclass(import_string(path), SMTPBackend)
+        except ImportError:
+            is_smtp = False
+        return get_connection(path, timeout=self.timeout) if is_smtp else get_connection(path)
 
     def check_message(self, body: bytes, content_type: str, headers: dict[str, str]) -> None:
         """Refuse, at ``send()`` time, a message that cannot become an email.
@@ -124,7 +166,9 @@ class EmailTransport(Transport):
                     field="headers",
                 )
         elif not self.to:
-            raise InvalidMessage(f"destination {self.destination!r} has no OPTIONS['to']: give a 'To' header", field="headers")
+            raise InvalidMessage(
+                f"destination {self.destination!r} has no OPTIONS['to']: give a 'To' header", field="headers"
+            )
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -148,6 +192,7 @@ class EmailTransport(Transport):
             elif key.lower() == "subject":
                 subject = headers.pop(key)
         headers.setdefault("X-Outbox-Message-Id", message.id)
+        secrets = secrets_for(message.headers, None)
         try:
             email = EmailMessage(
                 subject=subject,
@@ -155,17 +200,27 @@ class EmailTransport(Transport):
                 from_email=self.from_email,
                 to=to,
                 headers=headers,
-                connection=get_connection(self.backend) if self.backend else None,
+                connection=self.connection(),
             )
             if message.content_type.split(";")[0].strip().lower() == "text/html":
                 email.content_subtype = "html"
-            sent = email.send(fail_silently=False)
+            sent = call_with_deadline(
+                lambda: email.send(fail_silently=False),
+                self.deadline,
+                f"sending the email to {self.destination!r}",
+            )
         except smtplib.SMTPException as exc:
-            raise _smtp_error(exc) from exc
+            error = _smtp_error(exc)
+            raise DeliveryError(redact(str(error), secrets=secrets), permanent=error.permanent) from exc
+        except DeliveryError:
+            raise
         except OSError as exc:
-            raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+            raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secrets=secrets)) from exc
         except ValueError as exc:  # an address or header Django cannot encode: sending again cannot help
-            raise DeliveryError(f"cannot build the email: {type(exc).__name__}: {exc}", permanent=True) from exc
+            raise DeliveryError(
+                redact(f"cannot build the email: {type(exc).__name__}: {exc}", secrets=secrets),
+                permanent=True,
+            ) from exc
         if not sent:
             raise DeliveryError("the email backend reported 0 messages sent")
         return DeliveryResult(detail=f"sent to {len(to)} recipient(s)")

@@ -41,10 +41,18 @@ class LocmemTransport(Transport):
         super().__init__(destination, **options)
         self.fail_with = options.get("fail_with")
         if self.fail_with is not None and not isinstance(self.fail_with, str):
-            raise ImproperlyConfigured(f"destination {destination!r}: OPTIONS['fail_with'] must be a str, not {self.fail_with!r}")
+            raise ImproperlyConfigured(
+                f"destination {destination!r}: OPTIONS['fail_with'] must be a str, not {self.fail_with!r}"
+            )
         self.permanent = options.get("permanent", False)
         if not isinstance(self.permanent, bool):
-            raise ImproperlyConfigured(f"destination {destination!r}: OPTIONS['permanent'] must be a bool, not {self.permanent!r}")
+            raise ImproperlyConfigured(
+                f"destination {destination!r}: OPTIONS['permanent'] must be a bool, not {self.permanent!r}"
+            )
+
+    def longest_attempt(self) -> float:
+        """0: appending to a list in memory returns at once."""
+        return 0.0
 
     def deliver(self, message: Message) -> DeliveryResult:
         """Append the message to :data:`outbox`, or fail as ``fail_with`` says.

@@ -19,10 +19,25 @@ Options:
   receivers holding either key verify it. No signature without a secret; an empty
   string is refused rather than taken as "unsigned".
 * ``timeout`` (seconds, default 10): read/write/pool timeout; ``connect_timeout`` (default 5).
+* ``deadline`` (seconds, default ``connect_timeout + 2 * timeout``): the hard limit of one
+  attempt, covering name resolution's connect, TLS, sending, the response's headers and
+  reading its body: every socket operation gets at most the time left (see
+  :mod:`outbox.ssrf`), so a receiver that drips bytes cannot hold a worker past it.
+  System check ``outbox.W003`` compares it with half of ``VISIBILITY_TIMEOUT``.
 * ``headers`` (dict): fixed extra headers for every request; a message's own headers
   override them (names compare case-insensitively). ``Content-Type`` cannot be set
-  this way: it is the message's content type. Header values must be ASCII (a message
-  with a non-ASCII header value is refused by ``send()``).
+  this way: it is the message's content type. Names and values follow
+  :mod:`outbox.headers` (no framing or hop-by-hop headers, ASCII values without
+  surrounding whitespace), checked at startup (``outbox.E002``) and by ``send()``.
+* ``allow_private_networks`` (bool, default False): with ``OUTBOX["BLOCK_PRIVATE_NETWORKS"]``
+  on (the default), connections to loopback, private, link-local (cloud metadata) and
+  other non-public addresses are refused after name resolution, as a permanent failure;
+  True lets this destination reach them (a receiver on your own network).
+* ``trust_env`` (bool, default False): send through the proxy the environment names
+  (``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``, minus ``NO_PROXY``; http(s) proxies
+  only). Off, so a variable set for something else cannot route signed webhooks through
+  a proxy. Through a proxy, the proxy (which you chose) connects to the receiver, so the
+  private-network check does not apply; the deadline still does.
 * ``retry_statuses`` (list of int): the 4xx statuses that are retried; the list replaces
   the default 408, 409, 425, 429. Every other 4xx fails at once (permanent);
   5xx, 3xx and network errors or timeouts are retried.
@@ -31,8 +46,10 @@ Options:
 Connections are reused across deliveries in one worker process (an ``httpx.Client`` pool;
 a forked child opens its own). A ``Retry-After`` header on a failed response (seconds or
 an HTTP date, RFC 9110 §10.2.3) sets the least wait before the next attempt. At most
-:data:`MAX_RESPONSE_BYTES` of a response body are read, so an endless or huge response
-cannot hold a worker.
+:data:`MAX_RESPONSE_BYTES` of a response body are read, and a compressed body is
+decompressed only up to the excerpt kept, so an endless, huge or gzip-bomb response
+cannot hold a worker or its memory. Error texts (and the response excerpt in them) go
+through :func:`outbox.redaction.redact` with the message's and destination's secrets.
 """
 
 from __future__ import annotations
@@ -45,6 +62,7 @@ import re
 import ssl
 import threading
 import time
+import zlib
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -55,9 +73,12 @@ from django.core.exceptions import ImproperlyConfigured
 from standardwebhooks import Webhook
 
 from .. import __version__
-from ..exceptions import DeliveryError, InvalidMessage
+from .. import headers as header_rules
+from ..conf import outbox_settings
+from ..exceptions import DeliveryError, InvalidMessage, PermanentDeliveryError
 from ..records import Message
-from ..validation import clean_headers
+from ..redaction import redact, secrets_for
+from ..ssrf import GuardedTransport, PrivateAddressRefused, environment_proxy
 from .base import DeliveryResult, Transport
 
 DEFAULT_RETRY_STATUSES = (408, 409, 425, 429)
@@ -101,16 +122,19 @@ def _signers(secret: Any, where: str) -> list[Webhook]:
     Raises:
         ImproperlyConfigured: not a str (or list of str) of ``whsec_`` + base64 of 24+ bytes.
     """
+    # Errors describe the value, never quote it: it is a secret (and checks print errors).
     secrets = [secret] if isinstance(secret, str) else secret
     if not isinstance(secrets, (list, tuple)) or not secrets:
         raise ImproperlyConfigured(
-            f"{where}: OPTIONS['secret'] must be a 'whsec_<base64>' str or a list of them, not {secret!r}"
+            f"{where}: OPTIONS['secret'] must be a 'whsec_<base64>' str or a non-empty list of them, "
+            f"not a {type(secret).__name__}"
         )
     signers = []
     for item in secrets:
         if not isinstance(item, str) or not item:
             raise ImproperlyConfigured(
-                f"{where}: OPTIONS['secret'] must be a non-empty 'whsec_<base64>' str, not {item!r} "
+                f"{where}: OPTIONS['secret'] must be a non-empty 'whsec_<base64>' str, not "
+                f"{'an empty str' if item == '' else 'a ' + type(item).__name__} "
                 "(leave the option out to send unsigned webhooks)"
             )
         encoded = item[len(SECRET_PREFIX) :] if item.startswith(SECRET_PREFIX) else item
@@ -118,8 +142,8 @@ def _signers(secret: Any, where: str) -> list[Webhook]:
             key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise ImproperlyConfigured(
-                f"{where}: OPTIONS['secret'] is not 'whsec_' + base64 ({exc}); generate one with "
-                "'whsec_' + base64.b64encode(os.urandom(32)).decode()"
+                f"{where}: OPTIONS['secret'] is not 'whsec_' + base64 (it has characters base64 does not use); "
+                "generate one with 'whsec_' + base64.b64encode(os.urandom(32)).decode()"
             ) from exc
         if len(key) < MIN_SECRET_BYTES:
             raise ImproperlyConfigured(
@@ -137,27 +161,54 @@ class WebhookTransport(Transport):
         ImproperlyConfigured: from ``__init__``, for any invalid option.
     """
 
-    options = ("url", "secret", "timeout", "connect_timeout", "headers", "retry_statuses", "verify")
+    options = (
+        "url",
+        "secret",
+        "timeout",
+        "connect_timeout",
+        "deadline",
+        "headers",
+        "retry_statuses",
+        "verify",
+        "allow_private_networks",
+        "trust_env",
+    )
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)
         where = f"destination {destination!r}"
+        #: The secrets of this destination, removed from every error text (see redaction).
+        self.secrets = secrets_for(None, options)
         url = options.get("url")
         if not _http_url(url):
-            raise ImproperlyConfigured(f"{where}: OPTIONS['url'] must be an http:// or https:// URL, not {url!r}")
+            shown = (
+                redact(repr(url)[:200], secrets=self.secrets) if isinstance(url, str) else type(url).__name__
+            )
+            raise ImproperlyConfigured(
+                f"{where}: OPTIONS['url'] must be an http:// or https:// URL without spaces or control "
+                f"characters, not {shown}"
+            )
         self.url: str = url  # type: ignore[assignment]
         secret = options.get("secret")
         self.signers = [] if secret is None else _signers(secret, where)
         self.timeout = _positive(options.get("timeout", 10), f"{where}: OPTIONS['timeout']")
-        self.connect_timeout = _positive(options.get("connect_timeout", 5), f"{where}: OPTIONS['connect_timeout']")
+        self.connect_timeout = _positive(
+            options.get("connect_timeout", 5), f"{where}: OPTIONS['connect_timeout']"
+        )
+        self.deadline = _positive(
+            options.get("deadline", self.connect_timeout + 2 * self.timeout), f"{where}: OPTIONS['deadline']"
+        )
         try:
-            self.headers = clean_headers(options.get("headers"))
-        except InvalidMessage as exc:
-            raise ImproperlyConfigured(f"{where}: OPTIONS['headers']: {exc}") from exc
-        try:
+            self.headers = header_rules.clean_headers(
+                options.get("headers"), "OPTIONS['headers']", ascii_only=True
+            )
             _check_http_headers(self.headers, "OPTIONS['headers']")
         except InvalidMessage as exc:
             raise ImproperlyConfigured(f"{where}: {exc}") from exc
+        self.allow_private_networks = _flag(
+            options.get("allow_private_networks", False), f"{where}: OPTIONS['allow_private_networks']"
+        )
+        self.trust_env = _flag(options.get("trust_env", False), f"{where}: OPTIONS['trust_env']")
         statuses = options.get("retry_statuses", DEFAULT_RETRY_STATUSES)
         if not isinstance(statuses, (list, tuple, set, frozenset)) or not all(
             isinstance(s, int) and not isinstance(s, bool) and 400 <= s < 500 for s in statuses
@@ -168,14 +219,19 @@ class WebhookTransport(Transport):
         self.retry_statuses = frozenset(statuses)
         self.verify = _verify(options.get("verify", True), f"{where}: OPTIONS['verify']")
         self._client: httpx.Client | None = None
+        self._transport: GuardedTransport | None = None
         self._pid = 0
         self._client_lock = threading.Lock()
 
     def longest_attempt(self) -> float:
-        """``connect_timeout`` + 2 × ``timeout`` seconds: connecting, waiting for the
-        response's headers, then reading up to :data:`MAX_RESPONSE_BYTES` of its body
-        (each bounded by its timeout; the request itself is small and written at once)."""
-        return self.connect_timeout + 2 * self.timeout
+        """The ``deadline`` option in seconds (default ``connect_timeout + 2 * timeout``):
+        enforced on every socket operation of an attempt (:mod:`outbox.ssrf`)."""
+        return self.deadline
+
+    @property
+    def block_private_networks(self) -> bool:
+        """True when connections to non-public addresses are refused for this destination."""
+        return bool(outbox_settings.BLOCK_PRIVATE_NETWORKS) and not self.allow_private_networks
 
     @property
     def signer(self) -> Webhook | None:
@@ -195,11 +251,21 @@ class WebhookTransport(Transport):
         with self._client_lock:  # attempts run on a thread pool: build one pool, not one per thread
             if self._client is not None and self._pid == os.getpid():
                 return self._client
+            proxy = environment_proxy(self.url) if self.trust_env else None
+            try:
+                self._transport = GuardedTransport(
+                    verify=self.verify, block_private=self.block_private_networks, proxy=proxy
+                )
+            except ValueError as exc:  # a SOCKS proxy in the environment
+                raise DeliveryError(f"cannot use the environment's proxy: {exc}", permanent=True) from exc
             self._client = httpx.Client(
+                transport=self._transport,
                 timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
                 verify=self.verify,
+                trust_env=False,  # proxies from the environment: see trust_env above
                 follow_redirects=False,
-                headers={"User-Agent": f"django-redis-outbox/{__version__}"},
+                # The response is only read for an error excerpt: ask for it uncompressed.
+                headers={"User-Agent": f"django-redis-outbox/{__version__}", "Accept-Encoding": "identity"},
             )
             self._pid = os.getpid()
             return self._client
@@ -208,11 +274,13 @@ class WebhookTransport(Transport):
         """Refuse, at ``send()`` time, what this destination could never send.
 
         Raises:
-            InvalidMessage: a ``Content-Type`` header (use ``content_type=``), a header
-                value that is not ASCII (HTTP cannot carry it as text), or a body that is
-                not UTF-8 while the destination signs (Standard Webhooks signs text).
+            InvalidMessage: a ``Content-Type`` header (use ``content_type=``), or a body
+                that is not UTF-8 while the destination signs (Standard Webhooks signs
+                text), or a header value that is not ASCII (the other header rules of
+                :mod:`outbox.headers` are checked by ``send()`` for every transport).
         """
         _check_http_headers(headers)
+        header_rules.check_ascii(headers)
         if self.signers:
             try:
                 body.decode("utf-8")
@@ -233,10 +301,13 @@ class WebhookTransport(Transport):
         Returns:
             Header name -> value: the destination's headers, overridden by the message's
             (case-insensitively), then ``Content-Type`` and the ``webhook-*`` headers.
+            Framing and hop-by-hop headers (:func:`outbox.headers.reserved`) of a message
+            stored before ``send()`` refused them are dropped: the client writes those.
         """
-        overridden = {k.lower() for k in message.headers}
+        own = {k: v for k, v in message.headers.items() if not header_rules.reserved(k)}
+        overridden = {k.lower() for k in own}
         headers = {k: v for k, v in self.headers.items() if k.lower() not in overridden}
-        headers.update(message.headers)
+        headers.update(own)
         headers["Content-Type"] = message.content_type
         headers["webhook-id"] = message.id
         headers["webhook-timestamp"] = str(timestamp)
@@ -258,19 +329,33 @@ class WebhookTransport(Transport):
                 network error or timeout (retryable, no status code).
         """
         headers = self.request_headers(message, int(time.time()))
+        secrets = [*self.secrets, *secrets_for(message.headers, None)]
+        started = time.monotonic()
+        client = self.client
         try:
-            with self.client.stream("POST", self.url, content=message.body, headers=headers) as response:
+            with (
+                self._transport.deadline(self.deadline),  # type: ignore[union-attr]
+                client.stream("POST", self.url, content=message.body, headers=headers) as response,
+            ):
                 code = response.status_code
-                excerpt = _read_some(response, self.timeout)
+                excerpt = _read_some(response)
+        except PrivateAddressRefused as exc:
+            raise PermanentDeliveryError(redact(str(exc), secrets=secrets)) from exc
         except httpx.TimeoutException as exc:
-            raise DeliveryError(f"timed out ({type(exc).__name__}) after {self.timeout:g}s") from exc
+            elapsed = time.monotonic() - started
+            limit = (
+                f"the {self.deadline:g}s deadline"
+                if elapsed >= self.deadline - 0.05
+                else f"{self.timeout:g}s"
+            )
+            raise DeliveryError(f"timed out ({type(exc).__name__}) after {limit}") from exc
         except httpx.HTTPError as exc:
-            raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+            raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secrets=secrets)) from exc
         if 200 <= code < 300:
             return DeliveryResult(status_code=code)
-        text = excerpt.decode(response.encoding or "utf-8", errors="replace")[:RESPONSE_EXCERPT].strip()
+        text = excerpt.decode(_charset(response), errors="replace")[:RESPONSE_EXCERPT].strip()
         raise DeliveryError(
-            f"HTTP {code} {response.reason_phrase}" + (f": {text}" if text else ""),
+            redact(f"HTTP {code} {response.reason_phrase}" + (f": {text}" if text else ""), secrets=secrets),
             status_code=code,
             retry_after=parse_retry_after(response.headers.get("retry-after")),
             permanent=400 <= code < 500 and code not in self.retry_statuses,
@@ -283,35 +368,63 @@ class WebhookTransport(Transport):
         self._client = None
 
 
-def _read_some(response: httpx.Response, timeout: float) -> bytes:
-    """Up to :data:`MAX_RESPONSE_BYTES` of a streamed response body, within ``timeout`` seconds.
+def _charset(response: httpx.Response) -> str:
+    """The response's declared charset if Python knows it, else UTF-8."""
+    import codecs
 
-    The body is drained when it is small, so the connection can be reused; a larger or
-    slower one is cut off (the connection is then closed). A failure while reading is
-    ignored: the status line has already said what happened.
+    try:
+        return codecs.lookup(response.charset_encoding or "utf-8").name
+    except LookupError:
+        return "utf-8"
+
+
+def _read_some(response: httpx.Response) -> bytes:
+    """The first bytes of a streamed response body, bounded in time and memory.
+
+    Reads raw (still encoded) bytes: at most :data:`MAX_RESPONSE_BYTES` of them. A
+    ``gzip`` or ``deflate`` body is decompressed only up to the excerpt kept
+    (``zlib``'s ``max_length``), so a small gzip bomb cannot expand in memory (httpx's
+    own decoder expands each whole read). Other encodings are not decoded. A small body
+    is drained so the connection can be reused; a larger one is cut off (the connection
+    is then closed). Time is bounded by the attempt's deadline (:mod:`outbox.ssrf`). A
+    failure while reading is ignored: the status line has already said what happened.
 
     Returns:
-        The first bytes of the body (at most :data:`RESPONSE_EXCERPT` * 4 kept).
+        At most ``RESPONSE_EXCERPT * 4`` bytes of the (decoded) body.
     """
+    want = RESPONSE_EXCERPT * 4
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    decoder = None
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        decoder = zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
+    elif encoding not in ("", "identity"):
+        return f"({encoding}-encoded body not shown)".encode()
     kept = b""
     size = 0
-    deadline = time.monotonic() + timeout
     try:
-        for chunk in response.iter_bytes():
-            if len(kept) < RESPONSE_EXCERPT * 4:
-                kept += chunk[: RESPONSE_EXCERPT * 4 - len(kept)]
+        for chunk in response.iter_raw():
             size += len(chunk)
-            if size > MAX_RESPONSE_BYTES or time.monotonic() > deadline:
+            if len(kept) < want:
+                if decoder is None:
+                    kept += chunk[: want - len(kept)]
+                else:
+                    try:
+                        kept += decoder.decompress(decoder.unconsumed_tail + chunk, want - len(kept))
+                    except zlib.error:
+                        decoder = None
+                        kept += b"(body not decodable as " + encoding.encode() + b")"
+            if size > MAX_RESPONSE_BYTES:
                 break
     except httpx.HTTPError:
         pass
-    return kept
+    return kept[:want]
 
 
 def _http_url(url: Any) -> bool:
-    """True for an absolute ``http``/``https`` URL with a host and a valid port, if any."""
-    if not isinstance(url, str):
-        return False
+    """True for an absolute ``http``/``https`` URL with a host and a valid port, if any,
+    and no whitespace or control character anywhere."""
+    if not isinstance(url, str) or any(c.isspace() or not c.isprintable() for c in url):
+        return False  # urlsplit would silently drop CR, LF and TAB (WHATWG), hiding them
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
@@ -320,8 +433,19 @@ def _http_url(url: Any) -> bool:
     return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ImproperlyConfigured(f"{where} must be True or False, not {type(value).__name__}")
+    return value
+
+
 def _positive(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ImproperlyConfigured(f"{where} must be a positive number of seconds, not {value!r}")
     return float(value)
 
@@ -342,13 +466,13 @@ __all__ = ["DEFAULT_RETRY_STATUSES", "WebhookTransport", "parse_retry_after"]
 
 
 def _check_http_headers(headers: dict[str, str], where: str = "") -> None:
-    """Refuse headers a webhook request cannot carry as given (destination or message headers;
-    ``where`` names the setting in errors about a destination's headers).
+    """Refuse a ``Content-Type`` header (destination or message headers; ``where`` names
+    the setting in errors about a destination's headers). Every other rule is
+    :mod:`outbox.headers`, applied before.
 
     Raises:
         InvalidMessage: a ``Content-Type`` header (it is the message's content type: use
-            ``content_type=``), or a value that is not ASCII (httpx sends header values as
-            ASCII text).
+            ``content_type=``).
     """
     if any(k.lower() == "content-type" for k in headers):
         raise InvalidMessage(
@@ -356,11 +480,3 @@ def _check_http_headers(headers: dict[str, str], where: str = "") -> None:
             "pass content_type=... instead of a 'Content-Type' header",
             field="headers",
         )
-    for name, value in headers.items():
-        if not value.isascii():
-            label = f"{where}[{name!r}]" if where else f"header {name!r}"
-            raise InvalidMessage(
-                f"{label} must be ASCII text (an HTTP header value), not {value!r}; "
-                "percent-encode it, or put it in the body",
-                field="headers",
-            )
