@@ -217,7 +217,7 @@ class Message:
             "destination": self.destination,
             "retry_count": str(self.retry_count),
             "max_retries": str(self.max_retries),
-            "retry_policy": json.dumps(self.retry_policy, separators=(",", ":")),
+            "retry_policy": pack_policy(self.retry_policy),
             "send_time": repr(self.send_time),
             "next_attempt_at": _opt(self.next_attempt_at),
             "last_attempt_at": _opt(self.last_attempt_at),
@@ -244,7 +244,7 @@ class Message:
             status=r.get("status", ""),
             retry_count=int(r.get("retry_count", "0")),
             max_retries=int(r.get("max_retries", "0")),
-            retry_policy=json.loads(r.get("retry_policy", "{}")),
+            retry_policy=unpack_policy(r.get("retry_policy", "{}")),
             send_time=float(r.get("send_time", "0")),
             next_attempt_at=_float(r.get("next_attempt_at")),
             last_attempt_at=_float(r.get("last_attempt_at")),
@@ -271,6 +271,40 @@ class Message:
     def from_flat(cls, message: list[bytes], resend: list[bytes]) -> Message:
         """Build a message from two flat ``HGETALL`` replies as a Lua script returns them."""
         return cls.from_hashes(_pairs(message), _pairs(resend))
+
+
+_EXPONENTIAL = ("base", "factor", "max_delay", "jitter")
+
+
+def _compact(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**53 else value
+
+
+def pack_policy(policy: dict[str, Any]) -> str:
+    """A retry policy dict as compact JSON for the resend record.
+
+    ``["e", base, factor, max_delay, jitter]`` for an exponential policy and
+    ``["s", [delays...], jitter]`` for a schedule: under 64 bytes for usual policies, so
+    Redis keeps the resend hash in its compact listpack encoding (``hash-max-listpack-value``).
+    Anything else is stored as the dict itself.
+    """
+    if policy.get("strategy") == "exponential" and set(policy) == {"strategy", *_EXPONENTIAL}:
+        packed: Any = ["e", *(_compact(policy[k]) for k in _EXPONENTIAL)]
+    elif policy.get("strategy") == "schedule" and set(policy) == {"strategy", "delays", "jitter"}:
+        packed = ["s", [_compact(d) for d in policy["delays"]], policy["jitter"]]
+    else:
+        packed = policy
+    return json.dumps(packed, separators=(",", ":"))
+
+
+def unpack_policy(raw: str | bytes) -> dict[str, Any]:
+    """The retry policy dict from :func:`pack_policy`'s JSON (or an older record's dict)."""
+    value = json.loads(raw)
+    if isinstance(value, list) and value and value[0] == "e" and len(value) == 5:
+        return {"strategy": "exponential", **dict(zip(_EXPONENTIAL, value[1:], strict=True))}
+    if isinstance(value, list) and value and value[0] == "s" and len(value) == 3:
+        return {"strategy": "schedule", "delays": value[1], "jitter": value[2]}
+    return value if isinstance(value, dict) else {}
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:

@@ -72,7 +72,7 @@ import httpx
 from django.core.exceptions import ImproperlyConfigured
 from standardwebhooks import Webhook
 
-from .. import __version__
+from ..version import __version__
 from .. import headers as header_rules
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, InvalidMessage, PermanentDeliveryError
