@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .version import __version__
+from .version import __version__ as __version__
 
 __all__ = [
     "ActionResult",

@@ -20,7 +20,14 @@ from .destinations import get_destination, get_transport, validate_max_retries
 from .exceptions import InvalidMessage, MessageNotFound, OutboxUnavailable
 from .records import Attempt, Message, Status, new_message_id
 from .retry import RetryPolicy
-from .validation import clean_delay, clean_destination, clean_headers, clean_idempotency_key, clean_priority, encode_body
+from .validation import (
+    clean_delay,
+    clean_destination,
+    clean_headers,
+    clean_idempotency_key,
+    clean_priority,
+    encode_body,
+)
 
 SEND_ARGUMENTS = frozenset(
     {"destination", "body", "content_type", "headers", "idempotency_key", "max_retries", "retry", "delay", "priority"}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from functools import cache
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -51,3 +53,17 @@ def get_repository() -> MessageRepository:
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     if setting in ("OUTBOX", "CACHES"):
         get_repository.cache_clear()
+
+
+def redis_location() -> str:
+    """``host:port/db`` of the outbox's Redis (from ``CACHES``), without credentials."""
+    alias = outbox_settings.REDIS_ALIAS
+    location = (getattr(settings, "CACHES", {}).get(alias) or {}).get("LOCATION", "")
+    if isinstance(location, (list, tuple)):
+        location = location[0] if location else ""
+    try:
+        parts = urlsplit(str(location))
+        where = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else (parts.path or "?")
+    except ValueError:
+        where = "?"
+    return f"CACHES[{alias!r}] ({where})"

@@ -26,6 +26,7 @@ attempt charged), and then re-raises.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -369,10 +370,8 @@ class _Run:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 if want:  # the lost call may have claimed: give that claim back first
-                    try:
+                    with contextlib.suppress(*REDIS_ERRORS):
                         self.repo.release(lease, deadline, time.time())
-                    except REDIS_ERRORS:
-                        pass
         if logged:
             logger.warning("outbox: Redis reachable again; %d outcome(s) written", len(changes))
         announce(self.decided, results)
@@ -432,7 +431,7 @@ class _Run:
         if self.in_flight:
             done, _ = wait(list(self.in_flight), timeout=FAILSAFE_WAIT)
             for future in done:
-                message = self.in_flight.pop(future)
+                self.in_flight.pop(future)
                 outcome = future.result()
                 decision = decide_outcome(outcome, time.time())
                 log_attempt(outcome, decision)

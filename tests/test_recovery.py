@@ -7,9 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from django.test import override_settings
-
 import pytest
+from django.test import override_settings
 
 import outbox
 from outbox.delivery import claim

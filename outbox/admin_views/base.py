@@ -8,16 +8,15 @@ import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from redis.exceptions import RedisError
 
-from .operations import OPERATIONS, Operation
+from ..connection import redis_location
+from ..operations import OPERATIONS, Operation
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -62,22 +61,6 @@ logger = logging.getLogger("outbox")
 class BadRequest(ValueError):
     """A request the console cannot act on (a parameter out of range...): answered 400
     with the text."""
-
-
-def redis_location() -> str:
-    """``host:port/db`` of the outbox's Redis (from ``CACHES``), without credentials."""
-    from ..conf import outbox_settings
-
-    alias = outbox_settings.REDIS_ALIAS
-    location = (getattr(settings, "CACHES", {}).get(alias) or {}).get("LOCATION", "")
-    if isinstance(location, (list, tuple)):
-        location = location[0] if location else ""
-    try:
-        parts = urlsplit(str(location))
-        where = f"{parts.hostname}:{parts.port or 6379}" if parts.hostname else (parts.path or "?")
-    except ValueError:
-        where = "?"
-    return f"CACHES[{alias!r}] ({where})"
 
 
 def redis_hints() -> list[str]:

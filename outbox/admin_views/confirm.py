@@ -38,11 +38,11 @@ from django.template.response import TemplateResponse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from ..connection import get_repository
+from ..operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
 from . import tasks
 from .base import TEMPLATES, BadRequest, console_view, context, require_view, url
 from .filters import FILTER_PARAMS, SEARCH_PARAM, describe, parse_as_of, parse_filter, search_ids, search_text
 from .history import record
-from .operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

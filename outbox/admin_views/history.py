@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from django.contrib.admin.models import LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 
 from ..models import Message
-from .operations import Operation
+from ..operations import Operation
+
+#: The admin history's action flag per operation.
+LOG_FLAGS = {"requeue": CHANGE, "cancel": CHANGE, "delete": DELETION}
 
 
 def record(user_id: int, op: Operation, text: str, object_id: str | None = None) -> LogEntry:
@@ -14,8 +17,8 @@ def record(user_id: int, op: Operation, text: str, object_id: str | None = None)
 
     Args:
         user_id: the acting user's primary key.
-        op: the operation (its ``log_flag`` becomes the entry's action flag).
-        text: the report (see :func:`~outbox.admin_views.operations.report`).
+        op: the operation (:data:`LOG_FLAGS` gives the entry's action flag).
+        text: the report (see :func:`~outbox.operations.report`).
         object_id: the message id when the operation was on one message, else None.
 
     The object type is the unmanaged :class:`outbox.models.Message`; the object
@@ -26,6 +29,6 @@ def record(user_id: int, op: Operation, text: str, object_id: str | None = None)
         content_type=ContentType.objects.get_for_model(Message, for_concrete_model=False),
         object_id=object_id,
         object_repr=(object_id or "messages")[:200],
-        action_flag=op.log_flag,
+        action_flag=LOG_FLAGS[op.name],
         change_message=text,
     )

@@ -21,8 +21,8 @@ from rq.job import Job
 from ..conf import outbox_settings
 from ..connection import get_connection, get_repository
 from ..dispatch import get_queue
+from ..operations import OPERATIONS, Operation, Selection, execute, report
 from .history import record
-from .operations import OPERATIONS, Operation, Selection, execute, report
 
 logger = logging.getLogger("outbox")
 

@@ -72,13 +72,13 @@ import httpx
 from django.core.exceptions import ImproperlyConfigured
 from standardwebhooks import Webhook
 
-from ..version import __version__
 from .. import headers as header_rules
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, InvalidMessage, PermanentDeliveryError
 from ..records import Message
 from ..redaction import redact, secrets_for
 from ..ssrf import GuardedTransport, PrivateAddressRefused, environment_proxy
+from ..version import __version__
 from .base import DeliveryResult, Transport
 
 DEFAULT_RETRY_STATUSES = (408, 409, 425, 429)

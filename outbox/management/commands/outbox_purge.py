@@ -6,13 +6,13 @@ Example, to keep a week of delivered messages::
 
     python manage.py outbox_purge --status succeeded --updated-before 7d --yes
 
-See :mod:`outbox.admin_views.commands` for every option.
+See :mod:`outbox.management.bulk` for every option.
 """
 
 from __future__ import annotations
 
-from outbox.admin_views.commands import BulkCommand
-from outbox.admin_views.operations import DELETE
+from outbox.management.bulk import BulkCommand
+from outbox.operations import DELETE
 from outbox.records import Status
 
 

@@ -7,13 +7,13 @@ Example::
     python manage.py outbox_requeue --destination orders --updated-after 2h --dry-run
     python manage.py outbox_requeue --destination orders --updated-after 2h --yes
 
-See :mod:`outbox.admin_views.commands` for every option.
+See :mod:`outbox.management.bulk` for every option.
 """
 
 from __future__ import annotations
 
-from outbox.admin_views.commands import BulkCommand
-from outbox.admin_views.operations import REQUEUE
+from outbox.management.bulk import BulkCommand
+from outbox.operations import REQUEUE
 from outbox.records import Status
 
 

@@ -32,14 +32,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ..actions import ActionResult
-from ..connection import get_repository
+from ..connection import get_repository, redis_location
 from ..destinations import get_destination
 from ..exceptions import UnknownDestination
+from ..operations import Operation, Selection, execute
 from ..store.queries import Count, MessageFilter, TimeRange, count_matching
 from ..store.repository import MessageRepository
-from .base import redis_hints
-from .filters import parse_time
-from .operations import Operation, Selection, execute
+from ..times import parse_time
 
 TIME_OPTIONS = ("created_after", "created_before", "updated_after", "updated_before")
 
@@ -120,7 +119,7 @@ class BulkCommand(BaseCommand):
         try:
             self.run(**options)
         except RedisError as exc:
-            hint = redis_hints()[0]
+            hint = f"is the Redis server of {redis_location()} running and reachable from this process?"
             raise CommandError(f"cannot reach Redis ({type(exc).__name__}: {str(exc)[:200]}); nothing changed. {hint}") from None
 
     def check_destination(self, repo: MessageRepository, name: str) -> None:

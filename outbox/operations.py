@@ -1,4 +1,5 @@
-"""The bulk operations of the console and the commands: what each does, who may do it,
+"""The bulk operations of the admin console and the management commands (one domain
+module both use): what each does, who may do it,
 what it acts on (:class:`Selection`), and running it (:func:`execute`).
 
 The work itself is :mod:`outbox.actions` (1,000 ids per Lua call, compare-and-set):
@@ -13,13 +14,11 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
-from django.contrib.admin.models import CHANGE, DELETION
-
-from .. import actions
-from ..actions import ActionResult, Progress
-from ..records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES
-from ..store import MessageRepository
-from ..store.queries import (
+from . import actions
+from .actions import ActionResult, Progress
+from .records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES
+from .store import MessageRepository
+from .store.queries import (
     CHUNK,
     Count,
     MessageFilter,
@@ -44,7 +43,6 @@ class Operation:
         codename: the permission codename on ``outbox.Message``.
         statuses: the statuses it acts on; messages in others are skipped.
         consequences: what happens, for the confirmation page.
-        log_flag: the admin LogEntry action flag.
     """
 
     name: str
@@ -53,7 +51,6 @@ class Operation:
     codename: str
     statuses: tuple[str, ...]
     consequences: tuple[str, ...]
-    log_flag: int
 
     @property
     def permission(self) -> str:
@@ -78,7 +75,6 @@ REQUEUE = Operation(
         "Only failed, cancelled and succeeded messages are requeued; requeuing a succeeded "
         "message delivers it again. Messages in other statuses are skipped.",
     ),
-    log_flag=CHANGE,
 )
 CANCEL = Operation(
     name="cancel",
@@ -92,7 +88,6 @@ CANCEL = Operation(
         "Their records and attempt history are kept; they can be requeued later.",
         "Messages in other statuses (being sent right now, or finished) are skipped.",
     ),
-    log_flag=CHANGE,
 )
 DELETE = Operation(
     name="delete",
@@ -106,7 +101,6 @@ DELETE = Operation(
         "An idempotency key that points at a deleted message is released.",
         "Messages being sent right now are skipped.",
     ),
-    log_flag=DELETION,
 )
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (REQUEUE, CANCEL, DELETE)}
 
