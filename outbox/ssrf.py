@@ -31,6 +31,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from .deadlines import call_with_deadline
 from .exceptions import OutboxError
 
 
@@ -89,7 +90,6 @@ def resolve(host: str, port: int, timeout: float | None = None) -> list[str]:
     except ValueError:
         pass
     from .exceptions import DeliveryError
-    from .transports.base import call_with_deadline
 
     def lookup() -> list[Any]:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)

@@ -29,10 +29,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 from rq.timeouts import JobTimeoutException
 
+from ..deadlines import call_with_deadline
 from ..exceptions import DeliveryError
 from ..records import Message
 from ..redaction import redact, secrets_for
-from .base import DeliveryResult, Transport, call_with_deadline, positive_seconds
+from .base import DeliveryResult, Transport, positive_seconds
 
 DEFAULT_DEADLINE = 30.0  # seconds
 

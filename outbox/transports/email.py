@@ -37,10 +37,11 @@ from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 from django.core.validators import validate_email
 from django.utils.module_loading import import_string
 
+from ..deadlines import call_with_deadline
 from ..exceptions import DeliveryError, InvalidMessage
 from ..records import Message
 from ..redaction import redact, secrets_for
-from .base import DeliveryResult, Transport, call_with_deadline, positive_seconds
+from .base import DeliveryResult, Transport, positive_seconds
 
 DEFAULT_TIMEOUT = 10.0  # seconds of SMTP socket timeout when EMAIL_TIMEOUT is None
 
