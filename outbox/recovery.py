@@ -70,13 +70,8 @@ def recover(now: float | None = None, limit: int = SWEEP_LIMIT, purge_budget: fl
 
 def purge_backlog(now: float | None = None) -> int:
     """Finished messages past their retention, not yet deleted (O(log N) per status)."""
-    now = time.time() if now is None else now
-    repo = get_repository()
-    return sum(
-        repo.count(status, max_score=now - seconds)
-        for status, seconds in (outbox_settings.RETENTION or {}).items()
-        if seconds is not None and status in FINISHED_STATUSES
-    )
+    retention = {s: v for s, v in (outbox_settings.RETENTION or {}).items() if s in FINISHED_STATUSES}
+    return get_repository().count_past_retention(retention, time.time() if now is None else now)
 
 
 def _purge_expired(now: float, limit: int, budget: float) -> tuple[int, int]:

@@ -90,6 +90,16 @@ def test_dashboard_queues_workers_and_oldest(admin_client, repo):
     assert "no worker is running" in html
     assert "due " in html.split('id="oldest-pending-wait"')[1].split("</td>")[0]
     assert "none" in html.split('id="oldest-retry-wait"')[1].split("</td>")[0]
+    assert element_text(html, "purge-backlog") == "0"
+
+
+def test_dashboard_shows_the_purge_backlog(admin_client, repo, settings):
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION": {"succeeded": 60, "cancelled": 0, "failed": None}}
+    sent = make(repo, 3)
+    outbox.cancel([m.id for m in sent])
+    time.sleep(0.01)
+    html = text_of(admin_client.get(u("dashboard")))
+    assert element_text(html, "purge-backlog") == "3"
 
 
 def test_dashboard_chart_counts_outcomes_of_real_deliveries(admin_client, repo, hook, worker):

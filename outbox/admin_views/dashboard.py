@@ -143,6 +143,7 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             chart=chart,
             oldest_pending=_oldest(model_admin, Status.PENDING.value, now),
             oldest_retry=_oldest(model_admin, Status.RETRYING.value, now),
+            purge_backlog=repo.count_past_retention(outbox_settings.RETENTION or {}, now),
             statuses=STATUSES,
         ),
     )

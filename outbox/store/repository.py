@@ -578,6 +578,15 @@ class MessageRepository:
             pipe.zcard(self.keys.status(status, destination))
         return dict(zip(STATUSES, pipe.execute()))
 
+    def count_past_retention(self, retention: dict[str, float | None], now: float) -> int:
+        """Messages kept longer than ``retention`` (status -> seconds, None = for ever)
+        allows: the purge backlog. One ZCOUNT per status (O(log N))."""
+        pipe = self.connection.pipeline(transaction=False)
+        for status, seconds in retention.items():
+            if seconds is not None:
+                pipe.zcount(self.keys.status(status), "-inf", repr(now - seconds))
+        return sum(pipe.execute())
+
     def destinations(self) -> list[str]:
         """Names of every destination a message was ever sent to, sorted."""
         return sorted(d.decode() for d in self.connection.smembers(self.keys.destinations))
