@@ -339,6 +339,12 @@ class _Run:
             caps[name] = max(0, limit - self.per_destination[name])
         return caps
 
+    def destination_room(self) -> int:
+        """How many more attempts the configured destinations' caps allow now (a claim
+        asks for no more than can start)."""
+        caps = self.caps()
+        return sum(caps.values()) if caps else self.concurrency
+
     def exchange(self, want: int) -> list[Message]:
         """Write decided outcomes and claim up to ``want`` messages: one round trip,
         retried with backoff while Redis is unreachable (up to the earliest lease of the
@@ -414,7 +420,7 @@ class _Run:
     def loop(self) -> None:
         while True:
             free = self.concurrency - len(self.in_flight)
-            want = min(outbox_settings.BATCH_SIZE, free) if time.time() < self.claim_until else 0
+            want = min(outbox_settings.BATCH_SIZE, free, self.destination_room()) if time.time() < self.claim_until else 0
             if want or self.decided:
                 claimed = self.exchange(want)
                 self.start(claimed)

@@ -210,8 +210,12 @@ class MessageRepository:
         return replies
 
     def run_script(self, name: str, args: Sequence[Any]) -> Any:
-        """Run one Lua script (see :meth:`run_scripts`) and return its reply."""
-        return self.run_scripts([(name, args)])[0]
+        """Run one Lua script by SHA1 (loading it after ``NOSCRIPT``) and return its reply."""
+        try:
+            return self.connection.evalsha(sha(name), 0, *args)
+        except NoScriptError:
+            self.connection.script_load(source(name))
+            return self.connection.evalsha(sha(name), 0, *args)
 
     # -- writing ------------------------------------------------------------------
     def create_args(self, messages: Sequence[Message], now: float, due_slack: float) -> list[Any]:
@@ -274,7 +278,10 @@ class MessageRepository:
         scan: int | None = None,
     ) -> list[Any]:
         """ARGV of ``lua/claim.lua`` (see :meth:`claim`)."""
-        scan = scan if scan is not None else max(limit * 4, limit + 50)
+        # Entries looked at: a few per message wanted. Messages of a destination at its
+        # cap are skipped (they stay due), so the scan stays short when one destination
+        # holds the head of the queue.
+        scan = scan if scan is not None else limit * 2 + 8
         return [
             self.keys.prefix,
             repr(now),

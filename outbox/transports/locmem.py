@@ -35,7 +35,6 @@ class LocmemTransport(Transport):
     """
 
     options = ("fail_with", "permanent")
-    max_in_flight = 1  # a test transport: attempts in the order claimed
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)

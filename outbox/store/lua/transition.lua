@@ -22,6 +22,7 @@ local channel = ARGV[4]
 local changes = cjson.decode(ARGV[5])
 local minute = math.floor(now / 60)
 local out = {}
+local stats = {}  -- outcome -> count, written once per call
 for i, c in ipairs(changes) do
   local rkey = prefix .. ':resend:' .. c.id
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease', 'queue')
@@ -62,11 +63,7 @@ for i, c in ipairs(changes) do
         redis.call('LPUSH', akey, c.attempt)
         redis.call('LTRIM', akey, 0, kept - 1)
       end
-      if c.stat then
-        local skey = prefix .. ':stats:' .. c.stat .. ':' .. minute
-        redis.call('INCR', skey)
-        redis.call('EXPIRE', skey, 7200)
-      end
+      if c.stat then stats[c.stat] = (stats[c.stat] or 0) + 1 end
       if c.event and channel ~= '' then redis.call('PUBLISH', channel, c.event) end
       status = c.to
     end
@@ -77,5 +74,10 @@ for i, c in ipairs(changes) do
     row[4] = redis.call('HGETALL', rkey)
   end
   out[i] = row
+end
+for stat, n in pairs(stats) do
+  local skey = prefix .. ':stats:' .. stat .. ':' .. minute
+  redis.call('INCRBY', skey, n)
+  redis.call('EXPIRE', skey, 7200)
 end
 return out
