@@ -646,7 +646,7 @@ def main(argv: list[str]) -> None:
         "", "", "≤ 10 commands, ≤ 1 round trip", sc <= 10 and ct <= 1.0)
     for page, label in (("dashboard", "dashboard"), ("list status=failed", "list status=failed"),
                         ("list status=failed&destination=orders", "list failed, one destination"),
-                        ("same, page 50", "  same, page 50")):
+                        ("same, page 50", "list failed, one destination, page 50")):
         if page in admin:
             base = admin.get("baseline: admin index", (0, 0))[0]
             row(f"admin {label}, {args.admin_total:,} messages, ms (median of 20)", fmt(admin[page][0]),
