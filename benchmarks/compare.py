@@ -166,7 +166,9 @@ def outbox_burst(n: int, env: dict | None = None) -> dict:
         out = Path(tmp) / "done.json"
         result = run_json(["outbox-worker", "--burst"], env={**(env or {}), "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)})
         if out.exists():
-            result["steady"] = steady(json.loads(out.read_text()))
+            done = json.loads(out.read_text())
+            result["steady"] = steady(done)
+            result["drain"] = done["done_at"] - result["t0"]
         return result
 
 
@@ -203,7 +205,7 @@ def case_outbox(n: int, many: bool) -> dict:
         rq_keys = len(conn.keys("rq:*"))
         return {
             "send_per_s": n / sent,
-            "deliver_per_s": n / worker["elapsed"],
+            "deliver_per_s": n / worker["drain"],
             "deliver_steady_per_s": worker["steady"],
             "pending_bytes": (mem1 - mem0) / n,
             "succeeded_bytes": (mem2 - mem0) / n,
@@ -237,7 +239,9 @@ def case_rq(n: int) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "done.json"
             worker = run_json(["rq-worker"], env={"BENCH_REDIS_URL": server.url, "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)})
-            worker["steady"] = steady(json.loads(out.read_text()))
+            done = json.loads(out.read_text())
+            worker["steady"] = steady(done)
+            worker["drain"] = done["done_at"] - worker["t0"]
         assert queue.count == 0
         mem2 = used_memory(conn)
         conn.flushdb()
@@ -249,7 +253,7 @@ def case_rq(n: int) -> dict:
         return {
             "send_per_s": n / sent,
             "many_per_s": n / many,
-            "deliver_per_s": n / worker["elapsed"],
+            "deliver_per_s": n / worker["drain"],
             "deliver_steady_per_s": worker["steady"],
             "pending_bytes": (mem1 - mem0) / n,
             "succeeded_bytes": (mem2 - mem0) / n,
@@ -467,7 +471,7 @@ def outbox_worker(burst: bool) -> None:
         t0 = time.perf_counter()
         run_worker(OUTBOX_QUEUES, burst=True, logging_level="WARNING", relay=False)
         elapsed = time.perf_counter() - t0
-        print(json.dumps({"elapsed": elapsed, **counts}))
+        print(json.dumps({"t0": t0, "elapsed": elapsed, **counts}))
         return
     Path(os.environ["BENCH_READY"]).write_text(json.dumps({"t0": time.perf_counter()}))
     run_worker(OUTBOX_QUEUES, logging_level="WARNING", relay=False)
@@ -481,7 +485,7 @@ def rq_worker() -> None:
     worker = SimpleWorker([Queue("bench", connection=conn)], connection=conn)
     t0 = time.perf_counter()
     worker.work(burst=True, logging_level="WARNING")
-    print(json.dumps({"elapsed": time.perf_counter() - t0}))
+    print(json.dumps({"t0": t0, "elapsed": time.perf_counter() - t0}))
 
 
 def dramatiq_worker() -> None:
@@ -629,7 +633,7 @@ def main(argv: list[str]) -> None:
     row(f"end-to-end latency at a steady {LATENCY_RATE} msg/s, 1 worker (no-op receiver), ms",
         f"median {med(vals('latency-outbox', 'median_ms'))}, p99 {med(vals('latency-outbox', 'p99_ms'))}",
         f"Dramatiq 1 thread prefetch 100: median {med(vals('latency-dramatiq', 'median_ms'))}, p99 {med(vals('latency-dramatiq', 'p99_ms'))}",
-        f"{lo_med / m('latency-dramatiq', 'median_ms'):.1f}× / {lo_p99 / m('latency-dramatiq', 'p99_ms'):.1f}× Dramatiq",
+        f"{lo_med / m('latency-dramatiq', 'median_ms'):.2f}× / {lo_p99 / m('latency-dramatiq', 'p99_ms'):.2f}× Dramatiq",
         "median < 20, p99 < 100", lo_med < 20 and lo_p99 < 100)
     r = m("outbox-send", "pending_bytes") / m("rq", "pending_bytes")
     row("Redis bytes per pending message (200-byte JSON body), send()", med(vals("outbox-send", "pending_bytes")),

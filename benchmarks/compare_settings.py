@@ -29,6 +29,8 @@ OUTBOX = {
         },
     },
 }
+if os.environ.get("BENCH_MAX_IN_FLIGHT"):  # diagnostics only: the table uses the default (16)
+    OUTBOX["MAX_IN_FLIGHT"] = int(os.environ["BENCH_MAX_IN_FLIGHT"])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
