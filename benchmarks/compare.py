@@ -643,7 +643,7 @@ def main(argv: list[str]) -> None:
     row("Redis bytes per succeeded message, send(), RQ residue included", med(vals("outbox-send", "succeeded_bytes")),
         f"queued RQ job {med(vals('rq', 'pending_bytes'))} (RQ job after success, default result_ttl: {med(vals('rq', 'succeeded_bytes'))})",
         f"{r:.2f}× RQ job", "≤ 1.0× RQ job", r <= 1.0)
-    sc, cc, ct = m("outbox-send", "server_cmds_per_msg"), m("outbox-send", "client_cmds_per_msg"), m("outbox-send", "client_trips_per_msg")
+    sc, ct = m("outbox-send", "server_cmds_per_msg"), m("outbox-send", "client_trips_per_msg")
     row("Redis commands per delivered message, send() traffic (worker process)",
         f"server {med(vals('outbox-send', 'server_cmds_per_msg'))} (INFO commandstats, Lua included); "
         f"client {med(vals('outbox-send', 'client_cmds_per_msg'))} commands in {med(vals('outbox-send', 'client_trips_per_msg'))} round trips",
@@ -670,7 +670,7 @@ def main(argv: list[str]) -> None:
         "|---|---|---|---|---|:-:|",
         *[f"| {' | '.join(cells)} |" for cells in rows],
         "",
-        "Server-side commands during the send() delivery run (last round, all rounds' N): "
+        "Server-side commands during the send() delivery run (last round, N messages): "
         + ", ".join(f"{k} {v}" for k, v in top),
         f"RQ keys left after the outbox's deliveries (last round): {results['outbox-send'][-1]['rq_keys_left']}.",
     ]
