@@ -36,7 +36,13 @@ def receiver() -> tuple[ThreadingHTTPServer, str]:
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        # The default listen backlog (5) overflows when the worker opens its 16 concurrent
+        # connections at once: the kernel drops SYNs and the client retries after 1 s.
+        request_queue_size = 128
+
+    server = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/hook"
 

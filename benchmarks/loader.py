@@ -1,7 +1,7 @@
 """Fill Redis with many messages in realistic statuses, quickly, through the repository.
 
 Messages are written with ``MessageRepository.create`` (the same Lua script ``send()``
-uses) in batches of 10,000 without delivery jobs, then moved to their final status with
+uses) in batches of 10,000 without wake-up jobs, then moved to their final status with
 ``MessageRepository.transition`` (the same compare-and-set the workers use), 2,000 per
 call, with an attempt record each. Nothing bypasses the repository, so indexes and
 counts are exactly what production code would produce.
@@ -89,9 +89,7 @@ def load(
                     job_id=dispatch.new_job_id(),
                 )
             )
-        with repo.pipeline() as pipe:
-            repo.create(pipe, batch)
-            pipe.execute()
+        repo.create(batch, time.time())  # no wake-up job is enqueued: nothing delivers them
         _move(repo, batch, plan[offset : offset + len(batch)], rng)
         done += len(batch)
         say(f"loaded {done:,}/{total:,}")

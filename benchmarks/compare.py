@@ -1,0 +1,704 @@
+"""Issue 7's side-by-side benchmark: the outbox against RQ, Dramatiq and plain httpx.
+
+    .venv/bin/python -m benchmarks.compare                 # 3 interleaved rounds, ~6 min
+    .venv/bin/python -m benchmarks.compare --quick         # 1 round, small N (development)
+
+Every measurement ("case") runs in a process of its own with its own private Redis
+(:class:`outbox.testing.RedisServer`), so memory figures are clean; workers are real
+processes: ``outbox.worker.run_worker`` (what ``manage.py outbox_worker`` runs, relay
+off since the benchmark has no database table), RQ's ``SimpleWorker``, Dramatiq's
+``Worker`` with one thread. Rounds are interleaved (round 1 runs every case, then round
+2 ...); the table shows medians and the min-max spread, ratios against the peer
+measured in the same run, the issue's target and whether it is met, and is written to
+``benchmarks/results/latest.md``. Dramatiq comes from the ``bench`` extra, installed
+into the running venv when missing.
+
+Internal entry points (run by the orchestrator): ``case NAME``, ``outbox-worker``,
+``rq-worker``, ``dramatiq-worker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "latest.md"
+SETTINGS = "benchmarks.compare_settings"
+RECEIVER_DELAY = 0.050  # seconds the webhook receiver takes to answer
+HTTPX_THREADS = 16
+LATENCY_RATE = 200  # messages per second, steady
+OUTBOX_QUEUES = ["outbox_high", "outbox", "outbox_low"]
+
+
+def body_200(**extra) -> dict:
+    """A JSON body that serializes (compact) to exactly 200 bytes."""
+    body = {"order": 123456, "customer": "cus_8f2a1c", "currency": "EUR", "total": "129.90", **extra, "pad": ""}
+    size = len(json.dumps(body, separators=(",", ":")))
+    body["pad"] = "x" * (200 - size)
+    return body
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_json(args: list[str], env: dict | None = None, timeout: float = 600) -> dict:
+    """Run ``python -m benchmarks.compare ARGS`` and parse its last stdout line as JSON."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.compare", *args],
+        cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def spawn(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env={**os.environ, **env},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def wait_file(path: Path, proc: subprocess.Popen, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited {proc.returncode}: {proc.stderr.read()[-4000:]}")
+        time.sleep(0.02)
+    raise RuntimeError(f"timed out waiting for {path}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def used_memory(conn) -> int:
+    return int(conn.info("memory")["used_memory"])
+
+
+def commandstats(conn) -> dict[str, int]:
+    return {k: int(v["calls"]) for k, v in conn.info("commandstats").items()}
+
+
+def stats_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    out = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return {k: v for k, v in out.items() if v > 0 and k not in ("info",)}
+
+
+# -- a receiver that answers after 50 ms ------------------------------------------------
+def start_receiver(delay: float) -> tuple[ThreadingHTTPServer, str]:
+    """A threaded HTTP/1.1 server on loopback answering 200 after ``delay``; it records
+    when each answer was sent (``server.answered``, perf_counter seconds)."""
+    answered: list[float] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            time.sleep(delay)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            answered.append(time.perf_counter())
+
+        def log_message(self, *args):
+            pass
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 128
+
+    server = Server(("127.0.0.1", 0), Handler)
+    server.answered = answered
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/hook"
+
+
+# -- cases (each in its own process, with its own Redis) ---------------------------------
+def private_redis():
+    from outbox.testing import RedisServer
+
+    server = RedisServer().start()
+    os.environ["OUTBOX_TEST_REDIS_URL"] = server.url
+    os.environ["BENCH_REDIS_URL"] = server.url
+    return server
+
+
+def setup_django() -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+    import django
+
+    django.setup()
+
+
+def steady(done: dict) -> float:
+    """Deliveries per second from the first to the last one (no start-up)."""
+    return (done["count"] - 1) / (done["done_at"] - done["first_at"])
+
+
+def outbox_burst(n: int, env: dict | None = None) -> dict:
+    """Run one outbox worker process in burst mode until nothing is due; adds the
+    steady rate seen by the no-op transport (``steady``) when it delivered n."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "done.json"
+        result = run_json(["outbox-worker", "--burst"], env={**(env or {}), "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)})
+        if out.exists():
+            done = json.loads(out.read_text())
+            result["steady"] = steady(done)
+            result["drain"] = done["done_at"] - result["t0"]
+        return result
+
+
+def case_outbox(n: int, many: bool) -> dict:
+    """send() (or send_many(100)) of n no-op messages, then one worker process delivers them."""
+    server = private_redis()
+    try:
+        setup_django()
+        import outbox
+        from outbox.connection import get_connection, get_repository
+
+        conn = get_connection()
+        body = body_200()
+        outbox.send("noop", body)  # warm-up: scripts loaded, queues known
+        conn.flushdb()
+        mem0 = used_memory(conn)
+        t0 = time.perf_counter()
+        if many:
+            for i in range(0, n, 100):
+                outbox.send_many([{"destination": "noop", "body": body}] * min(100, n - i))
+        else:
+            for _ in range(n):
+                outbox.send("noop", body)
+        sent = time.perf_counter() - t0
+        mem1 = used_memory(conn)
+        cs0 = commandstats(conn)
+        worker = outbox_burst(n)
+        cs1 = commandstats(conn)
+        repo = get_repository()
+        succeeded = repo.count("succeeded")
+        assert succeeded == n, f"{succeeded} of {n} succeeded"
+        mem2 = used_memory(conn)
+        server_cmds = stats_delta(cs0, cs1)
+        rq_keys = len(conn.keys("rq:*"))
+        return {
+            "send_per_s": n / sent,
+            "deliver_per_s": n / worker["drain"],
+            "deliver_steady_per_s": worker["steady"],
+            "pending_bytes": (mem1 - mem0) / n,
+            "succeeded_bytes": (mem2 - mem0) / n,
+            "server_cmds_per_msg": sum(server_cmds.values()) / n,
+            "server_top": sorted(server_cmds.items(), key=lambda kv: -kv[1])[:12],
+            "client_cmds_per_msg": worker["commands"] / n,
+            "client_trips_per_msg": worker["trips"] / n,
+            "rq_keys_left": rq_keys,
+        }
+    finally:
+        server.stop()
+
+
+def case_rq(n: int) -> dict:
+    server = private_redis()
+    try:
+        from redis import Redis
+        from rq import Queue
+
+        conn = Redis.from_url(server.url)
+        queue = Queue("bench", connection=conn)
+        body = body_200()
+        queue.enqueue("benchmarks.peers.noop_job", body)
+        conn.flushdb()
+        mem0 = used_memory(conn)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            queue.enqueue("benchmarks.peers.noop_job", body)
+        sent = time.perf_counter() - t0
+        mem1 = used_memory(conn)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "done.json"
+            worker = run_json(["rq-worker"], env={"BENCH_REDIS_URL": server.url, "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)})
+            done = json.loads(out.read_text())
+            worker["steady"] = steady(done)
+            worker["drain"] = done["done_at"] - worker["t0"]
+        assert queue.count == 0
+        mem2 = used_memory(conn)
+        conn.flushdb()
+        t0 = time.perf_counter()
+        for i in range(0, n, 100):
+            queue.enqueue_many([Queue.prepare_data("benchmarks.peers.noop_job", (body,)) for _ in range(min(100, n - i))])
+        many = time.perf_counter() - t0
+        assert queue.count == n
+        return {
+            "send_per_s": n / sent,
+            "many_per_s": n / many,
+            "deliver_per_s": n / worker["drain"],
+            "deliver_steady_per_s": worker["steady"],
+            "pending_bytes": (mem1 - mem0) / n,
+            "succeeded_bytes": (mem2 - mem0) / n,
+        }
+    finally:
+        server.stop()
+
+
+def case_dramatiq(n: int) -> dict:
+    server = private_redis()
+    try:
+        from redis import Redis
+
+        from benchmarks import dramatiq_peer as dp
+
+        conn = Redis.from_url(server.url)
+        body = body_200()
+        dp.noop_actor.send(body)
+        conn.flushdb()
+        mem0 = used_memory(conn)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dp.noop_actor.send(body)
+        sent = time.perf_counter() - t0
+        mem1 = used_memory(conn)
+        out: dict = {"send_per_s": n / sent, "pending_bytes": (mem1 - mem0) / n}
+        for label, prefetch in (("deliver_per_s", 0), ("deliver_prefetch_per_s", 100)):
+            if prefetch:  # a fresh backlog for the second worker
+                for _ in range(n):
+                    dp.noop_actor.send(body)
+            res = dramatiq_worker_run(server.url, n, prefetch)
+            out[label] = n / res["elapsed"]
+            out[label.replace("_per_s", "_steady_per_s")] = res["steady"]
+        return out
+    finally:
+        server.stop()
+
+
+def dramatiq_worker_run(url: str, n: int, prefetch: int, timeout: float = 300) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "done.json"
+        env = {"BENCH_REDIS_URL": url, "BENCH_EXPECT": str(n), "BENCH_OUT": str(out), "BENCH_PREFETCH": str(prefetch),
+               "BENCH_READY": str(Path(tmp) / "ready.json")}
+        proc = spawn(["dramatiq-worker"], env)
+        try:
+            ready = wait_file(Path(env["BENCH_READY"]), proc, 60)
+            done = wait_file(out, proc, timeout)
+        finally:
+            stop(proc)
+        return {"elapsed": done["done_at"] - ready["t0"], "steady": steady(done), "latencies_ms": done["latencies_ms"]}
+
+
+def case_webhook_outbox(n: int) -> dict:
+    receiver, url = start_receiver(RECEIVER_DELAY)
+    os.environ["BENCH_HOOK_URL"] = url
+    server = private_redis()
+    try:
+        setup_django()
+        import outbox
+        from outbox.connection import get_repository
+
+        body = body_200()
+        for i in range(0, n, 100):
+            outbox.send_many([{"destination": "hook", "body": body}] * min(100, n - i))
+        worker = outbox_burst(n, env={"BENCH_HOOK_URL": url})
+        succeeded = get_repository().count("succeeded")
+        assert succeeded == n, f"{succeeded} of {n} succeeded: {get_repository().counts()}"
+        return {"deliver_per_s": receiver_rate(receiver), "run_per_s": n / worker["elapsed"]}
+    finally:
+        server.stop()
+        receiver.shutdown()
+
+
+def case_webhook_httpx(n: int) -> dict:
+    import httpx
+
+    receiver, url = start_receiver(RECEIVER_DELAY)
+    payload = json.dumps(body_200(), separators=(",", ":")).encode()
+    counter = iter(range(n))
+    lock = threading.Lock()
+    client = httpx.Client(limits=httpx.Limits(max_connections=HTTPX_THREADS, max_keepalive_connections=HTTPX_THREADS))
+
+    def post_all():
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            r = client.post(url, content=payload, headers={"content-type": "application/json", "webhook-id": f"msg_{i}"})
+            r.raise_for_status()
+
+    try:
+        threads = [threading.Thread(target=post_all) for _ in range(HTTPX_THREADS)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return {"deliver_per_s": receiver_rate(receiver), "run_per_s": n / (time.perf_counter() - t0)}
+    finally:
+        client.close()
+        receiver.shutdown()
+
+
+def receiver_rate(receiver) -> float:
+    """Answers per second as the receiver saw them: (n - 1) / (last - first answer), so
+    neither side's start-up counts."""
+    times = sorted(receiver.answered)
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def steady_send(n: int, rate: float, send) -> None:
+    t0 = time.perf_counter()
+    for i in range(n):
+        delay = t0 + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        send(body_200(t=time.time()))
+
+
+def case_latency_outbox(n: int) -> dict:
+    server = private_redis()
+    try:
+        setup_django()
+        import outbox
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out, ready = Path(tmp) / "done.json", Path(tmp) / "ready.json"
+            proc = spawn(["outbox-worker"], {"BENCH_EXPECT": str(n), "BENCH_OUT": str(out), "BENCH_READY": str(ready)})
+            try:
+                wait_file(ready, proc, 60)
+                time.sleep(1.0)  # RQ's worker registers and starts listening
+                steady_send(n, LATENCY_RATE, lambda body: outbox.send("latency", body))
+                done = wait_file(out, proc, 120)
+            finally:
+                stop(proc)
+        lat = done["latencies_ms"]
+        return {"median_ms": statistics.median(lat), "p99_ms": percentile(lat, 0.99), "max_ms": max(lat)}
+    finally:
+        server.stop()
+
+
+def case_latency_dramatiq(n: int) -> dict:
+    server = private_redis()
+    try:
+        from benchmarks import dramatiq_peer as dp
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out, ready = Path(tmp) / "done.json", Path(tmp) / "ready.json"
+            env = {"BENCH_EXPECT": str(n), "BENCH_OUT": str(out), "BENCH_READY": str(ready), "BENCH_PREFETCH": "100"}
+            proc = spawn(["dramatiq-worker"], env)
+            try:
+                wait_file(ready, proc, 60)
+                time.sleep(1.0)
+                steady_send(n, LATENCY_RATE, lambda body: dp.latency_actor.send(body))
+                done = wait_file(out, proc, 120)
+            finally:
+                stop(proc)
+        lat = done["latencies_ms"]
+        return {"median_ms": statistics.median(lat), "p99_ms": percentile(lat, 0.99), "max_ms": max(lat)}
+    finally:
+        server.stop()
+
+
+CASES = {
+    "outbox-send": lambda n: case_outbox(n, many=False),
+    "outbox-many": lambda n: case_outbox(n, many=True),
+    "rq": case_rq,
+    "dramatiq": case_dramatiq,
+    "webhook-outbox": case_webhook_outbox,
+    "webhook-httpx": case_webhook_httpx,
+    "latency-outbox": case_latency_outbox,
+    "latency-dramatiq": case_latency_dramatiq,
+}
+
+
+# -- worker processes --------------------------------------------------------------------
+def count_client_commands() -> dict[str, int]:
+    """Count commands and round trips this process sends to Redis (redis-py, all clients)."""
+    from redis.connection import AbstractConnection
+
+    counts = {"commands": 0, "trips": 0}
+    lock = threading.Lock()
+    send_command, pack_commands = AbstractConnection.send_command, AbstractConnection.pack_commands
+
+    def counted_send_command(self, *args, **kwargs):
+        with lock:
+            counts["commands"] += 1
+            counts["trips"] += 1
+        return send_command(self, *args, **kwargs)
+
+    def counted_pack_commands(self, commands):
+        commands = list(commands)
+        with lock:
+            counts["commands"] += len(commands)
+            counts["trips"] += 1
+        return pack_commands(self, commands)
+
+    AbstractConnection.send_command = counted_send_command
+    AbstractConnection.pack_commands = counted_pack_commands
+    return counts
+
+
+def outbox_worker(burst: bool) -> None:
+    setup_django()
+    from outbox.worker import run_worker
+
+    if burst:
+        counts = count_client_commands()
+        t0 = time.perf_counter()
+        run_worker(OUTBOX_QUEUES, burst=True, logging_level="WARNING", relay=False)
+        elapsed = time.perf_counter() - t0
+        print(json.dumps({"t0": t0, "elapsed": elapsed, **counts}))
+        return
+    Path(os.environ["BENCH_READY"]).write_text(json.dumps({"t0": time.perf_counter()}))
+    run_worker(OUTBOX_QUEUES, logging_level="WARNING", relay=False)
+
+
+def rq_worker() -> None:
+    from redis import Redis
+    from rq import Queue, SimpleWorker
+
+    conn = Redis.from_url(os.environ["BENCH_REDIS_URL"])
+    worker = SimpleWorker([Queue("bench", connection=conn)], connection=conn)
+    t0 = time.perf_counter()
+    worker.work(burst=True, logging_level="WARNING")
+    print(json.dumps({"t0": t0, "elapsed": time.perf_counter() - t0}))
+
+
+def dramatiq_worker() -> None:
+    from dramatiq import Worker
+
+    from benchmarks import dramatiq_peer as dp
+
+    worker = Worker(dp.broker, worker_threads=1)
+    prefetch = int(os.environ.get("BENCH_PREFETCH", "0"))
+    if prefetch:
+        worker.queue_prefetch = prefetch
+    t0 = time.perf_counter()
+    worker.start()
+    Path(os.environ["BENCH_READY"]).write_text(json.dumps({"t0": t0}))
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        worker.stop()
+
+
+# -- the orchestrator --------------------------------------------------------------------
+def ensure_dramatiq() -> None:
+    try:
+        import dramatiq  # noqa: F401
+    except ImportError:
+        print("installing the bench extra (dramatiq[redis]) into this venv ...", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", f"{ROOT}[bench]"], check=True)
+
+
+def run_admin(total: int, failed: int) -> dict:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings", "PYTHONPATH": str(ROOT)}
+    env.pop("OUTBOX_TEST_REDIS_URL", None)  # benchmarks.settings starts its own private Redis
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_admin", "--total", str(total), "--failed", str(failed),
+         "--requests", "20", "--rounds", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_admin failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    pages = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r"\|\s*([^|]+?)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|", line)
+        if m and "requeue" not in m.group(1) and not m.group(1).startswith("("):
+            pages[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    return pages
+
+
+def fmt(x: float, unit: str = "") -> str:
+    if x >= 100:
+        s = f"{x:,.0f}"
+    elif x >= 10:
+        s = f"{x:.1f}"
+    else:
+        s = f"{x:.2f}"
+    return s + unit
+
+
+def med(values: list[float]) -> str:
+    """Median, with the min-max spread of the rounds."""
+    if len(values) == 1:
+        return fmt(values[0])
+    return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="Issue 7's side-by-side benchmark (see docs/benchmarks.md).")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n", type=int, default=2000, help="messages per throughput/memory case (default 2,000)")
+    parser.add_argument("--webhook-n", type=int, default=1000, help="messages per webhook case (default 1,000)")
+    parser.add_argument("--latency-seconds", type=float, default=10, help="seconds of steady 200 msg/s traffic (default 10)")
+    parser.add_argument("--admin-total", type=int, default=1_000_000, help="messages loaded for bench_admin (0: skip)")
+    parser.add_argument("--admin-failed", type=int, default=100_000, help="of which failed (default 100,000)")
+    parser.add_argument("--quick", action="store_true", help="1 round, n=500, 3 s latency, admin 20,000 (development)")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.n, args.webhook_n, args.latency_seconds = 1, 500, 300, 3
+        args.admin_total, args.admin_failed = min(args.admin_total, 20_000), 2_000
+    ensure_dramatiq()
+    import dramatiq
+    import redis
+    import rq
+
+    latency_n = int(LATENCY_RATE * args.latency_seconds)
+    sizes = {"webhook-outbox": args.webhook_n, "webhook-httpx": args.webhook_n,
+             "latency-outbox": latency_n, "latency-dramatiq": latency_n}
+    results: dict[str, list[dict]] = {name: [] for name in CASES}
+    loads = [loadavg()]
+    started = time.time()
+    for r in range(1, args.rounds + 1):
+        names = list(CASES)
+        if r % 2 == 0:
+            names.reverse()  # alternate the order, so no case always runs first or last
+        for name in names:
+            t = time.perf_counter()
+            res = run_json(["case", name, "--n", str(sizes.get(name, args.n))])
+            results[name].append(res)
+            print(f"round {r} {name:17s} {time.perf_counter() - t:5.1f} s  load {loadavg()}  "
+                  f"{ {k: (round(v, 1) if isinstance(v, float) else v) for k, v in res.items() if k != 'server_top'} }", flush=True)
+        loads.append(loadavg())
+    admin = {}
+    if args.admin_total:
+        t = time.perf_counter()
+        admin = run_admin(args.admin_total, args.admin_failed)
+        print(f"admin ({args.admin_total:,} messages) {time.perf_counter() - t:.0f} s: {admin}", flush=True)
+        loads.append(loadavg())
+
+    def vals(case: str, key: str) -> list[float]:
+        return [res[key] for res in results[case]]
+
+    def m(case: str, key: str) -> float:
+        return statistics.median(vals(case, key))
+
+    rows: list[tuple[str, str, str, str, str, str]] = []  # what, outbox, peer(s), ratio, target, met
+
+    def row(what, ours, peers, ratio, target, met):
+        rows.append((what, ours, peers, ratio, target, "" if met is None else ("yes" if met else "**NO**")))
+
+    r = m("outbox-send", "send_per_s") / m("dramatiq", "send_per_s")
+    row("send() per s", med(vals("outbox-send", "send_per_s")),
+        f"RQ enqueue {med(vals('rq', 'send_per_s'))}; Dramatiq send {med(vals('dramatiq', 'send_per_s'))}",
+        f"{r:.2f}× Dramatiq; {m('outbox-send', 'send_per_s') / m('rq', 'send_per_s'):.2f}× RQ", "≥ 1.0× Dramatiq send", r >= 1.0)
+    r = m("outbox-many", "send_per_s") / m("rq", "many_per_s")
+    row("send_many(100) msg/s", med(vals("outbox-many", "send_per_s")), f"RQ enqueue_many(100) {med(vals('rq', 'many_per_s'))}",
+        f"{r:.2f}× RQ", "≥ 2× RQ enqueue_many", r >= 2.0)
+    r = m("outbox-send", "deliver_per_s") / m("dramatiq", "deliver_prefetch_per_s")
+    row("no-op delivery, 1 worker, sent with send(), msg/s", med(vals("outbox-send", "deliver_per_s")),
+        f"RQ SimpleWorker {med(vals('rq', 'deliver_per_s'))}; Dramatiq 1 proc 1 thread {med(vals('dramatiq', 'deliver_per_s'))}; "
+        f"Dramatiq prefetch 100: {med(vals('dramatiq', 'deliver_prefetch_per_s'))}",
+        f"{r:.2f}× Dramatiq prefetch 100", "≥ 1.0× Dramatiq prefetch 100", r >= 1.0)
+    r = m("outbox-send", "deliver_steady_per_s") / m("dramatiq", "deliver_prefetch_steady_per_s")
+    row("  same, steady state only (first to last delivery, no start-up), msg/s", med(vals("outbox-send", "deliver_steady_per_s")),
+        f"RQ SimpleWorker {med(vals('rq', 'deliver_steady_per_s'))}; Dramatiq 1 proc 1 thread {med(vals('dramatiq', 'deliver_steady_per_s'))}; "
+        f"Dramatiq prefetch 100: {med(vals('dramatiq', 'deliver_prefetch_steady_per_s'))}",
+        f"{r:.2f}× Dramatiq prefetch 100", "(informative)", None)
+    r = m("outbox-many", "deliver_per_s") / m("dramatiq", "deliver_prefetch_per_s")
+    row("no-op delivery, 1 worker, sent with send_many(100), msg/s", med(vals("outbox-many", "deliver_per_s")),
+        f"Dramatiq prefetch 100: {med(vals('dramatiq', 'deliver_prefetch_per_s'))}", f"{r:.2f}× Dramatiq prefetch 100", "", None)
+    ours, peer = m("webhook-outbox", "deliver_per_s"), m("webhook-httpx", "deliver_per_s")
+    row(f"webhook, receiver answers after {RECEIVER_DELAY * 1000:.0f} ms, 1 worker, msg/s as the receiver sees them", med(vals("webhook-outbox", "deliver_per_s")),
+        f"plain httpx, {HTTPX_THREADS} threads, one process: {med(vals('webhook-httpx', 'deliver_per_s'))}",
+        f"{ours / peer:.2f}× httpx", "≥ 200/s and ≥ 0.7× httpx", ours >= 200 and ours / peer >= 0.7)
+    lo_med, lo_p99 = m("latency-outbox", "median_ms"), m("latency-outbox", "p99_ms")
+    row(f"end-to-end latency at a steady {LATENCY_RATE} msg/s, 1 worker (no-op receiver), ms",
+        f"median {med(vals('latency-outbox', 'median_ms'))}, p99 {med(vals('latency-outbox', 'p99_ms'))}",
+        f"Dramatiq 1 thread prefetch 100: median {med(vals('latency-dramatiq', 'median_ms'))}, p99 {med(vals('latency-dramatiq', 'p99_ms'))}",
+        f"{lo_med / m('latency-dramatiq', 'median_ms'):.2f}× / {lo_p99 / m('latency-dramatiq', 'p99_ms'):.2f}× Dramatiq",
+        "median < 20, p99 < 100", lo_med < 20 and lo_p99 < 100)
+    r = m("outbox-send", "pending_bytes") / m("rq", "pending_bytes")
+    row("Redis bytes per pending message (200-byte JSON body), send()", med(vals("outbox-send", "pending_bytes")),
+        f"queued RQ job {med(vals('rq', 'pending_bytes'))}; Dramatiq {med(vals('dramatiq', 'pending_bytes'))}",
+        f"{r:.2f}× RQ job", "≤ 1.5× RQ job", r <= 1.5)
+    r = m("outbox-send", "succeeded_bytes") / m("rq", "pending_bytes")
+    row("Redis bytes per succeeded message, send(), RQ residue included", med(vals("outbox-send", "succeeded_bytes")),
+        f"queued RQ job {med(vals('rq', 'pending_bytes'))} (RQ job after success, default result_ttl: {med(vals('rq', 'succeeded_bytes'))})",
+        f"{r:.2f}× RQ job", "≤ 1.0× RQ job", r <= 1.0)
+    sc, ct = m("outbox-send", "server_cmds_per_msg"), m("outbox-send", "client_trips_per_msg")
+    row("Redis commands per delivered message, send() traffic (worker process)",
+        f"server {med(vals('outbox-send', 'server_cmds_per_msg'))} (INFO commandstats, Lua included); "
+        f"client {med(vals('outbox-send', 'client_cmds_per_msg'))} commands in {med(vals('outbox-send', 'client_trips_per_msg'))} round trips",
+        "", "", "≤ 10 commands, ≤ 1 round trip", sc <= 10 and ct <= 1.0)
+    for page, label in (("dashboard", "dashboard"), ("list status=failed", "list status=failed"),
+                        ("list status=failed&destination=orders", "list failed, one destination"),
+                        ("same, page 50", "list failed, one destination, page 50")):
+        if page in admin:
+            base = admin.get("baseline: admin index", (0, 0))[0]
+            row(f"admin {label}, {args.admin_total:,} messages, ms (median of 20)", fmt(admin[page][0]),
+                f"admin index {fmt(base)}", f"{admin[page][0] / base:.2f}× index" if base else "", "< 100 ms", admin[page][0] < 100)
+
+    top = results["outbox-send"][-1]["server_top"]
+    lines = [
+        f"# Side-by-side benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))})",
+        "",
+        f"`python -m benchmarks.compare {' '.join(argv)}`".replace(" `", "`"),
+        f"{args.rounds} interleaved round(s); median (min-max of the rounds). N = {args.n:,} per throughput/memory case, "
+        f"{args.webhook_n:,} per webhook case, {latency_n:,} for latency ({args.latency_seconds:g} s at {LATENCY_RATE}/s).",
+        f"Machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, redis-py {redis.__version__}, RQ {rq.__version__}, "
+        f"Dramatiq {dramatiq.__version__}; load average (1, 5, 15 min) at start and after each round/step: {' | '.join(loads)}.",
+        "",
+        "| what | outbox | peer(s), same run | ratio | target | met |",
+        "|---|---|---|---|---|:-:|",
+        *[f"| {' | '.join(cells)} |" for cells in rows],
+        "",
+        "Server-side commands during the send() delivery run (last round, N messages): "
+        + ", ".join(f"{k} {v}" for k, v in top),
+        f"RQ keys left after the outbox's deliveries (last round): {results['outbox-send'][-1]['rq_keys_left']}.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print()
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(f"written to {args.out}")
+
+
+def entry(argv: list[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    if argv[:1] == ["case"]:
+        p = argparse.ArgumentParser()
+        p.add_argument("name")
+        p.add_argument("--n", type=int, required=True)
+        a = p.parse_args(argv[1:])
+        print(json.dumps(CASES[a.name](a.n)))
+    elif argv[:1] == ["outbox-worker"]:
+        outbox_worker(burst="--burst" in argv)
+    elif argv[:1] == ["rq-worker"]:
+        rq_worker()
+    elif argv[:1] == ["dramatiq-worker"]:
+        dramatiq_worker()
+    else:
+        main(argv)
+
+
+if __name__ == "__main__":
+    entry(sys.argv[1:])

@@ -1,0 +1,39 @@
+"""Settings for ``python -m benchmarks.compare``: the test settings (Redis from
+``OUTBOX_TEST_REDIS_URL``, which each measurement sets to its own private server) with
+the library's defaults for everything that shapes delivery (VISIBILITY_TIMEOUT 300,
+CONCURRENCY 32, MAX_IN_FLIGHT 16, BATCH_SIZE 100) and three destinations:
+
+* ``noop``: the callable transport calling :func:`benchmarks.peers.noop` (no I/O);
+* ``latency``: the callable transport calling :func:`benchmarks.peers.record_latency`;
+* ``hook``: the webhook transport to ``BENCH_HOOK_URL`` (a loopback receiver; this
+  tree has no SSRF guard, so no opt-in for private addresses is needed).
+
+The ``outbox`` logger is at INFO (what ``manage.py outbox_worker`` sets at its default
+verbosity) with no handler: each attempt's log record is built, not written out.
+"""
+
+import os
+
+from tests.settings import *  # noqa: F403
+from tests.settings import OUTBOX
+
+DEBUG = False
+OUTBOX = {
+    **{k: v for k, v in OUTBOX.items() if k not in ("VISIBILITY_TIMEOUT", "RECOVERY_GRACE", "DESTINATIONS")},
+    "DESTINATIONS": {
+        "noop": {"TRANSPORT": "callable", "OPTIONS": {"path": "benchmarks.peers.noop"}},
+        "latency": {"TRANSPORT": "callable", "OPTIONS": {"path": "benchmarks.peers.record_latency"}},
+        "hook": {
+            "TRANSPORT": "webhook",
+            "OPTIONS": {"url": os.environ.get("BENCH_HOOK_URL", "http://127.0.0.1:9/hook"), "timeout": 10},
+        },
+    },
+}
+if os.environ.get("BENCH_MAX_IN_FLIGHT"):  # diagnostics only: the table uses the default (16)
+    OUTBOX["MAX_IN_FLIGHT"] = int(os.environ["BENCH_MAX_IN_FLIGHT"])
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"null": {"class": "logging.NullHandler"}},
+    "loggers": {"outbox": {"handlers": ["null"], "level": "INFO", "propagate": False}},
+}
