@@ -21,11 +21,20 @@ DEBUG = False
 OUTBOX = {
     **{k: v for k, v in OUTBOX.items() if k not in ("VISIBILITY_TIMEOUT", "RECOVERY_GRACE", "DESTINATIONS")},
     "DESTINATIONS": {
-        "noop": {"TRANSPORT": "callable", "OPTIONS": {"path": "benchmarks.peers.noop"}},
-        "latency": {"TRANSPORT": "callable", "OPTIONS": {"path": "benchmarks.peers.record_latency"}},
+        # Thread-safe no-op callables: they may run concurrently (a callable's default is 1).
+        "noop": {"TRANSPORT": "callable", "OPTIONS": {"path": "benchmarks.peers.noop"}, "MAX_IN_FLIGHT": 32},
+        "latency": {
+            "TRANSPORT": "callable",
+            "OPTIONS": {"path": "benchmarks.peers.record_latency"},
+            "MAX_IN_FLIGHT": 32,
+        },
         "hook": {
             "TRANSPORT": "webhook",
-            "OPTIONS": {"url": os.environ.get("BENCH_HOOK_URL", "http://127.0.0.1:9/hook"), "timeout": 10},
+            "OPTIONS": {
+                "url": os.environ.get("BENCH_HOOK_URL", "http://127.0.0.1:9/hook"),
+                "timeout": 10,
+                "allow_private_networks": True,  # the receiver is on loopback
+            },
         },
     },
 }
