@@ -64,9 +64,16 @@ FAILSAFE_WAIT = 5.0  # seconds an interrupted run waits for attempts in flight
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
 
 
+_worker_name: tuple[int, str] = (0, "")
+
+
 def worker_name() -> str:
-    """``host:pid`` of this process, written on each attempt record."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid`` of this process, written on each attempt record (computed once per
+    process: ``gethostname`` costs tens of microseconds)."""
+    global _worker_name
+    if _worker_name[0] != os.getpid():
+        _worker_name = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}")
+    return _worker_name[1]
 
 
 # -- one attempt -----------------------------------------------------------------------
