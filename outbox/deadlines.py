@@ -3,6 +3,7 @@ cannot be interrupted: a callable, SMTP, name resolution)."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -25,10 +26,15 @@ class _DaemonThreads:
     """
 
     def __init__(self, keep_idle: int = 64) -> None:
+        self._keep_idle = keep_idle
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every thread: a forked child (RQ's work horse) inherits the counts but
+        none of the threads."""
         self._tasks: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0
-        self._keep_idle = keep_idle
 
     def submit(self, function: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
@@ -56,6 +62,7 @@ class _DaemonThreads:
 
 
 _threads = _DaemonThreads()
+os.register_at_fork(after_in_child=_threads.reset)
 
 
 def call_with_deadline(function: Callable[[], T], seconds: float, what: str) -> T:
