@@ -595,6 +595,18 @@ def statuses(ids: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def describe(message_id: str) -> str:
+    """One line about a message that did not settle: its status, retries, due time, last error."""
+    import outbox
+
+    m = outbox.get(message_id)
+    due = f"due {m.next_attempt_at - time.time():+.0f} s" if m.next_attempt_at else "no due time"
+    return (
+        f"unsettled {m.id}: {m.status}, retry {m.retry_count}/{m.max_retries}, {due}, "
+        f"{len(outbox.attempts(m.id))} attempts, last error {m.last_error!r:.80}"
+    )
+
+
 def tally(
     run: Run,
     result: Result,
@@ -632,6 +644,7 @@ def tally(
     unsettled = {s: by_status[s] for s in ACTIVE if by_status[s]}
     if missing or unsettled:
         result.notes.append(f"lost: {missing} missing from Redis, never settled: {unsettled or 0}")
+        result.notes += [describe(i) for i, s in found.items() if s in ACTIVE][:3]
     extra = sum(delivered.values()) - sum(min(1, delivered[i]) for i in unique)
     if extra:
         result.notes.append(f"deliveries beyond the first: {extra}")

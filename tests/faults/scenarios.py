@@ -174,7 +174,7 @@ def worker_kill(
 register(
     "worker-kill",
     worker_kill,
-    short={"messages": 300, "rate": 60, "workers": 2, "kill_for": 8, "kill_every": (1.0, 2.5), "visibility_timeout": 4, "recovery_interval": 1, "settle_timeout": 60},
+    short={"messages": 300, "rate": 60, "workers": 2, "kill_for": 8, "kill_every": (1.0, 2.5), "visibility_timeout": 4, "recovery_interval": 1, "settle_timeout": 30},
 )
 
 
@@ -205,8 +205,6 @@ def redis_restart(
     every worker still running.
     """
     import outbox
-    from django.contrib.auth.models import User
-    from django.db import transaction
 
     result = Result(name)
     signum = getattr(signal, sig)
@@ -216,6 +214,9 @@ def redis_restart(
         redis_options={"appendonly": True, "appendfsync": "everysec"},
         database=True,
     ) as run:
+        from django.contrib.auth.models import User  # Django is set up now
+        from django.db import transaction
+
         supervisor = run.workers(workers, restart=False)
         wait_workers(run, workers)
         acked: list[str] = []
@@ -273,7 +274,7 @@ def redis_restart(
     return result
 
 
-_redis_short = {"rate": 60, "duration": 10, "outage_at": 3, "down_for": 3, "visibility_timeout": 4, "recovery_interval": 1, "settle_timeout": 60}
+_redis_short = {"rate": 60, "duration": 10, "outage_at": 3, "down_for": 3, "visibility_timeout": 4, "recovery_interval": 1, "settle_timeout": 30}
 register("redis-restart-term", redis_restart, short={**_redis_short, "sig": "SIGTERM"}, full={"sig": "SIGTERM"})
 register("redis-restart-kill", redis_restart, short={**_redis_short, "sig": "SIGKILL"}, full={"sig": "SIGKILL"})
 
@@ -356,7 +357,7 @@ def receiver_fault(
     return result
 
 
-_receiver_short = {"messages": 120, "rate": 40, "fault_at": 1, "fault_for": 5, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 60}
+_receiver_short = {"messages": 120, "rate": 40, "fault_at": 1, "fault_for": 5, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 30}
 register("receiver-down", receiver_fault, short={**_receiver_short, "mode": "down"}, full={"mode": "down", "fault_for": 30})
 register("receiver-slow", receiver_fault, short={**_receiver_short, "mode": "slow"}, full={"mode": "slow", "fault_for": 20})
 register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip"}, full={"mode": "drip", "fault_for": 20})
@@ -443,7 +444,7 @@ def log_lines(run: Run) -> list[tuple[str, bool]]:
     return read_log(str(run.callable_log))
 
 
-_poison_short = {"others": 30, "rate": 30, "poison_retries": 1, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 60}
+_poison_short = {"others": 30, "rate": 30, "poison_retries": 1, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 30}
 register("poison-group", poison, short={**_poison_short, "kill_mode": "group"}, full={"kill_mode": "group"})
 register("poison-orphans", poison, short={**_poison_short, "kill_mode": "leave"}, full={"kill_mode": "leave"})
 register("poison-fork", poison, short={**_poison_short, "kill_mode": "fork"}, full={"kill_mode": "fork"})
@@ -516,8 +517,6 @@ def idempotency(
     Expected: exactly one message per key, and every caller got its id.
     """
     import outbox
-    from django.contrib.auth.models import User
-    from django.db import connection, transaction
 
     result = Result(name)
     dsn = None
@@ -528,6 +527,9 @@ def idempotency(
             result.skipped = reason
             return result
     with environment(name, database=True, pg_dsn=dsn) as run:
+        from django.contrib.auth.models import User  # Django is set up now
+        from django.db import connection, transaction
+
         supervisor = run.workers(workers)
         first_send = time.monotonic()
         errors: Counter = Counter()
@@ -572,7 +574,6 @@ def idempotency(
             not split and all(found[ids[0]] != "missing" for ids in returned.values() if ids),
             f"{len(split)} keys whose callers got different ids (or no id): {dict(list(split.items())[:4])}" if split else "",
         )
-        result.sent = len(returned)  # one message per key is what callers were promised
         result.notes.append(f"database: {backend}; callers: {rounds * 2 * threads}; errors: {dict(errors) or 'none'}")
         worker_notes(result, supervisor)
     return result
@@ -628,12 +629,12 @@ def requeue_race(
                 t.join(10)
         during = sum(acted.values())
         settled_at = wait_settled(messages, settle_timeout)
+        requeueable = [i for i, s in statuses(acked).items() if s in ("succeeded", "failed", "cancelled")]
         after = outbox.requeue(acked)
-        for i, s in statuses(acked).items():
-            if s in ("succeeded", "failed", "cancelled"):
-                acted[i] += 1  # requeue() acts on every settled message
-        if after.acted != sum(1 for i in acked if acted[i]):
-            result.notes.append(f"the final requeue acted on {after.acted} messages")
+        for i in requeueable:
+            acted[i] += 1  # requeue() acts on every settled message
+        if after.acted != len(requeueable):
+            result.notes.append(f"the final requeue acted on {after.acted} messages, {len(requeueable)} were settled")
         settled_at = wait_settled(messages, settle_timeout) or settled_at
         found = tally(run, result, acked, first_send=first_send, settled_at=settled_at)
         delivered = run.delivered()
