@@ -174,7 +174,7 @@ def worker_kill(
 register(
     "worker-kill",
     worker_kill,
-    short={"messages": 300, "rate": 60, "workers": 2, "kill_for": 8, "kill_every": (1.0, 2.5), "visibility_timeout": 4, "recovery_interval": 1, "settle_timeout": 30},
+    short={"messages": 200, "rate": 50, "workers": 2, "kill_for": 5, "kill_every": (1.0, 2.0), "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 30},
 )
 
 
@@ -274,7 +274,7 @@ def redis_restart(
     return result
 
 
-_redis_short = {"rate": 60, "duration": 10, "outage_at": 3, "down_for": 3, "visibility_timeout": 4, "recovery_interval": 1, "settle_timeout": 30}
+_redis_short = {"rate": 50, "duration": 6, "outage_at": 2, "down_for": 2, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 30}
 register("redis-restart-term", redis_restart, short={**_redis_short, "sig": "SIGTERM"}, full={"sig": "SIGTERM"})
 register("redis-restart-kill", redis_restart, short={**_redis_short, "sig": "SIGKILL"}, full={"sig": "SIGKILL"})
 
@@ -292,7 +292,7 @@ def receiver_fault(
     fault_at: float = 2,
     fault_for: float = 30,
     hook_timeout: float = 2,
-    drip: float = 0.05,
+    drip: float = 0.1,
     visibility_timeout: float = 10,
     recovery_interval: float = 2,
     settle_timeout: float = 180,
@@ -301,7 +301,7 @@ def receiver_fault(
 
     From ``fault_at`` s for ``fault_for`` s the receiver is ``down``, or ``slow`` (answers
     after ``hook_timeout`` + 1 s), or ``drip`` (answers 200 one byte per ``drip`` s, about
-    6 s in all, each byte well within the per-read timeout). Expected: nothing lost, none
+    13 s in all, each byte well within the per-read timeout). Expected: nothing lost, none
     failed (the retry budget outlasts the fault), and for slow/drip every attempt ends
     within the transport's deadline (its ``longest_attempt``: connect + 2 × timeout).
     """
@@ -357,7 +357,7 @@ def receiver_fault(
     return result
 
 
-_receiver_short = {"messages": 120, "rate": 40, "fault_at": 1, "fault_for": 5, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 30}
+_receiver_short = {"messages": 60, "rate": 30, "fault_at": 0.5, "fault_for": 3, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 30}
 register("receiver-down", receiver_fault, short={**_receiver_short, "mode": "down"}, full={"mode": "down", "fault_for": 30})
 register("receiver-slow", receiver_fault, short={**_receiver_short, "mode": "slow"}, full={"mode": "slow", "fault_for": 20})
 register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip"}, full={"mode": "drip", "fault_for": 20})
@@ -444,7 +444,7 @@ def log_lines(run: Run) -> list[tuple[str, bool]]:
     return read_log(str(run.callable_log))
 
 
-_poison_short = {"others": 30, "rate": 30, "poison_retries": 1, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 30}
+_poison_short = {"others": 20, "rate": 30, "poison_retries": 1, "visibility_timeout": 2, "recovery_interval": 1, "settle_timeout": 30}
 register("poison-group", poison, short={**_poison_short, "kill_mode": "group"}, full={"kill_mode": "group"})
 register("poison-orphans", poison, short={**_poison_short, "kill_mode": "leave"}, full={"kill_mode": "leave"})
 register("poison-fork", poison, short={**_poison_short, "kill_mode": "fork"}, full={"kill_mode": "fork"})
@@ -653,7 +653,7 @@ def requeue_race(
     return result
 
 
-register("requeue-race", requeue_race, short={"messages": 6, "delay": 1.0}, full={})
+register("requeue-race", requeue_race, short={"messages": 4, "delay": 0.5}, full={})
 
 
 # -- 7. an evicting Redis ----------------------------------------------------------------
