@@ -31,6 +31,7 @@ KNOWN_FAILURES = {
     "poison-orphans": "outcomes written once a second: batch mates answered before the crash are delivered again",
     "poison-fork": "outcomes written once a second: batch mates answered before the crash are delivered again",
     "job-timeout": "outcomes written once a second: batch mates answered before the job timeout are delivered again",
+    # SQLite serialises the transactions (BEGIN IMMEDIATE), so the race is rarely lost there
     "idempotency-sqlite": "send() in a transaction returns a new id even when another transaction wins the key",
     "idempotency-postgres": "send() in a transaction returns a new id even when another transaction wins the key",
     "receiver-drip": "the webhook transport has no overall deadline for a dripped status line and headers",
@@ -47,7 +48,7 @@ def _params():
         yield pytest.param(name, marks=marks, id=name)
 
 
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", list(_params()))
 def test_fault_scenario(name):
     result = run_child(name, "short", timeout=240)
     if result.skipped:

@@ -174,7 +174,7 @@ def worker_kill(
 register(
     "worker-kill",
     worker_kill,
-    short={"messages": 200, "rate": 50, "workers": 2, "kill_for": 5, "kill_every": (1.0, 2.0), "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 30},
+    short={"messages": 200, "rate": 50, "workers": 2, "kill_for": 5, "kill_every": (1.0, 2.0), "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 20},
 )
 
 
@@ -274,7 +274,7 @@ def redis_restart(
     return result
 
 
-_redis_short = {"rate": 50, "duration": 6, "outage_at": 2, "down_for": 2, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 30}
+_redis_short = {"rate": 50, "duration": 5, "outage_at": 1.5, "down_for": 2, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 30}
 register("redis-restart-term", redis_restart, short={**_redis_short, "sig": "SIGTERM"}, full={"sig": "SIGTERM"})
 register("redis-restart-kill", redis_restart, short={**_redis_short, "sig": "SIGKILL"}, full={"sig": "SIGKILL"})
 
@@ -357,7 +357,7 @@ def receiver_fault(
     return result
 
 
-_receiver_short = {"messages": 60, "rate": 30, "fault_at": 0.5, "fault_for": 3, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 30}
+_receiver_short = {"messages": 40, "rate": 30, "fault_at": 0.5, "fault_for": 2, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 30}
 register("receiver-down", receiver_fault, short={**_receiver_short, "mode": "down"}, full={"mode": "down", "fault_for": 30})
 register("receiver-slow", receiver_fault, short={**_receiver_short, "mode": "slow"}, full={"mode": "slow", "fault_for": 20})
 register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip"}, full={"mode": "drip", "fault_for": 20})
