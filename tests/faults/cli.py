@@ -55,14 +55,11 @@ def run_child(name: str, size: str = "full", overrides: dict[str, Any] | None = 
             child.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
-        except BaseException:
-            os.killpg(child.pid, signal.SIGKILL)
-            raise
-        finally:
+        finally:  # also on Ctrl-C: SIGTERM lets the child stop its workers, receiver and Redis
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGTERM)
                 try:
-                    child.wait(15)
+                    child.wait(30)
                 except subprocess.TimeoutExpired:
                     os.killpg(child.pid, signal.SIGKILL)
                     child.wait()
