@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import json
 import os
 import random
@@ -55,10 +56,7 @@ _process_groups: set[int] = set()
 def _kill_everything() -> None:
     """SIGKILL every process group and process this module started (atexit, last resort)."""
     for pgid in list(_process_groups):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(pgid)
     for child in _children:
         if child.poll() is None:
             child.kill()
@@ -296,10 +294,8 @@ class Supervisor:
                 kill_group(process.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
             for process in live:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
             for process in self.spawned:
                 kill_group(process.pid)
                 if process.poll() is None:

@@ -30,6 +30,7 @@ clears the counters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import signal
@@ -90,10 +91,8 @@ class HookServer(ThreadingHTTPServer):
         self.server_close()
         with self.sockets_lock:
             for sock in list(self.open_sockets):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 class HookHandler(BaseHTTPRequestHandler):

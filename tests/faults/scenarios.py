@@ -26,9 +26,9 @@ from typing import Any
 
 from .harness import (
     ROOT,
-    counts,
     Result,
     Run,
+    counts,
     environment,
     kill_group,
     paced,
