@@ -174,7 +174,7 @@ def worker_kill(
 register(
     "worker-kill",
     worker_kill,
-    short={"messages": 200, "rate": 50, "workers": 2, "kill_for": 5, "kill_every": (1.0, 2.0), "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 20},
+    short={"messages": 200, "rate": 50, "workers": 2, "kill_for": 5, "kill_every": (1.0, 2.0), "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 15},
 )
 
 
@@ -274,7 +274,7 @@ def redis_restart(
     return result
 
 
-_redis_short = {"rate": 50, "duration": 5, "outage_at": 1.5, "down_for": 2, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 30}
+_redis_short = {"rate": 50, "duration": 5, "outage_at": 1.5, "down_for": 2, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 15}
 register("redis-restart-term", redis_restart, short={**_redis_short, "sig": "SIGTERM"}, full={"sig": "SIGTERM"})
 register("redis-restart-kill", redis_restart, short={**_redis_short, "sig": "SIGKILL"}, full={"sig": "SIGKILL"})
 
@@ -357,7 +357,7 @@ def receiver_fault(
     return result
 
 
-_receiver_short = {"messages": 40, "rate": 30, "fault_at": 0.5, "fault_for": 2, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 30}
+_receiver_short = {"messages": 40, "rate": 30, "workers": 1, "fault_at": 0.5, "fault_for": 2, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 15}
 register("receiver-down", receiver_fault, short={**_receiver_short, "mode": "down"}, full={"mode": "down", "fault_for": 30})
 register("receiver-slow", receiver_fault, short={**_receiver_short, "mode": "slow"}, full={"mode": "slow", "fault_for": 20})
 register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip"}, full={"mode": "drip", "fault_for": 20})
@@ -444,7 +444,7 @@ def log_lines(run: Run) -> list[tuple[str, bool]]:
     return read_log(str(run.callable_log))
 
 
-_poison_short = {"others": 20, "rate": 30, "poison_retries": 1, "visibility_timeout": 2, "recovery_interval": 1, "settle_timeout": 30}
+_poison_short = {"others": 20, "rate": 30, "poison_retries": 1, "visibility_timeout": 2, "recovery_interval": 1, "settle_timeout": 15}
 register("poison-group", poison, short={**_poison_short, "kill_mode": "group"}, full={"kill_mode": "group"})
 register("poison-orphans", poison, short={**_poison_short, "kill_mode": "leave"}, full={"kill_mode": "leave"})
 register("poison-fork", poison, short={**_poison_short, "kill_mode": "fork"}, full={"kill_mode": "fork"})
@@ -653,7 +653,7 @@ def requeue_race(
     return result
 
 
-register("requeue-race", requeue_race, short={"messages": 4, "delay": 0.5}, full={})
+register("requeue-race", requeue_race, short={"messages": 4, "delay": 0.5, "workers": 1}, full={})
 
 
 # -- 7. an evicting Redis ----------------------------------------------------------------
