@@ -140,3 +140,22 @@ def test_log_startup_findings(settings, server_with, caplog):
     assert ids(found) == ["outbox.E006", "outbox.W004", "outbox.W005"]
     levels = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records}
     assert levels == {"outbox.E006": logging.ERROR, "outbox.W004": logging.WARNING, "outbox.W005": logging.WARNING}
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_private_server_restarts_on_its_port_with_its_aof(tmp_path, sig):
+    """RedisServer.halt()/start(): same port and directory; the AOF brings the data back."""
+    import signal
+
+    server = RedisServer(appendonly=True, appendfsync="always", data_dir=tmp_path)
+    try:
+        conn = Redis.from_url(server.start().url)
+        conn.set("kept", "1")
+        server.halt(getattr(signal, sig))
+        assert not server.running
+        server.start()
+        assert Redis.from_url(server.url).get("kept") == b"1"
+        assert redis_health.inspect_redis(conn).findings == []
+    finally:
+        server.stop()
+    assert any(tmp_path.iterdir())  # a given data_dir is kept
