@@ -174,7 +174,7 @@ def worker_kill(
 register(
     "worker-kill",
     worker_kill,
-    short={"messages": 200, "rate": 50, "workers": 2, "kill_for": 5, "kill_every": (1.0, 2.0), "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 15},
+    short={"messages": 150, "rate": 50, "workers": 2, "kill_for": 4, "kill_every": (1.0, 2.0), "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 15},
 )
 
 
@@ -360,7 +360,7 @@ def receiver_fault(
 _receiver_short = {"messages": 40, "rate": 30, "workers": 1, "fault_at": 0.5, "fault_for": 2, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 15}
 register("receiver-down", receiver_fault, short={**_receiver_short, "mode": "down"}, full={"mode": "down", "fault_for": 30})
 register("receiver-slow", receiver_fault, short={**_receiver_short, "mode": "slow"}, full={"mode": "slow", "fault_for": 20})
-register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip"}, full={"mode": "drip", "fault_for": 20})
+register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip", "drip": 0.08}, full={"mode": "drip", "fault_for": 20})
 
 
 # -- 4. a poison message -----------------------------------------------------------------
@@ -444,7 +444,7 @@ def log_lines(run: Run) -> list[tuple[str, bool]]:
     return read_log(str(run.callable_log))
 
 
-_poison_short = {"others": 20, "rate": 30, "poison_retries": 1, "visibility_timeout": 2, "recovery_interval": 1, "settle_timeout": 15}
+_poison_short = {"others": 10, "rate": 30, "poison_retries": 1, "visibility_timeout": 2, "recovery_interval": 1, "settle_timeout": 15}
 register("poison-group", poison, short={**_poison_short, "kill_mode": "group"}, full={"kill_mode": "group"})
 register("poison-orphans", poison, short={**_poison_short, "kill_mode": "leave"}, full={"kill_mode": "leave"})
 register("poison-fork", poison, short={**_poison_short, "kill_mode": "fork"}, full={"kill_mode": "fork"})
@@ -579,8 +579,8 @@ def idempotency(
     return result
 
 
-register("idempotency-sqlite", idempotency, short={"backend": "sqlite", "rounds": 4}, full={"backend": "sqlite"})
-register("idempotency-postgres", idempotency, short={"backend": "postgres", "rounds": 4}, full={"backend": "postgres"})
+register("idempotency-sqlite", idempotency, short={"backend": "sqlite", "rounds": 3}, full={"backend": "sqlite"})
+register("idempotency-postgres", idempotency, short={"backend": "postgres", "rounds": 3}, full={"backend": "postgres"})
 
 
 def requeue_race(
@@ -653,7 +653,7 @@ def requeue_race(
     return result
 
 
-register("requeue-race", requeue_race, short={"messages": 4, "delay": 0.5, "workers": 1}, full={})
+register("requeue-race", requeue_race, short={"messages": 3, "delay": 0.5, "workers": 1}, full={})
 
 
 # -- 7. an evicting Redis ----------------------------------------------------------------
