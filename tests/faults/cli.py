@@ -107,7 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="scripts/faults",
         description="Run the fault suite: break Redis, workers and the receiver on purpose while "
         "messages flow, and count what was lost, duplicated and how long recovery took.",
-        epilog="scenarios: " + "; ".join(f"{s.name}: {s.about}" for s in SCENARIOS.values()),
+        epilog="scenarios (--list shows their parameters):\n"
+        + "\n".join(f"  {s.name:<22}{s.about}" for s in SCENARIOS.values())
+        + "\n\nexit status: 0 when every scenario held, 1 when one lost a message, did not deliver a "
+        "succeeded one, or missed one of its expectations (details under the table). Logs: .faults/<scenario>/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenarios to run (default: all)")
     parser.add_argument("--short", action="store_true", help="the short sizes the pytest tests use")

@@ -56,8 +56,10 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {}
 
 
-def register(name: str, function: Callable[..., Result], short: dict[str, Any], full: dict[str, Any] | None = None) -> None:
-    about = (function.__doc__ or "").strip().splitlines()[0]
+def register(
+    name: str, function: Callable[..., Result], short: dict[str, Any], full: dict[str, Any] | None = None, about: str = ""
+) -> None:
+    about = about or (function.__doc__ or "").strip().splitlines()[0]
     SCENARIOS[name] = Scenario(name, function, short, full or {}, about)
 
 
@@ -275,8 +277,8 @@ def redis_restart(
 
 
 _redis_short = {"rate": 50, "duration": 5, "outage_at": 1.5, "down_for": 2, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 15}
-register("redis-restart-term", redis_restart, short={**_redis_short, "sig": "SIGTERM"}, full={"sig": "SIGTERM"})
-register("redis-restart-kill", redis_restart, short={**_redis_short, "sig": "SIGKILL"}, full={"sig": "SIGKILL"})
+register("redis-restart-term", redis_restart, short={**_redis_short, "sig": "SIGTERM"}, full={"sig": "SIGTERM"}, about="Redis (AOF, everysec) stopped with SIGTERM mid-load for ~6 s; sends in transactions; workers must reconnect.")
+register("redis-restart-kill", redis_restart, short={**_redis_short, "sig": "SIGKILL"}, full={"sig": "SIGKILL"}, about="The same with SIGKILL (a crash: the last second of AOF writes may go).")
 
 
 # -- 3. the receiver fails ---------------------------------------------------------------
@@ -358,9 +360,9 @@ def receiver_fault(
 
 
 _receiver_short = {"messages": 40, "rate": 30, "workers": 1, "fault_at": 0.5, "fault_for": 2, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 15}
-register("receiver-down", receiver_fault, short={**_receiver_short, "mode": "down"}, full={"mode": "down", "fault_for": 30})
-register("receiver-slow", receiver_fault, short={**_receiver_short, "mode": "slow"}, full={"mode": "slow", "fault_for": 20})
-register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip", "drip": 0.08}, full={"mode": "drip", "fault_for": 20})
+register("receiver-down", receiver_fault, short={**_receiver_short, "mode": "down"}, full={"mode": "down", "fault_for": 30}, about="The receiver down (connections refused) for 30 s, then back.")
+register("receiver-slow", receiver_fault, short={**_receiver_short, "mode": "slow"}, full={"mode": "slow", "fault_for": 20}, about="The receiver slower than the transport deadline for 20 s.")
+register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip", "drip": 0.08}, full={"mode": "drip", "fault_for": 20}, about="The receiver drips its answers byte by byte for 20 s.")
 
 
 # -- 4. a poison message -----------------------------------------------------------------
@@ -445,9 +447,9 @@ def log_lines(run: Run) -> list[tuple[str, bool]]:
 
 
 _poison_short = {"others": 10, "rate": 30, "poison_retries": 1, "visibility_timeout": 2, "recovery_interval": 1, "settle_timeout": 15}
-register("poison-group", poison, short={**_poison_short, "kill_mode": "group"}, full={"kill_mode": "group"})
-register("poison-orphans", poison, short={**_poison_short, "kill_mode": "leave"}, full={"kill_mode": "leave"})
-register("poison-fork", poison, short={**_poison_short, "kill_mode": "fork"}, full={"kill_mode": "fork"})
+register("poison-group", poison, short={**_poison_short, "kill_mode": "group"}, full={"kill_mode": "group"}, about="A poison message (os._exit) alone and mid-batch; the supervisor ends the dead worker's group.")
+register("poison-orphans", poison, short={**_poison_short, "kill_mode": "leave"}, full={"kill_mode": "leave"}, about="The same; the dead worker's children (RQ scheduler) are left running.")
+register("poison-fork", poison, short={**_poison_short, "kill_mode": "fork"}, full={"kill_mode": "fork"}, about="The same with outbox_worker --fork (the work horse dies).")
 
 
 # -- 5. a job timeout mid-batch ----------------------------------------------------------
@@ -579,8 +581,8 @@ def idempotency(
     return result
 
 
-register("idempotency-sqlite", idempotency, short={"backend": "sqlite", "rounds": 3}, full={"backend": "sqlite"})
-register("idempotency-postgres", idempotency, short={"backend": "postgres", "rounds": 3}, full={"backend": "postgres"})
+register("idempotency-sqlite", idempotency, short={"backend": "sqlite", "rounds": 3}, full={"backend": "sqlite"}, about="One idempotency key from 8 threads and from 8 concurrent transactions (SQLite).")
+register("idempotency-postgres", idempotency, short={"backend": "postgres", "rounds": 3}, full={"backend": "postgres"}, about="The same on PostgreSQL (127.0.0.1:5432/test; skipped when unreachable).")
 
 
 def requeue_race(
