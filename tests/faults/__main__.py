@@ -1,0 +1,7 @@
+"""``python -m tests.faults``: see :mod:`tests.faults.cli`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,244 @@
+"""The fault suite's webhook receiver: a separate process on loopback that can be told to fail.
+
+``python -m tests.faults.receiver --port P --control-port C --secret whsec_...``
+
+Webhooks (``POST`` to any path on port P) are verified with
+``standardwebhooks.Webhook(secret).verify`` (401 when forged); then, in this order:
+
+1. a message whose JSON body has ``"hang": s`` (and optionally ``"hang_times": n``, default
+   1) makes its first n requests wait s seconds and answer 503, not accepted: a receiver
+   that hangs for one message;
+2. ``"delay": s`` in the body waits s seconds, then goes on (a slow but working receiver);
+3. mode ``slow``: waits that many seconds before going on (beyond the transport deadline);
+4. mode ``fail_rate``: answers 500 (not accepted) to that fraction of requests;
+5. otherwise the ``webhook-id`` is *accepted*: counted, and answered 200 — dripped one byte
+   per ``drip`` seconds when that mode is set (status line, headers and body, so a client
+   with only per-read timeouts waits for all of it).
+
+An accepted id counts as processed even if the client gave up before the answer (as a real
+receiver commits its side effects); an id accepted twice is a duplicate delivery.
+
+Mode ``down`` closes the listening socket and every open connection (connections are
+refused) until it is cleared; the port stays the same.
+
+Control (port C): ``GET /state`` returns JSON ``{"accepted": {id: count}, "requests": n,
+"bad_signature": n, "failed": n, "hung": n, "mode": {...}}``; ``POST /mode`` with a JSON
+object sets mode keys (``down``, ``fail_rate``, ``slow``, ``drip``, ``drip_bytes``); ``POST /reset``
+clears the counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from standardwebhooks import Webhook
+
+DEFAULT_MODE: dict[str, Any] = {"down": False, "fail_rate": 0.0, "slow": 0.0, "drip": 0.0, "drip_bytes": 40}
+
+
+class State:
+    """Counters and the failure mode, shared by the handler threads."""
+
+    def __init__(self, secret: str) -> None:
+        self.verifier = Webhook(secret)
+        self.lock = threading.Lock()
+        self.mode = dict(DEFAULT_MODE)
+        self.accepted: Counter[str] = Counter()
+        self.hangs: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"accepted": dict(self.accepted), "mode": dict(self.mode), **self.counters}
+
+
+class HookServer(ThreadingHTTPServer):
+    """A threaded HTTP server that can close every connection it has open (``down``)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], state: State) -> None:
+        self.state = state
+        self.open_sockets: set[socket.socket] = set()
+        self.sockets_lock = threading.Lock()
+        super().__init__(address, HookHandler)
+
+    def process_request(self, request, client_address):  # type: ignore[override]
+        with self.sockets_lock:
+            self.open_sockets.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):  # type: ignore[override]
+        with self.sockets_lock:
+            self.open_sockets.discard(request)
+        super().shutdown_request(request)
+
+    def close_all(self) -> None:
+        """Stop listening and cut every open connection."""
+        self.shutdown()
+        self.server_close()
+        with self.sockets_lock:
+            for sock in list(self.open_sockets):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+class HookHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: HookServer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def answer(self, status: int, body: bytes = b"", drip: float = 0.0) -> None:
+        raw = (
+            f"HTTP/1.1 {status} {'OK' if status < 300 else 'Error'}\r\n"
+            f"Content-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        try:
+            if drip > 0:
+                for i in range(len(raw)):
+                    self.wfile.write(raw[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(drip)
+            else:
+                self.wfile.write(raw)
+        except OSError:  # the client gave up
+            self.close_connection = True
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        state = self.server.state
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with state.lock:
+            state.counters["requests"] += 1
+            mode = dict(state.mode)
+        try:
+            state.verifier.verify(body, {k.lower(): v for k, v in self.headers.items()})
+        except Exception:  # forged, or headers missing
+            with state.lock:
+                state.counters["bad_signature"] += 1
+            return self.answer(401, b"bad signature")
+        message_id = self.headers["webhook-id"]
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = {}
+        data = data if isinstance(data, dict) else {}
+        if data.get("hang"):
+            with state.lock:
+                state.hangs[message_id] += 1
+                hang = state.hangs[message_id] <= int(data.get("hang_times", 1))
+                if hang:
+                    state.counters["hung"] += 1
+            if hang:
+                time.sleep(float(data["hang"]))
+                return self.answer(503, b"hung")
+        if data.get("delay"):
+            time.sleep(float(data["delay"]))
+        if mode["slow"]:
+            time.sleep(float(mode["slow"]))
+        if mode["fail_rate"] and random.random() < mode["fail_rate"]:
+            with state.lock:
+                state.counters["failed"] += 1
+            return self.answer(500, b"simulated failure")
+        with state.lock:
+            state.accepted[message_id] += 1
+        self.answer(200, b"ok" + b"." * (int(mode["drip_bytes"]) if mode["drip"] else 0), drip=float(mode["drip"]))
+
+
+class ControlHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        raw = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.reply(self.server.receiver.state.snapshot())  # type: ignore[attr-defined]
+
+    def do_POST(self) -> None:  # noqa: N802
+        receiver: Receiver = self.server.receiver  # type: ignore[attr-defined]
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/reset":
+            with receiver.state.lock:
+                receiver.state.accepted.clear()
+                receiver.state.hangs.clear()
+                receiver.state.counters.clear()
+            return self.reply({"ok": True})
+        changes = json.loads(raw or b"{}")
+        unknown = set(changes) - set(DEFAULT_MODE)
+        if unknown:
+            return self.reply({"error": f"unknown mode keys {sorted(unknown)}"}, 400)
+        receiver.set_mode(changes)
+        self.reply(receiver.state.snapshot()["mode"])
+
+
+class Receiver:
+    """The webhook server (restartable, for ``down``) and its control server."""
+
+    def __init__(self, port: int, control_port: int, secret: str) -> None:
+        self.port = port
+        self.state = State(secret)
+        self.hook: HookServer | None = None
+        self.control = ThreadingHTTPServer(("127.0.0.1", control_port), ControlHandler)
+        self.control.daemon_threads = True
+        self.control.receiver = self  # type: ignore[attr-defined]
+        self.mode_lock = threading.Lock()
+
+    def up(self) -> None:
+        if self.hook is None:
+            self.hook = HookServer(("127.0.0.1", self.port), self.state)
+            threading.Thread(target=self.hook.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def down(self) -> None:
+        if self.hook is not None:
+            self.hook.close_all()
+            self.hook = None
+
+    def set_mode(self, changes: dict[str, Any]) -> None:
+        with self.mode_lock:
+            with self.state.lock:
+                self.state.mode.update(changes)
+                down = self.state.mode["down"]
+            self.down() if down else self.up()
+
+    def serve(self) -> None:
+        self.up()
+        self.control.serve_forever(poll_interval=0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults.receiver", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--control-port", type=int, required=True)
+    parser.add_argument("--secret", required=True)
+    args = parser.parse_args(argv)
+    receiver = Receiver(args.port, args.control_port, args.secret)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"receiver: http://127.0.0.1:{args.port}/hook, control http://127.0.0.1:{args.control_port}/", flush=True)
+    receiver.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
