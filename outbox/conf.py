@@ -8,9 +8,9 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 
 =====================  ==========================================================
 ``REDIS_ALIAS``        django-redis cache alias whose connection the outbox uses
-                       (default ``"default"``). Point django-rq's queues at the same
-                       alias with ``USE_REDIS_CACHE`` so records and jobs share one
-                       MULTI/EXEC round trip.
+                       (default ``"default"``; a dedicated alias is better, see
+                       ``outbox.W005``). Point django-rq's queues at the same alias with
+                       ``USE_REDIS_CACHE``: workers listen where the wake-up jobs go.
 ``KEY_PREFIX``         prefix of every Redis key the outbox writes (``"outbox"``).
 ``QUEUES``             priority -> django-rq queue name
                        (``{"high": "outbox_high", "default": "outbox", "low": "outbox_low"}``).

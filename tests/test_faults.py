@@ -5,10 +5,8 @@ own (its own private Redis, receiver and ``outbox_worker`` processes) and assert
 scenario's verdict: nothing lost, every succeeded message received, the scenario's own
 expectations met. ``scripts/faults`` runs the full sizes.
 
-Scenarios in :data:`KNOWN_FAILURES` fail on today's delivery core for the reason given;
-they are marked ``xfail(strict=False)`` so CI stays green while the claim-path rewrite is
-under way (an XPASS in the summary means one got fixed: remove its entry). Set
-``OUTBOX_FAULTS_STRICT=1`` to assert every scenario.
+A scenario listed in :data:`KNOWN_FAILURES` would be marked ``xfail(strict=False)``
+with its reason; the list is empty: every scenario's verdict is asserted.
 
 Run only these: ``scripts/test -m faults``; skip them: ``scripts/test -m "not faults"``.
 """
@@ -23,21 +21,9 @@ from tests.faults.cli import run_child
 from tests.faults.harness import table
 from tests.faults.scenarios import SCENARIOS
 
-KNOWN_FAILURES = {
-    "worker-kill": "retries wait in RQ's scheduled registry: a SIGKILLed worker's scheduler lock lives 61 s and "
-    "survivors retry it every 10 min; a job left 'started' by a killed worker counts as live for the recovery sweep",
-    "redis-restart-term": "send() inside a transaction writes on commit, so a Redis error loses a committed message; "
-    "a worker mid-job when Redis goes away exits and leaves its message pending",
-    "redis-restart-kill": "send() inside a transaction writes on commit, so a Redis error loses a committed message",
-    "poison-group": "outcomes written once a second: batch mates answered before the crash are delivered again",
-    "poison-orphans": "outcomes written once a second: batch mates answered before the crash are delivered again",
-    "poison-fork": "outcomes written once a second: batch mates answered before the crash are delivered again",
-    "job-timeout": "outcomes written once a second: batch mates answered before the job timeout are delivered again",
-    # SQLite serialises the transactions (BEGIN IMMEDIATE), so the race is rarely lost there
-    "idempotency-sqlite": "send() in a transaction returns a new id even when another transaction wins the key",
-    "idempotency-postgres": "send() in a transaction returns a new id even when another transaction wins the key",
-    "receiver-drip": "the webhook transport has no overall deadline for a dripped status line and headers",
-}
+#: Scenarios known to fail, with the reason (none since the claim path of issues 7 and 11:
+#: each scenario asserts its verdict). Set OUTBOX_FAULTS_STRICT=1 to assert them anyway.
+KNOWN_FAILURES: dict[str, str] = {}
 
 STRICT = os.environ.get("OUTBOX_FAULTS_STRICT") == "1"
 

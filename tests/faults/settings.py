@@ -92,6 +92,7 @@ OUTBOX = {
                 "secret": os.environ.get("FAULTS_SECRET", "whsec_" + "A" * 43 + "="),
                 "timeout": _number("FAULTS_HOOK_TIMEOUT", 2),
                 "connect_timeout": 1,
+                "allow_private_networks": True,  # the receiver is on loopback
             },
             "RETRY": {"strategy": "exponential", "base": 0.5, "factor": 2, "max_delay": 4, "jitter": "equal"},
             "MAX_RETRIES": int(_number("FAULTS_HOOK_RETRIES", 10)),
