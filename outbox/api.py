@@ -195,7 +195,7 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
 
         return capture(messages, using)
     try:
-        created = intake.store(messages)
+        created = intake.store(messages, repeat=False)
     except RedisError as exc:
         raise OutboxUnavailable(
             f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "

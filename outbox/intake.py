@@ -18,8 +18,14 @@ from .records import Message
 from .store import Created
 
 
-def store(messages: Sequence[Message], now: float | None = None) -> list[Created]:
+def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool = True) -> list[Created]:
     """Write ``messages`` to Redis and wake their queues.
+
+    Args:
+        messages: the messages (status ``pending``).
+        now: epoch seconds (default: the current time).
+        repeat: the messages may have been written before (a push of captured
+            messages); False for ids fresh from ``send()``, which skips that check.
 
     Returns:
         One :class:`~outbox.store.Created` per message, in order.
@@ -30,7 +36,9 @@ def store(messages: Sequence[Message], now: float | None = None) -> list[Created
     """
     if not messages:
         return []
-    result = get_repository().create(messages, time.time() if now is None else now, due_slack=dispatch.DUE_SLACK)
+    result = get_repository().create(
+        messages, time.time() if now is None else now, due_slack=dispatch.DUE_SLACK, repeat=repeat
+    )
     dispatch.enqueue_wakeups(result.woken)
     return result.created
 

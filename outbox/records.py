@@ -203,7 +203,7 @@ class Message:
             "destination": self.destination,
             "body": self.body,
             "content_type": self.content_type,
-            "headers": json.dumps(self.headers, separators=(",", ":")),
+            "headers": json.dumps(self.headers, separators=(",", ":")) if self.headers else "{}",
             "created_at": repr(self.created_at),
         }
         if self.idempotency_key:
@@ -280,14 +280,32 @@ def _compact(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**53 else value
 
 
+_packed: dict[tuple[Any, ...], str] = {}
+
+
 def pack_policy(policy: dict[str, Any]) -> str:
     """A retry policy dict as compact JSON for the resend record.
 
     ``["e", base, factor, max_delay, jitter]`` for an exponential policy and
     ``["s", [delays...], jitter]`` for a schedule: under 64 bytes for usual policies, so
     Redis keeps the resend hash in its compact listpack encoding (``hash-max-listpack-value``).
-    Anything else is stored as the dict itself.
+    Anything else is stored as the dict itself. Results are memoized (a process sees
+    few distinct policies).
     """
+    try:
+        key = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in policy.items())
+        cached = _packed.get(key)
+    except TypeError:  # an unhashable value: pack without the cache
+        key, cached = (), None
+    if cached is not None:
+        return cached
+    packed_text = _pack_policy(policy)
+    if key and len(_packed) < 1024:
+        _packed[key] = packed_text
+    return packed_text
+
+
+def _pack_policy(policy: dict[str, Any]) -> str:
     if policy.get("strategy") == "exponential" and set(policy) == {"strategy", *_EXPONENTIAL}:
         packed: Any = ["e", *(_compact(policy[k]) for k in _EXPONENTIAL)]
     elif policy.get("strategy") == "schedule" and set(policy) == {"strategy", "delays", "jitter"}:

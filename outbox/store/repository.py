@@ -218,9 +218,17 @@ class MessageRepository:
             return self.connection.evalsha(sha(name), 0, *args)
 
     # -- writing ------------------------------------------------------------------
-    def create_args(self, messages: Sequence[Message], now: float, due_slack: float) -> list[Any]:
+    def create_args(self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool = True) -> list[Any]:
         """ARGV of ``lua/create.lua`` for ``messages`` (see :meth:`create`)."""
-        args: list[Any] = [self.keys.prefix, self.idempotency_ttl, self.wake_ttl_ms, repr(now), repr(due_slack), len(messages)]
+        args: list[Any] = [
+            self.keys.prefix,
+            self.idempotency_ttl,
+            self.wake_ttl_ms,
+            repr(now),
+            repr(due_slack),
+            "1" if repeat else "0",
+            len(messages),
+        ]
         for m in messages:
             mfields = m.message_fields()
             rfields = m.resend_fields()
@@ -242,10 +250,14 @@ class MessageRepository:
                 args += [k, v]
         return args
 
-    def create(self, messages: Sequence[Message], now: float, *, due_slack: float = 1.0) -> CreateResult:
+    def create(
+        self, messages: Sequence[Message], now: float, *, due_slack: float = 1.0, repeat: bool = True
+    ) -> CreateResult:
         """Write new ``pending`` messages (one script call, atomic).
 
-        Idempotent on the message id: pushing the same message twice writes it once. A
+        Idempotent on the message id when ``repeat`` (the default): pushing the same
+        message twice writes it once. ``repeat=False`` says the ids were never written
+        (a fresh ``send()``) and skips that check. A
         message whose idempotency key (scoped to its destination) already names another
         message is not written (see :class:`Created`). Each queue that gets a message due
         by ``now + due_slack`` and has no wake-up flag gets one, and is listed in
@@ -253,7 +265,7 @@ class MessageRepository:
         """
         if not messages:
             return CreateResult([], [])
-        reply = self.run_script("create", self.create_args(messages, now, due_slack))
+        reply = self.run_script("create", self.create_args(messages, now, due_slack, repeat))
         return self.parse_create(messages, reply)
 
     @staticmethod

@@ -7,7 +7,9 @@
 -- ARGV[2] idempotency TTL in seconds (0 = keep for ever)
 -- ARGV[3] wake flag TTL in milliseconds
 -- ARGV[4] now (epoch seconds), ARGV[5] due slack (seconds): a message due by now+slack wakes its queue
--- ARGV[6] number of messages N, then per message:
+-- ARGV[6] "1" to check whether each id was already written (a push of captured
+--         messages, which the fast path and the relay may both make), "0" for new ids
+-- ARGV[7] number of messages N, then per message:
 --   id, idempotency key name ("" = none; already scoped by destination),
 --   fingerprint (of body and content type), destination, queue, status, status score,
 --   created_at, n_message_fields, message field/value pairs..., n_resend_fields, resend pairs...
@@ -23,8 +25,9 @@ local idem_ttl = tonumber(ARGV[2])
 local wake_ttl = tonumber(ARGV[3])
 local now = tonumber(ARGV[4])
 local due_by = now + tonumber(ARGV[5])
-local n = tonumber(ARGV[6])
-local pos = 7
+local check_exists = ARGV[6] == '1'
+local n = tonumber(ARGV[7])
+local pos = 8
 local msgs = {}
 local conflict = false
 for i = 1, n do
@@ -42,7 +45,7 @@ for i = 1, n do
   pos = pos + nr * 2
   -- First pass: what would happen to each message.
   m.code, m.standing = 'new', m.id
-  if redis.call('EXISTS', prefix .. ':message:' .. m.id) == 1 then
+  if check_exists and redis.call('EXISTS', prefix .. ':message:' .. m.id) == 1 then
     m.code = 'exists'
   elseif m.idem ~= '' then
     local held = redis.call('GET', prefix .. ':idempotency:' .. m.idem)
@@ -58,7 +61,7 @@ for i = 1, n do
   end
   msgs[i] = m
 end
-local out, woken, seen = {}, {}, {}
+local out, woken, seen, dests = {}, {}, {}, {}
 for i, m in ipairs(msgs) do
   -- Second pass: write, unless a conflict refuses the whole call (nothing half-written).
   if m.code == 'new' and not conflict then
@@ -78,7 +81,10 @@ for i, m in ipairs(msgs) do
     redis.call('ZADD', prefix .. ':due:' .. queue, score, id)
     redis.call('ZADD', prefix .. ':created', m.created, id)
     redis.call('ZADD', prefix .. ':created:dest:' .. dest, m.created, id)
-    redis.call('SADD', prefix .. ':destinations', dest)
+    if not dests[dest] then
+      dests[dest] = true
+      redis.call('SADD', prefix .. ':destinations', dest)
+    end
     if tonumber(score) <= due_by and not seen[queue] then
       seen[queue] = true
       if redis.call('SET', prefix .. ':wake:' .. queue, ARGV[4], 'NX', 'PX', wake_ttl) then
