@@ -459,9 +459,19 @@ class _Run:
             )
 
 
+#: Log level of an attempt's line by the status it led to: a dead letter needs a person.
+ATTEMPT_LOG_LEVELS = {
+    Status.SUCCEEDED.value: logging.INFO,
+    Status.RETRYING.value: logging.WARNING,
+    Status.FAILED.value: logging.ERROR,
+}
+
+
 def log_attempt(outcome: Outcome, decision: Decision) -> None:
-    """One log line per attempt on the ``outbox`` logger."""
-    logger.info(
+    """One log line per attempt on the ``outbox`` logger: INFO when delivered, WARNING
+    when a retry follows, ERROR for a dead letter."""
+    logger.log(
+        ATTEMPT_LOG_LEVELS.get(decision.change.to, logging.INFO),
         "outbox attempt id=%s destination=%s outcome=%s status_code=%s duration_ms=%.1f retry_count=%d%s",
         outcome.message.id,
         outcome.message.destination,

@@ -227,3 +227,20 @@ def test_bulk_actions_publish_one_event_per_batch_and_keep_scores_distinct(hook,
     assert (got.status, got.retry_count, got.last_error) == ("pending", 0, "")
     assert repo.count("pending", "hook") == 30
     assert_index_invariant(repo)
+
+
+def test_attempt_log_levels_follow_the_outcome(hook, worker, repo, caplog):
+    # A dead letter needs a person: ERROR; a retry: WARNING; a delivery: INFO.
+    import logging
+
+    hook.respond(500, 200, 401)
+    ok = outbox.send("hook", {"n": 1})
+    with caplog.at_level(logging.INFO, logger="outbox"):
+        worker(simple=True)
+        dead = outbox.send("hook", {"n": 2}, max_retries=0)
+        worker(simple=True)
+    levels = {
+        (r.levelname, "outcome=" + r.args[2]) for r in caplog.records if r.getMessage().startswith("outbox attempt")
+    }
+    assert levels == {("WARNING", "outcome=retrying"), ("INFO", "outcome=succeeded"), ("ERROR", "outcome=failed")}
+    assert outbox.get(ok.id).status == "succeeded" and outbox.get(dead.id).status == "failed"

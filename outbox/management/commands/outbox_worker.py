@@ -38,6 +38,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-scheduler", action="store_true", help=SUPPRESS_HELP)
         parser.add_argument("--fork", action="store_true", help="fork a work horse per job (RQ's Worker) instead of running jobs in place")
         parser.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
+        parser.add_argument(
+            "--quiet", action="store_true", help="print no line per outcome when the project configured no logging for 'outbox'"
+        )
 
     def handle(self, *args, **options):
         from outbox.destinations import close_transports
@@ -45,7 +48,14 @@ class Command(BaseCommand):
 
         verbosity = options["verbosity"]
         level = logging.DEBUG if verbosity > 1 else logging.INFO if verbosity == 1 else logging.WARNING
-        logging.getLogger("outbox").setLevel(level)
+        outbox_logger = logging.getLogger("outbox")
+        outbox_logger.setLevel(level)
+        if not options["quiet"] and not outbox_logger.hasHandlers():
+            # The project configured no logging for "outbox" (Django's default sends
+            # nothing below WARNING anywhere): print one line per outcome to stderr.
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            outbox_logger.addHandler(handler)
         from outbox.redis_health import log_startup_findings
 
         log_startup_findings(logging.getLogger("outbox"))  # eviction, persistence, shared alias
