@@ -136,7 +136,7 @@ def _writer(
 
     def execute() -> list[str]:
         result = repo.bulk_transition(
-            [("", ids)], from_statuses=from_statuses, to=to, now=now, action=action, set=set, unset=unset, step=TIE_BREAK
+            ids, from_statuses=from_statuses, to=to, now=now, action=action, set=set, unset=unset, step=TIE_BREAK
         )
         dispatch.enqueue_wakeups(result.woken)
         return result.applied

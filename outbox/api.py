@@ -204,7 +204,7 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     single = len(messages) == 1
     for index, (message, c) in enumerate(zip(messages, created, strict=True)):
         if c.code == "conflict":
-            raise intake.conflict(message, c, None if single else index)
+            raise intake.conflict(message, c.standing_id, None if single else index)
     duplicates = [c.standing_id for c in created if c.code == "duplicate"]
     if not duplicates:
         return messages

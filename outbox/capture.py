@@ -88,7 +88,7 @@ def _capture_keyed(message: Message, using: str, index: int | None) -> Message:
     """Capture one keyed message, or return the message its key already names."""
     try:
         with transaction.atomic(using=using):  # a savepoint: a duplicate key rolls back only this row
-            CapturedMessage.objects.using(using).create(**_fields(message))
+            _row(message).save(using=using, force_insert=True)
         inserted = True
     except IntegrityError:
         inserted = False
@@ -117,16 +117,9 @@ def _capture_keyed(message: Message, using: str, index: int | None) -> Message:
     return _same_or_conflict(message, existing, existing.fingerprint(), index)
 
 
-def _fields(message: Message) -> dict[str, object]:
-    row = _row(message)
-    return {f.attname: getattr(row, f.attname) for f in CapturedMessage._meta.concrete_fields}
-
-
 def _same_or_conflict(message: Message, existing: Message, fingerprint: str, index: int | None) -> Message:
     if fingerprint != message.fingerprint():
-        from .store import Created
-
-        raise intake.conflict(message, Created(message.id, existing.id, "conflict"), index)
+        raise intake.conflict(message, existing.id, index)
     return existing
 
 

@@ -35,7 +35,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ImproperlyConfigured
@@ -318,6 +318,18 @@ class RunReport:
         }
 
 
+def _in_flight_limits() -> dict[str, int]:
+    """``MAX_IN_FLIGHT`` of each configured destination (a broken one is left uncapped:
+    its attempts fail at once)."""
+    limits = {}
+    for name in outbox_settings.DESTINATIONS:
+        try:
+            limits[name] = get_destination(name).max_in_flight
+        except Exception:
+            continue
+    return limits
+
+
 class _Run:
     """State of one :func:`run`: attempts in flight and outcomes not yet written."""
 
@@ -334,25 +346,13 @@ class _Run:
         self.decided: list[Decision] = []
         self.report = RunReport()
         self.next_due: float | None = None
+        self.limits = _in_flight_limits()
 
-    # caps for the claim: free slots per configured destination
     def caps(self) -> dict[str, int]:
-        caps = {}
-        for name in outbox_settings.DESTINATIONS:
-            try:
-                limit = get_destination(name).max_in_flight
-            except Exception:  # a broken destination: its attempts fail at once, uncapped
-                continue
-            caps[name] = max(0, limit - self.per_destination[name])
-        return caps
+        """Free attempt slots per configured destination (what a claim may take of each)."""
+        return {name: max(0, limit - self.per_destination[name]) for name, limit in self.limits.items()}
 
-    def destination_room(self) -> int:
-        """How many more attempts the configured destinations' caps allow now (a claim
-        asks for no more than can start)."""
-        caps = self.caps()
-        return sum(caps.values()) if caps else self.concurrency
-
-    def exchange(self, want: int) -> list[Message]:
+    def exchange(self, want: int, caps: dict[str, int] | None = None) -> list[Message]:
         """Write decided outcomes and claim up to ``want`` messages: one round trip,
         retried with backoff while Redis is unreachable (up to the earliest lease of the
         outcomes being written, so a decided outcome is not given up lightly)."""
@@ -370,7 +370,7 @@ class _Run:
                     lease=lease,
                     deadline=deadline,
                     limit=want,
-                    caps=self.caps() if want else {},
+                    caps=caps or {},
                     due_slack=DUE_SLACK,
                 )
                 break
@@ -405,8 +405,9 @@ class _Run:
             self.per_destination[message.destination] += 1
             self.report.claimed.append(message.id)
 
-    def collect(self, timeout: float) -> None:
-        done, _ = wait(list(self.in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+    def collect(self, timeout: float, return_when: str = FIRST_COMPLETED) -> None:
+        """Wait up to ``timeout`` seconds for attempts to finish; decide each finished one."""
+        done, _ = wait(list(self.in_flight), timeout=timeout, return_when=return_when)
         for future in done:
             message = self.in_flight.pop(future)
             self.per_destination[message.destination] -= 1
@@ -427,9 +428,11 @@ class _Run:
     def loop(self) -> None:
         while True:
             free = self.concurrency - len(self.in_flight)
-            want = min(outbox_settings.BATCH_SIZE, free, self.destination_room()) if time.time() < self.claim_until else 0
+            caps = self.caps()
+            room = sum(caps.values()) if caps else self.concurrency
+            want = min(outbox_settings.BATCH_SIZE, free, room) if time.time() < self.claim_until else 0
             if want or self.decided:
-                claimed = self.exchange(want)
+                claimed = self.exchange(want, caps if want else None)
                 self.start(claimed)
                 if not claimed and not self.in_flight and not self.decided:
                     return  # nothing due, nothing running
@@ -442,13 +445,7 @@ class _Run:
     def fail_safe(self) -> None:
         """After an exception: keep what was decided, charge only what was in flight."""
         if self.in_flight:
-            done, _ = wait(list(self.in_flight), timeout=FAILSAFE_WAIT)
-            for future in done:
-                self.in_flight.pop(future)
-                outcome = future.result()
-                decision = decide_outcome(outcome, time.time())
-                log_attempt(outcome, decision)
-                self.decided.append(decision)
+            self.collect(FAILSAFE_WAIT, ALL_COMPLETED)
         if self.decided:
             self.exchange(0)
         if self.in_flight:

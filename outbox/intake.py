@@ -43,11 +43,11 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
     return result.created
 
 
-def conflict(message: Message, created: Created, index: int | None = None) -> IdempotencyConflict:
-    """The :class:`IdempotencyConflict` for a message whose key names another message."""
+def conflict(message: Message, existing_id: str, index: int | None = None) -> IdempotencyConflict:
+    """The :class:`IdempotencyConflict` for a message whose key names message ``existing_id``."""
     where = f"send_many item {index}: " if index is not None else ""
     return IdempotencyConflict(
         f"{where}idempotency_key {message.idempotency_key!r} was already used for destination "
-        f"{message.destination!r} with a different body (message {created.standing_id})",
-        existing_id=created.standing_id,
+        f"{message.destination!r} with a different body (message {existing_id})",
+        existing_id=existing_id,
     )

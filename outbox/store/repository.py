@@ -367,7 +367,7 @@ class MessageRepository:
 
     def bulk_transition(
         self,
-        ids_by_group: Sequence[tuple[str, Sequence[str]]],
+        ids: Sequence[str],
         *,
         from_statuses: Sequence[str],
         to: str,
@@ -385,7 +385,7 @@ class MessageRepository:
         queue's due index and wake it.
 
         Args:
-            ids_by_group: (job id, ids): each group's job id is written as ``job_id`` ("" for none).
+            ids: the messages.
             from_statuses: statuses a message must be in for the change to apply.
             to: the status after the change.
             now: epoch seconds (``updated_at``; the first index score).
@@ -398,11 +398,7 @@ class MessageRepository:
         args.append(len(set))
         for field_name, value in set.items():
             args += [field_name, value]
-        args += [",".join(unset), repr(now), repr(step), self.wake_ttl_ms, len(ids_by_group)]
-        ids: list[str] = []
-        for job_id, group in ids_by_group:
-            args += [job_id, len(group), *group]
-            ids += group
+        args += [",".join(unset), repr(now), repr(step), self.wake_ttl_ms, 1, "", len(ids), *ids]  # one group, no job id
         flags, woken = self.run_script("bulk", args)
         return BulkResult([i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken])
 
@@ -440,21 +436,9 @@ class MessageRepository:
         reply = self.run_script("wake", [self.keys.prefix, repr(now), self.wake_ttl_ms, repr(stale_after), *queues])
         return [q.decode() for q in reply]
 
-    def set_wake_flags(self, queues: Sequence[str], now: float) -> None:
-        """Mark a wake-up job as waiting for each queue (the caller enqueues it)."""
-        pipe = self.connection.pipeline(transaction=False)
-        for queue in queues:
-            pipe.set(self.keys.wake(queue), repr(now), px=self.wake_ttl_ms)
-        pipe.execute()
-
     def clear_wake_flag(self, queue: str) -> None:
         """A wake-up job of ``queue`` has started: the next message due needs a new one."""
         self.connection.delete(self.keys.wake(queue))
-
-    def next_due(self, queue: str) -> float | None:
-        """Epoch seconds when the earliest message in ``queue``'s due index is due, or None."""
-        rows = self.connection.zrange(self.keys.due(queue), 0, 0, withscores=True)
-        return rows[0][1] if rows else None
 
     def delete(self, ids: Sequence[str], statuses: Sequence[str]) -> list[bool]:
         """Delete messages whose status is one of ``statuses`` (records, attempts, indexes).
