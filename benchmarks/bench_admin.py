@@ -67,7 +67,9 @@ def p95(values: list[float]) -> float:
     return ordered[math.ceil(0.95 * len(ordered)) - 1]
 
 
-def time_get(client, url: str, n: int, *, expect: int = 200, data: dict | None = None) -> tuple[list[float], int]:
+def time_get(
+    client, url: str, n: int, *, expect: int = 200, data: dict | None = None
+) -> tuple[list[float], int]:
     """Milliseconds of each of ``n`` requests (GET, or POST of ``data``) after 2 warm-ups,
     and the response size in bytes."""
     send = (lambda: client.post(url, data)) if data is not None else (lambda: client.get(url))
@@ -112,9 +114,24 @@ def measure_pages(client, repo, n: int) -> list[PageTiming]:
         ("baseline: admin index", u("index"), None, None),
         ("dashboard", u("outbox_dashboard"), None, PAGE_TARGET_MS),
         ("list status=failed", f"{listing}?status=failed", None, PAGE_TARGET_MS),
-        (f"list status=failed&destination={BUSY_DESTINATION}", f"{listing}?status=failed&destination={BUSY_DESTINATION}", None, PAGE_TARGET_MS),
-        ("  same, page 50", f"{listing}?status=failed&destination={BUSY_DESTINATION}&p=50", None, PAGE_TARGET_MS),
-        (f"  same, last page ({last_page:,})", f"{listing}?status=failed&destination={BUSY_DESTINATION}&p={last_page}", None, PAGE_TARGET_MS),
+        (
+            f"list status=failed&destination={BUSY_DESTINATION}",
+            f"{listing}?status=failed&destination={BUSY_DESTINATION}",
+            None,
+            PAGE_TARGET_MS,
+        ),
+        (
+            "  same, page 50",
+            f"{listing}?status=failed&destination={BUSY_DESTINATION}&p=50",
+            None,
+            PAGE_TARGET_MS,
+        ),
+        (
+            f"  same, last page ({last_page:,})",
+            f"{listing}?status=failed&destination={BUSY_DESTINATION}&p={last_page}",
+            None,
+            PAGE_TARGET_MS,
+        ),
         ("detail (failed, with attempts)", u("outbox_message_detail", detail_id), None, None),
         (
             "confirm page: requeue all status=failed",
@@ -143,7 +160,11 @@ def put_back_failed(repo, scored: list[tuple[bytes, float]]) -> None:
                 from_statuses=(Status.PENDING.value,),
                 to=Status.FAILED.value,
                 score=score,
-                set={"retry_count": "6", "last_error": "HTTP 500 Internal Server Error", "last_status_code": "500"},
+                set={
+                    "retry_count": "6",
+                    "last_error": "HTTP 500 Internal Server Error",
+                    "last_status_code": "500",
+                },
                 unset=("next_attempt_at",),
             )
             for raw, score in scored[i : i + 2000]
@@ -180,7 +201,12 @@ def requeue_console(client, repo) -> tuple[dict[str, float], str]:
     from outbox.dispatch import get_queue
 
     url = reverse("admin:outbox_message_action")
-    form = {"action": "requeue", "select_across": "1", "status": "failed", "next": reverse("admin:outbox_message_list")}
+    form = {
+        "action": "requeue",
+        "select_across": "1",
+        "status": "failed",
+        "next": reverse("admin:outbox_message_list"),
+    }
     steps: dict[str, float] = {}
     t0 = time.perf_counter()
     response = client.post(url, form)
@@ -243,7 +269,11 @@ def requeue_bare(conn, n: int) -> float:
     return elapsed
 
 
-def show(pages: list[PageTiming], requeues: list[tuple[str, list[float], int, float | None]], out: Callable[[str], None]) -> None:
+def show(
+    pages: list[PageTiming],
+    requeues: list[tuple[str, list[float], int, float | None]],
+    out: Callable[[str], None],
+) -> None:
     """Print both tables (GitHub markdown)."""
     base = pages[0].median_ms
     out("")
@@ -252,23 +282,31 @@ def show(pages: list[PageTiming], requeues: list[tuple[str, list[float], int, fl
     for p in pages:
         ok = "" if p.target_ms is None else ("yes" if p.median_ms < p.target_ms else "**NO**")
         target = "" if p.target_ms is None else f"< {p.target_ms:.0f}"
-        out(f"| {p.name} | {p.median_ms:.1f} | {p.p95_ms:.1f} | {p.median_ms / base:.2f} | {p.size_kb:.0f} | {target} | {ok} |")
+        out(
+            f"| {p.name} | {p.median_ms:.1f} | {p.p95_ms:.1f} | {p.median_ms / base:.2f} | {p.size_kb:.0f} | {target} | {ok} |"
+        )
     out("")
     bare = statistics.median(requeues[-1][1])
-    out(f"| requeue of every failed message ({len(requeues[0][1])} rounds) | median s | min s | max s | messages/s (median) | × bare | target | ok |")
+    out(
+        f"| requeue of every failed message ({len(requeues[0][1])} rounds) | median s | min s | max s | messages/s (median) | × bare | target | ok |"
+    )
     out("|---|---:|---:|---:|---:|---:|---:|:-:|")
     for name, runs, n, target in requeues:
         median = statistics.median(runs)
         ok = "" if target is None else ("yes" if median < target else "**NO**")
         tgt = "" if target is None else f"< {target:.0f}"
-        out(f"| {name} | {median:.2f} | {min(runs):.2f} | {max(runs):.2f} | {n / median:,.0f} | {median / bare:.2f} | {tgt} | {ok} |")
+        out(
+            f"| {name} | {median:.2f} | {min(runs):.2f} | {max(runs):.2f} | {n / median:,.0f} | {median / bare:.2f} | {tgt} | {ok} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--total", type=int, default=1_000_000, help="messages to load (default 1,000,000)")
     parser.add_argument("--failed", type=int, default=100_000, help="of which failed (default 100,000)")
-    parser.add_argument("--requests", type=int, default=30, help="timed requests per page (default 30, at least 20)")
+    parser.add_argument(
+        "--requests", type=int, default=30, help="timed requests per page (default 30, at least 20)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="times each requeue is measured (default 3)")
     args = parser.parse_args(argv)
     django.setup()
@@ -284,16 +322,24 @@ def main(argv: list[str] | None = None) -> None:
     client, _user = setup_database()
 
     t0 = time.perf_counter()
-    written = load(args.total, failed=args.failed, destinations=settings.BENCH_DESTINATIONS,
-                   progress=lambda line: print(f"\r{line}", end="", flush=True))
+    written = load(
+        args.total,
+        failed=args.failed,
+        destinations=settings.BENCH_DESTINATIONS,
+        progress=lambda line: print(f"\r{line}", end="", flush=True),
+    )
     loaded = time.perf_counter() - t0
     memory = conn.info("memory")
     print(f"\rloaded {args.total:,} messages in {loaded:.0f} s: {written}")
-    print(f"Redis used_memory_human after loading: {memory['used_memory_human']} "
-          f"(used_memory {memory['used_memory'] / args.total:.0f} bytes per message); "
-          f"failed on {BUSY_DESTINATION}: {repo.count('failed', BUSY_DESTINATION):,}")
+    print(
+        f"Redis used_memory_human after loading: {memory['used_memory_human']} "
+        f"(used_memory {memory['used_memory'] / args.total:.0f} bytes per message); "
+        f"failed on {BUSY_DESTINATION}: {repo.count('failed', BUSY_DESTINATION):,}"
+    )
 
-    print(f"load average before measuring: {load_average()} ({os.cpu_count()} CPUs; other processes share them)")
+    print(
+        f"load average before measuring: {load_average()} ({os.cpu_count()} CPUs; other processes share them)"
+    )
     pages = measure_pages(client, repo, max(20, args.requests))
 
     scored = conn.zrange(repo.index_key("failed"), 0, -1, withscores=True)

@@ -66,7 +66,11 @@ def main() -> None:
     results: dict[tuple[str, str], list[float]] = {}
     for _ in range(3):
         for alias in aliases:
-            for name, fn in (("bare transaction", bare), ("transaction + send()", durable), ("send() outside", direct)):
+            for name, fn in (
+                ("bare transaction", bare),
+                ("transaction + send()", durable),
+                ("send() outside", direct),
+            ):
                 results.setdefault((alias, name), []).append(per_call(fn, alias))
         get_connection().flushdb()
     print(f"{n} iterations x 3 rounds, medians; load average {os.getloadavg()[0]:.2f}")
@@ -75,7 +79,11 @@ def main() -> None:
         base = statistics.median(results[(alias, "bare transaction")])
         for name in ("bare transaction", "transaction + send()", "send() outside"):
             value = statistics.median(results[(alias, name)])
-            extra = f"  (+{value - base:.0f} us over the bare transaction)" if name == "transaction + send()" else ""
+            extra = (
+                f"  (+{value - base:.0f} us over the bare transaction)"
+                if name == "transaction + send()"
+                else ""
+            )
             print(f"{alias:10} {name:24} {value:9.0f}{extra}")
     if "postgres" in aliases:
         connections["postgres"].creation.destroy_test_db(settings.DATABASES["postgres"]["NAME"], verbosity=0)

@@ -73,7 +73,10 @@ def main(n: int) -> None:
     server, url = receiver()
     body = {"order": 1, "items": [{"sku": "A-1", "qty": 2}], "total": "19.90"}
     config = {**outbox_settings.user_settings}
-    config["DESTINATIONS"] = {**config["DESTINATIONS"], "bench": {"TRANSPORT": "webhook", "OPTIONS": {"url": url, "allow_private_networks": True}}}
+    config["DESTINATIONS"] = {
+        **config["DESTINATIONS"],
+        "bench": {"TRANSPORT": "webhook", "OPTIONS": {"url": url, "allow_private_networks": True}},
+    }
     with override_settings(OUTBOX=config):
         conn.flushdb()
         queue = get_queue("outbox")
@@ -86,7 +89,9 @@ def main(n: int) -> None:
         for _ in range(0, n, 500):
             outbox.send_many([{"destination": "bench", "body": body}] * 500)
         many = (time.perf_counter() - t0) / n * 1e6
-        print(f"send():            {one:8.1f} us/message   bare RQ enqueue: {bare:8.1f} us/job   ratio {one / bare:5.2f}")
+        print(
+            f"send():            {one:8.1f} us/message   bare RQ enqueue: {bare:8.1f} us/job   ratio {one / bare:5.2f}"
+        )
         print(f"send_many(500):    {many:8.1f} us/message   ratio to bare enqueue {many / bare:5.2f}")
 
         worker = SimpleWorker([queue], connection=conn)

@@ -44,7 +44,14 @@ OUTBOX_QUEUES = ["outbox_high", "outbox", "outbox_low"]
 
 def body_200(**extra) -> dict:
     """A JSON body that serializes (compact) to exactly 200 bytes."""
-    body = {"order": 123456, "customer": "cus_8f2a1c", "currency": "EUR", "total": "129.90", **extra, "pad": ""}
+    body = {
+        "order": 123456,
+        "customer": "cus_8f2a1c",
+        "currency": "EUR",
+        "total": "129.90",
+        **extra,
+        "pad": "",
+    }
     size = len(json.dumps(body, separators=(",", ":")))
     body["pad"] = "x" * (200 - size)
     return body
@@ -58,17 +65,27 @@ def run_json(args: list[str], env: dict | None = None, timeout: float = 600) -> 
     """Run ``python -m benchmarks.compare ARGS`` and parse its last stdout line as JSON."""
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.compare", *args],
-        cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{args} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def spawn(args: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.compare", *args], cwd=ROOT, env={**os.environ, **env},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "benchmarks.compare", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -164,7 +181,9 @@ def outbox_burst(n: int, env: dict | None = None) -> dict:
     steady rate seen by the no-op transport (``steady``) when it delivered n."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "done.json"
-        result = run_json(["outbox-worker", "--burst"], env={**(env or {}), "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)})
+        result = run_json(
+            ["outbox-worker", "--burst"], env={**(env or {}), "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)}
+        )
         if out.exists():
             done = json.loads(out.read_text())
             result["steady"] = steady(done)
@@ -238,7 +257,10 @@ def case_rq(n: int) -> dict:
         mem1 = used_memory(conn)
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "done.json"
-            worker = run_json(["rq-worker"], env={"BENCH_REDIS_URL": server.url, "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)})
+            worker = run_json(
+                ["rq-worker"],
+                env={"BENCH_REDIS_URL": server.url, "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)},
+            )
             done = json.loads(out.read_text())
             worker["steady"] = steady(done)
             worker["drain"] = done["done_at"] - worker["t0"]
@@ -247,7 +269,9 @@ def case_rq(n: int) -> dict:
         conn.flushdb()
         t0 = time.perf_counter()
         for i in range(0, n, 100):
-            queue.enqueue_many([Queue.prepare_data("benchmarks.peers.noop_job", (body,)) for _ in range(min(100, n - i))])
+            queue.enqueue_many(
+                [Queue.prepare_data("benchmarks.peers.noop_job", (body,)) for _ in range(min(100, n - i))]
+            )
         many = time.perf_counter() - t0
         assert queue.count == n
         return {
@@ -295,15 +319,24 @@ def case_dramatiq(n: int) -> dict:
 def dramatiq_worker_run(url: str, n: int, prefetch: int, timeout: float = 300) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "done.json"
-        env = {"BENCH_REDIS_URL": url, "BENCH_EXPECT": str(n), "BENCH_OUT": str(out), "BENCH_PREFETCH": str(prefetch),
-               "BENCH_READY": str(Path(tmp) / "ready.json")}
+        env = {
+            "BENCH_REDIS_URL": url,
+            "BENCH_EXPECT": str(n),
+            "BENCH_OUT": str(out),
+            "BENCH_PREFETCH": str(prefetch),
+            "BENCH_READY": str(Path(tmp) / "ready.json"),
+        }
         proc = spawn(["dramatiq-worker"], env)
         try:
             ready = wait_file(Path(env["BENCH_READY"]), proc, 60)
             done = wait_file(out, proc, timeout)
         finally:
             stop(proc)
-        return {"elapsed": done["done_at"] - ready["t0"], "steady": steady(done), "latencies_ms": done["latencies_ms"]}
+        return {
+            "elapsed": done["done_at"] - ready["t0"],
+            "steady": steady(done),
+            "latencies_ms": done["latencies_ms"],
+        }
 
 
 def case_webhook_outbox(n: int) -> dict:
@@ -334,7 +367,9 @@ def case_webhook_httpx(n: int) -> dict:
     payload = json.dumps(body_200(), separators=(",", ":")).encode()
     counter = iter(range(n))
     lock = threading.Lock()
-    client = httpx.Client(limits=httpx.Limits(max_connections=HTTPX_THREADS, max_keepalive_connections=HTTPX_THREADS))
+    client = httpx.Client(
+        limits=httpx.Limits(max_connections=HTTPX_THREADS, max_keepalive_connections=HTTPX_THREADS)
+    )
 
     def post_all():
         while True:
@@ -342,7 +377,9 @@ def case_webhook_httpx(n: int) -> dict:
                 i = next(counter, None)
             if i is None:
                 return
-            r = client.post(url, content=payload, headers={"content-type": "application/json", "webhook-id": f"msg_{i}"})
+            r = client.post(
+                url, content=payload, headers={"content-type": "application/json", "webhook-id": f"msg_{i}"}
+            )
             r.raise_for_status()
 
     try:
@@ -387,7 +424,9 @@ def case_latency_outbox(n: int) -> dict:
 
         with tempfile.TemporaryDirectory() as tmp:
             out, ready = Path(tmp) / "done.json", Path(tmp) / "ready.json"
-            proc = spawn(["outbox-worker"], {"BENCH_EXPECT": str(n), "BENCH_OUT": str(out), "BENCH_READY": str(ready)})
+            proc = spawn(
+                ["outbox-worker"], {"BENCH_EXPECT": str(n), "BENCH_OUT": str(out), "BENCH_READY": str(ready)}
+            )
             try:
                 wait_file(ready, proc, 60)
                 time.sleep(1.0)  # RQ's worker registers and starts listening
@@ -408,7 +447,12 @@ def case_latency_dramatiq(n: int) -> dict:
 
         with tempfile.TemporaryDirectory() as tmp:
             out, ready = Path(tmp) / "done.json", Path(tmp) / "ready.json"
-            env = {"BENCH_EXPECT": str(n), "BENCH_OUT": str(out), "BENCH_READY": str(ready), "BENCH_PREFETCH": "100"}
+            env = {
+                "BENCH_EXPECT": str(n),
+                "BENCH_OUT": str(out),
+                "BENCH_READY": str(ready),
+                "BENCH_PREFETCH": "100",
+            }
             proc = spawn(["dramatiq-worker"], env)
             try:
                 wait_file(ready, proc, 60)
@@ -513,16 +557,43 @@ def ensure_dramatiq() -> None:
         import dramatiq  # noqa: F401
     except ImportError:
         print("installing the bench extra (dramatiq[redis]) into this venv ...", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", f"{ROOT}[bench]"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "-e",
+                f"{ROOT}[bench]",
+            ],
+            check=True,
+        )
 
 
 def run_admin(total: int, failed: int) -> dict:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings", "PYTHONPATH": str(ROOT)}
     env.pop("OUTBOX_TEST_REDIS_URL", None)  # benchmarks.settings starts its own private Redis
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_admin", "--total", str(total), "--failed", str(failed),
-         "--requests", "20", "--rounds", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_admin",
+            "--total",
+            str(total),
+            "--failed",
+            str(failed),
+            "--requests",
+            "20",
+            "--rounds",
+            "1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"bench_admin failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -554,12 +625,22 @@ def med(values: list[float]) -> str:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="Issue 7's side-by-side benchmark (see docs/benchmarks.md).")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--n", type=int, default=2000, help="messages per throughput/memory case (default 2,000)")
-    parser.add_argument("--webhook-n", type=int, default=1000, help="messages per webhook case (default 1,000)")
-    parser.add_argument("--latency-seconds", type=float, default=10, help="seconds of steady 200 msg/s traffic (default 10)")
-    parser.add_argument("--admin-total", type=int, default=1_000_000, help="messages loaded for bench_admin (0: skip)")
+    parser.add_argument(
+        "--n", type=int, default=2000, help="messages per throughput/memory case (default 2,000)"
+    )
+    parser.add_argument(
+        "--webhook-n", type=int, default=1000, help="messages per webhook case (default 1,000)"
+    )
+    parser.add_argument(
+        "--latency-seconds", type=float, default=10, help="seconds of steady 200 msg/s traffic (default 10)"
+    )
+    parser.add_argument(
+        "--admin-total", type=int, default=1_000_000, help="messages loaded for bench_admin (0: skip)"
+    )
     parser.add_argument("--admin-failed", type=int, default=100_000, help="of which failed (default 100,000)")
-    parser.add_argument("--quick", action="store_true", help="1 round, n=500, 3 s latency, admin 20,000 (development)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 round, n=500, 3 s latency, admin 20,000 (development)"
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.quick:
@@ -571,8 +652,12 @@ def main(argv: list[str]) -> None:
     import rq
 
     latency_n = int(LATENCY_RATE * args.latency_seconds)
-    sizes = {"webhook-outbox": args.webhook_n, "webhook-httpx": args.webhook_n,
-             "latency-outbox": latency_n, "latency-dramatiq": latency_n}
+    sizes = {
+        "webhook-outbox": args.webhook_n,
+        "webhook-httpx": args.webhook_n,
+        "latency-outbox": latency_n,
+        "latency-dramatiq": latency_n,
+    }
     results: dict[str, list[dict]] = {name: [] for name in CASES}
     loads = [loadavg()]
     started = time.time()
@@ -584,8 +669,11 @@ def main(argv: list[str]) -> None:
             t = time.perf_counter()
             res = run_json(["case", name, "--n", str(sizes.get(name, args.n))])
             results[name].append(res)
-            print(f"round {r} {name:17s} {time.perf_counter() - t:5.1f} s  load {loadavg()}  "
-                  f"{ {k: (round(v, 1) if isinstance(v, float) else v) for k, v in res.items() if k != 'server_top'} }", flush=True)
+            print(
+                f"round {r} {name:17s} {time.perf_counter() - t:5.1f} s  load {loadavg()}  "
+                f"{ {k: (round(v, 1) if isinstance(v, float) else v) for k, v in res.items() if k != 'server_top'} }",
+                flush=True,
+            )
         loads.append(loadavg())
     admin = {}
     if args.admin_total:
@@ -606,55 +694,114 @@ def main(argv: list[str]) -> None:
         rows.append((what, ours, peers, ratio, target, "" if met is None else ("yes" if met else "**NO**")))
 
     r = m("outbox-send", "send_per_s") / m("dramatiq", "send_per_s")
-    row("send() per s", med(vals("outbox-send", "send_per_s")),
+    row(
+        "send() per s",
+        med(vals("outbox-send", "send_per_s")),
         f"RQ enqueue {med(vals('rq', 'send_per_s'))}; Dramatiq send {med(vals('dramatiq', 'send_per_s'))}",
-        f"{r:.2f}× Dramatiq; {m('outbox-send', 'send_per_s') / m('rq', 'send_per_s'):.2f}× RQ", "≥ 1.0× Dramatiq send", r >= 1.0)
+        f"{r:.2f}× Dramatiq; {m('outbox-send', 'send_per_s') / m('rq', 'send_per_s'):.2f}× RQ",
+        "≥ 1.0× Dramatiq send",
+        r >= 1.0,
+    )
     r = m("outbox-many", "send_per_s") / m("rq", "many_per_s")
-    row("send_many(100) msg/s", med(vals("outbox-many", "send_per_s")), f"RQ enqueue_many(100) {med(vals('rq', 'many_per_s'))}",
-        f"{r:.2f}× RQ", "≥ 2× RQ enqueue_many", r >= 2.0)
+    row(
+        "send_many(100) msg/s",
+        med(vals("outbox-many", "send_per_s")),
+        f"RQ enqueue_many(100) {med(vals('rq', 'many_per_s'))}",
+        f"{r:.2f}× RQ",
+        "≥ 2× RQ enqueue_many",
+        r >= 2.0,
+    )
     r = m("outbox-send", "deliver_per_s") / m("dramatiq", "deliver_prefetch_per_s")
-    row("no-op delivery, 1 worker, sent with send(), msg/s", med(vals("outbox-send", "deliver_per_s")),
+    row(
+        "no-op delivery, 1 worker, sent with send(), msg/s",
+        med(vals("outbox-send", "deliver_per_s")),
         f"RQ SimpleWorker {med(vals('rq', 'deliver_per_s'))}; Dramatiq 1 proc 1 thread {med(vals('dramatiq', 'deliver_per_s'))}; "
         f"Dramatiq prefetch 100: {med(vals('dramatiq', 'deliver_prefetch_per_s'))}",
-        f"{r:.2f}× Dramatiq prefetch 100", "≥ 1.0× Dramatiq prefetch 100", r >= 1.0)
+        f"{r:.2f}× Dramatiq prefetch 100",
+        "≥ 1.0× Dramatiq prefetch 100",
+        r >= 1.0,
+    )
     r = m("outbox-send", "deliver_steady_per_s") / m("dramatiq", "deliver_prefetch_steady_per_s")
-    row("  same, steady state only (first to last delivery, no start-up), msg/s", med(vals("outbox-send", "deliver_steady_per_s")),
+    row(
+        "  same, steady state only (first to last delivery, no start-up), msg/s",
+        med(vals("outbox-send", "deliver_steady_per_s")),
         f"RQ SimpleWorker {med(vals('rq', 'deliver_steady_per_s'))}; Dramatiq 1 proc 1 thread {med(vals('dramatiq', 'deliver_steady_per_s'))}; "
         f"Dramatiq prefetch 100: {med(vals('dramatiq', 'deliver_prefetch_steady_per_s'))}",
-        f"{r:.2f}× Dramatiq prefetch 100", "(informative)", None)
+        f"{r:.2f}× Dramatiq prefetch 100",
+        "(informative)",
+        None,
+    )
     r = m("outbox-many", "deliver_per_s") / m("dramatiq", "deliver_prefetch_per_s")
-    row("no-op delivery, 1 worker, sent with send_many(100), msg/s", med(vals("outbox-many", "deliver_per_s")),
-        f"Dramatiq prefetch 100: {med(vals('dramatiq', 'deliver_prefetch_per_s'))}", f"{r:.2f}× Dramatiq prefetch 100", "", None)
+    row(
+        "no-op delivery, 1 worker, sent with send_many(100), msg/s",
+        med(vals("outbox-many", "deliver_per_s")),
+        f"Dramatiq prefetch 100: {med(vals('dramatiq', 'deliver_prefetch_per_s'))}",
+        f"{r:.2f}× Dramatiq prefetch 100",
+        "",
+        None,
+    )
     ours, peer = m("webhook-outbox", "deliver_per_s"), m("webhook-httpx", "deliver_per_s")
-    row(f"webhook, receiver answers after {RECEIVER_DELAY * 1000:.0f} ms, 1 worker, msg/s as the receiver sees them", med(vals("webhook-outbox", "deliver_per_s")),
+    row(
+        f"webhook, receiver answers after {RECEIVER_DELAY * 1000:.0f} ms, 1 worker, msg/s as the receiver sees them",
+        med(vals("webhook-outbox", "deliver_per_s")),
         f"plain httpx, {HTTPX_THREADS} threads, one process: {med(vals('webhook-httpx', 'deliver_per_s'))}",
-        f"{ours / peer:.2f}× httpx", "≥ 200/s and ≥ 0.7× httpx", ours >= 200 and ours / peer >= 0.7)
+        f"{ours / peer:.2f}× httpx",
+        "≥ 200/s and ≥ 0.7× httpx",
+        ours >= 200 and ours / peer >= 0.7,
+    )
     lo_med, lo_p99 = m("latency-outbox", "median_ms"), m("latency-outbox", "p99_ms")
-    row(f"end-to-end latency at a steady {LATENCY_RATE} msg/s, 1 worker (no-op receiver), ms",
+    row(
+        f"end-to-end latency at a steady {LATENCY_RATE} msg/s, 1 worker (no-op receiver), ms",
         f"median {med(vals('latency-outbox', 'median_ms'))}, p99 {med(vals('latency-outbox', 'p99_ms'))}",
         f"Dramatiq 1 thread prefetch 100: median {med(vals('latency-dramatiq', 'median_ms'))}, p99 {med(vals('latency-dramatiq', 'p99_ms'))}",
         f"{lo_med / m('latency-dramatiq', 'median_ms'):.2f}× / {lo_p99 / m('latency-dramatiq', 'p99_ms'):.2f}× Dramatiq",
-        "median < 20, p99 < 100", lo_med < 20 and lo_p99 < 100)
+        "median < 20, p99 < 100",
+        lo_med < 20 and lo_p99 < 100,
+    )
     r = m("outbox-send", "pending_bytes") / m("rq", "pending_bytes")
-    row("Redis bytes per pending message (200-byte JSON body), send()", med(vals("outbox-send", "pending_bytes")),
+    row(
+        "Redis bytes per pending message (200-byte JSON body), send()",
+        med(vals("outbox-send", "pending_bytes")),
         f"queued RQ job {med(vals('rq', 'pending_bytes'))}; Dramatiq {med(vals('dramatiq', 'pending_bytes'))}",
-        f"{r:.2f}× RQ job", "≤ 1.5× RQ job", r <= 1.5)
+        f"{r:.2f}× RQ job",
+        "≤ 1.5× RQ job",
+        r <= 1.5,
+    )
     r = m("outbox-send", "succeeded_bytes") / m("rq", "pending_bytes")
-    row("Redis bytes per succeeded message, send(), RQ residue included", med(vals("outbox-send", "succeeded_bytes")),
+    row(
+        "Redis bytes per succeeded message, send(), RQ residue included",
+        med(vals("outbox-send", "succeeded_bytes")),
         f"queued RQ job {med(vals('rq', 'pending_bytes'))} (RQ job after success, default result_ttl: {med(vals('rq', 'succeeded_bytes'))})",
-        f"{r:.2f}× RQ job", "≤ 1.0× RQ job", r <= 1.0)
+        f"{r:.2f}× RQ job",
+        "≤ 1.0× RQ job",
+        r <= 1.0,
+    )
     sc, ct = m("outbox-send", "server_cmds_per_msg"), m("outbox-send", "client_trips_per_msg")
-    row("Redis commands per delivered message, send() traffic (worker process)",
+    row(
+        "Redis commands per delivered message, send() traffic (worker process)",
         f"server {med(vals('outbox-send', 'server_cmds_per_msg'))} (INFO commandstats, Lua included); "
         f"client {med(vals('outbox-send', 'client_cmds_per_msg'))} commands in {med(vals('outbox-send', 'client_trips_per_msg'))} round trips",
-        "", "", "≤ 10 commands, ≤ 1 round trip", sc <= 10 and ct <= 1.0)
-    for page, label in (("dashboard", "dashboard"), ("list status=failed", "list status=failed"),
-                        ("list status=failed&destination=orders", "list failed, one destination"),
-                        ("same, page 50", "list failed, one destination, page 50")):
+        "",
+        "",
+        "≤ 10 commands, ≤ 1 round trip",
+        sc <= 10 and ct <= 1.0,
+    )
+    for page, label in (
+        ("dashboard", "dashboard"),
+        ("list status=failed", "list status=failed"),
+        ("list status=failed&destination=orders", "list failed, one destination"),
+        ("same, page 50", "list failed, one destination, page 50"),
+    ):
         if page in admin:
             base = admin.get("baseline: admin index", (0, 0))[0]
-            row(f"admin {label}, {args.admin_total:,} messages, ms (median of 20)", fmt(admin[page][0]),
-                f"admin index {fmt(base)}", f"{admin[page][0] / base:.2f}× index" if base else "", "< 100 ms", admin[page][0] < 100)
+            row(
+                f"admin {label}, {args.admin_total:,} messages, ms (median of 20)",
+                fmt(admin[page][0]),
+                f"admin index {fmt(base)}",
+                f"{admin[page][0] / base:.2f}× index" if base else "",
+                "< 100 ms",
+                admin[page][0] < 100,
+            )
 
     top = results["outbox-send"][-1]["server_top"]
     lines = [

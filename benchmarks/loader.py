@@ -26,7 +26,12 @@ from outbox.store import Change
 
 CREATE_BATCH = 10_000
 TRANSITION_BATCH = 2_000
-ERRORS = ["HTTP 500 Internal Server Error", "HTTP 503 Service Unavailable", "timed out (ReadTimeout) after 10.0s", "HTTP 404 Not Found"]
+ERRORS = [
+    "HTTP 500 Internal Server Error",
+    "HTTP 503 Service Unavailable",
+    "timed out (ReadTimeout) after 10.0s",
+    "HTTP 404 Not Found",
+]
 
 
 def load(
@@ -59,7 +64,9 @@ def load(
     succeeded = total - failed - retrying - pending
     if succeeded < 0:
         raise ValueError("failed + retrying + pending exceed total")
-    plan = [Status.FAILED.value] * failed + [Status.RETRYING.value] * retrying + [Status.PENDING.value] * pending
+    plan = (
+        [Status.FAILED.value] * failed + [Status.RETRYING.value] * retrying + [Status.PENDING.value] * pending
+    )
     plan += [Status.SUCCEEDED.value] * succeeded
     rng.shuffle(plan)
     repo = get_repository()
@@ -70,7 +77,11 @@ def load(
         batch = []
         for i in range(offset, min(total, offset + CREATE_BATCH)):
             created = start + i * 0.001
-            dest = destinations[0] if plan[i] == Status.FAILED.value and i % 2 else destinations[i % len(destinations)]
+            dest = (
+                destinations[0]
+                if plan[i] == Status.FAILED.value and i % 2
+                else destinations[i % len(destinations)]
+            )
             batch.append(
                 Message(
                     id=new_message_id(created),
@@ -81,7 +92,13 @@ def load(
                     created_at=created,
                     idempotency_key=f"bench-{i}",
                     max_retries=5,
-                    retry_policy={"strategy": "exponential", "base": 10.0, "factor": 2.0, "max_delay": 21600.0, "jitter": "equal"},
+                    retry_policy={
+                        "strategy": "exponential",
+                        "base": 10.0,
+                        "factor": 2.0,
+                        "max_delay": 21600.0,
+                        "jitter": "equal",
+                    },
                     send_time=created,
                     next_attempt_at=created,
                     queue="outbox",
@@ -103,7 +120,9 @@ def _move(repo, batch: list[Message], statuses: list[str], rng: random.Random) -
         if status == Status.PENDING.value:
             continue
         error = "" if status == Status.SUCCEEDED.value else rng.choice(ERRORS)
-        retry_count = {"succeeded": rng.choice([0, 0, 0, 1]), "failed": 6, "retrying": rng.randint(1, 4)}[status]
+        retry_count = {"succeeded": rng.choice([0, 0, 0, 1]), "failed": 6, "retrying": rng.randint(1, 4)}[
+            status
+        ]
         next_at = now + rng.uniform(60, 3600) if status == Status.RETRYING.value else None
         fields = {"retry_count": str(retry_count), "last_attempt_at": repr(message.created_at + 1)}
         if error:
@@ -120,7 +139,12 @@ def _move(repo, batch: list[Message], statuses: list[str], rng: random.Random) -
                 score=next_at or message.created_at + 1,
                 set=fields,
                 unset=() if next_at else ("next_attempt_at",),
-                attempt=Attempt(started_at=message.created_at + 1, duration_ms=rng.uniform(5, 400), outcome=status, error=error),
+                attempt=Attempt(
+                    started_at=message.created_at + 1,
+                    duration_ms=rng.uniform(5, 400),
+                    outcome=status,
+                    error=error,
+                ),
             )
         )
     for i in range(0, len(changes), TRANSITION_BATCH):

@@ -36,7 +36,15 @@ def done(sent_at: float | None = None) -> None:
             _written = True
             out = os.environ["BENCH_OUT"]
             with open(out + ".tmp", "w") as f:
-                json.dump({"done_at": time.perf_counter(), "first_at": _first, "count": _count, "latencies_ms": _latencies}, f)
+                json.dump(
+                    {
+                        "done_at": time.perf_counter(),
+                        "first_at": _first,
+                        "count": _count,
+                        "latencies_ms": _latencies,
+                    },
+                    f,
+                )
             os.replace(out + ".tmp", out)
 
 

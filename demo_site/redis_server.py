@@ -23,7 +23,9 @@ from outbox.testing import RedisServer
 
 def main(argv: list[str] | None = None) -> int:
     """Start the server, announce its URL, wait for a stop signal. Returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m demo_site.redis_server", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m demo_site.redis_server", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--url-file", type=Path, help="also write the URL to this file (removed on exit)")
     args = parser.parse_args(argv)
     stop = threading.Event()
@@ -47,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         print(server.url, flush=True)
         while not stop.wait(1.0):
             if server.process is not None and server.process.poll() is not None:
-                print(f"redis_server: {server.binary} exited with code {server.process.returncode}", file=sys.stderr)
+                print(
+                    f"redis_server: {server.binary} exited with code {server.process.returncode}",
+                    file=sys.stderr,
+                )
                 return 1
         return 0
     finally:

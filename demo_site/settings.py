@@ -144,7 +144,9 @@ DEMO_SLOW_RATE = _env_float("DEMO_SLOW_RATE", 0.02, 0.0, 1.0)
 DEMO_SLOW_SECONDS = (1.0, 2.0)  # a slow answer sleeps uniformly in this range; well under the 10 s timeout
 DEMO_RECEIVER_PREFIX = "demo:receiver"  # the receiver's Redis keys; apart from the outbox's
 # whsec_ + base64(b"django-redis-outbox demo secret!"): a fixed demo secret, not a real one.
-DEMO_WEBHOOK_SECRET = os.environ.get("DEMO_WEBHOOK_SECRET") or "whsec_ZGphbmdvLXJlZGlzLW91dGJveCBkZW1vIHNlY3JldCE="
+DEMO_WEBHOOK_SECRET = (
+    os.environ.get("DEMO_WEBHOOK_SECRET") or "whsec_ZGphbmdvLXJlZGlzLW91dGJveCBkZW1vIHNlY3JldCE="
+)
 
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 DEFAULT_FROM_EMAIL = "shop@example.com"

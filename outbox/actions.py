@@ -89,7 +89,9 @@ def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
 Execute = Callable[[], list[str]]  # writes one prepared chunk; returns the ids acted on
 
 
-def _run(ids: Iterable[str], action: str, prepare: Callable[[list[str]], Execute], progress: Progress | None) -> ActionResult:
+def _run(
+    ids: Iterable[str], action: str, prepare: Callable[[list[str]], Execute], progress: Progress | None
+) -> ActionResult:
     """Prepare each chunk in this thread while a helper thread writes the previous one.
 
     Python's share of a bulk action (building the changes, reading each chunk's queues)
@@ -136,7 +138,14 @@ def _writer(
 
     def execute() -> list[str]:
         result = repo.bulk_transition(
-            ids, from_statuses=from_statuses, to=to, now=now, action=action, set=set, unset=unset, step=TIE_BREAK
+            ids,
+            from_statuses=from_statuses,
+            to=to,
+            now=now,
+            action=action,
+            set=set,
+            unset=unset,
+            step=TIE_BREAK,
         )
         dispatch.enqueue_wakeups(result.woken)
         return result.applied
@@ -162,7 +171,7 @@ def _prepare_requeue(ids: list[str]) -> Execute:
         to=Status.PENDING.value,
         now=now,
         set={"retry_count": "0", "next_attempt_at": repr(now)},
-        unset=("last_error", "last_status_code", "lease"),
+        unset=("last_error", "last_error_class", "last_status_code", "lease"),
     )
 
 

@@ -30,7 +30,17 @@ from .validation import (
 )
 
 SEND_ARGUMENTS = frozenset(
-    {"destination", "body", "content_type", "headers", "idempotency_key", "max_retries", "retry", "delay", "priority"}
+    {
+        "destination",
+        "body",
+        "content_type",
+        "headers",
+        "idempotency_key",
+        "max_retries",
+        "retry",
+        "delay",
+        "priority",
+    }
 )
 
 
@@ -168,7 +178,9 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
     built = []
     for index, item in enumerate(messages):
         if not isinstance(item, Mapping):
-            raise InvalidMessage(f"send_many item {index} must be a dict of send() arguments", field="messages")
+            raise InvalidMessage(
+                f"send_many item {index} must be a dict of send() arguments", field="messages"
+            )
         unknown = set(item) - SEND_ARGUMENTS
         if unknown or "destination" not in item or "body" not in item:
             raise InvalidMessage(
@@ -181,7 +193,9 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
         except InvalidMessage as exc:
             exc.args = (f"send_many item {index}: {exc}", *exc.args[1:])
             raise
-    if len({m.idempotency_key for m in built if m.idempotency_key}) != sum(1 for m in built if m.idempotency_key):
+    if len({m.idempotency_key for m in built if m.idempotency_key}) != sum(
+        1 for m in built if m.idempotency_key
+    ):
         raise InvalidMessage("send_many: the same idempotency_key is given twice", field="idempotency_key")
     return _submit(built, using)
 
@@ -209,7 +223,10 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     if not duplicates:
         return messages
     found = {m.id: m for m in get_repository().get_many(duplicates) if m is not None}
-    return [found.get(c.standing_id, m) if c.code == "duplicate" else m for m, c in zip(messages, created, strict=True)]
+    return [
+        found.get(c.standing_id, m) if c.code == "duplicate" else m
+        for m, c in zip(messages, created, strict=True)
+    ]
 
 
 def get(message_id: str) -> Message:
@@ -235,7 +252,9 @@ def get(message_id: str) -> Message:
     except RedisError as exc:
         message = captured(message_id)
         if message is None:
-            raise OutboxUnavailable(f"Redis could not be reached to read message {message_id!r}: {exc}") from exc
+            raise OutboxUnavailable(
+                f"Redis could not be reached to read message {message_id!r}: {exc}"
+            ) from exc
         return message
 
 

@@ -98,16 +98,22 @@ def _capture_keyed(message: Message, using: str, index: int | None) -> Message:
             .first()
         )
         if row is not None:
-            return _same_or_conflict(message, Message.from_record(row.record, row.body), row.fingerprint, index)
+            return _same_or_conflict(
+                message, Message.from_record(row.record, row.body), row.fingerprint, index
+            )
     # The key may name a message already in Redis (its row was pushed and deleted).
     try:
-        held = get_repository().ids_for_idempotency_keys([(message.destination, message.idempotency_key or "")])[0]
+        held = get_repository().ids_for_idempotency_keys(
+            [(message.destination, message.idempotency_key or "")]
+        )[0]
         existing = get_repository().get_many([held])[0] if held and held != message.id else None
     except Exception as exc:
         if inserted:  # the unique row guards this transaction; Redis checks again at push
             logger.warning("outbox: could not look up idempotency key in Redis (%s); captured anyway", exc)
             return message
-        raise OutboxUnavailable(f"cannot look up the message of idempotency key {message.idempotency_key!r}: {exc}") from exc
+        raise OutboxUnavailable(
+            f"cannot look up the message of idempotency key {message.idempotency_key!r}: {exc}"
+        ) from exc
     if existing is None:
         if not inserted:  # the key's row vanished and Redis has nothing: capture now
             return _capture_keyed(message, using, index)
@@ -206,7 +212,9 @@ def relay(using: str | None = None, *, older_than: float | None = None, limit: i
         except Exception as exc:
             failure = failure or exc
     if pushed:
-        logger.warning("outbox relay: pushed %d captured message(s) that missed the on-commit fast path", pushed)
+        logger.warning(
+            "outbox relay: pushed %d captured message(s) that missed the on-commit fast path", pushed
+        )
     if failure is not None:
         raise failure
     return pushed

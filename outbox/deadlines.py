@@ -104,5 +104,6 @@ def call_with_deadline(function: Callable[[], T], seconds: float, what: str) -> 
         future.cancel()
         raise DeliveryError(
             f"{what} did not finish within its {seconds:g}s deadline; the attempt was given up "
-            "(the work may still complete in the background)"
+            "(the work may still complete in the background)",
+            error_class="deadline",
         ) from None

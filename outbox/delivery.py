@@ -90,6 +90,7 @@ class Outcome:
     permanent: bool = False
     retry_after: float | None = None
     detail: str = ""
+    error_class: str = ""
 
 
 def attempt(message: Message) -> Outcome:
@@ -108,7 +109,8 @@ def attempt(message: Message) -> Outcome:
             transport = get_transport(message.destination)
         except (UnknownDestination, ImproperlyConfigured) as exc:
             raise PermanentDeliveryError(
-                redact_message_text(f"destination {message.destination!r} cannot be used: {exc}", message)
+                redact_message_text(f"destination {message.destination!r} cannot be used: {exc}", message),
+                error_class="destination_config",
             ) from exc
         result = transport.deliver(message)
         outcome.ok = True
@@ -119,8 +121,10 @@ def attempt(message: Message) -> Outcome:
         outcome.status_code = exc.status_code
         outcome.permanent = exc.permanent
         outcome.retry_after = exc.retry_after
+        outcome.error_class = exc.error_class
     except Exception as exc:  # a transport bug or an unexpected library error: retryable
         outcome.error = redact_message_text(f"{type(exc).__name__}: {exc}", message)
+        outcome.error_class = type(exc).__name__[:64]
         logger.warning(
             "outbox attempt id=%s destination=%s raised %s (not a DeliveryError): a bug in the transport?",
             message.id,
@@ -156,6 +160,7 @@ def decide(
     duration_ms: float = 0.0,
     attempt_outcome: str | None = None,
     detail: str = "",
+    error_class: str = "",
 ) -> Decision:
     """Turn an attempt's result into the status change for a ``sending`` message.
 
@@ -173,17 +178,27 @@ def decide(
     try:
         retrying = not ok and not permanent and message.retry_count < message.max_retries
         if retrying:
-            policy = RetryPolicy.from_value(message.retry_policy or None, default=outbox_settings.retry_policy)
+            policy = RetryPolicy.from_value(
+                message.retry_policy or None, default=outbox_settings.retry_policy
+            )
             next_at = now + retry_delay(policy, message.retry_count + 1, retry_after)
     except Exception as exc:
-        error = f"{error}; and its retry policy cannot be used ({type(exc).__name__}: {exc}), so it is failed"[:ERROR_LIMIT]
+        error = (
+            f"{error}; and its retry policy cannot be used ({type(exc).__name__}: {exc}), so it is failed"[
+                :ERROR_LIMIT
+            ]
+        )
         retrying, ok = False, False
+    if not ok and not error_class:
+        error_class = "error"
     base_set = {"last_status_code": str(status_code)} if status_code is not None else {}
     unset = [] if status_code is not None else ["last_status_code"]
+    if not ok:
+        base_set["last_error_class"] = error_class
     if ok:
         status, retry_count = Status.SUCCEEDED.value, message.retry_count
         fields = {**base_set}
-        unset += ["next_attempt_at", "lease", "last_error"]
+        unset += ["next_attempt_at", "lease", "last_error", "last_error_class"]
         score = now
     elif not retrying or next_at is None:
         status, retry_count = Status.FAILED.value, message.retry_count
@@ -192,7 +207,12 @@ def decide(
         score = now
     else:
         status, retry_count = Status.RETRYING.value, message.retry_count + 1
-        fields = {**base_set, "last_error": error, "retry_count": str(retry_count), "next_attempt_at": repr(next_at)}
+        fields = {
+            **base_set,
+            "last_error": error,
+            "retry_count": str(retry_count),
+            "next_attempt_at": repr(next_at),
+        }
         unset += ["lease"]
         score = next_at
     record = Attempt(
@@ -204,6 +224,7 @@ def decide(
         worker=worker_name(),
         retry_count=retry_count,
         detail=detail,
+        error_class="" if ok else error_class,
     )
     change = Change(
         id=message.id,
@@ -215,12 +236,23 @@ def decide(
         lease=message.lease,
         attempt=record,
         event=event_payload(
-            status, message, at=now, retry_count=retry_count, status_code=status_code, error=error, next_attempt_at=next_at
+            status,
+            message,
+            at=now,
+            retry_count=retry_count,
+            status_code=status_code,
+            error=error,
+            next_attempt_at=next_at,
         ),
         stat=status,
     )
-    message.status, message.retry_count, message.next_attempt_at = status, retry_count, next_at if status == Status.RETRYING.value else None
+    message.status, message.retry_count, message.next_attempt_at = (
+        status,
+        retry_count,
+        next_at if status == Status.RETRYING.value else None,
+    )
     message.last_error = error if not ok else ""
+    message.last_error_class = error_class if not ok else ""
     message.last_status_code = status_code
     return Decision(change, record, message)
 
@@ -238,6 +270,7 @@ def decide_outcome(outcome: Outcome, now: float) -> Decision:
         started_at=outcome.started_at,
         duration_ms=outcome.duration_ms,
         detail=outcome.detail,
+        error_class=outcome.error_class,
     )
 
 
@@ -291,7 +324,11 @@ def attempt_pool() -> ThreadPoolExecutor:
     size = max(1, int(outbox_settings.CONCURRENCY))
     with _pool_lock:
         if _pool is None or _pool[0] != os.getpid() or _pool[1] != size:
-            _pool = (os.getpid(), size, ThreadPoolExecutor(max_workers=size, thread_name_prefix="outbox-attempt"))
+            _pool = (
+                os.getpid(),
+                size,
+                ThreadPoolExecutor(max_workers=size, thread_name_prefix="outbox-attempt"),
+            )
         return _pool[2]
 
 

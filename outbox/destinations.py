@@ -97,9 +97,13 @@ def _build(name: str, config: Any) -> Destination:
         transport_default = None
     max_in_flight = config.get("MAX_IN_FLIGHT", transport_default or outbox_settings.MAX_IN_FLIGHT)
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-        raise ImproperlyConfigured(f"{where}['MAX_IN_FLIGHT'] must be a positive integer, not {max_in_flight!r}")
+        raise ImproperlyConfigured(
+            f"{where}['MAX_IN_FLIGHT'] must be a positive integer, not {max_in_flight!r}"
+        )
     try:
-        max_retries = validate_max_retries(config.get("MAX_RETRIES", outbox_settings.MAX_RETRIES), f"{where}['MAX_RETRIES']")
+        max_retries = validate_max_retries(
+            config.get("MAX_RETRIES", outbox_settings.MAX_RETRIES), f"{where}['MAX_RETRIES']"
+        )
         policy = RetryPolicy.from_value(config.get("RETRY"), default=outbox_settings.retry_policy)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{where}: {exc}") from exc

@@ -64,6 +64,14 @@ class DeliveryError(OutboxError):
         retry_after: seconds the receiver asked us to wait (``Retry-After``), or None.
         permanent: True when retrying cannot help (HTTP 400, bad address...):
             the message is failed at once, whatever retries are left.
+        error_class: a short name for the kind of failure, used to group errors in
+            the console and to filter lists (at most 64 characters). Default:
+            ``"http"`` when there was a response (``status_code`` set), else the name
+            of the exception this one was raised from (``raise ... from exc``:
+            ``ConnectError``, ``ReadTimeout``, ``SMTPServerDisconnected`` ...), else
+            ``"error"``. The built-in transports use ``"timeout"`` (no answer within
+            the timeout), ``"deadline"`` (the attempt's hard deadline passed) and
+            ``"blocked_address"`` (``BLOCK_PRIVATE_NETWORKS`` refused the address).
     """
 
     def __init__(
@@ -73,18 +81,36 @@ class DeliveryError(OutboxError):
         status_code: int | None = None,
         retry_after: float | None = None,
         permanent: bool = False,
+        error_class: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after
         self.permanent = permanent
+        self._error_class = error_class
+
+    @property
+    def error_class(self) -> str:
+        """The kind of failure (see the class docstring); never empty."""
+        if self._error_class:
+            return self._error_class[:64]
+        if self.status_code is not None:
+            return "http"
+        cause = self.__cause__
+        if cause is not None and not isinstance(cause, DeliveryError):
+            return type(cause).__name__[:64]
+        if isinstance(cause, DeliveryError):
+            return cause.error_class
+        return "error"
 
 
 class PermanentDeliveryError(DeliveryError):
     """A delivery failure that retrying cannot fix; the message becomes a dead letter."""
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
-        super().__init__(message, status_code=status_code, permanent=True)
+    def __init__(
+        self, message: str, *, status_code: int | None = None, error_class: str | None = None
+    ) -> None:
+        super().__init__(message, status_code=status_code, permanent=True, error_class=error_class)
 
 
 class IdempotencyConflict(InvalidMessage):

@@ -36,7 +36,9 @@ FIELD_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20\x09]*[\x21-\x7e])*)?")
 #: The same with any non-ASCII character but C1 controls and the Unicode line and
 #: paragraph separators allowed (email headers are
 #: RFC 2047-encoded by Django; HTTP transports add :func:`check_ascii`).
-FIELD_VALUE_TEXT = re.compile(r"(?:[^\x00-\x20\x7f-\x9f\u2028\u2029](?:[\x20\x09]*[^\x00-\x20\x7f-\x9f\u2028\u2029])*)?")
+FIELD_VALUE_TEXT = re.compile(
+    r"(?:[^\x00-\x20\x7f-\x9f\u2028\u2029](?:[\x20\x09]*[^\x00-\x20\x7f-\x9f\u2028\u2029])*)?"
+)
 #: Framing and hop-by-hop headers the HTTP client owns (lower case); ``proxy-*`` too.
 HOP_BY_HOP = frozenset(
     {"transfer-encoding", "content-length", "connection", "keep-alive", "upgrade", "te", "trailer", "host"}

@@ -65,7 +65,9 @@ class CapturedMessage(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["destination", "idempotency_key"], name="outbox_captured_unique_key"),
+            models.UniqueConstraint(
+                fields=["destination", "idempotency_key"], name="outbox_captured_unique_key"
+            ),
         ]
         verbose_name = "captured message"
         default_permissions = ()

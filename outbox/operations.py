@@ -131,7 +131,9 @@ class Selection:
         if self.ids is not None:
             n = 0
             for start in range(0, len(self.ids), CHUNK):
-                n += sum(s in op.statuses for s in repo.resend_field(self.ids[start : start + CHUNK], "status"))
+                n += sum(
+                    s in op.statuses for s in repo.resend_field(self.ids[start : start + CHUNK], "status")
+                )
             return Count(n, True)
         return count_matching(repo, self.filter, eligible_statuses(self.filter, op.statuses))
 
@@ -139,7 +141,9 @@ class Selection:
         """Every selected id ``op`` may act on, walking indexes in batches."""
         if self.ids is not None:
             return iter(self.ids)
-        batches = iter_matching(repo, self.filter, eligible_statuses(self.filter, op.statuses), as_of=self.as_of)
+        batches = iter_matching(
+            repo, self.filter, eligible_statuses(self.filter, op.statuses), as_of=self.as_of
+        )
         return chain.from_iterable(batches)
 
     # -- for background jobs (RQ pickles arguments; keep them plain) ---------------

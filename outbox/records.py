@@ -82,6 +82,8 @@ class Attempt:
         worker: name of the worker process (host:pid).
         retry_count: the message's retry count after this attempt.
         detail: the transport's note on a success (e.g. an SMTP reply), or "".
+        error_class: the kind of failure (:attr:`outbox.exceptions.DeliveryError.error_class`:
+            ``"http"``, ``"timeout"``, ``"ConnectError"`` ...), or "" on success.
     """
 
     started_at: float
@@ -92,6 +94,7 @@ class Attempt:
     worker: str = ""
     retry_count: int = 0
     detail: str = ""
+    error_class: str = ""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -104,6 +107,7 @@ class Attempt:
                 "worker": self.worker,
                 "retry_count": self.retry_count,
                 **({"detail": self.detail} if self.detail else {}),
+                **({"error_class": self.error_class} if self.error_class else {}),
             },
             separators=(",", ":"),
         )
@@ -136,6 +140,7 @@ class Message:
         last_attempt_at: when the last attempt started, or None.
         last_error: text of the last failure ("" when none).
         last_status_code: HTTP status of the last attempt, or None.
+        last_error_class: kind of the last failure (see :class:`Attempt`), or "".
         queue: the django-rq queue its jobs go to.
         updated_at: epoch seconds of the last status change.
         job_id: id of the RQ job that last carried it (written by versions before 0.2,
@@ -159,6 +164,7 @@ class Message:
     last_attempt_at: float | None = None
     last_error: str = ""
     last_status_code: int | None = None
+    last_error_class: str = ""
     queue: str = ""
     updated_at: float = 0.0
     job_id: str = ""
@@ -223,6 +229,7 @@ class Message:
             "last_attempt_at": _opt(self.last_attempt_at),
             "last_error": self.last_error,
             "last_status_code": _opt(self.last_status_code),
+            "last_error_class": self.last_error_class,
             "queue": self.queue,
             "updated_at": repr(self.updated_at),
         }
@@ -250,6 +257,7 @@ class Message:
             last_attempt_at=_float(r.get("last_attempt_at")),
             last_error=r.get("last_error", ""),
             last_status_code=int(r["last_status_code"]) if r.get("last_status_code") else None,
+            last_error_class=r.get("last_error_class", ""),
             queue=r.get("queue", ""),
             updated_at=float(r.get("updated_at", "0")),
             job_id=r.get("job_id", ""),

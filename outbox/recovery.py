@@ -49,7 +49,9 @@ class RecoveryReport:
     purge_backlog: int = 0
 
 
-def recover(now: float | None = None, limit: int = SWEEP_LIMIT, purge_budget: float | None = None) -> RecoveryReport:
+def recover(
+    now: float | None = None, limit: int = SWEEP_LIMIT, purge_budget: float | None = None
+) -> RecoveryReport:
     """Run one recovery sweep (see the module docstring).
 
     Args:
@@ -61,7 +63,9 @@ def recover(now: float | None = None, limit: int = SWEEP_LIMIT, purge_budget: fl
     budget = outbox_settings.RECOVERY_INTERVAL * PURGE_SHARE if purge_budget is None else purge_budget
     upgraded = get_repository().upgrade()
     if upgraded:
-        logger.warning("outbox recovery: put %d message(s) written by an older version in their due index", upgraded)
+        logger.warning(
+            "outbox recovery: put %d message(s) written by an older version in their due index", upgraded
+        )
         dispatch.wake_due(now)
     report = RecoveryReport(lost=_recover_lost(now, limit))
     report.purged, report.purge_backlog = _purge_expired(now, limit, budget)
@@ -95,7 +99,9 @@ def _purge_expired(now: float, limit: int, budget: float) -> tuple[int, int]:
         logger.info("outbox recovery: deleted %d finished message(s) past their retention", purged)
     left = purge_backlog(now) if time.monotonic() > stop_at else 0
     if left:
-        logger.warning("outbox recovery: %d finished message(s) past their retention wait for the next sweep", left)
+        logger.warning(
+            "outbox recovery: %d finished message(s) past their retention wait for the next sweep", left
+        )
     return purged, left
 
 
@@ -114,7 +120,15 @@ def _recover_lost(now: float, limit: int) -> int:
                 continue
             error = f"worker lost: no outcome within the visibility timeout of {outbox_settings.VISIBILITY_TIMEOUT}s"
             decisions.append(
-                decide(message, now=now, ok=False, error=error, started_at=message.last_attempt_at, attempt_outcome="lost")
+                decide(
+                    message,
+                    now=now,
+                    ok=False,
+                    error=error,
+                    started_at=message.last_attempt_at,
+                    attempt_outcome="lost",
+                    error_class="lease_expired",
+                )
             )
         applied = sum(write(decisions, now))
         if applied:

@@ -152,8 +152,10 @@ def _findings(found: RedisSettings, where: str) -> list[Finding]:
     policy = found.maxmemory_policy
     if policy and policy != "noeviction":
         limited = found.maxmemory is None or found.maxmemory > 0
-        limit = "no maxmemory limit set yet" if not limited else (
-            f"maxmemory {found.maxmemory} bytes" if found.maxmemory else "an unknown maxmemory"
+        limit = (
+            "no maxmemory limit set yet"
+            if not limited
+            else (f"maxmemory {found.maxmemory} bytes" if found.maxmemory else "an unknown maxmemory")
         )
         hint = (
             "set 'maxmemory-policy noeviction' on the outbox's Redis (a dedicated server or database): "
@@ -175,7 +177,14 @@ def _findings(found: RedisSettings, where: str) -> list[Finding]:
                 if policy.startswith("volatile-")
                 else "would evict any key, outbox messages included, once a maxmemory limit is set"
             )
-            findings.append(Finding("outbox.W006", WARNING, f"{where} has maxmemory-policy {policy} ({limit}): it {what}", hint))
+            findings.append(
+                Finding(
+                    "outbox.W006",
+                    WARNING,
+                    f"{where} has maxmemory-policy {policy} ({limit}): it {what}",
+                    hint,
+                )
+            )
     no_rdb = found.save is not None and not found.save.strip()
     if found.appendonly is False and no_rdb:
         findings.append(
@@ -247,7 +256,9 @@ def _quick_client(connection: Redis, timeout: float) -> Redis:
     kwargs = dict(pool.connection_kwargs)
     kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False)
     kwargs.pop("retry", None)
-    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, max_connections=1, **kwargs))
+    return Redis(
+        connection_pool=ConnectionPool(connection_class=pool.connection_class, max_connections=1, **kwargs)
+    )
 
 
 def shared_alias_findings() -> list[Finding]:

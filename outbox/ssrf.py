@@ -240,7 +240,12 @@ class GuardedTransport(httpx.HTTPTransport):
     """
 
     def __init__(
-        self, *, verify: Any, block_private: bool, proxy: str | None = None, limits: httpx.Limits | None = None
+        self,
+        *,
+        verify: Any,
+        block_private: bool,
+        proxy: str | None = None,
+        limits: httpx.Limits | None = None,
     ) -> None:
         limits = limits or httpx.Limits()
         super().__init__(verify=verify, trust_env=False, limits=limits)
@@ -264,7 +269,10 @@ class GuardedTransport(httpx.HTTPTransport):
             raise ValueError(f"only http:// and https:// proxies are supported, not {parsed.url.scheme}://")
         self._pool = httpcore.HTTPProxy(
             proxy_url=httpcore.URL(
-                scheme=parsed.url.raw_scheme, host=parsed.url.raw_host, port=parsed.url.port, target=parsed.url.raw_path
+                scheme=parsed.url.raw_scheme,
+                host=parsed.url.raw_host,
+                port=parsed.url.port,
+                target=parsed.url.raw_path,
             ),
             proxy_auth=parsed.raw_auth,
             proxy_headers=parsed.headers.raw,

@@ -159,7 +159,9 @@ class RedisServer:
         """
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

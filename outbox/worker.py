@@ -52,7 +52,13 @@ class _Step:
             self.action()
         except Exception as exc:
             if not self.failing:
-                logger.warning("outbox %s: %s unreachable or failing (%s: %s); will keep trying", self.name, self.what, type(exc).__name__, exc)
+                logger.warning(
+                    "outbox %s: %s unreachable or failing (%s: %s); will keep trying",
+                    self.name,
+                    self.what,
+                    type(exc).__name__,
+                    exc,
+                )
                 logger.debug("outbox %s failure", self.name, exc_info=True)
                 self.failing = True
             return
@@ -183,7 +189,12 @@ def run_worker(
         while True:
             try:
                 worker = django_rq.get_worker(*queues, **kwargs)
-                worker.work(burst=burst, with_scheduler=with_scheduler, logging_level=logging_level, max_jobs=jobs_left)
+                worker.work(
+                    burst=burst,
+                    with_scheduler=with_scheduler,
+                    logging_level=logging_level,
+                    max_jobs=jobs_left,
+                )
             except RedisError as exc:
                 logger.debug("outbox worker: RQ's loop raised %s", exc, exc_info=True)
                 worker = None

@@ -39,7 +39,9 @@ def repo(redis):
     return get_repository()
 
 
-def run_worker(*, burst: bool = True, simple: bool = False, max_jobs: int | None = None, relay: bool = False) -> None:
+def run_worker(
+    *, burst: bool = True, simple: bool = False, max_jobs: int | None = None, relay: bool = False
+) -> None:
     """Run a real outbox worker (RQ) on the outbox queues in this process, in burst mode:
     one housekeeping pass (relay, recovery, wake-ups), then every queued job.
 
@@ -49,7 +51,14 @@ def run_worker(*, burst: bool = True, simple: bool = False, max_jobs: int | None
     from outbox.conf import outbox_settings
     from outbox.worker import run_worker as outbox_run_worker
 
-    outbox_run_worker(outbox_settings.queue_names, burst=burst, fork=not simple, max_jobs=max_jobs, logging_level="WARNING", relay=relay)
+    outbox_run_worker(
+        outbox_settings.queue_names,
+        burst=burst,
+        fork=not simple,
+        max_jobs=max_jobs,
+        logging_level="WARNING",
+        relay=relay,
+    )
 
 
 @pytest.fixture
@@ -114,7 +123,9 @@ def receiver() -> Iterator[Receiver]:
             length = int(self.headers.get("Content-Length", 0))
             body = self.rfile.read(length)
             with state.lock:
-                state.requests.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                state.requests.append(
+                    Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                )
             status, headers, delay = state.next_response()
             if delay:
                 time.sleep(delay)
@@ -137,7 +148,9 @@ def receiver() -> Iterator[Receiver]:
         yield state
 
 
-def with_destinations(transport: str | None = None, *, retry=(0,), max_retries: int = 3, **entries: dict) -> override_settings:
+def with_destinations(
+    transport: str | None = None, *, retry=(0,), max_retries: int = 3, **entries: dict
+) -> override_settings:
     """override_settings: the test OUTBOX with destinations added or replaced.
 
     Each entry gets ``TRANSPORT`` (when ``transport`` is given), ``RETRY`` and

@@ -58,7 +58,7 @@ DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memor
 
 
 def _postgres_answers() -> str:
-    """"" when the PostgreSQL of OUTBOX_TEST_POSTGRES (default 127.0.0.1:5432, database
+    """ "" when the PostgreSQL of OUTBOX_TEST_POSTGRES (default 127.0.0.1:5432, database
     test, trust auth) answers, else why not (tests needing it skip with that reason)."""
     try:
         import psycopg

@@ -52,7 +52,9 @@ def test_requeue_selected_confirms_then_acts(admin_client, repo, superuser):
     assert 'id="confirm-action"' in html and 'id="cancel-action"' in html
     assert statuses(chosen) == ["failed", "failed"]  # the confirmation changes nothing
 
-    response = post(admin_client, {"action": "requeue", "_selected_action": chosen, "next": u("message_list")}, True)
+    response = post(
+        admin_client, {"action": "requeue", "_selected_action": chosen, "next": u("message_list")}, True
+    )
     assert response.status_code == 302 and response["Location"] == u("message_list")
     assert statuses(chosen) == ["pending", "pending"]
     assert outbox.get(failed[2].id).status == "failed"
@@ -68,7 +70,12 @@ def test_requeue_selected_confirms_then_acts(admin_client, repo, superuser):
 def test_skipped_when_changed_meanwhile(admin_client, repo):
     failed = make(repo, 3, "failed")
     ids = [m.id for m in failed]
-    assert element_text(text_of(post(admin_client, {"action": "requeue", "_selected_action": ids})), "action-count") == "3"
+    assert (
+        element_text(
+            text_of(post(admin_client, {"action": "requeue", "_selected_action": ids})), "action-count"
+        )
+        == "3"
+    )
     outbox.requeue(ids[0])  # someone else got there first
     response = post(admin_client, {"action": "requeue", "_selected_action": ids}, True)
     assert "Requeue 3 selected messages: 2 requeued, 1 skipped (in another status or changed meanwhile)." in (
@@ -99,7 +106,9 @@ def test_cancel_and_delete_single_from_the_detail_page(admin_client, repo):
     assert f'href="{link}"' in index
     assert admin_client.get(link)["Location"] == detail
 
-    response = post(admin_client, {"action": "delete", "_selected_action": m.id, "next": u("message_list")}, True)
+    response = post(
+        admin_client, {"action": "delete", "_selected_action": m.id, "next": u("message_list")}, True
+    )
     assert admin_client.get(detail).status_code == 404
     entry = LogEntry.objects.latest("id")
     assert entry.action_flag == DELETION
@@ -119,7 +128,9 @@ def test_nothing_selected_or_no_action(admin_client, repo):
 
 def test_next_must_be_local(admin_client, repo):
     m = make(repo, 1, "failed")[0]
-    response = post(admin_client, {"action": "requeue", "_selected_action": m.id, "next": "https://evil.example/"}, True)
+    response = post(
+        admin_client, {"action": "requeue", "_selected_action": m.id, "next": "https://evil.example/"}, True
+    )
     assert response["Location"] == u("message_list")
 
 
@@ -137,7 +148,9 @@ def test_requeue_all_matching_a_filter(admin_client, repo):
     assert response.status_code == 302
     assert set(statuses(m.id for m in hook_failed)) == {"pending"}
     assert set(statuses(m.id for m in mem_failed)) == {"failed"}
-    assert "Requeue all messages matching status failed, destination hook: 60 requeued." in messages_of(response)
+    assert "Requeue all messages matching status failed, destination hook: 60 requeued." in messages_of(
+        response
+    )
 
 
 def test_all_matching_without_status_acts_on_eligible_statuses(admin_client, repo):
@@ -167,7 +180,11 @@ def test_all_matching_leaves_messages_that_match_after_confirmation(admin_client
 def test_all_matching_with_a_queue_filter(admin_client, repo):
     high = make(repo, 3, "failed", priority="high")
     default = make(repo, 4, "failed")
-    post(admin_client, {"action": "delete", "select_across": "1", "status": "failed", "queue": "outbox_high"}, True)
+    post(
+        admin_client,
+        {"action": "delete", "select_across": "1", "status": "failed", "queue": "outbox_high"},
+        True,
+    )
     assert repo.count("failed") == 4
     assert all(repo.get_many([m.id])[0] is None for m in high)
     assert set(statuses(m.id for m in default)) == {"failed"}

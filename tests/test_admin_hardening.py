@@ -23,7 +23,9 @@ from .test_admin_support import admin_client, make, superuser, u  # noqa: F401  
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PROPERTY = hypothesis_settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
@@ -48,7 +50,13 @@ def test_a_history_link_to_an_id_with_a_slash_is_404(admin_client, repo):
 
 @pytest.mark.parametrize(
     "query",
-    ["created_from=nan", "status=failed&updated_from=nan", "created_to=inf", "created_from=-inf", "updated_to=1e400"],
+    [
+        "created_from=nan",
+        "status=failed&updated_from=nan",
+        "created_to=inf",
+        "created_from=-inf",
+        "updated_to=1e400",
+    ],
 )
 def test_non_finite_time_filters_are_400_with_a_message(admin_client, repo, query):
     make(repo, 2, "failed")
@@ -77,7 +85,11 @@ def test_parse_time_and_as_of_refuse_non_finite_values():
             parse_time(bad)
     with pytest.raises(ValueError):
         parse_as_of("nan", 100.0)
-    assert parse_as_of("50", 100.0) == 50.0 and parse_as_of("500", 100.0) == 100.0 and parse_as_of(None, 7.0) == 7.0
+    assert (
+        parse_as_of("50", 100.0) == 50.0
+        and parse_as_of("500", 100.0) == 100.0
+        and parse_as_of(None, 7.0) == 7.0
+    )
 
 
 # -- item 10: search keeps what was typed ----------------------------------------------------------
@@ -142,7 +154,9 @@ def test_requeue_refuses_an_unknown_destination_as_send_does(repo):
 
 def test_purge_accepts_a_destination_removed_from_the_settings(repo):
     make(repo, 2, "failed")
-    with override_settings(OUTBOX={**settings.OUTBOX, "DESTINATIONS": {"hook": settings.OUTBOX["DESTINATIONS"]["hook"]}}):
+    with override_settings(
+        OUTBOX={**settings.OUTBOX, "DESTINATIONS": {"hook": settings.OUTBOX["DESTINATIONS"]["hook"]}}
+    ):
         call_command("outbox_purge", "--destination", "mem", "--yes")
         with pytest.raises(CommandError, match="unknown destination 'nosuch'"):
             call_command("outbox_purge", "--destination", "nosuch", "--yes")
@@ -153,7 +167,9 @@ def test_purge_accepts_a_destination_removed_from_the_settings(repo):
 
 param_values = st.one_of(
     st.text(max_size=12),
-    st.sampled_from(["nan", "inf", "-1e400", "1e308", "7d", "2025-11-21", "9999-12-31T23:59", "0001-01-01", "-5"]),
+    st.sampled_from(
+        ["nan", "inf", "-1e400", "1e308", "7d", "2025-11-21", "9999-12-31T23:59", "0001-01-01", "-5"]
+    ),
     st.sampled_from(["failed", "pending", "created", "-updated", "next_attempt", "999999999999"]),
 )
 

@@ -254,7 +254,14 @@ def test_list_pagination(admin_client, repo):
 def test_list_select_across_control_and_action_menu(admin_client, repo):
     make(repo, 60, "failed", destination="hook")
     html = text_of(admin_client.get(u("message_list") + "?status=failed&destination=hook"))
-    for element in ("action-select", "action-go", "action-toggle", "select-across-link", "select-across", "result_list"):
+    for element in (
+        "action-select",
+        "action-go",
+        "action-toggle",
+        "select-across-link",
+        "select-across",
+        "result_list",
+    ):
         assert f'id="{element}"' in html, element
     assert "Select all 60 matching messages" in html
     # The action form carries the filter for "all matching".
@@ -269,7 +276,12 @@ def test_detail_shows_records_masked_headers_and_escaped_body(admin_client, repo
         "hook",
         "<script>alert(1)</script>",
         content_type="text/html",
-        headers={"Authorization": "Bearer sekrit", "X-Api-Key": "k123", "X-Trace": "trace-1", "Cookie": "s=1"},
+        headers={
+            "Authorization": "Bearer sekrit",
+            "X-Api-Key": "k123",
+            "X-Trace": "trace-1",
+            "Cookie": "s=1",
+        },
         idempotency_key="key-1",
     )
     html = text_of(admin_client.get(u("message_detail", m.id)))
@@ -288,7 +300,12 @@ def test_xss_in_every_field_is_escaped(admin_client, repo):
     evil = "<img src=x onerror=alert(1)>"
     m = outbox.send("mem", {"x": evil}, headers={"X-Evil": evil}, idempotency_key="k<b>")
     make(repo, 0)
-    for path in (u("message_detail", m.id), u("message_list"), u("message_list") + "?q=" + evil, u("dashboard")):
+    for path in (
+        u("message_detail", m.id),
+        u("message_list"),
+        u("message_list") + "?q=" + evil,
+        u("dashboard"),
+    ):
         html = text_of(admin_client.get(path))
         assert evil not in html, path
         assert "<b>" not in html
@@ -326,7 +343,9 @@ def test_detail_attempt_history_from_real_deliveries(admin_client, repo, hook, w
     assert html.count('<tr class="attempt outcome-') == 4  # 1 attempt + 3 retries
     assert "outcome-retrying" in html and "outcome-failed" in html
     assert "<td>500</td>" in html
-    assert element_text(html, "message-retries") == "3 / 3"  # retry_count counts retries; a dead letter has spent them all
+    assert (
+        element_text(html, "message-retries") == "3 / 3"
+    )  # retry_count counts retries; a dead letter has spent them all
     assert 'id="detail-requeue"' in html and 'id="detail-delete"' in html
 
 

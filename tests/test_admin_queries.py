@@ -30,9 +30,15 @@ def test_created_at_of_reads_the_id():
 
 @pytest.mark.parametrize(
     "status, field, served_range",
-    [(None, "created", "created"), ("pending", "next_attempt", None), ("retrying", "next_attempt", None),
-     ("sending", "lease", None), ("succeeded", "updated", "updated"), ("failed", "updated", "updated"),
-     ("cancelled", "updated", "updated")],
+    [
+        (None, "created", "created"),
+        ("pending", "next_attempt", None),
+        ("retrying", "next_attempt", None),
+        ("sending", "lease", None),
+        ("succeeded", "updated", "updated"),
+        ("failed", "updated", "updated"),
+        ("cancelled", "updated", "updated"),
+    ],
 )
 def test_plan_serves_what_the_index_scores(repo, status, field, served_range):
     flt = MessageFilter(status=status, created=TimeRange(1, 2), updated=TimeRange(3, 4), queue="q")
@@ -66,7 +72,9 @@ def test_page_counts_exactly_with_served_filters(repo):
     cut = time.time()
     late = make(repo, 3, "failed", destination="hook")
     make(repo, 5, "failed", destination="mem")
-    result = queries.page(repo, MessageFilter(status="failed", destination="hook", updated=TimeRange(cut, None)))
+    result = queries.page(
+        repo, MessageFilter(status="failed", destination="hook", updated=TimeRange(cut, None))
+    )
     assert result.exact and result.scanned == 0
     assert result.total == 3
     assert set(result.ids) == {m.id for m in late}
@@ -88,7 +96,11 @@ def test_iter_matching_stops_at_as_of(repo):
     as_of = time.time()
     time.sleep(0.01)
     make(repo, 3, "failed")
-    got = [i for batch in queries.iter_matching(repo, MessageFilter(), ["failed"], as_of=as_of, batch=2) for i in batch]
+    got = [
+        i
+        for batch in queries.iter_matching(repo, MessageFilter(), ["failed"], as_of=as_of, batch=2)
+        for i in batch
+    ]
     assert sorted(got) == sorted(m.id for m in first)
 
 
@@ -134,7 +146,10 @@ def test_counts_by_destination(repo):
 
 
 def test_selection_round_trips_for_background_jobs():
-    s = Selection(filter=MessageFilter("failed", "hook", "outbox", TimeRange(1.0, None), TimeRange(None, 2.0)), as_of=3.0)
+    s = Selection(
+        filter=MessageFilter("failed", "hook", "outbox", TimeRange(1.0, None), TimeRange(None, 2.0)),
+        as_of=3.0,
+    )
     assert Selection.from_dict(s.to_dict()) == s
 
 
@@ -146,7 +161,9 @@ def test_parse_time_formats():
     assert parse_time("7d", now) == now - 7 * 86400
     assert parse_time("1763780000.5") == 1763780000.5
     assert parse_time("2025-01-01T00:00Z") == datetime(2025, 1, 1, tzinfo=timezone.utc).timestamp()
-    assert parse_time("2025-01-01T01:00") == datetime(2025, 1, 1, tzinfo=timezone.utc).timestamp()  # Paris, UTC+1
+    assert (
+        parse_time("2025-01-01T01:00") == datetime(2025, 1, 1, tzinfo=timezone.utc).timestamp()
+    )  # Paris, UTC+1
     assert parse_time("2025-01-01") == datetime(2024, 12, 31, 23, tzinfo=timezone.utc).timestamp()
     with pytest.raises(ValueError):
         parse_time("tomorrow")
@@ -157,7 +174,9 @@ def test_parse_list_query_and_links():
     assert q.filter.status == "failed" and q.filter.destination == "hook"
     assert (q.sort, q.descending, q.page) == ("updated", True, 3)
     assert q.querystring(p=4) == "?status=failed&destination=hook&o=-updated&p=4"
-    assert q.querystring(status="retrying") == "?status=retrying&destination=hook&o=-updated"  # back to page 1
+    assert (
+        q.querystring(status="retrying") == "?status=retrying&destination=hook&o=-updated"
+    )  # back to page 1
     assert q.filter_params == {"status": "failed", "destination": "hook"}
     bad = parse_list_query({"status": "weird", "o": "body", "p": "x", "updated_to": "never"})
     assert bad.filter.status is None and not bad.sort and bad.page == 1
@@ -180,10 +199,21 @@ def test_outcome_chart_stacks_and_scales():
 
 
 def test_mask_headers():
-    shown = dict((n, v) for n, v, _ in mask_headers({
-        "Authorization": "Bearer abc", "X-Api-Key": "k", "api_key": "k", "X-Auth-Token": "t", "Cookie": "c",
-        "X-Client-Secret": "s", "Webhook-Signature": "sig", "X-Trace": "visible",
-    }))
+    shown = dict(
+        (n, v)
+        for n, v, _ in mask_headers(
+            {
+                "Authorization": "Bearer abc",
+                "X-Api-Key": "k",
+                "api_key": "k",
+                "X-Auth-Token": "t",
+                "Cookie": "c",
+                "X-Client-Secret": "s",
+                "Webhook-Signature": "sig",
+                "X-Trace": "visible",
+            }
+        )
+    )
     assert shown["X-Trace"] == "visible"
     assert all(v.startswith("••••") for n, v in shown.items() if n != "X-Trace")
     assert "abc" not in shown["Authorization"]
@@ -219,6 +249,8 @@ def test_template_filters_group_numbers_and_show_time_zones():
     assert when(winter) == '<time datetime="2001-01-02T10:05:07.123456+01:00">2001-01-02 10:05:07 CET</time>'
     assert "2001-01-02 10:05:07.123 CET</time>" in when(winter, "precise")
     short = when(winter, "short")
-    assert 'title="2001-01-02 10:05:07 CET"' in short and ">2001-01-02</time>" in short  # another year: the date
+    assert (
+        'title="2001-01-02 10:05:07 CET"' in short and ">2001-01-02</time>" in short
+    )  # another year: the date
     assert when(None) == "–" and "CET" in when("2001-01-02T09:05:07.123456Z")  # RQ's heartbeat format
     assert id_parts("msg_01a2017c4826cc7d4f60b1632852") == ("msg_", "01a2017c4826cc7d4f60", "b1632852")

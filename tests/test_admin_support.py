@@ -40,7 +40,9 @@ def make(repo, n: int, status: str = "pending", destination: str = "mem", **send
     elif status == Status.RETRYING.value:
         fields = {"last_error": "HTTP 503", "retry_count": "1"}
     changes = [
-        Change(id=m.id, from_statuses=(Status.PENDING.value,), to=status, score=now + i * 1e-6, set=dict(fields))
+        Change(
+            id=m.id, from_statuses=(Status.PENDING.value,), to=status, score=now + i * 1e-6, set=dict(fields)
+        )
         for i, m in enumerate(messages)
     ]
     results = repo.transition(changes, now)
@@ -51,7 +53,9 @@ def make(repo, n: int, status: str = "pending", destination: str = "mem", **send
 def staff(django_user_model, username: str, *codenames: str):
     """A staff user holding these ``outbox`` permissions (and no others)."""
     user = django_user_model.objects.create_user(username, f"{username}@example.com", "pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="outbox", codename__in=codenames))
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="outbox", codename__in=codenames)
+    )
     return user
 
 
@@ -97,5 +101,7 @@ def listed_ids(html: str) -> list[str]:
 
 def test_permissions_exist():
     """The migration gives the unmanaged model its content type and four permissions."""
-    codenames = set(Permission.objects.filter(content_type__app_label="outbox").values_list("codename", flat=True))
+    codenames = set(
+        Permission.objects.filter(content_type__app_label="outbox").values_list("codename", flat=True)
+    )
     assert codenames == set(PERMISSIONS)

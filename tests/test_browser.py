@@ -69,7 +69,9 @@ def require_browser() -> str:
     path = chromium_path()
     if path is None:
         where = os.environ.get("OUTBOX_CHROMIUM") or "/usr/bin/chromium or chromium on PATH"
-        unavailable(f"no Chromium found at {where}: install Debian's chromium package (apt-get install chromium)")
+        unavailable(
+            f"no Chromium found at {where}: install Debian's chromium package (apt-get install chromium)"
+        )
     return path
 
 
@@ -84,7 +86,13 @@ def outbox_config(hook_url: str) -> override_settings:
 def order(n: int) -> dict:
     return {
         "destination": "hook",
-        "body": {"event": "order.paid", "order": 1000 + n, "total": "49.90", "currency": "EUR", "customer": {"id": n, "email": f"c{n}@example.com"}},
+        "body": {
+            "event": "order.paid",
+            "order": 1000 + n,
+            "total": "49.90",
+            "currency": "EUR",
+            "customer": {"id": n, "email": f"c{n}@example.com"},
+        },
         "headers": {"Authorization": "Bearer sk_live_not_shown", "X-Tenant": "acme"},
         "idempotency_key": f"order-paid-{1000 + n}",
     }
@@ -101,7 +109,9 @@ def text(page, selector: str) -> str:
     return page.locator(selector).inner_text(timeout=TIMEOUT_MS).strip()
 
 
-def test_requeue_all_failed_of_a_destination_in_the_browser(live_server, receiver, worker, repo, django_user_model, tmp_path):
+def test_requeue_all_failed_of_a_destination_in_the_browser(
+    live_server, receiver, worker, repo, django_user_model, tmp_path
+):
     """Log in, failed list of ``hook``, select all 60 matching, requeue, confirm; counts change."""
     executable = require_browser()
     from playwright.sync_api import sync_playwright

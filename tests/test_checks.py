@@ -69,7 +69,10 @@ def test_bad_retention(settings, retention):
 
 
 def test_webhook_whose_attempt_may_outlive_half_the_lease_warns(settings):
-    hook = {"TRANSPORT": "webhook", "OPTIONS": {"url": "http://127.0.0.1:9/", "timeout": 10, "connect_timeout": 5}}
+    hook = {
+        "TRANSPORT": "webhook",
+        "OPTIONS": {"url": "http://127.0.0.1:9/", "timeout": 10, "connect_timeout": 5},
+    }
     # 5 + 2 x 10 = 25 s per attempt at most; the last attempt may start at half the lease.
     settings.OUTBOX = {**settings.OUTBOX, "DESTINATIONS": {"slow": hook}, "VISIBILITY_TIMEOUT": 40}
     errors = check_outbox_settings()

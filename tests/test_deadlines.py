@@ -162,8 +162,14 @@ def leaks(message):
 def test_a_callables_error_text_is_redacted(redis):
     transport = CallableTransport("fn", path=f"{__name__}.leaks")
     leaky = outbox.Message(
-        id="msg_1", destination="fn", body=b"", content_type="a/b", headers={"Authorization": "Bearer CALLABLE-SECRET"}
+        id="msg_1",
+        destination="fn",
+        body=b"",
+        content_type="a/b",
+        headers={"Authorization": "Bearer CALLABLE-SECRET"},
     )
     with pytest.raises(DeliveryError) as info:
         transport.deliver(leaky)
-    assert str(info.value).startswith("RuntimeError: auth failed for") and "CALLABLE-SECRET" not in str(info.value)
+    assert str(info.value).startswith("RuntimeError: auth failed for") and "CALLABLE-SECRET" not in str(
+        info.value
+    )

@@ -102,7 +102,10 @@ def test_signals_and_pubsub_events_for_each_outcome(hook, worker, repo):
     finally:
         events.message_succeeded.disconnect(handlers["succeeded"])
         events.message_retrying.disconnect(handlers["retrying"])
-    assert received == [("retrying", m.id, "retrying", "retrying"), ("succeeded", m.id, "succeeded", "succeeded")]
+    assert received == [
+        ("retrying", m.id, "retrying", "retrying"),
+        ("succeeded", m.id, "succeeded", "succeeded"),
+    ]
     published = [json.loads(pubsub.get_message(timeout=2)["data"]) for _ in range(2)]
     pubsub.close()
     assert [(e["event"], e["id"], e["retry_count"]) for e in published] == [
@@ -221,7 +224,9 @@ def test_bulk_actions_publish_one_event_per_batch_and_keep_scores_distinct(hook,
     assert event["event"] == "messages.requeued" and sorted(event["ids"]) == sorted(ids)
     assert pubsub.get_message(timeout=0.2) is None
     pubsub.close()
-    scores = [score for _, score in repo.connection.zrange(repo.keys.status("pending"), 0, -1, withscores=True)]
+    scores = [
+        score for _, score in repo.connection.zrange(repo.keys.status("pending"), 0, -1, withscores=True)
+    ]
     assert len(set(scores)) == 30  # no ties for walks by score
     got = outbox.get(ids[0])
     assert (got.status, got.retry_count, got.last_error) == ("pending", 0, "")
@@ -240,7 +245,42 @@ def test_attempt_log_levels_follow_the_outcome(hook, worker, repo, caplog):
         dead = outbox.send("hook", {"n": 2}, max_retries=0)
         worker(simple=True)
     levels = {
-        (r.levelname, "outcome=" + r.args[2]) for r in caplog.records if r.getMessage().startswith("outbox attempt")
+        (r.levelname, "outcome=" + r.args[2])
+        for r in caplog.records
+        if r.getMessage().startswith("outbox attempt")
     }
-    assert levels == {("WARNING", "outcome=retrying"), ("INFO", "outcome=succeeded"), ("ERROR", "outcome=failed")}
+    assert levels == {
+        ("WARNING", "outcome=retrying"),
+        ("INFO", "outcome=succeeded"),
+        ("ERROR", "outcome=failed"),
+    }
     assert outbox.get(ok.id).status == "succeeded" and outbox.get(dead.id).status == "failed"
+
+
+def test_each_failure_records_its_error_class(hook, worker, repo, settings):
+    """A response is "http" (with its status); a refused connection is named by its
+    exception; success clears the class (issue 8: errors grouped and filtered by class)."""
+    import socket
+
+    from tests.conftest import hook_settings
+
+    hook.respond(503)
+    m = outbox.send("hook", {"order": 9}, max_retries=0)
+    worker()
+    assert [a.error_class for a in outbox.attempts(m.id)] == ["http"]
+    assert outbox.get(m.id).last_error_class == "http"
+    hook.respond(200)
+    outbox.requeue([m.id])
+    worker()
+    assert [a.error_class for a in outbox.attempts(m.id)] == ["", "http"]
+    assert outbox.get(m.id).last_error_class == ""
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    with hook_settings(f"http://127.0.0.1:{closed}/"):
+        refused = outbox.send("hook", {"order": 10}, max_retries=0)
+        worker()
+    got = outbox.get(refused.id)
+    assert (got.status, got.last_error_class) == ("failed", "ConnectError")
+    assert outbox.attempts(refused.id)[0].error_class == "ConnectError"

@@ -85,7 +85,10 @@ def test_demo_settles_with_a_flaky_receiver(tmp_path):
     assert run.table_value(r"succeeded but not accepted by the receiver: (\d+)") == 0
     # the receiver really failed some requests (0.7 ** 30 < 0.00003), so some messages were retried
     assert run.table_value(r"(\d+) answered 500") > 0
-    retried = sum(int(m.group(1)) + int(m.group(2)) for m in re.finditer(r"^[1-9]\d*\s+(\d+)\s+(\d+)$", run.stdout, re.M))
+    retried = sum(
+        int(m.group(1)) + int(m.group(2))
+        for m in re.finditer(r"^[1-9]\d*\s+(\d+)\s+(\d+)$", run.stdout, re.M)
+    )
     assert retried > 0, run.stdout
     assert "stopped 2 workers, the receiver, redis" in run.stderr
 
@@ -110,7 +113,10 @@ def test_demo_exits_non_zero_when_messages_are_not_settled_in_time(tmp_path):
 @pytest.fixture
 def receiver_settings():
     with override_settings(
-        DEMO_WEBHOOK_SECRET=SECRET, DEMO_FAILURE_RATE=0.0, DEMO_SLOW_RATE=0.0, DEMO_RECEIVER_PREFIX="test:receiver"
+        DEMO_WEBHOOK_SECRET=SECRET,
+        DEMO_FAILURE_RATE=0.0,
+        DEMO_SLOW_RATE=0.0,
+        DEMO_RECEIVER_PREFIX="test:receiver",
     ):
         yield
 
@@ -125,7 +131,9 @@ def signed_request(body: bytes, message_id: str = "msg_0000000000000000000000000
     transport = WebhookTransport("orders", url="http://127.0.0.1:9/receiver/orders", secret=secret)
     message = Message(id=message_id, destination="orders", body=body, content_type="application/json")
     headers = transport.request_headers(message, int(time.time()))
-    meta = {"HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items() if k.lower() != "content-type"}
+    meta = {
+        "HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items() if k.lower() != "content-type"
+    }
     return RequestFactory().post("/receiver/orders", data=body, content_type="application/json", **meta)
 
 
@@ -138,9 +146,16 @@ def test_receiver_accepts_signed_webhooks_and_counts_duplicates(redis, receiver_
     assert (first.status_code, again.status_code) == (200, 200)
     assert json.loads(again.content)["duplicate"] is True
     store = ReceiverStore(redis, "orders", "test:receiver")
-    assert store.accepted_among(["msg_0000000000000000000000000001", "msg_other"]) == {"msg_0000000000000000000000000001"}
+    assert store.accepted_among(["msg_0000000000000000000000000001", "msg_other"]) == {
+        "msg_0000000000000000000000000001"
+    }
     totals = store.totals()
-    assert (totals["requests"], totals["accepted"], totals["duplicates"], totals["bad_signature"]) == (2, 1, 1, 0)
+    assert (totals["requests"], totals["accepted"], totals["duplicates"], totals["bad_signature"]) == (
+        2,
+        1,
+        1,
+        0,
+    )
 
 
 def test_receiver_refuses_bad_signatures(redis, receiver_settings):

@@ -150,7 +150,9 @@ def test_a_poison_message_in_a_batch_dead_letters_without_repeating_its_batch_ma
     for _ in range(8):  # each worker run dies on the poison until it is a dead letter
         worker = start_worker("http://127.0.0.1:9/hook", 2, env=env)
         worker.communicate(timeout=60)
-        if outbox.get(poison.id).status == "failed" and all(outbox.get(m.id).status == "succeeded" for m in sent if m is not poison):
+        if outbox.get(poison.id).status == "failed" and all(
+            outbox.get(m.id).status == "succeeded" for m in sent if m is not poison
+        ):
             break
         time.sleep(2.1)  # past the poison's lease: the next worker's sweep takes it back
     delivered = log.read_text().split()
@@ -178,7 +180,9 @@ def test_a_worker_rides_out_a_redis_restart(receiver, tmp_path):
             time.sleep(2)
             server = RedisServer(port=port).start()  # empty: it kept nothing
             second = outbox.send("hook", {"n": 2})
-            assert wait_for(lambda: outbox.get(second.id).status == "succeeded", timeout=40), worker_output(worker)
+            assert wait_for(lambda: outbox.get(second.id).status == "succeeded", timeout=40), worker_output(
+                worker
+            )
         assert worker.poll() is None, "the worker exited when Redis went away"
     finally:
         worker.send_signal(signal.SIGTERM)

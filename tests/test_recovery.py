@@ -19,7 +19,9 @@ from tests.conftest import assert_index_invariant, hook_settings
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_worker(receiver_url: str, visibility_timeout: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
+def start_worker(
+    receiver_url: str, visibility_timeout: int, *extra: str, env: dict | None = None
+) -> subprocess.Popen:
     """A real ``outbox_worker`` process on the test Redis (it inherits OUTBOX_TEST_REDIS_URL),
     in burst mode unless ``extra`` holds ``"--no-burst"``."""
     env = {
@@ -57,7 +59,9 @@ def test_worker_killed_mid_delivery_then_delivered_by_another(receiver, repo):
         m = outbox.send("hook", {"order": "killed"})
     first = start_worker(receiver.url, visibility_timeout=2)
     try:
-        assert wait_for(lambda: len(receiver.requests) == 1), first.stdout.read1().decode() if first.stdout else ""
+        assert wait_for(lambda: len(receiver.requests) == 1), (
+            first.stdout.read1().decode() if first.stdout else ""
+        )
         assert outbox.get(m.id).status == "sending"
         os.kill(first.pid, signal.SIGKILL)
         first.wait(5)
@@ -160,7 +164,9 @@ def test_a_job_timeout_mid_batch_keeps_decided_outcomes_and_charges_only_the_att
         from django.conf import settings
 
         with override_settings(OUTBOX={**settings.OUTBOX, "VISIBILITY_TIMEOUT": 2}):
-            first, hung, third = outbox.send_many([{"destination": "hook", "body": i, "max_retries": 0} for i in range(3)])
+            first, hung, third = outbox.send_many(
+                [{"destination": "hook", "body": i, "max_retries": 0} for i in range(3)]
+            )
             worker(simple=True)  # the job is killed mid-attempt of the second message
             assert outbox.get(first.id).status == "succeeded"  # written before the second started
             assert outbox.get(hung.id).status == "sending"  # in flight: the lease decides
@@ -204,7 +210,9 @@ def test_a_message_with_an_unusable_retry_policy_is_failed_and_recovery_goes_on(
     # then made every recovery sweep raise.
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     bad, good = outbox.send_many([{"destination": "hook", "body": i} for i in range(2)])
-    repo.connection.hset(repo.keys.resend(bad.id), "retry_policy", '{"strategy": "exponential", "jitter": "bogus"}')
+    repo.connection.hset(
+        repo.keys.resend(bad.id), "retry_policy", '{"strategy": "exponential", "jitter": "bogus"}'
+    )
     claimed = claim("outbox", time.time())
     assert {m.id for m in claimed} == {bad.id, good.id}
     report = recover(now=time.time() + 2)  # both leases expired
@@ -235,7 +243,10 @@ def test_retention_deletes_old_finished_messages_but_keeps_dead_letters(repo, se
     from outbox.delivery import decide, write
 
     claimed = {m.id: m for m in claim("outbox", now)}
-    write([decide(claimed[done.id], now=now, ok=True), decide(claimed[dead.id], now=now, ok=False, error="x")], now)
+    write(
+        [decide(claimed[done.id], now=now, ok=True), decide(claimed[dead.id], now=now, ok=False, error="x")],
+        now,
+    )
     assert recover(now=now + 30).purged == 0  # younger than their retention
     assert recover(now=now + 61).purged == 2
     assert outbox.get(dead.id).status == "failed"  # dead letters stay until a person acts

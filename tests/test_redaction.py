@@ -70,7 +70,14 @@ def test_sensitive_header_values_are_removed():
 )
 def test_authorization_style_values_in_echoed_text_are_removed(echoed):
     out = redact(f"HTTP 400 Bad Request: {echoed}")
-    for secret in ("eyJhbGciOiJIUzI1NiJ9", "dXNlcjpwYXNzd29yZA", "s3cr3tcookievalue", "sk_live_1234567890", "topsecretvalue1", "abcdefghijklmnop"):
+    for secret in (
+        "eyJhbGciOiJIUzI1NiJ9",
+        "dXNlcjpwYXNzd29yZA",
+        "s3cr3tcookievalue",
+        "sk_live_1234567890",
+        "topsecretvalue1",
+        "abcdefghijklmnop",
+    ):
         assert secret not in out
     assert out.startswith("HTTP 400 Bad Request: ")
 
@@ -100,7 +107,9 @@ def test_secrets_for_a_message_and_its_destination():
 
 def test_redact_message_text_uses_the_destination_settings():
     with hook_settings("http://127.0.0.1:9/", OPTIONS={"headers": {"X-Api-Key": "DEST-SECRET-1"}}):
-        message = outbox.Message(id="m", destination="hook", body=b"", content_type="a/b", headers={"X-Auth": "MSG-S-2"})
+        message = outbox.Message(
+            id="m", destination="hook", body=b"", content_type="a/b", headers={"X-Auth": "MSG-S-2"}
+        )
         out = redact_message_text("echo DEST-SECRET-1 and MSG-S-2", message)
     assert "DEST-SECRET-1" not in out and "MSG-S-2" not in out
 
@@ -148,7 +157,9 @@ def test_detail_page_masks_sensitive_headers_and_redacts_errors(admin_client, re
     }
     m = outbox.send("mem", {"a": 1}, headers=headers)
     repo.connection.hset(
-        repo.keys.resend(m.id), "last_error", "HTTP 400: echoed X-Session-Id: V-SESSION-4 Authorization: Bearer zzzzzzzzzz"
+        repo.keys.resend(m.id),
+        "last_error",
+        "HTTP 400: echoed X-Session-Id: V-SESSION-4 Authorization: Bearer zzzzzzzzzz",
     )
     html = admin_client.get(u("message_detail", m.id)).content.decode()
     for value in ("V-AUTHN-1", "V-ACCESS-2", "V-AUTH-3", "V-SESSION-4", "V-PRIVATE-5", "zzzzzzzzzz"):

@@ -43,7 +43,11 @@ def test_a_safe_redis_has_no_findings(server_with):
     conn = server_with(appendonly=True, maxmemory="64mb", maxmemory_policy="noeviction")
     found = redis_health.inspect_redis(conn)
     assert found.source == "config" and found.findings == []
-    assert (found.maxmemory_policy, found.maxmemory, found.appendonly) == ("noeviction", 64 * 1024 * 1024, True)
+    assert (found.maxmemory_policy, found.maxmemory, found.appendonly) == (
+        "noeviction",
+        64 * 1024 * 1024,
+        True,
+    )
 
 
 def test_rdb_snapshots_count_as_persistence(server_with):
@@ -52,7 +56,9 @@ def test_rdb_snapshots_count_as_persistence(server_with):
 
 
 def test_allkeys_lru_with_a_limit_is_an_error(server_with):
-    found = redis_health.inspect_redis(server_with(appendonly=True, maxmemory="8mb", maxmemory_policy="allkeys-lru"))
+    found = redis_health.inspect_redis(
+        server_with(appendonly=True, maxmemory="8mb", maxmemory_policy="allkeys-lru")
+    )
     assert ids(found.findings) == ["outbox.E006"]
     assert found.findings[0].level == "error" and "allkeys-lru" in found.findings[0].msg
     assert "noeviction" in found.findings[0].hint
@@ -77,7 +83,9 @@ def test_no_persistence_warns(server_with):
 
 def test_without_config_it_falls_back_to_info(server_with):
     """Managed services disable CONFIG; INFO still shows the policy and the AOF (not the RDB schedule)."""
-    conn = server_with(maxmemory="8mb", maxmemory_policy="allkeys-lru", extra_args=["--rename-command", "CONFIG", ""])
+    conn = server_with(
+        maxmemory="8mb", maxmemory_policy="allkeys-lru", extra_args=["--rename-command", "CONFIG", ""]
+    )
     found = redis_health.inspect_redis(conn)
     assert found.source == "info" and found.maxmemory_policy == "allkeys-lru" and found.appendonly is False
     assert found.save is None  # unknown, so no W004 guess
@@ -139,7 +147,11 @@ def test_log_startup_findings(settings, server_with, caplog):
         found = redis_health.log_startup_findings(logger)
     assert ids(found) == ["outbox.E006", "outbox.W004", "outbox.W005"]
     levels = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records}
-    assert levels == {"outbox.E006": logging.ERROR, "outbox.W004": logging.WARNING, "outbox.W005": logging.WARNING}
+    assert levels == {
+        "outbox.E006": logging.ERROR,
+        "outbox.W004": logging.WARNING,
+        "outbox.W005": logging.WARNING,
+    }
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])

@@ -84,7 +84,9 @@ def test_send_many_validates_everything_before_writing(repo):
 
 
 def test_send_many_writes_all_and_wakes_each_queue_once(repo):
-    messages = outbox.send_many([{"destination": "mem", "body": i, "priority": "low" if i % 5 == 0 else None} for i in range(25)])
+    messages = outbox.send_many(
+        [{"destination": "mem", "body": i, "priority": "low" if i % 5 == 0 else None} for i in range(25)]
+    )
     assert len({m.id for m in messages}) == 25
     assert repo.count("pending") == 25
     from outbox.dispatch import get_queue
@@ -92,7 +94,10 @@ def test_send_many_writes_all_and_wakes_each_queue_once(repo):
     queue, low = get_queue("outbox"), get_queue("outbox_low")
     assert queue.count == 1 and low.count == 1  # one wake-up job per queue, not per message
     assert queue.jobs[0].args == ("outbox",) and queue.jobs[0].result_ttl == 0
-    assert repo.connection.zcard(repo.keys.due("outbox")) == 20 and repo.connection.zcard(repo.keys.due("outbox_low")) == 5
+    assert (
+        repo.connection.zcard(repo.keys.due("outbox")) == 20
+        and repo.connection.zcard(repo.keys.due("outbox_low")) == 5
+    )
     assert_index_invariant(repo)
 
 

@@ -31,7 +31,9 @@ from tests.conftest import hook_settings, with_destinations
 SECRET = "whsec_" + base64.b64encode(bytes(range(40, 72))).decode()
 #: Bounded example counts keep these tests to a few seconds (see also tests/test_admin_hardening.py).
 PROPERTY = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
@@ -85,7 +87,7 @@ def test_transfer_encoding_in_a_destinations_headers_is_a_check_error():
         "text/plain; charset=ü",
         "text/pl\rain",
         "application/json; a=b\r\nX-Injected: 1",
-        "text/plain; name=\"a\x00b\"",
+        'text/plain; name="a\x00b"',
         " text/plain",
         "text/plain ",
         "text",
@@ -98,7 +100,12 @@ def test_content_types_that_cannot_be_sent_are_refused(redis, content_type):
 
 @pytest.mark.parametrize(
     "content_type",
-    ["application/json", "text/plain; charset=utf-8", 'multipart/form-data; boundary="a b:c"', "a/b ; c=d;e=f"],
+    [
+        "application/json",
+        "text/plain; charset=utf-8",
+        'multipart/form-data; boundary="a b:c"',
+        "a/b ; c=d;e=f",
+    ],
 )
 def test_valid_content_types_are_kept(content_type):
     assert clean_content_type(content_type) == content_type
@@ -130,7 +137,12 @@ def test_non_ascii_header_values_are_refused_for_webhooks_only(redis):
 
 @pytest.mark.parametrize(
     "url",
-    ["http://example.com/a\r\nX-Injected: 1", "http://example.com/a\nb", "http://exa mple.com/", "http://example.com/\t"],
+    [
+        "http://example.com/a\r\nX-Injected: 1",
+        "http://example.com/a\nb",
+        "http://exa mple.com/",
+        "http://example.com/\t",
+    ],
 )
 def test_destination_urls_with_control_characters_are_check_errors(url):
     with hook_settings(url):
@@ -204,7 +216,11 @@ def test_bad_retry_settings_are_check_errors(settings):
     bad = {"strategy": "exponential", "base": 5e-324, "factor": 1e308}
     settings.OUTBOX = {**settings.OUTBOX, "RETRY": bad}
     assert "outbox.E005" in {e.id for e in check_outbox_settings()}
-    settings.OUTBOX = {**settings.OUTBOX, "RETRY": {}, "DESTINATIONS": {"x": {"TRANSPORT": "locmem", "RETRY": bad}}}
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "RETRY": {},
+        "DESTINATIONS": {"x": {"TRANSPORT": "locmem", "RETRY": bad}},
+    }
     assert "outbox.E002" in {e.id for e in check_outbox_settings()}
 
 
@@ -219,13 +235,19 @@ policies = st.one_of(
         jitter=st.sampled_from(["full", "equal", "none"]),
     ),
     st.builds(
-        RetryPolicy, strategy=st.just("schedule"), delays=st.lists(delay_values, min_size=1, max_size=5).map(tuple)
+        RetryPolicy,
+        strategy=st.just("schedule"),
+        delays=st.lists(delay_values, min_size=1, max_size=5).map(tuple),
     ),
 )
 
 
 @PROPERTY
-@given(policy=policies, retry=st.integers(1, MAX_RETRIES_LIMIT), retry_after=st.none() | st.floats(allow_nan=True))
+@given(
+    policy=policies,
+    retry=st.integers(1, MAX_RETRIES_LIMIT),
+    retry_after=st.none() | st.floats(allow_nan=True),
+)
 def test_retry_delay_never_raises_for_a_valid_policy(policy, retry, retry_after):
     delay = retry_delay(policy, retry, retry_after, random.Random(retry))
     assert math.isfinite(delay) and 0 <= delay <= 30 * 24 * 3600
@@ -238,7 +260,9 @@ TOKEN = st.from_regex(r"\A[A-Za-z0-9!#$%&'*+.^_`|~-]{1,20}\Z")
 FIELD_VALUE = st.from_regex(r"\A(?:[\x21-\x7e](?:[ \t]{0,2}[\x21-\x7e]){0,30})?\Z")
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 bodies = st.one_of(st.binary(max_size=200), st.text(max_size=200), json_values)

@@ -18,7 +18,12 @@ def make(repo, n=1, **kwargs):
 
 def test_records_round_trip(repo):
     sent = outbox.send(
-        "mem", {"order": 1, "name": "Zoë"}, headers={"X-Trace": "abc"}, idempotency_key="k-1", max_retries=7, retry=[1, 2]
+        "mem",
+        {"order": 1, "name": "Zoë"},
+        headers={"X-Trace": "abc"},
+        idempotency_key="k-1",
+        max_retries=7,
+        retry=[1, 2],
     )
     got = repo.get(sent.id)
     assert got.id == sent.id and got.destination == "mem"
@@ -32,7 +37,15 @@ def test_records_round_trip(repo):
     assert got.next_attempt_at == pytest.approx(got.created_at)
     assert got.queue == "outbox"
     raw = repo.connection.hgetall(repo.keys.message(sent.id))
-    assert set(raw) >= {b"id", b"body", b"content_type", b"headers", b"destination", b"created_at", b"idempotency_key"}
+    assert set(raw) >= {
+        b"id",
+        b"body",
+        b"content_type",
+        b"headers",
+        b"destination",
+        b"created_at",
+        b"idempotency_key",
+    }
     resend = repo.connection.hgetall(repo.keys.resend(sent.id))
     assert resend[b"status"] == b"pending" and resend[b"retry_count"] == b"0"
     assert_index_invariant(repo)
@@ -55,7 +68,13 @@ def test_get_missing_raises_and_get_many_gives_none(repo):
 def claim_change(message_id, lease="L1", now=None):
     now = time.time() if now is None else now
     return Change(
-        id=message_id, from_statuses=("pending", "retrying"), to="sending", score=now + 30, set={"lease": lease}, due_by=now, load=True
+        id=message_id,
+        from_statuses=("pending", "retrying"),
+        to="sending",
+        score=now + 30,
+        set={"lease": lease},
+        due_by=now,
+        load=True,
     )
 
 
@@ -83,7 +102,9 @@ def test_completion_needs_the_lease(repo):
     repo.transition([claim_change(m.id, "A")], now)
     wrong = Change(id=m.id, from_statuses=("sending",), to="succeeded", score=now, lease="B")
     assert not repo.transition([wrong], now)[0].applied
-    right = Change(id=m.id, from_statuses=("sending",), to="succeeded", score=now, lease="A", unset=("lease",))
+    right = Change(
+        id=m.id, from_statuses=("sending",), to="succeeded", score=now, lease="A", unset=("lease",)
+    )
     assert repo.transition([right], now)[0].applied
     got = repo.get(m.id)
     assert got.status == "succeeded" and got.lease == ""
@@ -109,7 +130,9 @@ def test_each_transition_moves_the_index(repo, start, to, allowed):
 
 
 def test_transition_of_a_missing_message_reports_empty_status(repo):
-    r = repo.transition([Change(id="msg_missing", from_statuses=("pending",), to="cancelled", score=1.0)], time.time())[0]
+    r = repo.transition(
+        [Change(id="msg_missing", from_statuses=("pending",), to="cancelled", score=1.0)], time.time()
+    )[0]
     assert not r.applied and r.status == ""
 
 
@@ -122,7 +145,9 @@ def test_attempts_are_capped_newest_first(repo):
         to = "retrying" if i % 2 == 0 else "pending"
         frm = ("pending",) if i % 2 == 0 else ("retrying",)
         attempt = Attempt(started_at=now + i, duration_ms=i, outcome="retrying", error=f"e{i}")
-        assert repo.transition([Change(id=m.id, from_statuses=frm, to=to, score=now, attempt=attempt)], now)[0].applied
+        assert repo.transition([Change(id=m.id, from_statuses=frm, to=to, score=now, attempt=attempt)], now)[
+            0
+        ].applied
     assert [a.error for a in repo.attempts(m.id)] == ["e4", "e3", "e2"]
 
 
@@ -161,7 +186,9 @@ def test_iter_ids_sees_every_id_once_while_they_leave_the_index(repo):
     for batch in repo.iter_ids("pending", batch=300):
         seen += batch
         now = time.time()
-        repo.transition([Change(id=i, from_statuses=("pending",), to="cancelled", score=now) for i in batch], now)
+        repo.transition(
+            [Change(id=i, from_statuses=("pending",), to="cancelled", score=now) for i in batch], now
+        )
     assert sorted(seen) == sorted(ids)
     seen_static = [i for batch in repo.iter_ids("cancelled", batch=7) for i in batch]
     assert sorted(seen_static) == sorted(ids)
@@ -173,7 +200,12 @@ def test_delete_removes_everything_but_refuses_sending(repo):
     now = time.time()
     repo.transition([claim_change(b.id)], now)
     assert repo.delete([a.id, b.id, c.id], ("pending", "failed")) == [True, False, True]
-    assert repo.connection.exists(repo.keys.message(a.id), repo.keys.resend(a.id), repo.keys.idempotency("mem", "del-key")) == 0
+    assert (
+        repo.connection.exists(
+            repo.keys.message(a.id), repo.keys.resend(a.id), repo.keys.idempotency("mem", "del-key")
+        )
+        == 0
+    )
     assert repo.count() == 1 and repo.count("sending") == 1
     assert_index_invariant(repo)
 
@@ -188,7 +220,9 @@ def test_bulk_changes_give_every_message_its_own_score(repo):
     # Formatting float sums to 6 decimals once rounded neighbours to the same score.
     ids = [m.id for m in make(repo, 3000)]
     assert outbox.cancel(ids).acted == 3000
-    scores = [score for _, score in repo.connection.zrange(repo.keys.status("cancelled"), 0, -1, withscores=True)]
+    scores = [
+        score for _, score in repo.connection.zrange(repo.keys.status("cancelled"), 0, -1, withscores=True)
+    ]
     assert len(set(scores)) == 3000
 
 

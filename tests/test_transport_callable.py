@@ -65,7 +65,9 @@ def clean_calls():
 
 
 def with_function(name: str, **entry) -> override_settings:
-    return with_destinations("callable", max_retries=2, fn={"OPTIONS": {"path": f"{__name__}.{name}"}, **entry})
+    return with_destinations(
+        "callable", max_retries=2, fn={"OPTIONS": {"path": f"{__name__}.{name}"}, **entry}
+    )
 
 
 def test_success(worker, repo):
@@ -94,7 +96,12 @@ def test_permanent_delivery_error_fails_at_once(worker, repo):
         m = outbox.send("fn", "hi")
         worker(simple=True)
     got = outbox.get(m.id)
-    assert (got.status, got.retry_count, got.last_error, got.last_status_code) == ("failed", 0, "account closed", 410)
+    assert (got.status, got.retry_count, got.last_error, got.last_status_code) == (
+        "failed",
+        0,
+        "account closed",
+        410,
+    )
     assert len(calls) == 1
     assert_index_invariant(repo)
 
@@ -134,7 +141,10 @@ def test_retry_after_from_a_delivery_error_is_honoured(worker):
         ({"path": f"{__name__}.NotAFunction"}, "is not a function"),
         ({"path": f"{__name__}.no_arguments"}, "must take one argument"),
         ({"path": f"{__name__}.two_arguments"}, "must take one argument"),
-        ({"path": f"{__name__}.record", "timeout": 1}, "unknown option\\(s\\) for CallableTransport: timeout"),
+        (
+            {"path": f"{__name__}.record", "timeout": 1},
+            "unknown option\\(s\\) for CallableTransport: timeout",
+        ),
     ],
 )
 def test_bad_options(options, match):

@@ -18,7 +18,6 @@ def empty_outbox():
     locmem.outbox.clear()
 
 
-
 def test_delivered_messages_are_appended_in_order(worker, repo):
     first = outbox.send("mem", {"n": 1})
     second = outbox.send("mem", "two", headers={"X-N": "2"})
@@ -31,7 +30,14 @@ def test_delivered_messages_are_appended_in_order(worker, repo):
 
 
 def test_fail_with_is_retried_until_a_dead_letter(worker, repo):
-    with with_destinations(down={"TRANSPORT": "locmem", "OPTIONS": {"fail_with": "receiver down"}, "RETRY": [0], "MAX_RETRIES": 2}):
+    with with_destinations(
+        down={
+            "TRANSPORT": "locmem",
+            "OPTIONS": {"fail_with": "receiver down"},
+            "RETRY": [0],
+            "MAX_RETRIES": 2,
+        }
+    ):
         m = outbox.send("down", "x")
         worker(simple=True)
     got = outbox.get(m.id)
@@ -56,7 +62,10 @@ def test_fail_with_permanent_fails_at_once(worker):
     [
         ({"fail_with": 500}, "OPTIONS\\['fail_with'\\] must be a str"),
         ({"fail_with": "x", "permanent": "yes"}, "OPTIONS\\['permanent'\\] must be a bool"),
-        ({"fail": "x"}, "unknown option\\(s\\) for LocmemTransport: fail \\(accepted: fail_with, permanent\\)"),
+        (
+            {"fail": "x"},
+            "unknown option\\(s\\) for LocmemTransport: fail \\(accepted: fail_with, permanent\\)",
+        ),
     ],
 )
 def test_bad_options(options, match):
@@ -116,7 +125,9 @@ def test_bad_transport_names(path, match):
 
 
 def test_base_transport_refuses_options_and_has_no_deliver():
-    with pytest.raises(ImproperlyConfigured, match="unknown option\\(s\\) for Transport: x \\(accepted: none\\)"):
+    with pytest.raises(
+        ImproperlyConfigured, match="unknown option\\(s\\) for Transport: x \\(accepted: none\\)"
+    ):
         Transport("d", x=1)
     message = outbox.Message(id="msg_1", destination="d", body=b"", content_type="text/plain")
     with pytest.raises(NotImplementedError):

@@ -17,7 +17,18 @@ from outbox.records import Message
 
 from .models import CATALOG, Order
 
-CUSTOMERS: Sequence[str] = ("Ada", "Grace", "Linus", "Margaret", "Guido", "Barbara", "Ken", "Radia", "Edsger", "Frances")
+CUSTOMERS: Sequence[str] = (
+    "Ada",
+    "Grace",
+    "Linus",
+    "Margaret",
+    "Guido",
+    "Barbara",
+    "Ken",
+    "Radia",
+    "Edsger",
+    "Frances",
+)
 
 
 def idempotency_key(order: Order) -> str:
@@ -37,7 +48,9 @@ def place_order(*, customer: str, email: str, sku: str, quantity: int, notify: b
     """
     _name, price = CATALOG[sku]
     with transaction.atomic():
-        order = Order.objects.create(customer=customer, email=email, sku=sku, quantity=quantity, unit_price=price)
+        order = Order.objects.create(
+            customer=customer, email=email, sku=sku, quantity=quantity, unit_price=price
+        )
         message = outbox.send("orders", order.as_json(), idempotency_key=idempotency_key(order))
         if notify:
             outbox.send(
@@ -83,7 +96,10 @@ def place_random_orders(count: int, *, rng: random.Random | None = None) -> list
     with transaction.atomic():
         orders = Order.objects.bulk_create([random_order(rng) for _ in range(count)])
         messages = outbox.send_many(
-            [{"destination": "orders", "body": o.as_json(), "idempotency_key": idempotency_key(o)} for o in orders]
+            [
+                {"destination": "orders", "body": o.as_json(), "idempotency_key": idempotency_key(o)}
+                for o in orders
+            ]
         )
         for order, message in zip(orders, messages):
             order.message_id = message.id

@@ -122,7 +122,9 @@ def receive(request: HttpRequest, name: str) -> HttpResponse:
     failure_rate = float(getattr(settings, "DEMO_FAILURE_RATE", 0.3))
     slow_rate = float(getattr(settings, "DEMO_SLOW_RATE", 0.02))
     if request.method == "GET":
-        return JsonResponse({"name": name, "failure_rate": failure_rate, "slow_rate": slow_rate, **store.totals()})
+        return JsonResponse(
+            {"name": name, "failure_rate": failure_rate, "slow_rate": slow_rate, **store.totals()}
+        )
     if request.method != "POST":
         return HttpResponseNotAllowed(["GET", "POST"])
     try:

@@ -26,7 +26,9 @@ RECENT = 15  # orders listed on the page
 class OrderForm(forms.Form):
     customer = forms.CharField(max_length=100, initial="Ada")
     email = forms.EmailField(initial="ada@example.com")
-    sku = forms.ChoiceField(label="Product", choices=[(sku, f"{name} ({price})") for sku, (name, price) in CATALOG.items()])
+    sku = forms.ChoiceField(
+        label="Product", choices=[(sku, f"{name} ({price})") for sku, (name, price) in CATALOG.items()]
+    )
     quantity = forms.IntegerField(min_value=1, max_value=10, initial=1)
 
 

@@ -92,10 +92,24 @@ def outcome_chart(
             parts.append(Segment(name, round(base, 2), round(h, 2), value))
         label = ", ".join(f"{s.value} {s.series}" for s in parts)
         bars.append(
-            Bar(round(left + i * slot + 0.5, 2), round(max(slot - 1, 1), 2), moment, label, [s for s in parts if s.value])
+            Bar(
+                round(left + i * slot + 0.5, 2),
+                round(max(slot - 1, 1), 2),
+                moment,
+                label,
+                [s for s in parts if s.value],
+            )
         )
     totals = {name: sum(int(v) for v in values) for name, values in series.items()}
     return Chart(
-        width, height, left, top, bottom, peak, bars, totals,
-        bars[0].minute if bars else None, bars[-1].minute if bars else None,
+        width,
+        height,
+        left,
+        top,
+        bottom,
+        peak,
+        bars,
+        totals,
+        bars[0].minute if bars else None,
+        bars[-1].minute if bars else None,
     )

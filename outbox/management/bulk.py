@@ -104,7 +104,9 @@ class BulkCommand(BaseCommand):
                 metavar="TIME",
                 help="2025-11-21T10:30, 2025-11-21, 7d/12h/30m ago, or epoch seconds",
             )
-        parser.add_argument("--dry-run", action="store_true", help="print how many messages match; change nothing")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="print how many messages match; change nothing"
+        )
         parser.add_argument(
             "--yes",
             "-y",
@@ -120,7 +122,9 @@ class BulkCommand(BaseCommand):
             self.run(**options)
         except RedisError as exc:
             hint = f"is the Redis server of {redis_location()} running and reachable from this process?"
-            raise CommandError(f"cannot reach Redis ({type(exc).__name__}: {str(exc)[:200]}); nothing changed. {hint}") from None
+            raise CommandError(
+                f"cannot reach Redis ({type(exc).__name__}: {str(exc)[:200]}); nothing changed. {hint}"
+            ) from None
 
     def check_destination(self, repo: MessageRepository, name: str) -> None:
         """Refuse an unknown ``--destination`` (see the module docstring).

@@ -22,6 +22,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name="capturedmessage",
-            constraint=models.UniqueConstraint(fields=("destination", "idempotency_key"), name="outbox_captured_unique_key"),
+            constraint=models.UniqueConstraint(
+                fields=("destination", "idempotency_key"), name="outbox_captured_unique_key"
+            ),
         ),
     ]

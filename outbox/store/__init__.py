@@ -3,4 +3,13 @@
 from .keys import Keys
 from .repository import BulkResult, Change, ChangeResult, Claim, Created, CreateResult, MessageRepository
 
-__all__ = ["BulkResult", "Change", "ChangeResult", "Claim", "CreateResult", "Created", "Keys", "MessageRepository"]
+__all__ = [
+    "BulkResult",
+    "Change",
+    "ChangeResult",
+    "Claim",
+    "CreateResult",
+    "Created",
+    "Keys",
+    "MessageRepository",
+]

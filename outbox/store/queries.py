@@ -144,7 +144,11 @@ class Plan:
         if self.check_created:
             out.append("created range (with a status)")
         if self.check_updated:
-            out.append("updated range (with this status)" if self.filter.status else "updated range (without a status)")
+            out.append(
+                "updated range (with this status)"
+                if self.filter.status
+                else "updated range (without a status)"
+            )
         return out
 
 
@@ -255,7 +259,9 @@ def page(
     matches: list[str] = []
     scanned = 0
     while scanned < min(scan_limit, index_total):
-        batch = range_ids(repo, p, offset=scanned, limit=min(CHUNK, scan_limit - scanned), descending=descending)
+        batch = range_ids(
+            repo, p, offset=scanned, limit=min(CHUNK, scan_limit - scanned), descending=descending
+        )
         if not batch:
             break
         scanned += len(batch)

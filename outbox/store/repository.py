@@ -53,7 +53,12 @@ class Change:
     load: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"id": self.id, "from": list(self.from_statuses), "to": self.to, "score": repr(self.score)}
+        data: dict[str, Any] = {
+            "id": self.id,
+            "from": list(self.from_statuses),
+            "to": self.to,
+            "score": repr(self.score),
+        }
         if self.set:
             data["set"] = self.set
         if self.unset:
@@ -218,7 +223,9 @@ class MessageRepository:
             return self.connection.evalsha(sha(name), 0, *args)
 
     # -- writing ------------------------------------------------------------------
-    def create_args(self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool = True) -> list[Any]:
+    def create_args(
+        self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool = True
+    ) -> list[Any]:
         """ARGV of ``lua/create.lua`` for ``messages`` (see :meth:`create`)."""
         args: list[Any] = [
             self.keys.prefix,
@@ -273,7 +280,8 @@ class MessageRepository:
         """Turn ``lua/create.lua``'s raw reply into a :class:`CreateResult`."""
         rows, woken = reply
         created = [
-            Created(m.id, standing.decode(), code.decode()) for m, (standing, code) in zip(messages, rows, strict=True)
+            Created(m.id, standing.decode(), code.decode())
+            for m, (standing, code) in zip(messages, rows, strict=True)
         ]
         return CreateResult(created, [q.decode() for q in woken])
 
@@ -347,7 +355,9 @@ class MessageRepository:
         """
         if not changes:
             return []
-        return self.parse_transition(changes, self.run_script("transition", self.transition_args(changes, now)))
+        return self.parse_transition(
+            changes, self.run_script("transition", self.transition_args(changes, now))
+        )
 
     def outcomes_and_claim(
         self, changes: Sequence[Change], now: float, queue: str, **claim_options: Any
@@ -393,14 +403,32 @@ class MessageRepository:
             set: other resend-record fields to write; unset: fields to delete.
             step: seconds between the index scores of successive messages (no ties).
         """
-        args: list[Any] = [self.keys.prefix, repr(now), self.events_channel, action, to, ",".join(from_statuses)]
+        args: list[Any] = [
+            self.keys.prefix,
+            repr(now),
+            self.events_channel,
+            action,
+            to,
+            ",".join(from_statuses),
+        ]
         set = set or {}
         args.append(len(set))
         for field_name, value in set.items():
             args += [field_name, value]
-        args += [",".join(unset), repr(now), repr(step), self.wake_ttl_ms, 1, "", len(ids), *ids]  # one group, no job id
+        args += [
+            ",".join(unset),
+            repr(now),
+            repr(step),
+            self.wake_ttl_ms,
+            1,
+            "",
+            len(ids),
+            *ids,
+        ]  # one group, no job id
         flags, woken = self.run_script("bulk", args)
-        return BulkResult([i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken])
+        return BulkResult(
+            [i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken]
+        )
 
     @staticmethod
     def parse_transition(changes: Sequence[Change], reply: list[Any]) -> list[ChangeResult]:
@@ -422,7 +450,9 @@ class MessageRepository:
             now: epoch seconds: released messages are due now.
             ids: the messages to release, if known.
         """
-        released, woken = self.run_script("release", [self.keys.prefix, repr(now), lease, repr(deadline), self.wake_ttl_ms, *ids])
+        released, woken = self.run_script(
+            "release", [self.keys.prefix, repr(now), lease, repr(deadline), self.wake_ttl_ms, *ids]
+        )
         return BulkResult([i.decode() for i in released], [q.decode() for q in woken])
 
     def wake_candidates(self, queues: Sequence[str], now: float, stale_after: float) -> list[str]:
@@ -433,7 +463,9 @@ class MessageRepository:
         """
         if not queues:
             return []
-        reply = self.run_script("wake", [self.keys.prefix, repr(now), self.wake_ttl_ms, repr(stale_after), *queues])
+        reply = self.run_script(
+            "wake", [self.keys.prefix, repr(now), self.wake_ttl_ms, repr(stale_after), *queues]
+        )
         return [q.decode() for q in reply]
 
     def clear_wake_flag(self, queue: str) -> None:
@@ -496,7 +528,9 @@ class MessageRepository:
     def attempts(self, message_id: str, limit: int | None = None) -> list[Attempt]:
         """The message's attempt records, newest first (at most ``attempts_kept``)."""
         end = -1 if limit is None else limit - 1
-        return [Attempt.from_json(raw) for raw in self.connection.lrange(self.keys.attempts(message_id), 0, end)]
+        return [
+            Attempt.from_json(raw) for raw in self.connection.lrange(self.keys.attempts(message_id), 0, end)
+        ]
 
     def index_key(self, status: str | None = None, destination: str | None = None) -> str:
         """The sorted set listing messages with this status and/or destination.
@@ -528,7 +562,12 @@ class MessageRepository:
         Deep pages cost O(log N) (see :meth:`range_by_rank`).
         """
         return self.range_by_rank(
-            self.index_key(status, destination), min_score, max_score, offset=offset, limit=limit, descending=newest_first
+            self.index_key(status, destination),
+            min_score,
+            max_score,
+            offset=offset,
+            limit=limit,
+            descending=newest_first,
         )
 
     def range_by_rank(
@@ -618,7 +657,9 @@ class MessageRepository:
         seen_at_score: set[str] = set()
         last_score: float | None = None
         while True:
-            rows = self.connection.zrangebyscore(key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True)
+            rows = self.connection.zrangebyscore(
+                key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True
+            )
             ids = []
             for raw, score in rows:
                 member = raw.decode()
@@ -637,7 +678,9 @@ class MessageRepository:
 
     def due(self, status: str, before: float, limit: int = 1000) -> list[tuple[str, float]]:
         """Up to ``limit`` (id, score) pairs in a status index with score <= ``before``."""
-        rows = self.connection.zrangebyscore(self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True)
+        rows = self.connection.zrangebyscore(
+            self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True
+        )
         return [(raw.decode(), score) for raw, score in rows]
 
     def stats(self, outcomes: Iterable[str], minutes: Sequence[int]) -> dict[str, list[int]]:

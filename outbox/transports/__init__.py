@@ -39,7 +39,9 @@ def transport_class(name: str) -> type[Transport]:
             f"transport {name!r} is neither an alias ({', '.join(ALIASES)}) nor an importable class: {exc}"
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, Transport)):
-        raise ImproperlyConfigured(f"transport {name!r} ({path}) is not a subclass of outbox.transports.Transport")
+        raise ImproperlyConfigured(
+            f"transport {name!r} ({path}) is not a subclass of outbox.transports.Transport"
+        )
     return cls
 
 

@@ -47,7 +47,9 @@ class CallableTransport(Transport):
     """
 
     options = ("path", "deadline")
-    max_in_flight = 1  # your function may not be thread-safe: set the destination's MAX_IN_FLIGHT to run it concurrently
+    max_in_flight = (
+        1  # your function may not be thread-safe: set the destination's MAX_IN_FLIGHT to run it concurrently
+    )
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)
@@ -93,7 +95,9 @@ class CallableTransport(Transport):
         """
         secrets = secrets_for(message.headers, None)
         try:
-            result = call_with_deadline(lambda: self.function(message), self.deadline, f"the callable {self.path!r}")
+            result = call_with_deadline(
+                lambda: self.function(message), self.deadline, f"the callable {self.path!r}"
+            )
         except DeliveryError as exc:
             exc.args = (redact(str(exc), secrets=secrets), *exc.args[1:])
             raise

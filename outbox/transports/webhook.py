@@ -340,7 +340,9 @@ class WebhookTransport(Transport):
                 code = response.status_code
                 excerpt = _read_some(response)
         except PrivateAddressRefused as exc:
-            raise PermanentDeliveryError(redact(str(exc), secrets=secrets)) from exc
+            raise PermanentDeliveryError(
+                redact(str(exc), secrets=secrets), error_class="blocked_address"
+            ) from exc
         except httpx.TimeoutException as exc:
             elapsed = time.monotonic() - started
             limit = (
@@ -348,7 +350,9 @@ class WebhookTransport(Transport):
                 if elapsed >= self.deadline - 0.05
                 else f"{self.timeout:g}s"
             )
-            raise DeliveryError(f"timed out ({type(exc).__name__}) after {limit}") from exc
+            raise DeliveryError(
+                f"timed out ({type(exc).__name__}) after {limit}", error_class="timeout"
+            ) from exc
         except httpx.HTTPError as exc:
             raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secrets=secrets)) from exc
         if 200 <= code < 300:

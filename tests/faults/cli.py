@@ -34,7 +34,9 @@ def scenario_params(name: str, size: str, overrides: dict[str, Any] | None = Non
     return params
 
 
-def run_child(name: str, size: str = "full", overrides: dict[str, Any] | None = None, timeout: float = 900) -> Result:
+def run_child(
+    name: str, size: str = "full", overrides: dict[str, Any] | None = None, timeout: float = 900
+) -> Result:
     """Run one scenario in a new process and return its result.
 
     The child's output goes to ``.faults/<name>/driver.log``. A child that crashes or runs
@@ -45,12 +47,24 @@ def run_child(name: str, size: str = "full", overrides: dict[str, Any] | None = 
     log_dir.mkdir(parents=True, exist_ok=True)
     result_path = log_dir / "result.json"
     result_path.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "tests.faults", "--child", name, "--size", size, "--result", str(result_path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.faults",
+        "--child",
+        name,
+        "--size",
+        size,
+        "--result",
+        str(result_path),
+    ]
     argv += ["--params", json.dumps(overrides or {})]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     with open(log_dir / "driver.log", "wb") as log:
-        child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -68,7 +82,9 @@ def run_child(name: str, size: str = "full", overrides: dict[str, Any] | None = 
     else:
         tail = (log_dir / "driver.log").read_text(errors="replace").splitlines()[-12:]
         result = Result(name)
-        result.check("the scenario ran to the end", False, f"exit status {child.returncode}; see {log_dir}/driver.log")
+        result.check(
+            "the scenario ran to the end", False, f"exit status {child.returncode}; see {log_dir}/driver.log"
+        )
         result.notes += tail
     result.elapsed_s = round(time.monotonic() - started, 1)
     return result
@@ -115,13 +131,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenarios to run (default: all)")
     parser.add_argument("--short", action="store_true", help="the short sizes the pytest tests use")
-    parser.add_argument("--list", action="store_true", help="list the scenarios with their parameters and exit")
+    parser.add_argument(
+        "--list", action="store_true", help="list the scenarios with their parameters and exit"
+    )
     parser.add_argument(
         "-p", "--param", action="append", default=[], metavar="NAME=VALUE",
         help="override a parameter of every selected scenario that has it (JSON values), e.g. -p messages=500",
     )  # fmt: skip
-    parser.add_argument("--out", type=Path, default=DATA_DIR / "results.md", help="also write the table here (.faults/results.md)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds one scenario may run before it is killed (900)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DATA_DIR / "results.md",
+        help="also write the table here (.faults/results.md)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900, help="seconds one scenario may run before it is killed (900)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--size", default="full", help=argparse.SUPPRESS)
     parser.add_argument("--params", default="{}", help=argparse.SUPPRESS)
@@ -152,12 +177,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         mine = {k: v for k, v in overrides.items() if k in accepted}
         print(f"{name} ({size}{', ' + str(mine) if mine else ''}) ...", flush=True)
         result = run_child(name, size, mine, args.timeout)
-        print(f"  {'ok' if result.ok else 'SKIPPED' if result.skipped else 'FAIL'} in {result.elapsed_s:.0f} s", flush=True)
+        print(
+            f"  {'ok' if result.ok else 'SKIPPED' if result.skipped else 'FAIL'} in {result.elapsed_s:.0f} s",
+            flush=True,
+        )
         results.append(result)
     text = table(results)
     print("\n" + text)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    header = f"# Fault suite results\n\n{started:%Y-%m-%d %H:%M} UTC, {size} sizes, commit {commit or '?'}\n\n"
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    header = (
+        f"# Fault suite results\n\n{started:%Y-%m-%d %H:%M} UTC, {size} sizes, commit {commit or '?'}\n\n"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(header + text)
     print(f"written to {args.out}")

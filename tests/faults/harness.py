@@ -120,7 +120,9 @@ class ReceiverProcess:
         self.secret = secret
         self.log_path = log_dir / "receiver.log"
         self.process: subprocess.Popen | None = None
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.control_port}", timeout=10.0, trust_env=False)
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.control_port}", timeout=10.0, trust_env=False
+        )
 
     @property
     def url(self) -> str:
@@ -355,7 +357,11 @@ class Result:
     def ok(self) -> bool:
         if self.skipped:
             return True
-        return (self.lost == 0 or self.lost_expected) and self.not_received == 0 and all(c.ok for c in self.checks)
+        return (
+            (self.lost == 0 or self.lost_expected)
+            and self.not_received == 0
+            and all(c.ok for c in self.checks)
+        )
 
     def check(self, name: str, ok: bool, detail: str = "") -> bool:
         self.checks.append(Check(name, bool(ok), detail))
@@ -631,7 +637,9 @@ def tally(
     result.failed = by_status["failed"]
     result.lost = sum(1 for s in found.values() if s == "missing" or s in ACTIVE)
     result.duplicates = sum(1 for i in unique if delivered[i] > 1)
-    result.not_received = sum(1 for i, s in found.items() if s == "succeeded" and must_receive(i) and not delivered[i])
+    result.not_received = sum(
+        1 for i, s in found.items() if s == "succeeded" and must_receive(i) and not delivered[i]
+    )
     if settled_at is not None:
         result.settle_s = round(settled_at - first_send, 1)
         if run.last_fault_end is not None:
@@ -658,7 +666,17 @@ def worker_notes(result: Result, supervisor: Supervisor) -> None:
 
 # -- the table ---------------------------------------------------------------------------
 
-COLUMNS = ("scenario", "sent", "succeeded", "failed", "lost", "duplicates", "settle s", "recover s", "verdict")
+COLUMNS = (
+    "scenario",
+    "sent",
+    "succeeded",
+    "failed",
+    "lost",
+    "duplicates",
+    "settle s",
+    "recover s",
+    "verdict",
+)
 
 
 def _row(r: Result) -> list[str]:
@@ -670,7 +688,17 @@ def _row(r: Result) -> list[str]:
     if r.not_received:
         verdict += f" [{r.not_received} succeeded not received]"
     fmt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
-    return [r.scenario, str(r.sent), str(r.succeeded), str(r.failed), lost, str(r.duplicates), fmt(r.settle_s), fmt(r.recover_s), verdict]
+    return [
+        r.scenario,
+        str(r.sent),
+        str(r.succeeded),
+        str(r.failed),
+        lost,
+        str(r.duplicates),
+        fmt(r.settle_s),
+        fmt(r.recover_s),
+        verdict,
+    ]
 
 
 def table(results: Sequence[Result]) -> str:
@@ -681,8 +709,13 @@ def table(results: Sequence[Result]) -> str:
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     details = []
     for r in results:
-        details.append(f"\n{r.scenario} ({r.elapsed_s:.0f} s)" + (f": skipped: {r.skipped}" if r.skipped else ""))
-        details += [f"  [{'ok' if c.ok else 'FAIL'}] {c.name}" + (f": {c.detail}" if c.detail else "") for c in r.checks]
+        details.append(
+            f"\n{r.scenario} ({r.elapsed_s:.0f} s)" + (f": skipped: {r.skipped}" if r.skipped else "")
+        )
+        details += [
+            f"  [{'ok' if c.ok else 'FAIL'}] {c.name}" + (f": {c.detail}" if c.detail else "")
+            for c in r.checks
+        ]
         details += [f"  - {note}" for note in r.notes]
     return "\n".join(lines) + "\n" + "\n".join(details) + "\n"
 

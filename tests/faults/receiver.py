@@ -156,7 +156,9 @@ class HookHandler(BaseHTTPRequestHandler):
             return self.answer(500, b"simulated failure")
         with state.lock:
             state.accepted[message_id] += 1
-        self.answer(200, b"ok" + b"." * (int(mode["drip_bytes"]) if mode["drip"] else 0), drip=float(mode["drip"]))
+        self.answer(
+            200, b"ok" + b"." * (int(mode["drip_bytes"]) if mode["drip"] else 0), drip=float(mode["drip"])
+        )
 
 
 class ControlHandler(BaseHTTPRequestHandler):
@@ -208,7 +210,9 @@ class Receiver:
     def up(self) -> None:
         if self.hook is None:
             self.hook = HookServer(("127.0.0.1", self.port), self.state)
-            threading.Thread(target=self.hook.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+            threading.Thread(
+                target=self.hook.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+            ).start()
 
     def down(self) -> None:
         if self.hook is not None:
@@ -228,14 +232,19 @@ class Receiver:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.faults.receiver", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.faults.receiver", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--control-port", type=int, required=True)
     parser.add_argument("--secret", required=True)
     args = parser.parse_args(argv)
     receiver = Receiver(args.port, args.control_port, args.secret)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(f"receiver: http://127.0.0.1:{args.port}/hook, control http://127.0.0.1:{args.control_port}/", flush=True)
+    print(
+        f"receiver: http://127.0.0.1:{args.port}/hook, control http://127.0.0.1:{args.control_port}/",
+        flush=True,
+    )
     receiver.serve()
     return 0
 

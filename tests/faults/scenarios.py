@@ -57,7 +57,11 @@ SCENARIOS: dict[str, Scenario] = {}
 
 
 def register(
-    name: str, function: Callable[..., Result], short: dict[str, Any], full: dict[str, Any] | None = None, about: str = ""
+    name: str,
+    function: Callable[..., Result],
+    short: dict[str, Any],
+    full: dict[str, Any] | None = None,
+    about: str = "",
 ) -> None:
     about = about or (function.__doc__ or "").strip().splitlines()[0]
     SCENARIOS[name] = Scenario(name, function, short, full or {}, about)
@@ -79,12 +83,16 @@ def wait_workers(run: Run, count: int, timeout: float = 30.0) -> None:
     connection = Redis.from_url(run.redis.url)
     try:
         if not wait_until(lambda: len(Worker.all(connection=connection)) >= count, timeout, 0.1):
-            raise RuntimeError(f"{count} workers did not register within {timeout:g} s; see {run.log_dir}/worker-*.log")
+            raise RuntimeError(
+                f"{count} workers did not register within {timeout:g} s; see {run.log_dir}/worker-*.log"
+            )
     finally:
         connection.close()
 
 
-def settle(run: Run, result: Result, acked: list[str], first_send: float, timeout: float, **kwargs: Any) -> dict[str, str]:
+def settle(
+    run: Run, result: Result, acked: list[str], first_send: float, timeout: float, **kwargs: Any
+) -> dict[str, str]:
     settled_at = wait_settled(len(set(acked)), timeout)
     if settled_at is None:
         result.notes.append(f"not settled within {timeout:g} s")
@@ -181,7 +189,16 @@ def worker_kill(
 register(
     "worker-kill",
     worker_kill,
-    short={"messages": 150, "rate": 50, "workers": 2, "kill_for": 4, "kill_every": (1.0, 2.0), "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 15},
+    short={
+        "messages": 150,
+        "rate": 50,
+        "workers": 2,
+        "kill_for": 4,
+        "kill_every": (1.0, 2.0),
+        "visibility_timeout": 3,
+        "recovery_interval": 1,
+        "settle_timeout": 15,
+    },
 )
 
 
@@ -281,9 +298,29 @@ def redis_restart(
     return result
 
 
-_redis_short = {"rate": 50, "duration": 5, "outage_at": 1.5, "down_for": 2, "visibility_timeout": 3, "recovery_interval": 1, "settle_timeout": 15}
-register("redis-restart-term", redis_restart, short={**_redis_short, "sig": "SIGTERM"}, full={"sig": "SIGTERM"}, about="Redis (AOF, everysec) stopped with SIGTERM mid-load for ~6 s; sends in transactions; workers must reconnect.")
-register("redis-restart-kill", redis_restart, short={**_redis_short, "sig": "SIGKILL"}, full={"sig": "SIGKILL"}, about="The same with SIGKILL (a crash: the last second of AOF writes may go).")
+_redis_short = {
+    "rate": 50,
+    "duration": 5,
+    "outage_at": 1.5,
+    "down_for": 2,
+    "visibility_timeout": 3,
+    "recovery_interval": 1,
+    "settle_timeout": 15,
+}
+register(
+    "redis-restart-term",
+    redis_restart,
+    short={**_redis_short, "sig": "SIGTERM"},
+    full={"sig": "SIGTERM"},
+    about="Redis (AOF, everysec) stopped with SIGTERM mid-load for ~6 s; sends in transactions; workers must reconnect.",
+)
+register(
+    "redis-restart-kill",
+    redis_restart,
+    short={**_redis_short, "sig": "SIGKILL"},
+    full={"sig": "SIGKILL"},
+    about="The same with SIGKILL (a crash: the last second of AOF writes may go).",
+)
 
 
 # -- 3. the receiver fails ---------------------------------------------------------------
@@ -315,13 +352,19 @@ def receiver_fault(
     import outbox
 
     result = Result(name)
-    settings = faults_settings(visibility_timeout, recovery_interval, HOOK_TIMEOUT=hook_timeout, HOOK_RETRIES=40)
+    settings = faults_settings(
+        visibility_timeout, recovery_interval, HOOK_TIMEOUT=hook_timeout, HOOK_RETRIES=40
+    )
     with environment(name, settings=settings) as run:
         assert run.receiver is not None
         receiver = run.receiver
         supervisor = run.workers(workers)
         wait_workers(run, workers)
-        faulty = {"down": {"down": True}, "slow": {"slow": hook_timeout + 1}, "drip": {"drip": drip, "drip_bytes": 60}}[mode]
+        faulty = {
+            "down": {"down": True},
+            "slow": {"slow": hook_timeout + 1},
+            "drip": {"drip": drip, "drip_bytes": 60},
+        }[mode]
         healthy = {"down": False, "slow": 0.0, "drip": 0.0}
 
         def fault() -> None:
@@ -343,9 +386,13 @@ def receiver_fault(
                 send_errors(errors, exc)
         thread.join(fault_at + fault_for + 30)
         settle(run, result, acked, first_send, settle_timeout)
-        result.check("none failed: the retry budget outlasts the fault", result.failed == 0, f"{result.failed} failed")
+        result.check(
+            "none failed: the retry budget outlasts the fault", result.failed == 0, f"{result.failed} failed"
+        )
         if mode in ("slow", "drip"):
-            deadline = 1 + 2 * hook_timeout  # connect_timeout + 2 × timeout (WebhookTransport.longest_attempt)
+            deadline = (
+                1 + 2 * hook_timeout
+            )  # connect_timeout + 2 × timeout (WebhookTransport.longest_attempt)
             longest = max((a.duration_ms for i in acked for a in outbox.attempts(i)), default=0) / 1000
             result.check(
                 "every attempt ended within the transport's deadline",
@@ -364,10 +411,37 @@ def receiver_fault(
     return result
 
 
-_receiver_short = {"messages": 40, "rate": 30, "workers": 1, "fault_at": 0.5, "fault_for": 2, "visibility_timeout": 10, "recovery_interval": 1, "settle_timeout": 15}
-register("receiver-down", receiver_fault, short={**_receiver_short, "mode": "down"}, full={"mode": "down", "fault_for": 30}, about="The receiver down (connections refused) for 30 s, then back.")
-register("receiver-slow", receiver_fault, short={**_receiver_short, "mode": "slow"}, full={"mode": "slow", "fault_for": 20}, about="The receiver slower than the transport deadline for 20 s.")
-register("receiver-drip", receiver_fault, short={**_receiver_short, "mode": "drip", "drip": 0.08}, full={"mode": "drip", "fault_for": 20}, about="The receiver drips its answers byte by byte for 20 s.")
+_receiver_short = {
+    "messages": 40,
+    "rate": 30,
+    "workers": 1,
+    "fault_at": 0.5,
+    "fault_for": 2,
+    "visibility_timeout": 10,
+    "recovery_interval": 1,
+    "settle_timeout": 15,
+}
+register(
+    "receiver-down",
+    receiver_fault,
+    short={**_receiver_short, "mode": "down"},
+    full={"mode": "down", "fault_for": 30},
+    about="The receiver down (connections refused) for 30 s, then back.",
+)
+register(
+    "receiver-slow",
+    receiver_fault,
+    short={**_receiver_short, "mode": "slow"},
+    full={"mode": "slow", "fault_for": 20},
+    about="The receiver slower than the transport deadline for 20 s.",
+)
+register(
+    "receiver-drip",
+    receiver_fault,
+    short={**_receiver_short, "mode": "drip", "drip": 0.08},
+    full={"mode": "drip", "fault_for": 20},
+    about="The receiver drips its answers byte by byte for 20 s.",
+)
 
 
 # -- 4. a poison message -----------------------------------------------------------------
@@ -417,25 +491,45 @@ def poison(
         acked = [alone, *batch_ids]
         for i in paced(others, rate):
             acked.append(outbox.send("poison", {"n": f"other-{i}"}).id)
-        found = settle(run, result, acked, first_send, settle_timeout, must_receive=lambda i: i not in (alone, batch_ids[poison_at]))
+        found = settle(
+            run,
+            result,
+            acked,
+            first_send,
+            settle_timeout,
+            must_receive=lambda i: i not in (alone, batch_ids[poison_at]),
+        )
         poison_ids = {alone, batch_ids[poison_at]}
         result.check(
             "poison messages ended failed",
             all(found[i] == "failed" for i in poison_ids),
-            ", ".join(f"{found[i]} after {sum(1 for m, p in log_lines(run) if m == i and p)} crashes" for i in (alone, batch_ids[poison_at])),
+            ", ".join(
+                f"{found[i]} after {sum(1 for m, p in log_lines(run) if m == i and p)} crashes"
+                for i in (alone, batch_ids[poison_at])
+            ),
         )
         not_poison = [i for i in acked if i not in poison_ids]
         succeeded = sum(1 for i in not_poison if found[i] == "succeeded")
-        result.check("every other message succeeded (nothing blocked)", succeeded == len(not_poison), f"{succeeded} of {len(not_poison)}")
+        result.check(
+            "every other message succeeded (nothing blocked)",
+            succeeded == len(not_poison),
+            f"{succeeded} of {len(not_poison)}",
+        )
         lines = log_lines(run)
         first_crash = next((n for n, (m, p) in enumerate(lines) if m == batch_ids[poison_at] and p), None)
-        before = {m for m, p in lines[:first_crash] if m in batch_ids and not p} if first_crash is not None else set()
+        before = (
+            {m for m, p in lines[:first_crash] if m in batch_ids and not p}
+            if first_crash is not None
+            else set()
+        )
         delivered = Counter(m for m, p in lines if not p)
         again = sorted(m for m in before if delivered[m] > 1)
         result.check(
             "batch mates delivered before the crash not delivered again",
             first_crash is not None and not again,
-            f"{len(again)} of {len(before)} delivered again" if first_crash is not None else "the batch's poison never ran",
+            f"{len(again)} of {len(before)} delivered again"
+            if first_crash is not None
+            else "the batch's poison never ran",
         )
         per_message = Counter(delivered[m] for m in not_poison)
         result.notes.append(f"deliveries per non-poison message: {dict(sorted(per_message.items()))}")
@@ -451,10 +545,35 @@ def log_lines(run: Run) -> list[tuple[str, bool]]:
     return read_log(str(run.callable_log))
 
 
-_poison_short = {"others": 10, "rate": 30, "poison_retries": 1, "visibility_timeout": 2, "recovery_interval": 1, "settle_timeout": 15}
-register("poison-group", poison, short={**_poison_short, "kill_mode": "group"}, full={"kill_mode": "group"}, about="A poison message (os._exit) alone and mid-batch; the supervisor ends the dead worker's group.")
-register("poison-orphans", poison, short={**_poison_short, "kill_mode": "leave"}, full={"kill_mode": "leave"}, about="The same; the dead worker's children (RQ scheduler) are left running.")
-register("poison-fork", poison, short={**_poison_short, "kill_mode": "fork"}, full={"kill_mode": "fork"}, about="The same with outbox_worker --fork (the work horse dies).")
+_poison_short = {
+    "others": 10,
+    "rate": 30,
+    "poison_retries": 1,
+    "visibility_timeout": 2,
+    "recovery_interval": 1,
+    "settle_timeout": 15,
+}
+register(
+    "poison-group",
+    poison,
+    short={**_poison_short, "kill_mode": "group"},
+    full={"kill_mode": "group"},
+    about="A poison message (os._exit) alone and mid-batch; the supervisor ends the dead worker's group.",
+)
+register(
+    "poison-orphans",
+    poison,
+    short={**_poison_short, "kill_mode": "leave"},
+    full={"kill_mode": "leave"},
+    about="The same; the dead worker's children (RQ scheduler) are left running.",
+)
+register(
+    "poison-fork",
+    poison,
+    short={**_poison_short, "kill_mode": "fork"},
+    full={"kill_mode": "fork"},
+    about="The same with outbox_worker --fork (the work horse dies).",
+)
 
 
 # -- 5. a job timeout mid-batch ----------------------------------------------------------
@@ -486,15 +605,20 @@ def job_timeout(
         wait_workers(run, workers)
         first_send = time.monotonic()
         hang = {"hang": 3 * visibility_timeout, "hang_times": 1}
-        items = [{"destination": "hook", "body": {"n": i, **(hang if i == hang_at else {})}} for i in range(batch)]
+        items = [
+            {"destination": "hook", "body": {"n": i, **(hang if i == hang_at else {})}} for i in range(batch)
+        ]
         acked = [m.id for m in outbox.send_many(items)]
         run.fault_ended()  # the fault is in the batch itself
         found = settle(run, result, acked, first_send, settle_timeout)
-        result.check("all succeeded", all(s == "succeeded" for s in found.values()), str(dict(Counter(found.values()))))
+        result.check(
+            "all succeeded", all(s == "succeeded" for s in found.values()), str(dict(Counter(found.values())))
+        )
         result.check("no message delivered twice", result.duplicates == 0, f"{result.duplicates} duplicates")
         hung = acked[hang_at]
         result.notes.append(
-            "hung message attempts: " + ", ".join(f"{a.outcome} {a.duration_ms / 1000:.1f}s" for a in reversed(outbox.attempts(hung)))
+            "hung message attempts: "
+            + ", ".join(f"{a.outcome} {a.duration_ms / 1000:.1f}s" for a in reversed(outbox.attempts(hung)))
         )
         worker_notes(result, supervisor)
     return result
@@ -574,20 +698,40 @@ def idempotency(
         acked = [i for ids in returned.values() for i in ids]
         found = settle(run, result, acked, first_send, settle_timeout)
         total = sum(counts().values())
-        result.check("exactly one message per key", total == len(returned), f"{total} messages for {len(returned)} keys")
+        result.check(
+            "exactly one message per key",
+            total == len(returned),
+            f"{total} messages for {len(returned)} keys",
+        )
         split = {k: len(set(ids)) for k, ids in returned.items() if len(set(ids)) != 1 or len(ids) != threads}
         result.check(
             "every caller got the key's one id",
             not split and all(found[ids[0]] != "missing" for ids in returned.values() if ids),
-            f"{len(split)} keys whose callers got different ids (or no id): {dict(list(split.items())[:4])}" if split else "",
+            f"{len(split)} keys whose callers got different ids (or no id): {dict(list(split.items())[:4])}"
+            if split
+            else "",
         )
-        result.notes.append(f"database: {backend}; callers: {rounds * 2 * threads}; errors: {dict(errors) or 'none'}")
+        result.notes.append(
+            f"database: {backend}; callers: {rounds * 2 * threads}; errors: {dict(errors) or 'none'}"
+        )
         worker_notes(result, supervisor)
     return result
 
 
-register("idempotency-sqlite", idempotency, short={"backend": "sqlite", "rounds": 3}, full={"backend": "sqlite"}, about="One idempotency key from 8 threads and from 8 concurrent transactions (SQLite).")
-register("idempotency-postgres", idempotency, short={"backend": "postgres", "rounds": 3}, full={"backend": "postgres"}, about="The same on PostgreSQL (127.0.0.1:5432/test; skipped when unreachable).")
+register(
+    "idempotency-sqlite",
+    idempotency,
+    short={"backend": "sqlite", "rounds": 3},
+    full={"backend": "sqlite"},
+    about="One idempotency key from 8 threads and from 8 concurrent transactions (SQLite).",
+)
+register(
+    "idempotency-postgres",
+    idempotency,
+    short={"backend": "postgres", "rounds": 3},
+    full={"backend": "postgres"},
+    about="The same on PostgreSQL (127.0.0.1:5432/test; skipped when unreachable).",
+)
 
 
 def requeue_race(
@@ -641,16 +785,24 @@ def requeue_race(
         for i in requeueable:
             acted[i] += 1  # requeue() acts on every settled message
         if after.acted != len(requeueable):
-            result.notes.append(f"the final requeue acted on {after.acted} messages, {len(requeueable)} were settled")
+            result.notes.append(
+                f"the final requeue acted on {after.acted} messages, {len(requeueable)} were settled"
+            )
         settled_at = wait_settled(messages, settle_timeout) or settled_at
         found = tally(run, result, acked, first_send=first_send, settled_at=settled_at)
         delivered = run.delivered()
         wrong = {i: (delivered[i], 1 + acted[i]) for i in acked if delivered[i] != 1 + acted[i]}
-        result.check("requeue refused while the message was being delivered", during == 0, f"{during} requeues acted on {caught_sending} sending messages")
+        result.check(
+            "requeue refused while the message was being delivered",
+            during == 0,
+            f"{during} requeues acted on {caught_sending} sending messages",
+        )
         result.check(
             "each message delivered exactly 1 + (requeues that acted) times",
             not wrong,
-            f"{len(wrong)} messages off (delivered, expected): {dict(list(wrong.items())[:3])}" if wrong else "",
+            f"{len(wrong)} messages off (delivered, expected): {dict(list(wrong.items())[:3])}"
+            if wrong
+            else "",
         )
         total = sum(counts().values())
         result.check("no message created by requeue", total == messages, f"{total} messages")
@@ -690,9 +842,13 @@ def evicting_redis(
     options = {"appendonly": True, "maxmemory": maxmemory, "maxmemory_policy": policy}
     with environment(name, redis_options=options, receiver=False) as run:
         manage = [sys.executable, str(ROOT / "manage.py")]
-        check = subprocess.run([*manage, "check"], env=run.env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        check = subprocess.run(
+            [*manage, "check"], env=run.env, cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
         output = check.stdout + check.stderr
-        result.check("manage.py check reports outbox.E006", "outbox.E006" in output, f"exit status {check.returncode}")
+        result.check(
+            "manage.py check reports outbox.E006", "outbox.E006" in output, f"exit status {check.returncode}"
+        )
         worker = spawn([*manage, "outbox_worker"], run.log_dir / "worker-0.log", run.env)
         log = run.log_dir / "worker-0.log"
         said = wait_until(lambda: "outbox.E006" in log.read_text(errors="replace"), 20, 0.2)
@@ -702,7 +858,9 @@ def evicting_redis(
         result.check(
             "outbox_worker reports outbox.E006 at start",
             bool(said),
-            "it refused to start (system check error)" if said and not running else ("logged it and runs" if said else "no word of it"),
+            "it refused to start (system check error)"
+            if said and not running
+            else ("logged it and runs" if said else "no word of it"),
         )
         first: list[str] = []
         for i in range(messages):
@@ -710,7 +868,10 @@ def evicting_redis(
         found = statuses(first)
         result.sent = len(first)
         result.lost = sum(1 for s in found.values() if s == "missing")
-        again = [outbox.send("hook", {"n": i, "pad": "x" * 200}, idempotency_key=f"key-{i}").id for i in range(messages)]
+        again = [
+            outbox.send("hook", {"n": i, "pad": "x" * 200}, idempotency_key=f"key-{i}").id
+            for i in range(messages)
+        ]
         duplicates = sum(1 for a, b in zip(first, again) if a != b)
         result.duplicates = duplicates  # no worker runs: nothing settles, so no settle time
         result.notes.append(

@@ -6,28 +6,50 @@ import demo_site.shop.models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('reference', models.CharField(default=demo_site.shop.models.new_reference, max_length=16, unique=True)),
-                ('customer', models.CharField(max_length=100)),
-                ('email', models.EmailField(max_length=254)),
-                ('sku', models.CharField(choices=[('mug', 'Outbox mug'), ('tee', 'Retry T-shirt'), ('sticker', 'Dead-letter sticker pack'), ('book', 'Designing Data-Intensive Applications')], max_length=20)),
-                ('quantity', models.PositiveIntegerField(default=1)),
-                ('unit_price', models.DecimalField(decimal_places=2, max_digits=8)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('message_id', models.CharField(blank=True, help_text='the outbox message that announced it', max_length=40)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "reference",
+                    models.CharField(default=demo_site.shop.models.new_reference, max_length=16, unique=True),
+                ),
+                ("customer", models.CharField(max_length=100)),
+                ("email", models.EmailField(max_length=254)),
+                (
+                    "sku",
+                    models.CharField(
+                        choices=[
+                            ("mug", "Outbox mug"),
+                            ("tee", "Retry T-shirt"),
+                            ("sticker", "Dead-letter sticker pack"),
+                            ("book", "Designing Data-Intensive Applications"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("quantity", models.PositiveIntegerField(default=1)),
+                ("unit_price", models.DecimalField(decimal_places=2, max_digits=8)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "message_id",
+                    models.CharField(
+                        blank=True, help_text="the outbox message that announced it", max_length=40
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-id'],
+                "ordering": ["-id"],
             },
         ),
     ]

@@ -28,18 +28,33 @@ class Command(BaseCommand):
     help = "Run an RQ worker for the outbox queues, with wake-ups, the relay and the recovery sweep."
 
     def add_arguments(self, parser):
-        parser.add_argument("queues", nargs="*", help="queue names (default: the outbox's high, default and low queues)")
+        parser.add_argument(
+            "queues", nargs="*", help="queue names (default: the outbox's high, default and low queues)"
+        )
         parser.add_argument("--burst", action="store_true", help="deliver what is due, then exit")
         parser.add_argument("--name", help="worker name (RQ's default otherwise)")
         parser.add_argument(
-            "--recovery-interval", type=float, default=None, help="seconds between recovery sweeps (OUTBOX['RECOVERY_INTERVAL'])"
+            "--recovery-interval",
+            type=float,
+            default=None,
+            help="seconds between recovery sweeps (OUTBOX['RECOVERY_INTERVAL'])",
         )
-        parser.add_argument("--with-scheduler", action="store_true", help="also run RQ's scheduler (the outbox does not need it)")
+        parser.add_argument(
+            "--with-scheduler",
+            action="store_true",
+            help="also run RQ's scheduler (the outbox does not need it)",
+        )
         parser.add_argument("--no-scheduler", action="store_true", help=SUPPRESS_HELP)
-        parser.add_argument("--fork", action="store_true", help="fork a work horse per job (RQ's Worker) instead of running jobs in place")
+        parser.add_argument(
+            "--fork",
+            action="store_true",
+            help="fork a work horse per job (RQ's Worker) instead of running jobs in place",
+        )
         parser.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
         parser.add_argument(
-            "--quiet", action="store_true", help="print no line per outcome when the project configured no logging for 'outbox'"
+            "--quiet",
+            action="store_true",
+            help="print no line per outcome when the project configured no logging for 'outbox'",
         )
 
     def handle(self, *args, **options):

@@ -26,7 +26,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         password = options["password"] or os.environ.get("DEMO_ADMIN_PASSWORD") or self.stored_password()
         user_model = get_user_model()
-        user, _created = user_model.objects.get_or_create(username=options["username"], defaults={"email": "admin@example.com"})
+        user, _created = user_model.objects.get_or_create(
+            username=options["username"], defaults={"email": "admin@example.com"}
+        )
         user.is_staff = user.is_superuser = user.is_active = True
         user.set_password(password)
         user.save()

@@ -101,7 +101,12 @@ class Children:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                list(argv), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                list(argv),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         child = Child(name, process, log_path)
         self.children.append(child)
@@ -177,12 +182,16 @@ def wait_for_workers(redis_url: str, names: Sequence[str], children: Children, t
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for child in children.dead():
-                raise StartError(f"{child.name} exited with code {child.process.returncode}:\n{child.log_tail()}")
+                raise StartError(
+                    f"{child.name} exited with code {child.process.returncode}:\n{child.log_tail()}"
+                )
             registered = {w.name for w in Worker.all(connection=connection)}
             if set(names) <= registered:
                 return
             time.sleep(0.2)
-        raise StartError(f"workers {', '.join(sorted(set(names) - registered))} did not register within {timeout:.0f} s")
+        raise StartError(
+            f"workers {', '.join(sorted(set(names) - registered))} did not register within {timeout:.0f} s"
+        )
     finally:
         connection.close()
 
@@ -270,21 +279,36 @@ class Command(BaseCommand):
             help="fraction of requests the started receiver answers with HTTP 500 (default DEMO_FAILURE_RATE, 0.3)",
         )
         parser.add_argument(
-            "--slow-rate", type=float, default=None, help="fraction it answers after 1-2 s (default DEMO_SLOW_RATE, 0.02)"
+            "--slow-rate",
+            type=float,
+            default=None,
+            help="fraction it answers after 1-2 s (default DEMO_SLOW_RATE, 0.02)",
         )
         parser.add_argument("--workers", type=int, default=2, help="worker processes to start (default 2)")
-        parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for all messages to settle (180)")
-        parser.add_argument("--poll", type=float, default=0.5, help="seconds between status polls (0.5)")
-        parser.add_argument("--exit-when-settled", action="store_true", help="exit after the table instead of staying up")
-        parser.add_argument("--redis-url", default=None, help="use this Redis (default REDIS_URL, else a private server)")
         parser.add_argument(
-            "--receiver-url", default=None, help="a receiver that already runs, e.g. http://127.0.0.1:8000/receiver/orders"
+            "--timeout", type=float, default=180.0, help="seconds to wait for all messages to settle (180)"
+        )
+        parser.add_argument("--poll", type=float, default=0.5, help="seconds between status polls (0.5)")
+        parser.add_argument(
+            "--exit-when-settled", action="store_true", help="exit after the table instead of staying up"
+        )
+        parser.add_argument(
+            "--redis-url", default=None, help="use this Redis (default REDIS_URL, else a private server)"
+        )
+        parser.add_argument(
+            "--receiver-url",
+            default=None,
+            help="a receiver that already runs, e.g. http://127.0.0.1:8000/receiver/orders",
         )
         parser.add_argument("--no-start-workers", action="store_true", help="use workers that already run")
         parser.add_argument(
-            "--prefix", default=None, help="outbox key prefix of this run (default: see the command's docstring)"
+            "--prefix",
+            default=None,
+            help="outbox key prefix of this run (default: see the command's docstring)",
         )
-        parser.add_argument("--keep-data", action="store_true", help="do not delete a fresh prefix's keys at the end")
+        parser.add_argument(
+            "--keep-data", action="store_true", help="do not delete a fresh prefix's keys at the end"
+        )
 
     # -- entry point ----------------------------------------------------------------
     def handle(self, *args: Any, **options: Any) -> None:
@@ -322,8 +346,12 @@ class Command(BaseCommand):
                 "--no-start-workers needs --receiver-url: the address the running workers deliver to "
                 "(their DEMO_RECEIVER_URL)"
             )
-        if options["receiver_url"] and (options["failure_rate"] is not None or options["slow_rate"] is not None):
-            self.stderr.write("note: --failure-rate/--slow-rate apply only to a receiver this command starts; ignored")
+        if options["receiver_url"] and (
+            options["failure_rate"] is not None or options["slow_rate"] is not None
+        ):
+            self.stderr.write(
+                "note: --failure-rate/--slow-rate apply only to a receiver this command starts; ignored"
+            )
 
     def say(self, text: str = "", stream: TextIO | None = None) -> None:
         (stream or self.stdout).write(text)
@@ -381,14 +409,22 @@ class Command(BaseCommand):
             children.stop_all()
             if cleanup is not None:
                 deleted = delete_run_data(cleanup[0], cleanup[1], queue_names(cleanup[1]))
-                self.say(f"outbox_demo: deleted {deleted} keys of this run (prefix {cleanup[1]!r})", self.stderr)
+                self.say(
+                    f"outbox_demo: deleted {deleted} keys of this run (prefix {cleanup[1]!r})", self.stderr
+                )
             if server is not None:
                 server.stop()
             if started:
                 self.say(f"outbox_demo: stopped {', '.join(reversed(started))}", self.stderr)
 
     def start_processes(
-        self, options: dict[str, Any], env: dict[str, str], children: Children, started: list[str], run: str, prefix: str
+        self,
+        options: dict[str, Any],
+        env: dict[str, str],
+        children: Children,
+        started: list[str],
+        run: str,
+        prefix: str,
     ) -> str:
         """Migrate, start the receiver and workers unless given. Returns the receiver's URL.
 
@@ -406,7 +442,9 @@ class Command(BaseCommand):
             port = free_port()
             receiver_url = f"http://127.0.0.1:{port}/receiver/orders"
             env["DEMO_RECEIVER_URL"] = receiver_url
-            receiver = children.start("receiver", [*manage, "demo_serve", f"127.0.0.1:{port}", "--noreload"], env)
+            receiver = children.start(
+                "receiver", [*manage, "demo_serve", f"127.0.0.1:{port}", "--noreload"], env
+            )
             started.append("the receiver")
         else:
             env["DEMO_RECEIVER_URL"] = receiver_url
@@ -422,12 +460,16 @@ class Command(BaseCommand):
                 children.start(name, [*manage, "outbox_worker", "--name", name], env)
             started.append(f"{len(names)} workers")
             wait_for_workers(env["REDIS_URL"], names, children, START_TIMEOUT)
-            self.say(f"outbox_demo: {len(names)} workers on queues {', '.join(queue_names(prefix))} (key prefix {prefix!r})")
+            self.say(
+                f"outbox_demo: {len(names)} workers on queues {', '.join(queue_names(prefix))} (key prefix {prefix!r})"
+            )
         if children.children:
             self.say(f"outbox_demo: logs in {children.log_dir}")
         return receiver_url
 
-    def run_driver(self, options: dict[str, Any], env: dict[str, str], redis_url: str, receiver_url: str, prefix: str) -> int:
+    def run_driver(
+        self, options: dict[str, Any], env: dict[str, str], redis_url: str, receiver_url: str, prefix: str
+    ) -> int:
         """Run this command again, in a child whose settings point at the started processes."""
         driver = [
             sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "outbox_demo",
@@ -463,7 +505,9 @@ class Command(BaseCommand):
             while not children.dead():
                 time.sleep(1.0)
             for child in children.dead():
-                self.say(f"outbox_demo: {child.name} exited with code {child.process.returncode}", self.stderr)
+                self.say(
+                    f"outbox_demo: {child.name} exited with code {child.process.returncode}", self.stderr
+                )
         except KeyboardInterrupt:
             pass
 
@@ -498,7 +542,9 @@ class Command(BaseCommand):
             if current.settled == len(ids) or now >= deadline:
                 break
             if now >= next_progress:
-                in_flight = ", ".join(f"{current.statuses[s]} {s}" for s in ("pending", "sending", "retrying"))
+                in_flight = ", ".join(
+                    f"{current.statuses[s]} {s}" for s in ("pending", "sending", "retrying")
+                )
                 self.say(
                     f"  {now - t0:5.1f} s: {len(current.succeeded)} succeeded, {len(current.failed)} failed, {in_flight}"
                 )
@@ -547,7 +593,9 @@ class Command(BaseCommand):
             f"succeeded but not accepted by the receiver: {len(not_accepted)}"
             + (f" (e.g. {sorted(not_accepted)[:3]})" if not_accepted else ""),
             f"failed although accepted (receiver answered 2xx, outcome lost): {len(accepted_but_failed)}",
-            f"time: settled in {elapsed:.1f} s" if current.settled == sent else f"time: gave up after {elapsed:.1f} s",
+            f"time: settled in {elapsed:.1f} s"
+            if current.settled == sent
+            else f"time: gave up after {elapsed:.1f} s",
             "",
         ]
         self.say("\n".join(lines))
