@@ -206,7 +206,12 @@ def test_events_are_published_once_per_transition_not_per_message(receiver, work
         if event.startswith("destination."):
             names.append(event)
     pubsub.close()
-    assert names == ["destination.failing", "destination.opened", "destination.recovered", "destination.closed"]
+    assert names == [
+        "destination.failing",
+        "destination.opened",
+        "destination.recovered",
+        "destination.closed",
+    ]
     assert received == ["destination.opened"]  # the worker handed it to outbox.alerts.notify
 
 
@@ -260,7 +265,10 @@ def test_health_window_latency_errors_timeline_and_bounded_reads(receiver, worke
     assert h.window.p50_ms is not None and 0 < h.window.p50_ms <= h.window.p95_ms
     assert h.totals == {"succeeded": 4, "retryable": 1, "permanent": 1}
     assert h.latency_buckets[-1] == (float("inf"), 6) and h.latency_sum_seconds > 0
-    assert sorted((g.status_code, g.error_class, g.count) for g in groups) == [(404, "http", 1), (500, "http", 1)]
+    assert sorted((g.status_code, g.error_class, g.count) for g in groups) == [
+        (404, "http", 1),
+        (500, "http", 1),
+    ]
     assert sum(m.succeeded for m in chart) == 4 and sum(m.succeeded for m in everything) == 4
     # The same number of commands however many attempts were recorded.
     repo.record_outcomes([["hook", "s", 5.0, 200, "", "", 0, f"m{i}"] for i in range(500)], "{}", time.time())
