@@ -318,3 +318,15 @@ def test_settings_are_validated_with_clear_errors():
     with hook_settings("http://127.0.0.1:9/hook", RATE_LIMIT="6000/m", MAX_CONCURRENCY=4, BREAKER=False):
         d = get_destination("hook")
         assert (d.rate_limit.interval, d.max_concurrency, d.breaker) == (0.01, 4, None)
+
+
+def test_system_checks_report_invalid_protection_settings(settings):
+    from outbox.checks import check_outbox_settings
+
+    settings.OUTBOX = {**settings.OUTBOX, "RATE_LIMIT": "lots", "BREAKER": {"COOLDOWN": 0}}
+    messages = [(e.id, e.msg) for e in check_outbox_settings()]
+    assert ("outbox.E001", "OUTBOX['BREAKER']['COOLDOWN'] must be seconds above 0, not 0") in messages
+    assert any(
+        i == "outbox.E001" and m.startswith("OUTBOX['RATE_LIMIT'] must look like") for i, m in messages
+    )
+    assert any(i == "outbox.E002" and "['hook']['BREAKER']" in m for i, m in messages)
