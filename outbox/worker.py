@@ -5,7 +5,9 @@ Housekeeping (:class:`Housekeeper`), in every worker process, each on its own in
 
 * **wake** (``WAKE_INTERVAL``): enqueue a wake-up job for each queue with a due
   message and no waiting job (:func:`outbox.dispatch.wake_due`): delayed messages,
-  retries, and work whose job was lost with a killed worker;
+  retries, and work whose job was lost with a killed worker; first, parked messages
+  whose time has come go back to their due index (the probe of an open circuit
+  breaker, what waited behind one that closed: :func:`outbox.health.release_parked_due`);
 * **relay** (``RELAY_INTERVAL``): push messages captured in the database that missed
   the on-commit fast path (:func:`outbox.capture.relay`);
 * **recovery sweep** (``RECOVERY_INTERVAL``, one process per interval through a Redis

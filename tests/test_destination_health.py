@@ -54,21 +54,22 @@ def test_breaker_opens_after_n_consecutive_failures_and_charges_no_retry_after(r
 
 def test_probe_after_cooldown_which_doubles_while_probes_fail(receiver, worker, repo):
     receiver.respond(503)
-    with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 0.4, "MAX_COOLDOWN": 1.0}):
+    with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 1.0, "MAX_COOLDOWN": 2.5}):
         m = outbox.send("hook", 1)
         worker(simple=True)
-        assert len(receiver.requests) == 1 and float(dest_hash(repo)["cooldown"]) == 0.4
-        worker(simple=True)  # before the cool-down: no probe
-        assert len(receiver.requests) == 1
+        state = dest_hash(repo)
+        assert len(receiver.requests) == 1 and float(state["cooldown"]) == 1.0
+        assert health.release_parked_due(now=float(state["opened_at"]) + 0.5) == 0  # not before the cool-down
         cooldowns = []
         for _ in range(3):
             time.sleep(max(0.0, float(dest_hash(repo)["next_probe_at"]) - time.time()) + 0.05)
             worker(simple=True)  # the wake check unparks one message as the probe
             cooldowns.append(float(dest_hash(repo)["cooldown"]))
         assert len(receiver.requests) == 4  # one probe per cool-down
-        assert cooldowns == [0.8, 1.0, 1.0]  # doubled, capped at MAX_COOLDOWN
+        assert cooldowns == [2.0, 2.5, 2.5]  # doubled, capped at MAX_COOLDOWN
         got = outbox.get(m.id)
         assert (got.status, got.retry_count) == ("pending", 0)  # failed probes spend no retry
+        assert [a.outcome for a in outbox.attempts(m.id)] == ["parked"] * 4
         assert health.get_health("hook").breaker == "open"
     assert_index_invariant(repo)
 
@@ -168,16 +169,17 @@ def test_unknown_destination_actions_raise():
 
 def test_auto_disable_after_failing_continuously_for_disable_after(receiver, worker, repo):
     receiver.respond(503)
-    with hook(receiver, DISABLE_AFTER=0.5, RETRY=[0.6], MAX_RETRIES=10):
+    with hook(receiver, DISABLE_AFTER=1, RETRY=[2], MAX_RETRIES=10):
         m = outbox.send("hook", 1)
-        worker(simple=True)
+        worker(simple=True)  # fails; its retry is due in 2 s (beyond a claim's slack)
         assert health.get_health("hook").admin == "active"
-        time.sleep(0.7)
-        worker(simple=True)
+        time.sleep(2.1)
+        worker(simple=True)  # fails again, failing for over 1 s: disabled
         h = health.get_health("hook")
-    assert (h.admin, h.disabled_reason) == ("disabled", "failing for 0.5 s")
+    assert (h.admin, h.disabled_reason) == ("disabled", "failing for 1 s")
     got = outbox.get(m.id)
     assert (got.status, got.retry_count, h.parked) == ("retrying", 1, 1)  # the second failure: parked
+    assert [a.outcome for a in outbox.attempts(m.id)] == ["parked", "retrying"]
     assert_index_invariant(repo)
 
 
