@@ -358,3 +358,29 @@ def test_a_probe_whose_lease_expired_lets_another_go(receiver, worker, repo, set
         worker(simple=True)
     assert outbox.get(m.id).status == "succeeded" and health.get_health("hook").breaker == "closed"
     assert_index_invariant(repo)
+
+
+def test_breaker_opens_on_the_failure_rate_with_enough_attempts(repo):
+    # FAILURES out of reach: only the rate can open it. [failures, rate, min attempts,
+    # window, cool-down, max cool-down, disable after] as health.health_config_json() gives.
+    config = json.dumps({"hook": [100, 0.4, 10, 300, 15, 600, 0]})
+    now = time.time()
+
+    def outcome(kind: str, i: int) -> list:
+        return ["hook", kind, 3.0, 503 if kind == "r" else 200, "http" if kind == "r" else "", "", 0, f"m{i}"]
+
+    assert (
+        repo.record_outcomes([outcome("rs"[i % 2], i) for i in range(8)], config, now) == []
+    )  # 8 < 10 attempts
+    raised = repo.record_outcomes([outcome("r", 8), outcome("s", 9)], config, now)
+    assert [json.loads(e)["event"] for e in raised] == ["destination.opened"]
+    assert json.loads(raised[0])["reason"] == "failure rate" and json.loads(raised[0])["failure_rate"] == 0.5
+    assert health.get_health("hook").breaker == "open"
+
+
+def test_unpark_skips_stale_entries(receiver, repo):
+    with hook(receiver):
+        health.pause("hook")
+        repo.connection.zadd(repo.keys.parked("hook"), {"msg_gone": 1.0})
+        assert health.resume("hook") == 0
+    assert repo.connection.zcard(repo.keys.parked("hook")) == 0
