@@ -40,7 +40,7 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_ext", "_settings.py", "screenshots", "**/README.md"]
+exclude_patterns = ["_build", "_ext", "_settings.py", "snippets"]
 templates_path: list[str] = []
 
 # MyST: ``:::{note}`` fences, ``{ref}`` roles, anchors for the headings of every page
