@@ -107,3 +107,20 @@ def test_node_receiver_snippet_verifies_a_request_the_webhook_transport_signed(r
     assert tampered == "refused: no valid signature"
     assert wrong_key == "refused: no valid signature"
     assert request.headers["webhook-id"] == message.id
+
+
+def test_settings_reference_documents_every_default_and_nothing_else():
+    """The docs' settings page is built from outbox/conf.py's docstring table and DEFAULTS
+    (docs/_ext/outbox_settings.py); the build fails when they disagree. Same check here."""
+    from outbox import conf
+
+    spec = importlib.util.spec_from_file_location(
+        "docs_outbox_settings", SNIPPETS.parent / "_ext" / "outbox_settings.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    documented = module.docstring_entries(conf.__doc__)
+    assert set(documented) == set(conf.DEFAULTS)
+    assert all(text.strip() for text in documented.values())
+    with pytest.raises(ValueError):
+        module.docstring_entries("no table here")
