@@ -55,7 +55,7 @@ napoleon_use_rtype = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"show-inheritance": True}
 # Type names in signatures that are not documented here (Django, redis-py, the standard
 # library without intersphinx, which would need the network) are not link targets.
 nitpicky = False

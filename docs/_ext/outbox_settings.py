@@ -2,7 +2,7 @@
 
 The directive ``outbox-settings`` (in MyST: a ```` ```{outbox-settings} ```` fence)
 renders one entry per key of :data:`outbox.conf.DEFAULTS`: its name (a link target,
-``settings.md#max-retries`` style anchors come from the headings), its default value as
+``settings.rst#max-retries`` style anchors come from the headings), its default value as
 the code has it, and its meaning from the table in the module docstring of
 ``outbox/conf.py``. The build fails (an error, not a warning) when a key is in one and
 not the other, so the reference cannot drift from the code.
