@@ -6,8 +6,9 @@
 * :class:`SentMessages`: the messages sent during a test, with assertion helpers.
 * The pytest plugin :mod:`outbox.pytest_plugin` (installed with the package) wraps these
   as fixtures: ``outbox_redis``, ``outbox_sent``, ``outbox_deliver``.
-* ``OUTBOX["EAGER"] = True`` makes ``send()`` deliver inside the call (after commit inside
-  a transaction), like Celery's ``task_always_eager``: see :mod:`outbox.intake`.
+* ``OUTBOX["EAGER"] = True`` makes ``send()`` deliver inside the call (inside
+  ``transaction.atomic`` too, at call time, not on commit), like Celery's
+  ``task_always_eager``: see :mod:`outbox.intake`.
 
 See docs/testing.md.
 """
