@@ -35,7 +35,13 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MUST_CARRY = ("outbox/store/lua/claim.lua", "outbox/templates/", "outbox/static/", "outbox/migrations/0001", "outbox/py.typed")
+MUST_CARRY = (
+    "outbox/store/lua/claim.lua",
+    "outbox/templates/",
+    "outbox/static/",
+    "outbox/migrations/0001",
+    "outbox/py.typed",
+)
 
 
 def step(text: str) -> None:
@@ -50,7 +56,9 @@ def fail(text: str) -> None:
 def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(argv, capture_output=True, text=True, **kwargs)
     if result.returncode != 0:
-        fail(f"{' '.join(map(str, argv))} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        fail(
+            f"{' '.join(map(str, argv))} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -77,18 +85,21 @@ def check_contents(wheel: Path, sdist: Path) -> None:
         wheel_names = z.namelist()
     with tarfile.open(sdist) as t:
         sdist_names = ["/".join(n.split("/")[1:]) for n in t.getnames()]
+    must = MUST_CARRY + (("outbox/locale/",) if (ROOT / "outbox" / "locale").is_dir() else ())
     for label, names in (("wheel", wheel_names), ("sdist", sdist_names)):
-        missing = [m for m in MUST_CARRY if not any(n.startswith(m) for n in names)]
+        missing = [m for m in must if not any(n.startswith(m) for n in names)]
         if missing:
             fail(f"the {label} lacks {missing}")
     lua = sorted(n for n in wheel_names if n.endswith(".lua"))
     source_lua = sorted(f"outbox/store/lua/{p.name}" for p in (ROOT / "outbox/store/lua").glob("*.lua"))
     if lua != source_lua:
         fail(f"the wheel's Lua scripts {lua} are not the source's {source_lua}")
-    step(f"{wheel.name} and {sdist.name} carry {len(lua)} Lua scripts, templates, static files, migrations, py.typed")
+    step(
+        f"{wheel.name} and {sdist.name} carry {len(lua)} Lua scripts, templates, static files, migrations, py.typed"
+    )
 
 
-DRIVER = r'''
+DRIVER = r"""
 import json, os, subprocess, sys, threading, time, base64
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -145,9 +156,9 @@ try:
 finally:
     redis.stop()
     server.shutdown()
-'''
+"""
 
-SETTINGS_TAIL = r'''
+SETTINGS_TAIL = r"""
 
 # -- django-redis-outbox, from the README's "Install in your project" block ------------
 import os as _os
@@ -163,7 +174,7 @@ for _config in CACHES.values():
         _config["LOCATION"] = _os.environ["CHECK_REDIS_URL"]
 _orders = OUTBOX["DESTINATIONS"]["orders"]["OPTIONS"]
 _orders.update(url=_os.environ["CHECK_RECEIVER_URL"], secret=_os.environ["CHECK_SECRET"], allow_private_networks=True)
-'''
+"""
 
 
 def main() -> None:
@@ -176,7 +187,9 @@ def main() -> None:
         venv.EnvBuilder(with_pip=True).create(env_dir)
         python = env_dir / "bin" / "python"
         run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)], cwd=tmp)
-        site = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        site = run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+        ).stdout.strip()
         step(f"installed the wheel into a new virtualenv ({site})")
         project = tmp_path / "project"
         project.mkdir()
@@ -190,9 +203,15 @@ def main() -> None:
         step("made a new project with the README's settings")
         driver = tmp_path / "driver.py"
         driver.write_text(textwrap.dedent(DRIVER))
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")
+        }
         env.update(CHECK_SITE_PACKAGES=site, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-        result = subprocess.run([str(python), str(driver)], cwd=project, env=env, text=True, capture_output=True)
+        result = subprocess.run(
+            [str(python), str(driver)], cwd=project, env=env, text=True, capture_output=True
+        )
         sys.stdout.write(result.stdout)
         if result.returncode:
             fail(result.stderr[-4000:] or f"driver exited {result.returncode}")
