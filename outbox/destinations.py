@@ -173,5 +173,5 @@ def clear_cache() -> None:
 
 @receiver(setting_changed)
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("OUTBOX", "EMAIL_BACKEND", "EMAIL_TIMEOUT"):
+    if setting in ("OUTBOX", "EMAIL_BACKEND", "EMAIL_TIMEOUT", "MAILERS"):
         clear_cache()
