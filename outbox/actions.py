@@ -198,4 +198,6 @@ def delete(ids: Iterable[str], *, progress: Progress | None = None) -> ActionRes
 
 def _prepare_delete(ids: list[str]) -> Execute:
     repo = get_repository()
-    return lambda: [message_id for message_id, ok in zip(ids, repo.delete(ids, DELETABLE_STATUSES)) if ok]
+    return lambda: [
+        message_id for message_id, ok in zip(ids, repo.delete(ids, DELETABLE_STATUSES), strict=True) if ok
+    ]

@@ -334,7 +334,7 @@ def unpack_policy(raw: str | bytes) -> dict[str, Any]:
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    return dict(zip(flat[::2], flat[1::2]))
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _opt(value: float | int | None) -> str:

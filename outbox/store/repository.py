@@ -618,7 +618,7 @@ class MessageRepository:
         pipe = self.connection.pipeline(transaction=False)
         for status in STATUSES:
             pipe.zcard(self.keys.status(status, destination))
-        return dict(zip(STATUSES, pipe.execute()))
+        return dict(zip(STATUSES, pipe.execute(), strict=True))
 
     def count_past_retention(self, retention: dict[str, float | None], now: float) -> int:
         """Messages kept longer than ``retention`` (status -> seconds, None = for ever)
