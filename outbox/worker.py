@@ -218,8 +218,9 @@ def run_housekeeping_once(*, relay: bool = True) -> None:
     """One relay, recovery and wake pass, each step's errors logged (``--burst``, tests)."""
     from .recovery import recover
 
-    steps = [("relay", _relay)] if relay else []
-    for label, action in (*steps, ("recovery", recover), ("wake", _wake)):
+    steps: list[tuple[str, Callable[[], object]]] = [("relay", _relay)] if relay else []
+    steps += [("recovery", recover), ("wake", _wake)]
+    for label, action in steps:
         try:
             action()
         except Exception:

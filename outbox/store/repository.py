@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from redis.exceptions import NoScriptError
@@ -18,6 +18,12 @@ from ..exceptions import MessageNotFound
 from ..records import STATUSES, Attempt, Message
 from .keys import Keys
 from .scripts import sha, source
+
+# Replies as this repository's connection returns them (``decode_responses=False``): bytes.
+# redis-py's own types also allow str (``decode_responses=True``) and give one type to
+# sorted-set reads with and without WITHSCORES, so replies are cast to these where parsed.
+Members = list[bytes]
+ScoredMembers = list[tuple[bytes, float]]
 
 
 @dataclass
@@ -514,7 +520,9 @@ class MessageRepository:
         """The id sent under each (destination, idempotency key), or None. One round trip."""
         if not keys:
             return []
-        values = self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+        values = cast(
+            "list[bytes | None]", self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+        )
         return [v.decode().split("|", 1)[0] if v else None for v in values]
 
     def resend_field(self, ids: Sequence[str], field_name: str) -> list[str]:
@@ -594,7 +602,7 @@ class MessageRepository:
         if end <= offset:
             return []
         read = self.connection.zrevrange if descending else self.connection.zrange
-        return [raw.decode() for raw in read(key, before + offset, before + end - 1)]
+        return [raw.decode() for raw in cast(Members, read(key, before + offset, before + end - 1))]
 
     def count(
         self,
@@ -631,11 +639,16 @@ class MessageRepository:
 
     def destinations(self) -> list[str]:
         """Names of every destination a message was ever sent to, sorted."""
-        return sorted(d.decode() for d in self.connection.smembers(self.keys.destinations))
+        return sorted(
+            d.decode() for d in cast("set[bytes]", self.connection.smembers(self.keys.destinations))
+        )
 
     def oldest(self, status: str, destination: str | None = None) -> tuple[str, float] | None:
         """The (id, score) with the lowest score in a status index, or None if empty."""
-        rows = self.connection.zrange(self.keys.status(status, destination), 0, 0, withscores=True)
+        rows = cast(
+            ScoredMembers,
+            self.connection.zrange(self.keys.status(status, destination), 0, 0, withscores=True),
+        )
         return (rows[0][0].decode(), rows[0][1]) if rows else None
 
     def iter_ids(
@@ -657,8 +670,11 @@ class MessageRepository:
         seen_at_score: set[str] = set()
         last_score: float | None = None
         while True:
-            rows = self.connection.zrangebyscore(
-                key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True
+            rows = cast(
+                ScoredMembers,
+                self.connection.zrangebyscore(
+                    key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True
+                ),
             )
             ids = []
             for raw, score in rows:
@@ -678,8 +694,11 @@ class MessageRepository:
 
     def due(self, status: str, before: float, limit: int = 1000) -> list[tuple[str, float]]:
         """Up to ``limit`` (id, score) pairs in a status index with score <= ``before``."""
-        rows = self.connection.zrangebyscore(
-            self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True
+        rows = cast(
+            ScoredMembers,
+            self.connection.zrangebyscore(
+                self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True
+            ),
         )
         return [(raw.decode(), score) for raw, score in rows]
 
