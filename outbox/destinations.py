@@ -68,7 +68,7 @@ class Destination:
         return transport_class(self.transport_path)(self.name, **self.options)
 
 
-def validate_max_retries(value: Any, where: str) -> int:
+def validate_max_retries(value: object, where: str) -> int:
     """Check a max_retries value: an int from 0 to 1000.
 
     Raises:

@@ -1,5 +1,6 @@
 """The repository against a real Redis: records, indexes, compare-and-set transitions."""
 
+import itertools
 import json
 import time
 
@@ -231,4 +232,4 @@ def test_score_clock_never_hands_out_overlapping_chunks():
     from outbox.actions import TIE_BREAK_US, score_clock
 
     starts = [round(score_clock.reserve(1000) * 1e6) for _ in range(50)]
-    assert all(later - earlier >= 1000 * TIE_BREAK_US for earlier, later in zip(starts, starts[1:]))
+    assert all(later - earlier >= 1000 * TIE_BREAK_US for earlier, later in itertools.pairwise(starts))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from redis.exceptions import NoScriptError
@@ -18,6 +18,24 @@ from ..exceptions import MessageNotFound
 from ..records import STATUSES, Attempt, Message
 from .keys import Keys
 from .scripts import sha, source
+
+# Replies as this repository's connection returns them (``decode_responses=False``): bytes.
+# redis-py's own types also allow str (``decode_responses=True``) and give one type to
+# sorted-set reads with and without WITHSCORES, so replies are cast to these where parsed.
+Members = list[bytes]
+ScoredMembers = list[tuple[bytes, float]]
+
+# The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
+# Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
+#: create.lua: ([standing id, code] per message, queues woken).
+CreateReply = tuple[list[tuple[bytes, bytes]], list[bytes]]
+#: claim.lua: (message HGETALL, resend HGETALL, ... per claimed message; next due score or None).
+ClaimReply = tuple[list[list[bytes]], bytes | None]
+#: transition.lua, per change: (applied 0|1, status after[, message HGETALL, resend HGETALL]).
+TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[bytes], list[bytes]]
+#: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
+BulkReply = tuple[list[int], list[bytes]]
+ReleaseReply = tuple[list[bytes], list[bytes]]
 
 
 @dataclass
@@ -276,7 +294,7 @@ class MessageRepository:
         return self.parse_create(messages, reply)
 
     @staticmethod
-    def parse_create(messages: Sequence[Message], reply: list[Any]) -> CreateResult:
+    def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
         """Turn ``lua/create.lua``'s raw reply into a :class:`CreateResult`."""
         rows, woken = reply
         created = [
@@ -327,7 +345,7 @@ class MessageRepository:
         return self.parse_claim(self.run_script("claim", self.claim_args(queue, now, **options)))
 
     @staticmethod
-    def parse_claim(reply: list[Any]) -> Claim:
+    def parse_claim(reply: ClaimReply) -> Claim:
         """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
         flat, next_due = reply
         messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
@@ -425,13 +443,14 @@ class MessageRepository:
             len(ids),
             *ids,
         ]  # one group, no job id
-        flags, woken = self.run_script("bulk", args)
+        reply: BulkReply = self.run_script("bulk", args)
+        flags, woken = reply
         return BulkResult(
             [i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken]
         )
 
     @staticmethod
-    def parse_transition(changes: Sequence[Change], reply: list[Any]) -> list[ChangeResult]:
+    def parse_transition(changes: Sequence[Change], reply: list[TransitionRow]) -> list[ChangeResult]:
         """Turn the transition script's raw reply into :class:`ChangeResult` objects."""
         results = []
         for change, row in zip(changes, reply, strict=True):
@@ -450,9 +469,10 @@ class MessageRepository:
             now: epoch seconds: released messages are due now.
             ids: the messages to release, if known.
         """
-        released, woken = self.run_script(
+        reply: ReleaseReply = self.run_script(
             "release", [self.keys.prefix, repr(now), lease, repr(deadline), self.wake_ttl_ms, *ids]
         )
+        released, woken = reply
         return BulkResult([i.decode() for i in released], [q.decode() for q in woken])
 
     def wake_candidates(self, queues: Sequence[str], now: float, stale_after: float) -> list[str]:
@@ -463,7 +483,7 @@ class MessageRepository:
         """
         if not queues:
             return []
-        reply = self.run_script(
+        reply: list[bytes] = self.run_script(
             "wake", [self.keys.prefix, repr(now), self.wake_ttl_ms, repr(stale_after), *queues]
         )
         return [q.decode() for q in reply]
@@ -480,7 +500,7 @@ class MessageRepository:
         """
         if not ids:
             return []
-        reply = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids])
+        reply: list[int] = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids])
         return [bool(x) for x in reply]
 
     # -- reading ------------------------------------------------------------------
@@ -503,7 +523,7 @@ class MessageRepository:
         for message_id in ids:
             pipe.hgetall(self.keys.message(message_id))
             pipe.hgetall(self.keys.resend(message_id))
-        replies = pipe.execute()
+        replies: list[dict[bytes, bytes]] = pipe.execute()  # HGETALL, HGETALL per id
         out: list[Message | None] = []
         for i in range(len(ids)):
             message, resend = replies[2 * i], replies[2 * i + 1]
@@ -514,7 +534,9 @@ class MessageRepository:
         """The id sent under each (destination, idempotency key), or None. One round trip."""
         if not keys:
             return []
-        values = self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+        values = cast(
+            "list[bytes | None]", self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+        )
         return [v.decode().split("|", 1)[0] if v else None for v in values]
 
     def resend_field(self, ids: Sequence[str], field_name: str) -> list[str]:
@@ -523,7 +545,8 @@ class MessageRepository:
         pipe = self.connection.pipeline(transaction=False)
         for message_id in ids:
             pipe.hget(self.keys.resend(message_id), field_name)
-        return [v.decode() if v else "" for v in pipe.execute()]
+        values: list[bytes | None] = pipe.execute()  # HGET per id
+        return [v.decode() if v else "" for v in values]
 
     def attempts(self, message_id: str, limit: int | None = None) -> list[Attempt]:
         """The message's attempt records, newest first (at most ``attempts_kept``)."""
@@ -587,14 +610,15 @@ class MessageRepository:
             pipe.zcount(key, score_bound(hi, "+inf", exclusive=True), "+inf")
         else:
             pipe.zcount(key, "-inf", score_bound(lo, "-inf", exclusive=True))
-        in_range, before = pipe.execute()
+        counts: list[int] = pipe.execute()  # ZCOUNT, ZCOUNT
+        in_range, before = counts
         if (descending and hi is None) or (not descending and lo is None):
             before = 0
         end = min(offset + limit, in_range)
         if end <= offset:
             return []
         read = self.connection.zrevrange if descending else self.connection.zrange
-        return [raw.decode() for raw in read(key, before + offset, before + end - 1)]
+        return [raw.decode() for raw in cast(Members, read(key, before + offset, before + end - 1))]
 
     def count(
         self,
@@ -618,7 +642,8 @@ class MessageRepository:
         pipe = self.connection.pipeline(transaction=False)
         for status in STATUSES:
             pipe.zcard(self.keys.status(status, destination))
-        return dict(zip(STATUSES, pipe.execute()))
+        cards: list[int] = pipe.execute()  # ZCARD per status
+        return dict(zip(STATUSES, cards, strict=True))
 
     def count_past_retention(self, retention: dict[str, float | None], now: float) -> int:
         """Messages kept longer than ``retention`` (status -> seconds, None = for ever)
@@ -627,15 +652,21 @@ class MessageRepository:
         for status, seconds in retention.items():
             if seconds is not None:
                 pipe.zcount(self.keys.status(status), "-inf", repr(now - seconds))
-        return sum(pipe.execute())
+        counts: list[int] = pipe.execute()  # ZCOUNT per status with a retention
+        return sum(counts)
 
     def destinations(self) -> list[str]:
         """Names of every destination a message was ever sent to, sorted."""
-        return sorted(d.decode() for d in self.connection.smembers(self.keys.destinations))
+        return sorted(
+            d.decode() for d in cast("set[bytes]", self.connection.smembers(self.keys.destinations))
+        )
 
     def oldest(self, status: str, destination: str | None = None) -> tuple[str, float] | None:
         """The (id, score) with the lowest score in a status index, or None if empty."""
-        rows = self.connection.zrange(self.keys.status(status, destination), 0, 0, withscores=True)
+        rows = cast(
+            ScoredMembers,
+            self.connection.zrange(self.keys.status(status, destination), 0, 0, withscores=True),
+        )
         return (rows[0][0].decode(), rows[0][1]) if rows else None
 
     def iter_ids(
@@ -657,8 +688,11 @@ class MessageRepository:
         seen_at_score: set[str] = set()
         last_score: float | None = None
         while True:
-            rows = self.connection.zrangebyscore(
-                key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True
+            rows = cast(
+                ScoredMembers,
+                self.connection.zrangebyscore(
+                    key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True
+                ),
             )
             ids = []
             for raw, score in rows:
@@ -678,8 +712,11 @@ class MessageRepository:
 
     def due(self, status: str, before: float, limit: int = 1000) -> list[tuple[str, float]]:
         """Up to ``limit`` (id, score) pairs in a status index with score <= ``before``."""
-        rows = self.connection.zrangebyscore(
-            self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True
+        rows = cast(
+            ScoredMembers,
+            self.connection.zrangebyscore(
+                self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True
+            ),
         )
         return [(raw.decode(), score) for raw, score in rows]
 
@@ -690,7 +727,7 @@ class MessageRepository:
         for outcome in outcomes:
             for minute in minutes:
                 pipe.get(self.keys.stats(outcome, minute))
-        values = pipe.execute()
+        values: list[bytes | None] = pipe.execute()  # GET per outcome and minute
         out: dict[str, list[int]] = {}
         for i, outcome in enumerate(outcomes):
             row = values[i * len(minutes) : (i + 1) * len(minutes)]

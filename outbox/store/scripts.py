@@ -16,7 +16,7 @@ from importlib import resources
 @cache
 def source(name: str) -> str:
     """The text of ``lua/<name>.lua``."""
-    return resources.files("outbox.store").joinpath("lua", f"{name}.lua").read_text()
+    return resources.files("outbox.store").joinpath("lua").joinpath(f"{name}.lua").read_text()
 
 
 @cache
