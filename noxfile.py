@@ -31,12 +31,24 @@ COMBINATIONS = [
     ("newest", "3.13", "Django==6.1.*", "rq>=3,<4", "redis>=8,<9"),
 ]
 
-PYTEST = ["-q", "-p", "no:cacheprovider", "-m", "not faults and not browser", "-W", "error::DeprecationWarning:outbox"]
+PYTEST = [
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "-m",
+    "not faults and not browser",
+    "-W",
+    "error::DeprecationWarning:outbox",
+]
 
 
 def _run(session: nox.Session, django: str, rq: str, redis: str) -> None:
     session.install("-e", ".[test,server]", django, rq, redis)
-    session.run("python", "-c", "import django, rq, redis, sys; print('versions:', sys.version.split()[0], 'Django', django.__version__, 'RQ', rq.__version__, 'redis-py', redis.__version__)")
+    session.run(
+        "python",
+        "-c",
+        "import django, rq, redis, sys; print('versions:', sys.version.split()[0], 'Django', django.__version__, 'RQ', rq.__version__, 'redis-py', redis.__version__)",
+    )
     session.run("python", "-m", "pytest", *PYTEST, *session.posargs)
 
 

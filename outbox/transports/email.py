@@ -54,7 +54,8 @@ DEFAULT_TIMEOUT = 10.0  # seconds of SMTP socket timeout when EMAIL_TIMEOUT is N
 #: Django 6.1's mail API: ``MAILERS`` aliases (``django.core.mail.mailers``); the ``EMAIL_*``
 #: settings, ``get_connection()`` and ``EmailMessage(connection=...)`` are deprecated there
 #: (RemovedInDjango2028Warning), so the transport uses them only on older Django.
-HAS_MAILERS = hasattr(mail, "mailers")
+MAILERS: Any = getattr(mail, "mailers", None)  # django.core.mail.mailers on Django 6.1+
+HAS_MAILERS = MAILERS is not None
 
 
 def _bad_address(address: Any) -> bool:
@@ -147,8 +148,8 @@ class EmailTransport(Transport):
                 raise ImproperlyConfigured(f"{where}: OPTIONS['mailer'] needs Django 6.1 or later (MAILERS)")
             if self.backend is not None:
                 raise ImproperlyConfigured(f"{where}: give OPTIONS['mailer'] or OPTIONS['backend'], not both")
-            if not isinstance(self.mailer, str) or self.mailer not in mail.mailers:
-                known = ", ".join(sorted(mail.mailers)) or "none"
+            if not isinstance(self.mailer, str) or self.mailer not in MAILERS:
+                known = ", ".join(sorted(MAILERS)) or "none"
                 raise ImproperlyConfigured(
                     f"{where}: OPTIONS['mailer'] {self.mailer!r} is not an alias of MAILERS (known: {known})"
                 )
@@ -170,7 +171,7 @@ class EmailTransport(Transport):
         subclass, gets ``timeout``), else the ``mailer`` (Django 6.1+: ``mailers[alias]``,
         the default mailer when no alias is given), else ``EMAIL_BACKEND`` (older Django)."""
         if self.backend is None and HAS_MAILERS:
-            return mail.mailers[self.mailer or "default"]
+            return MAILERS[self.mailer or "default"]
         backend_class = import_string(self.backend or settings.EMAIL_BACKEND)
         if issubclass(backend_class, SMTPBackend):
             return backend_class(timeout=self.timeout)
