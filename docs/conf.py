@@ -66,5 +66,5 @@ optional_pages = ["destinations", "metrics", "alerts"]
 
 html_theme = "furo"
 html_title = f"django-redis-outbox {release}"
-html_static_path = ["_static"]
+html_static_path: list[str] = []  # no static files of our own (screenshots live in docs/screenshots)
 html_theme_options = {"navigation_with_keys": True}
