@@ -17,7 +17,7 @@ from redis.exceptions import NoScriptError
 from ..exceptions import MessageNotFound
 from ..records import STATUSES, Attempt, Message
 from .keys import Keys
-from .scripts import sha, source
+from .scripts import names, sha, source
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
 # redis-py's own types also allow str (``decode_responses=True``) and give one type to
@@ -197,12 +197,30 @@ class MessageRepository:
         self.events_channel = events_channel or ""
         self.idempotency_ttl = idempotency_ttl
         self.wake_ttl_ms = max(1, int(wake_ttl * 1000))
+        self.scripts_loaded = False
 
     # -- running scripts ------------------------------------------------------------
+    def load_scripts(self) -> None:
+        """Load every Lua script into Redis's script cache (one round trip, ``SCRIPT LOAD``).
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached.
+        """
+        pipe = self.connection.pipeline(transaction=False)
+        for name in names():
+            pipe.script_load(source(name))
+        pipe.execute()
+        self.scripts_loaded = True
+
     def run_scripts(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Run Lua scripts in one round trip (a pipeline without MULTI), in order.
 
-        Each script is atomic by itself; the calls are not atomic together.
+        Each script is atomic by itself; the calls are not atomic together. Every script
+        is loaded before the first call (:meth:`load_scripts`), so the calls run in order.
+        Only when Redis lost its script cache between two calls (a restart, ``SCRIPT
+        FLUSH``) do the calls that met ``NOSCRIPT`` run again after the others: the
+        scripts are written so that this costs time, never a message (a claim that runs
+        before an outcome write only misses a retry due at once until the next claim).
 
         Args:
             calls: (script name in ``lua/``, ARGV) per call.
@@ -211,17 +229,18 @@ class MessageRepository:
             The raw reply of each call, in order.
 
         Raises:
-            redis.exceptions.RedisError: a call failed (after loading missing scripts
-                and running the calls that hit ``NOSCRIPT`` once more).
+            redis.exceptions.RedisError: a call failed (after loading the scripts and
+                running the calls that hit ``NOSCRIPT`` once more).
         """
+        if not self.scripts_loaded:
+            self.load_scripts()
         pipe = self.connection.pipeline(transaction=False)
         for name, args in calls:
             pipe.evalsha(sha(name), 0, *args)
         replies = pipe.execute(raise_on_error=False)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
-            for name in {calls[i][0] for i in missing}:
-                self.connection.script_load(source(name))
+            self.load_scripts()
             pipe = self.connection.pipeline(transaction=False)
             for i in missing:
                 pipe.evalsha(sha(calls[i][0]), 0, *calls[i][1])
@@ -233,11 +252,14 @@ class MessageRepository:
         return replies
 
     def run_script(self, name: str, args: Sequence[Any]) -> Any:
-        """Run one Lua script by SHA1 (loading it after ``NOSCRIPT``) and return its reply."""
+        """Run one Lua script by SHA1 (loading the scripts first, and after ``NOSCRIPT``)
+        and return its reply."""
+        if not self.scripts_loaded:
+            self.load_scripts()
         try:
             return self.connection.evalsha(sha(name), 0, *args)
         except NoScriptError:
-            self.connection.script_load(source(name))
+            self.load_scripts()
             return self.connection.evalsha(sha(name), 0, *args)
 
     # -- writing ------------------------------------------------------------------
