@@ -762,22 +762,25 @@ class MessageRepository:
         """Bring records written by an older version up to :attr:`SCHEMA` (idempotent).
 
         Version 0.1 kept no due index: its ``pending`` and ``retrying`` messages are put
-        in their queue's due index (``lua/backfill.lua``). Returns how many ids were read.
+        in their queue's due index (``lua/backfill.lua``). Returns how many were put there
+        (0 when every one already was, as on a new Redis).
         """
         key = f"{self.keys.prefix}:schema"
         if int(self.connection.get(key) or 0) >= self.SCHEMA:
             return 0
-        read = 0
+        added = 0
         for status in ("pending", "retrying"):
             first = 0
             while True:
-                n = int(self.run_script("backfill", [self.keys.prefix, status, first, batch]))
-                read += n
+                read, put = (
+                    int(x) for x in self.run_script("backfill", [self.keys.prefix, status, first, batch])
+                )
+                added += put
                 first += batch
-                if n < batch:
+                if read < batch:
                     break
         self.connection.set(key, self.SCHEMA)
-        return read
+        return added
 
     def drop_index_entry(self, status: str, message_id: str) -> None:
         """Remove an id from a status index (repairing an entry without a record)."""
