@@ -101,8 +101,7 @@ def _run(
     total = ActionResult()
     in_flight: tuple[int, Future[list[str]]] | None = None
 
-    def collect() -> None:
-        size, future = in_flight
+    def collect(size: int, future: Future[list[str]]) -> None:
         applied = future.result()
         send_bulk_signal(action, applied)
         total.add(ActionResult(len(applied), size - len(applied)))
@@ -113,10 +112,10 @@ def _run(
         for chunk in chunks(ids):
             execute = prepare(chunk)
             if in_flight is not None:
-                collect()
+                collect(*in_flight)
             in_flight = (len(chunk), writer.submit(execute))
         if in_flight is not None:
-            collect()
+            collect(*in_flight)
     return total
 
 
@@ -198,4 +197,6 @@ def delete(ids: Iterable[str], *, progress: Progress | None = None) -> ActionRes
 
 def _prepare_delete(ids: list[str]) -> Execute:
     repo = get_repository()
-    return lambda: [message_id for message_id, ok in zip(ids, repo.delete(ids, DELETABLE_STATUSES)) if ok]
+    return lambda: [
+        message_id for message_id, ok in zip(ids, repo.delete(ids, DELETABLE_STATUSES), strict=True) if ok
+    ]
