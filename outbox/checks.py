@@ -174,10 +174,10 @@ def _check() -> list[CheckMessage]:
     return errors
 
 
-def _protection_errors() -> list:
+def _protection_errors() -> list[CheckMessage]:
     """outbox.E001: the global ``BREAKER``, ``RATE_LIMIT``, ``MAX_CONCURRENCY`` or
     ``DISABLE_AFTER`` is invalid (each destination's own are reported as E002)."""
-    errors = []
+    errors: list[CheckMessage] = []
     for parse in (
         lambda: BreakerConfig.parse(outbox_settings.BREAKER, {}, "OUTBOX['BREAKER']"),
         lambda: RateLimit.parse(outbox_settings.RATE_LIMIT, "OUTBOX['RATE_LIMIT']"),

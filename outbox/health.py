@@ -380,15 +380,15 @@ def error_groups(name: str, limit: int = 10, now: float | None = None) -> list[E
         pipe.hgetall(repo.keys.errors(name, h))
     groups: dict[str, dict[str, Any]] = {}
     for raw in pipe.execute():  # oldest hour first: newer last_error overwrite older
-        h = _decode(raw)
-        for key, value in h.items():
+        fields = _decode(raw)
+        for key, value in fields.items():
             kind, _, group = key.partition(":")
             g = groups.setdefault(group, {"count": 0, "last_at": 0.0, "last_error": ""})
             if kind == "c":
                 g["count"] += _int(value)
             elif kind == "t" and float(value) >= g["last_at"]:
                 g["last_at"] = float(value)
-                g["last_error"] = h.get(f"e:{group}", "")
+                g["last_error"] = fields.get(f"e:{group}", "")
     out = []
     for group, g in groups.items():
         code, _, cls = group.partition("|")

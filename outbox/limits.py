@@ -167,7 +167,7 @@ def parse_max_concurrency(value: Any, where: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where} must be None or an integer >= 1, not {value!r}")
-    return value
+    return int(value)
 
 
 def parse_disable_after(value: Any, where: str) -> float | None:

@@ -500,14 +500,15 @@ class MessageRepository:
         reply = self.run_script(
             "admin", [self.keys.prefix, repr(now), self.events_channel, destination, action, reason]
         )
-        return reply.decode() if reply else None
+        return bytes(reply).decode() if reply else None
 
     def due_probes(self, now: float, limit: int = 100) -> list[str]:
         """Destinations whose parked messages the wake check must look at now (``outbox:probes``)."""
-        return [
-            raw.decode()
-            for raw in self.connection.zrangebyscore(self.keys.probes, "-inf", repr(now), start=0, num=limit)
-        ]
+        rows = cast(
+            Members,
+            self.connection.zrangebyscore(self.keys.probes, "-inf", repr(now), start=0, num=limit),
+        )
+        return [raw.decode() for raw in rows]
 
     def bulk_transition(
         self,

@@ -11,7 +11,9 @@ Examples::
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 ACTIONS = ("status", "pause", "resume", "disable", "enable")
 
@@ -22,12 +24,12 @@ class Command(BaseCommand):
         "disable or enable it. A paused or disabled destination delivers nothing and loses nothing."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=ACTIONS)
         parser.add_argument("name", nargs="?", help="the destination (required but for status)")
         parser.add_argument("--reason", default="", help="why (pause, disable): shown with the state")
 
-    def handle(self, *args, action: str, name: str | None, reason: str, **options):
+    def handle(self, *args: Any, action: str, name: str | None, reason: str, **options: Any) -> None:
         from outbox import health
         from outbox.conf import outbox_settings
         from outbox.connection import get_repository
