@@ -8,6 +8,8 @@ Housekeeping (:class:`Housekeeper`), in every worker process, each on its own in
   retries, and work whose job was lost with a killed worker;
 * **relay** (``RELAY_INTERVAL``): push messages captured in the database that missed
   the on-commit fast path (:func:`outbox.capture.relay`);
+* **alerts** (``WAKE_INTERVAL``): report what ended alert suppression windows counted
+  (:func:`outbox.alerts.flush_due`; nothing to do without ``OUTBOX["ALERTS"]`` channels);
 * **recovery sweep** (``RECOVERY_INTERVAL``, one process per interval through a Redis
   lock): take back expired leases, purge finished messages (:mod:`outbox.recovery`).
 
@@ -80,7 +82,10 @@ class Housekeeper(threading.Thread):
         self.token = uuid.uuid4().hex
         self._stop_event = threading.Event()
         interval = float(recovery_interval or outbox_settings.RECOVERY_INTERVAL)
-        self.steps = [_Step("wake", outbox_settings.WAKE_INTERVAL, _wake, "Redis")]
+        self.steps = [
+            _Step("wake", outbox_settings.WAKE_INTERVAL, _wake, "Redis"),
+            _Step("alerts", outbox_settings.WAKE_INTERVAL, _flush_alerts, "Redis"),
+        ]
         if relay:
             self.steps.append(_Step("relay", outbox_settings.RELAY_INTERVAL, _relay, "the database or Redis"))
         self.steps.append(_Step("recovery", interval, lambda: self._sweep(interval), "Redis"))
@@ -108,6 +113,12 @@ def _wake() -> None:
     from .dispatch import wake_due
 
     wake_due()
+
+
+def _flush_alerts() -> None:
+    from .alerts import flush_due
+
+    flush_due()
 
 
 def _relay() -> None:
@@ -215,11 +226,11 @@ def run_worker(
 
 
 def run_housekeeping_once(*, relay: bool = True) -> None:
-    """One relay, recovery and wake pass, each step's errors logged (``--burst``, tests)."""
+    """One relay, recovery, alerts and wake pass, each step's errors logged (``--burst``, tests)."""
     from .recovery import recover
 
     steps = [("relay", _relay)] if relay else []
-    for label, action in (*steps, ("recovery", recover), ("wake", _wake)):
+    for label, action in (*steps, ("recovery", recover), ("alerts", _flush_alerts), ("wake", _wake)):
         try:
             action()
         except Exception:
