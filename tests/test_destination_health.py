@@ -318,3 +318,41 @@ def test_settings_are_validated_with_clear_errors():
     with hook_settings("http://127.0.0.1:9/hook", RATE_LIMIT="6000/m", MAX_CONCURRENCY=4, BREAKER=False):
         d = get_destination("hook")
         assert (d.rate_limit.interval, d.max_concurrency, d.breaker) == (0.01, 4, None)
+
+
+def test_system_checks_report_invalid_protection_settings(settings):
+    from outbox.checks import check_outbox_settings
+
+    settings.OUTBOX = {**settings.OUTBOX, "RATE_LIMIT": "lots", "BREAKER": {"COOLDOWN": 0}}
+    messages = [(e.id, e.msg) for e in check_outbox_settings()]
+    assert ("outbox.E001", "OUTBOX['BREAKER']['COOLDOWN'] must be seconds above 0, not 0") in messages
+    assert any(
+        i == "outbox.E001" and m.startswith("OUTBOX['RATE_LIMIT'] must look like") for i, m in messages
+    )
+    assert any(i == "outbox.E002" and "['hook']['BREAKER']" in m for i, m in messages)
+
+
+def test_a_probe_whose_lease_expired_lets_another_go(receiver, worker, repo, settings):
+    from outbox.delivery import claim
+    from outbox.recovery import recover
+
+    settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
+    receiver.respond(503)
+    with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 0.2}):
+        m = outbox.send("hook", 1)
+        worker(simple=True)  # fails: open
+        time.sleep(0.3)
+        assert health.release_parked_due() == 1  # the cool-down is over: the oldest parked becomes due
+        (probe,) = claim(outbox.get(m.id).queue)  # claimed as the probe; its worker "dies"
+        state = dest_hash(repo)
+        assert (state["breaker"], state["probe_id"]) == ("half_open", m.id)
+        assert health.release_parked_due() == 0  # no second probe while this one's lease runs
+        time.sleep(max(0.0, float(state["probe_deadline"]) - time.time()) + 0.1)
+        assert recover().lost == 1  # taken back while half-open: parked, uncharged
+        got = outbox.get(m.id)
+        assert (got.status, got.retry_count, health.get_health("hook").parked) == ("pending", 0, 1)
+        assert health.release_parked_due() == 1  # a new probe may go
+        receiver.respond(200)
+        worker(simple=True)
+    assert outbox.get(m.id).status == "succeeded" and health.get_health("hook").breaker == "closed"
+    assert_index_invariant(repo)
