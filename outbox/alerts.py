@@ -340,13 +340,16 @@ def _alert(
 
 
 def _send(channel: str, body: Any, key: str, **kwargs: Any) -> None:
-    from .api import send
-    from .exceptions import IdempotencyConflict
+    """Store the alert message in Redis now (validated as :func:`outbox.send` does,
+    priority ``high``), also inside ``transaction.atomic``: the change it reports is in
+    Redis already and is not rolled back with the caller's transaction."""
+    from . import intake
+    from .api import build_message
 
-    try:
-        send(channel, body, idempotency_key=key, priority="high", **kwargs)
-    except IdempotencyConflict:
-        logger.info("outbox: alert %s already sent to %s", key, channel)
+    message = build_message(channel, body, idempotency_key=key, priority="high", **kwargs)
+    (created,) = intake.store([message], repeat=False)
+    if created.code in ("duplicate", "conflict"):
+        logger.info("outbox: alert %s was already sent to %s", key, channel)
 
 
 def _send_email(channel: str, alert: Alert, key: str) -> bool:

@@ -342,6 +342,22 @@ def test_invalid_alert_settings_at_runtime_are_logged_never_raised(settings, cap
     assert any("OUTBOX['ALERTS'] is invalid" in r.getMessage() and r.exc_info for r in caplog.records)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_alert_caused_inside_a_rolled_back_transaction_still_goes_out(receiver, worker):
+    """An operator's pause in a view with ATOMIC_REQUESTS: the pause is in Redis and stays,
+    so its alert must not be captured with (and rolled back with) the request's transaction."""
+    from django.db import transaction
+
+    with alerting(receiver, email=False):
+        with pytest.raises(RuntimeError), transaction.atomic():
+            health.pause("hook", reason="maintenance")
+            raise RuntimeError("the view failed after pausing")
+        worker(simple=True)
+    assert health.get_health("hook").admin == "paused"
+    (payload,) = verified(receiver)
+    assert (payload["type"], payload["data"]["reason"]) == ("destination.paused", "maintenance")
+
+
 def test_redis_down_during_notify_is_logged_not_raised(receiver, caplog):
     down = {
         "default": {
