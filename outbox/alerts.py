@@ -219,6 +219,13 @@ def notify(events: Sequence[DestinationEvent]) -> None:
 
     Cheap without alert channels: the signals and one cached settings read.
     """
+    try:
+        _notify(events)
+    except Exception:
+        logger.exception("outbox: handling destination events failed: %r", events)
+
+
+def _notify(events: Sequence[DestinationEvent]) -> None:
     for event in events:
         _send_signal(event)
     try:

@@ -358,6 +358,13 @@ def test_an_alert_caused_inside_a_rolled_back_transaction_still_goes_out(receive
     assert (payload["type"], payload["data"]["reason"]) == ("destination.paused", "maintenance")
 
 
+def test_notify_never_raises_even_for_what_is_not_an_event(receiver, caplog):
+    with alerting(receiver):
+        alerts.notify([object()])  # type: ignore[list-item]
+        alerts.notify(None)  # type: ignore[arg-type]
+    assert sum("handling destination events failed" in r.getMessage() for r in caplog.records) == 2
+
+
 def test_redis_down_during_notify_is_logged_not_raised(receiver, caplog):
     down = {
         "default": {
