@@ -25,6 +25,12 @@ outbox.W005    the outbox uses the ``default`` cache alias (or shares its databa
                another alias), which ``cache.clear()`` empties
 outbox.W006    the outbox's Redis has another eviction policy than ``noeviction``
 outbox.W007    the outbox's Redis could not be inspected
+outbox.E007    ``OUTBOX["ALERTS"]`` is invalid: unknown keys or events, ``SUPPRESS`` not
+               a positive number, or a channel naming a destination that does not
+               exist or has the wrong transport (see :mod:`outbox.alerts`)
+outbox.W008    ``OUTBOX["ALERTS"]["EMAIL_ADMINS"]`` is set but ``settings.ADMINS`` is empty
+outbox.W009    ``OUTBOX["ALERTS"]["WEBHOOK"]`` names a webhook destination without a
+               ``secret``: operational webhooks would go unsigned
 =============  =====================================================================
 
 Messages never print secret values: every error text goes through
@@ -44,6 +50,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from . import redis_health
+from .alerts import admin_addresses, channel_problems, parse_alert_settings
 from .conf import DEFAULTS, PRIORITIES, outbox_settings
 from .destinations import configuration_errors, get_destination, validate_max_retries
 from .limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
@@ -135,6 +142,7 @@ def _check() -> list[CheckMessage]:
     errors += _protection_errors()
     destination_errors = configuration_errors()
     errors += [Error(message, id="outbox.E002") for message in destination_errors]
+    errors += _alert_checks()
     if "VISIBILITY_TIMEOUT" not in not_positive and not destination_errors:
         errors += _lease_warnings()
     if not outbox_settings.DESTINATIONS:
@@ -172,6 +180,39 @@ def _check() -> list[CheckMessage]:
                 )
             )
     return errors
+
+
+def _alert_checks() -> list[CheckMessage]:
+    """outbox.E007, W008, W009: ``OUTBOX["ALERTS"]`` (see :mod:`outbox.alerts`)."""
+    try:
+        config = parse_alert_settings(outbox_settings.ALERTS)
+    except ValueError as exc:
+        return [Error(str(exc), id="outbox.E007")]
+    problems = channel_problems(config)
+    if problems:
+        return [Error(p, id="outbox.E007") for p in problems]
+    found = []
+    if config.email_admins and not admin_addresses():
+        found.append(
+            Warning(
+                f"OUTBOX['ALERTS']['EMAIL_ADMINS'] = {config.email_admins!r} but settings.ADMINS is empty: "
+                "no alert email can be sent",
+                hint="set ADMINS = [('Ops', 'ops@example.com')] or EMAIL_ADMINS = None",
+                id="outbox.W008",
+            )
+        )
+    if config.webhook:
+        options = outbox_settings.DESTINATIONS[config.webhook].get("OPTIONS") or {}
+        if not options.get("secret"):
+            found.append(
+                Warning(
+                    f"OUTBOX['ALERTS']['WEBHOOK'] = {config.webhook!r} has no OPTIONS['secret']: "
+                    "operational webhooks would go unsigned",
+                    hint="give the destination a 'whsec_...' secret so the receiver can verify alerts",
+                    id="outbox.W009",
+                )
+            )
+    return found
 
 
 def _protection_errors() -> list[CheckMessage]:

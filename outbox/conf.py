@@ -55,6 +55,12 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        workers (None = no cap).
 ``DISABLE_AFTER``      seconds a destination may fail continuously before it is disabled
                        (3 days; None = never).
+``ALERTS``             alerts about destination events (see ``docs/alerts.md``):
+                       ``{"SUPPRESS": 900, "EMAIL_ADMINS": None, "WEBHOOK": None,
+                       "EVENTS": None}``: seconds between two alerts of one event about
+                       one destination, the email destination that mails ``ADMINS``, the
+                       webhook destination of operational webhooks, the events alerted
+                       (None = all). Unset: Django signals only (:mod:`outbox.alerts`).
 ``BLOCK_PRIVATE_NETWORKS``
                        refuse webhook connections to loopback, private, link-local
                        (cloud metadata) and other non-public addresses, checked after
@@ -112,6 +118,7 @@ DEFAULTS: dict[str, Any] = {
     "RATE_LIMIT": None,
     "MAX_CONCURRENCY": None,
     "DISABLE_AFTER": 3 * 24 * 3600,
+    "ALERTS": {},
     "EAGER": False,
 }
 

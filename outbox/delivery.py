@@ -48,7 +48,7 @@ from . import dispatch, health
 from .conf import outbox_settings
 from .connection import get_repository
 from .destinations import get_destination, get_transport
-from .events import event_payload, send_signal
+from .events import event_payload, send_exhausted_signal, send_signal
 from .exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
 from .records import Attempt, Message, Status
 from .redaction import redact_message_text
@@ -340,6 +340,7 @@ def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> 
             send_signal(d.change.to, d.message, d.attempt)
             if d.exhausted and d.change.also:
                 exhausted.append(health.DestinationEvent.from_json(d.change.also))
+                send_exhausted_signal(d.message, d.attempt, exhausted[-1])
     health.notify(exhausted)
 
 

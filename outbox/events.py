@@ -23,9 +23,17 @@ Destination events (:mod:`outbox.health`; keyword ``event``, a
 that made the change by :func:`outbox.alerts.notify`: :data:`destination_failing`,
 :data:`destination_recovered`, :data:`destination_opened`, :data:`destination_closed`,
 :data:`destination_disabled`, :data:`destination_enabled`, :data:`destination_paused`,
-:data:`destination_resumed`, and :data:`message_exhausted` (a dead letter because its
-retries ran out). Their Pub/Sub JSON is ``{"event": "destination.opened",
+:data:`destination_resumed`. Their Pub/Sub JSON is ``{"event": "destination.opened",
 "destination": "orders", "at": ..., ...detail}``.
+
+:data:`message_exhausted`: a dead letter because its retries ran out (not a permanent
+failure), sent by the worker that wrote it, after :data:`message_failed`
+(:func:`send_exhausted_signal`; ``sender`` the :class:`~outbox.records.Message` class,
+keywords ``message``, ``attempt`` and ``event``, its ``message.exhausted``
+:class:`~outbox.health.DestinationEvent`).
+
+Every signal is sent with ``send_robust``: a receiver that raises is logged with its
+traceback and stops neither the other receivers nor delivery.
 
 A bulk action publishes one event per batch of up to 1,000 messages::
 
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from django.dispatch import Signal
 
@@ -69,7 +78,6 @@ DESTINATION_SIGNALS = {
     "destination.enabled": destination_enabled,
     "destination.paused": destination_paused,
     "destination.resumed": destination_resumed,
-    "message.exhausted": message_exhausted,
 }
 
 SIGNALS = {
@@ -126,5 +134,16 @@ def send_signal(status: str, message: Message, attempt: Attempt | None = None) -
     if signal is None:
         return
     for receiver, result in signal.send_robust(sender=Message, message=message, attempt=attempt):
+        if isinstance(result, Exception):
+            logger.error("outbox signal receiver %r failed for %s", receiver, message.id, exc_info=result)
+
+
+def send_exhausted_signal(message: Message, attempt: Attempt | None, event: Any) -> None:
+    """Send :data:`message_exhausted` for a dead letter whose retries ran out (``event``:
+    its ``message.exhausted`` :class:`~outbox.health.DestinationEvent`); receiver errors
+    are logged."""
+    for receiver, result in message_exhausted.send_robust(
+        sender=Message, message=message, attempt=attempt, event=event
+    ):
         if isinstance(result, Exception):
             logger.error("outbox signal receiver %r failed for %s", receiver, message.id, exc_info=result)

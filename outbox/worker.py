@@ -10,6 +10,8 @@ Housekeeping (:class:`Housekeeper`), in every worker process, each on its own in
   breaker, what waited behind one that closed: :func:`outbox.health.release_parked_due`);
 * **relay** (``RELAY_INTERVAL``): push messages captured in the database that missed
   the on-commit fast path (:func:`outbox.capture.relay`);
+* **alerts** (``WAKE_INTERVAL``): report what ended alert suppression windows counted
+  (:func:`outbox.alerts.flush_due`; nothing to do without ``OUTBOX["ALERTS"]`` channels);
 * **recovery sweep** (``RECOVERY_INTERVAL``, one process per interval through a Redis
   lock): take back expired leases, purge finished messages (:mod:`outbox.recovery`).
 
@@ -82,7 +84,10 @@ class Housekeeper(threading.Thread):
         self.token = uuid.uuid4().hex
         self._stop_event = threading.Event()
         interval = float(recovery_interval or outbox_settings.RECOVERY_INTERVAL)
-        self.steps = [_Step("wake", outbox_settings.WAKE_INTERVAL, _wake, "Redis")]
+        self.steps = [
+            _Step("wake", outbox_settings.WAKE_INTERVAL, _wake, "Redis"),
+            _Step("alerts", outbox_settings.WAKE_INTERVAL, _flush_alerts, "Redis"),
+        ]
         if relay:
             self.steps.append(_Step("relay", outbox_settings.RELAY_INTERVAL, _relay, "the database or Redis"))
         self.steps.append(_Step("recovery", interval, lambda: self._sweep(interval), "Redis"))
@@ -142,6 +147,12 @@ def _wake() -> None:
     from .dispatch import wake_due
 
     wake_due()
+
+
+def _flush_alerts() -> None:
+    from .alerts import flush_due
+
+    flush_due()
 
 
 def _relay() -> None:
@@ -249,13 +260,18 @@ def run_worker(
 
 
 def run_housekeeping_once(*, relay: bool = True) -> None:
-    """One relay, recovery and wake pass, each step's errors logged (``--burst``, tests)."""
+    """One relay, recovery, alerts and wake pass, each step's errors logged (``--burst``, tests)."""
     from .recovery import recover
 
     steps: list[tuple[str, Callable[[], object]]] = [("relay", _relay)] if relay else []
     beat_now = lambda: beat(float(outbox_settings.RECOVERY_INTERVAL))  # noqa: E731
-    steps += [("recovery", recover), ("wake", _wake), ("heartbeat", beat_now)]
-    for label, action in steps:
+    for label, action in (
+        *steps,
+        ("recovery", recover),
+        ("alerts", _flush_alerts),
+        ("wake", _wake),
+        ("heartbeat", beat_now),
+    ):
         try:
             action()
         except Exception:

@@ -35,6 +35,12 @@ key                                 type         holds
 ``outbox:probes``                   sorted set   destination -> when the wake check must look
                                                  at its parked messages (probe or unpark)
 ``outbox:gcra:<d>``                 string       GCRA theoretical arrival time (rate limit)
+``outbox:alert:sent:<e>:<d>``       string       set (NX, expiring) while alerts of event
+                                                 ``e`` about ``d`` are suppressed
+``outbox:alert:count:<e>:<d>``      hash         occurrences of ``e`` about ``d`` no alert
+                                                 reported yet: n, since, last; expire 7 days
+``outbox:alert:flush``              sorted set   ``<e>|<d>`` -> when its suppression ends and
+                                                 the counted occurrences must be reported
 ==================================  ===========  ============================================
 
 Status index scores: ``pending`` and ``retrying`` by next_attempt_at (so due messages
@@ -121,3 +127,13 @@ class Keys:
 
     def gcra(self, destination: str) -> str:
         return f"{self.prefix}:gcra:{destination}"
+
+    def alert_sent(self, event: str, destination: str) -> str:
+        return f"{self.prefix}:alert:sent:{event}:{destination}"
+
+    def alert_count(self, event: str, destination: str) -> str:
+        return f"{self.prefix}:alert:count:{event}:{destination}"
+
+    @property
+    def alert_flush(self) -> str:
+        return f"{self.prefix}:alert:flush"

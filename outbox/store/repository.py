@@ -174,6 +174,17 @@ class Claim:
     events: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class AlertWindow:
+    """An alert that goes now (:meth:`MessageRepository.alert_window`): ``count``
+    occurrences since ``since`` (epoch seconds) that no alert reported yet, the newest
+    one's detail as JSON in ``last``."""
+
+    count: int
+    since: float
+    last: str
+
+
 @dataclass
 class BulkResult:
     """The reply of :meth:`MessageRepository.bulk_transition`: the ids changed and the
@@ -509,6 +520,57 @@ class MessageRepository:
             self.connection.zrangebyscore(self.keys.probes, "-inf", repr(now), start=0, num=limit),
         )
         return [raw.decode() for raw in rows]
+
+    def alert_window(
+        self,
+        event: str,
+        destination: str,
+        *,
+        add: int,
+        since: float,
+        now: float,
+        window: float,
+        trailing: bool,
+        last: str = "",
+    ) -> AlertWindow | None:
+        """Count ``add`` occurrences of ``event`` about ``destination`` and open its
+        suppression window if none is open (``lua/alert.lua``, atomic across workers).
+
+        Args:
+            add: occurrences to count (0: a trailing flush, see :meth:`alerts_to_flush`).
+            since: epoch seconds of the first of them.
+            window: suppression window in seconds.
+            trailing: when suppressed, schedule a flush at the window's end.
+            last: JSON detail of the newest occurrence.
+
+        Returns:
+            An :class:`AlertWindow` when the alert goes now (the count is taken), None
+            when suppressed or a flush has nothing to report.
+        """
+        reply = self.run_script(
+            "alert",
+            [
+                self.keys.prefix,
+                event,
+                destination,
+                add,
+                repr(since),
+                repr(now),
+                max(1, int(window * 1000)),
+                "1" if trailing else "0",
+                last,
+            ],
+        )
+        if int(reply[0]) != 1:
+            return None
+        n, first, newest = reply[1:4]
+        return AlertWindow(int(n or 0), float(first) if first else now, newest.decode() if newest else "")
+
+    def alerts_to_flush(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
+        """(event, destination) pairs whose suppression window has ended with occurrences
+        not reported yet (``outbox:alert:flush``), oldest first."""
+        raw = self.connection.zrangebyscore(self.keys.alert_flush, "-inf", repr(now), start=0, num=limit)
+        return [tuple(r.decode().split("|", 1)) for r in raw]  # type: ignore[misc]
 
     def bulk_transition(
         self,
