@@ -191,7 +191,7 @@ def _alert_checks() -> list[CheckMessage]:
     problems = channel_problems(config)
     if problems:
         return [Error(p, id="outbox.E007") for p in problems]
-    found = []
+    found: list[CheckMessage] = []
     if config.email_admins and not admin_addresses():
         found.append(
             Warning(

@@ -263,15 +263,12 @@ def run_housekeeping_once(*, relay: bool = True) -> None:
     """One relay, recovery, alerts and wake pass, each step's errors logged (``--burst``, tests)."""
     from .recovery import recover
 
+    def beat_now() -> None:
+        beat(float(outbox_settings.RECOVERY_INTERVAL))
+
     steps: list[tuple[str, Callable[[], object]]] = [("relay", _relay)] if relay else []
-    beat_now = lambda: beat(float(outbox_settings.RECOVERY_INTERVAL))  # noqa: E731
-    for label, action in (
-        *steps,
-        ("recovery", recover),
-        ("alerts", _flush_alerts),
-        ("wake", _wake),
-        ("heartbeat", beat_now),
-    ):
+    steps += [("recovery", recover), ("alerts", _flush_alerts), ("wake", _wake), ("heartbeat", beat_now)]
+    for label, action in steps:
         try:
             action()
         except Exception:

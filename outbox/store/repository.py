@@ -569,8 +569,12 @@ class MessageRepository:
     def alerts_to_flush(self, now: float, limit: int = 100) -> list[tuple[str, str]]:
         """(event, destination) pairs whose suppression window has ended with occurrences
         not reported yet (``outbox:alert:flush``), oldest first."""
-        raw = self.connection.zrangebyscore(self.keys.alert_flush, "-inf", repr(now), start=0, num=limit)
-        return [tuple(r.decode().split("|", 1)) for r in raw]  # type: ignore[misc]
+        raw = cast(
+            Members,
+            self.connection.zrangebyscore(self.keys.alert_flush, "-inf", repr(now), start=0, num=limit),
+        )
+        pairs = [r.decode().split("|", 1) for r in raw]
+        return [(p[0], p[1]) for p in pairs if len(p) == 2]
 
     def bulk_transition(
         self,
