@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
 
 from . import actions
-from .actions import ActionResult, Progress
-from .records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES
+from .actions import ActionResult, Applied, Progress
+from .records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
 from .store import MessageRepository
 from .store.queries import (
     CHUNK,
@@ -37,12 +37,15 @@ class Operation:
     """A bulk operation.
 
     Attributes:
-        name: ``requeue``, ``cancel`` or ``delete`` (the function in :mod:`outbox.actions`).
+        name: ``requeue``, ``retry_now``, ``cancel`` or ``delete`` (the function in
+            :mod:`outbox.actions`).
         label: the verb for buttons and menus.
         past: the past participle for reports.
         codename: the permission codename on ``outbox.Message``.
         statuses: the statuses it acts on; messages in others are skipped.
         consequences: what happens, for the confirmation page.
+        not_yet_due: "all matching" acts only on messages whose next attempt is after
+            the time the user confirmed (those already due need nothing).
     """
 
     name: str
@@ -51,15 +54,22 @@ class Operation:
     codename: str
     statuses: tuple[str, ...]
     consequences: tuple[str, ...]
+    not_yet_due: bool = False
 
     @property
     def permission(self) -> str:
         """The permission name for ``user.has_perm``."""
         return f"outbox.{self.codename}"
 
-    def run(self, ids: Iterable[str], progress: Progress | None = None) -> ActionResult:
+    def run(
+        self,
+        ids: Iterable[str],
+        progress: Progress | None = None,
+        applied: Applied | None = None,
+        **options: Any,
+    ) -> ActionResult:
         """Act on ``ids`` in batches; see :mod:`outbox.actions`."""
-        return getattr(actions, self.name)(ids, progress=progress)
+        return getattr(actions, self.name)(ids, progress=progress, applied=applied, **options)
 
 
 REQUEUE = Operation(
@@ -75,6 +85,20 @@ REQUEUE = Operation(
         "Only failed, cancelled and succeeded messages are requeued; requeuing a succeeded "
         "message delivers it again. Messages in other statuses are skipped.",
     ),
+)
+RETRY_NOW = Operation(
+    name="retry_now",
+    label="Retry now",
+    past="made due now",
+    codename="requeue_message",
+    statuses=(Status.RETRYING.value,),
+    consequences=(
+        "Each retrying message is due now: its backoff wait is skipped and its queue is woken.",
+        "Its retry count is kept: the retries it has left are unchanged (requeue would reset them).",
+        "Only retrying messages are affected; with “all matching”, only those whose next "
+        "attempt was still to come. Messages in other statuses are skipped.",
+    ),
+    not_yet_due=True,
 )
 CANCEL = Operation(
     name="cancel",
@@ -102,7 +126,7 @@ DELETE = Operation(
         "Messages being sent right now are skipped.",
     ),
 )
-OPERATIONS: dict[str, Operation] = {op.name: op for op in (REQUEUE, CANCEL, DELETE)}
+OPERATIONS: dict[str, Operation] = {op.name: op for op in (REQUEUE, RETRY_NOW, CANCEL, DELETE)}
 
 
 @dataclass
@@ -126,6 +150,15 @@ class Selection:
     def all_matching(self) -> bool:
         return self.ids is None
 
+    def filter_for(self, op: Operation) -> MessageFilter:
+        """The filter "all matching" walks for ``op`` (an operation on messages not yet
+        due looks only after :attr:`as_of`, a microsecond later)."""
+        if not op.not_yet_due:
+            return self.filter
+        due = self.filter.due
+        start = self.as_of + 1e-6 if due.start is None else max(due.start, self.as_of + 1e-6)
+        return replace(self.filter, due=TimeRange(start, due.end))
+
     def count(self, repo: MessageRepository, op: Operation) -> Count:
         """How many of the selected messages ``op`` would act on now."""
         if self.ids is not None:
@@ -135,15 +168,15 @@ class Selection:
                     s in op.statuses for s in repo.resend_field(self.ids[start : start + CHUNK], "status")
                 )
             return Count(n, True)
-        return count_matching(repo, self.filter, eligible_statuses(self.filter, op.statuses))
+        flt = self.filter_for(op)
+        return count_matching(repo, flt, eligible_statuses(flt, op.statuses))
 
     def iter_ids(self, repo: MessageRepository, op: Operation) -> Iterator[str]:
         """Every selected id ``op`` may act on, walking indexes in batches."""
         if self.ids is not None:
             return iter(self.ids)
-        batches = iter_matching(
-            repo, self.filter, eligible_statuses(self.filter, op.statuses), as_of=self.as_of
-        )
+        flt = self.filter_for(op)
+        batches = iter_matching(repo, flt, eligible_statuses(flt, op.statuses), as_of=self.as_of)
         return chain.from_iterable(batches)
 
     # -- for background jobs (RQ pickles arguments; keep them plain) ---------------
@@ -157,6 +190,10 @@ class Selection:
                 "queue": f.queue,
                 "created": [f.created.start, f.created.end],
                 "updated": [f.updated.start, f.updated.end],
+                "status_code": f.status_code,
+                "error_class": f.error_class,
+                "due": [f.due.start, f.due.end],
+                "batch": f.batch,
             },
             "as_of": self.as_of,
             "description": self.description,
@@ -171,21 +208,33 @@ class Selection:
             queue=f["queue"],
             created=TimeRange(*f["created"]),
             updated=TimeRange(*f["updated"]),
+            status_code=f.get("status_code"),
+            error_class=f.get("error_class"),
+            due=TimeRange(*f.get("due", (None, None))),
+            batch=f.get("batch"),
         )
         return cls(ids=data["ids"], filter=flt, as_of=data["as_of"], description=data["description"])
 
 
 def execute(
-    repo: MessageRepository, op: Operation, selection: Selection, progress: Progress | None = None
+    repo: MessageRepository,
+    op: Operation,
+    selection: Selection,
+    progress: Progress | None = None,
+    applied: Applied | None = None,
 ) -> ActionResult:
     """Run ``op`` on the selection now, in batches of 1,000 ids; ``progress(acted, skipped)``
-    is called after each batch.
+    is called after each batch, ``applied(ids)`` with the ids each batch acted on (e.g. a
+    :class:`outbox.batches.BatchRecorder`, to list exactly those messages afterwards).
 
     Returns:
         How many messages were acted on, and how many were skipped (in another status,
         changed meanwhile, or gone).
     """
-    return op.run(selection.iter_ids(repo, op), progress)
+    options: dict[str, Any] = {}
+    if op.not_yet_due and selection.all_matching:
+        options["due_by"] = selection.as_of  # moved messages land before the walk (see retry_now)
+    return op.run(selection.iter_ids(repo, op), progress, applied, **options)
 
 
 def report(op: Operation, result: ActionResult, description: str) -> str:

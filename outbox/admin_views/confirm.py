@@ -13,6 +13,9 @@ Flow (all mutations are POSTs through the admin's CSRF protection):
    Lua call) and the user is sent back with a report "N requeued, M skipped".
    Larger selections (or ones whose size a bounded scan could not pin down) run as a
    background RQ job (:mod:`.tasks`) and the user is sent to its progress page.
+4. The ids acted on are kept as a batch (:mod:`outbox.batches`, 24 hours): the report
+   links to the list of exactly those messages (``?batch=<token>``). Deleted messages
+   are gone, so a delete keeps no batch.
 
 Every step checks the operation's permission (403 otherwise), and each action is
 recorded in the admin history (LogEntry) with the user.
@@ -35,8 +38,10 @@ from django.http import (
     QueryDict,
 )
 from django.template.response import TemplateResponse
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
+from ..batches import BatchRecorder
 from ..connection import get_repository
 from ..operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
 from . import tasks
@@ -167,8 +172,11 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
             ),
         )
 
+    recorder = BatchRecorder(repo) if op.name != "delete" else None
     if background:
-        job_id = tasks.start(op, selection, request.user.pk, count.n)
+        job_id = tasks.start(
+            op, selection, request.user.pk, count.n, batch=recorder.token if recorder else None
+        )
         record(
             request.user.pk,
             op,
@@ -177,12 +185,26 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
         )
         return HttpResponseRedirect(url(model_admin, "message_action_status", job_id))
 
-    result = execute(repo, op, selection)
+    result = execute(repo, op, selection, applied=recorder)
     text = report(op, result, selection.description)
     single = selection.ids[0] if selection.ids is not None and len(selection.ids) == 1 else None
     record(request.user.pk, op, text, object_id=single)
-    (messages.success if result.acted else messages.warning)(request, text)
+    shown: str = text
+    if recorder is not None and result.acted:
+        shown = format_html(
+            '{} <a href="{}" class="outbox-batch-link">Show the {} messages {}</a>',
+            text,
+            batch_url(model_admin, recorder.token),
+            f"{result.acted:,}",
+            op.past,
+        )
+    (messages.success if result.acted else messages.warning)(request, shown)
     return HttpResponseRedirect(next_url)
+
+
+def batch_url(model_admin: ModelAdmin, token: str) -> str:
+    """The message list of exactly the messages of one batch."""
+    return url(model_admin, "message_list") + "?" + urlencode({"batch": token})
 
 
 @console_view
@@ -201,5 +223,11 @@ def action_status(model_admin: ModelAdmin, request: HttpRequest, job_id: str) ->
     return TemplateResponse(
         request,
         f"{TEMPLATES}/action_status.html",
-        context(model_admin, request, f"{OPERATIONS[task.operation].label} in progress", task=task),
+        context(
+            model_admin,
+            request,
+            f"{OPERATIONS[task.operation].label} in progress",
+            task=task,
+            batch_url=batch_url(model_admin, task.batch) if task.batch and task.acted else "",
+        ),
     )

@@ -11,6 +11,10 @@ parameter          meaning
 ``created_to``     created at or before
 ``updated_from``   last status change at or after
 ``updated_to``     last status change at or before
+``status_code``    HTTP status of the last attempt (e.g. ``503``)
+``error_class``    kind of the last failure (``http``, ``timeout``, ``ConnectError`` ...)
+``batch``          the messages one bulk action acted on (its token, see
+                   :mod:`outbox.batches`)
 ``q``              search: a message id or an idempotency key (exact, as typed:
                    surrounding spaces are kept, a key may have them)
 ``o``              sort: ``created``, ``updated`` or ``next_attempt``; ``-`` prefix
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from django.utils.http import urlencode
 
+from ..batches import is_token
 from ..records import STATUSES
 from ..store.queries import SORT_FIELDS, MessageFilter, TimeRange, find
 from ..times import MAX_EPOCH, parse_time
@@ -35,7 +40,8 @@ from ..times import MAX_EPOCH, parse_time
 if TYPE_CHECKING:
     from ..store.repository import MessageRepository
 
-FILTER_PARAMS = ("status", "destination", "queue", "created_from", "created_to", "updated_from", "updated_to")
+TIME_PARAMS = ("created_from", "created_to", "updated_from", "updated_to")
+FILTER_PARAMS = ("status", "destination", "queue", *TIME_PARAMS, "status_code", "error_class", "batch")
 SEARCH_PARAM = "q"
 SORT_PARAM = "o"
 PAGE_PARAM = "p"
@@ -142,8 +148,26 @@ def parse_filter(
         values[name] = value or None
         if value:
             params[name] = value
+    status_code: int | None = None
+    raw = (data.get("status_code") or "").strip()
+    if raw:
+        if raw.isdigit() and 100 <= int(raw) <= 599:
+            status_code = int(raw)
+            params["status_code"] = raw
+        else:
+            errors.append(f"HTTP status code {raw[:40]!r} is not a number from 100 to 599; ignored.")
+    error_class = (data.get("error_class") or "").strip()[:64] or None
+    if error_class:
+        params["error_class"] = error_class
+    batch = (data.get("batch") or "").strip() or None
+    if batch:
+        if is_token(batch):
+            params["batch"] = batch
+        else:
+            errors.append(f"Batch {batch[:40]!r} is not a batch token; ignored.")
+            batch = None
     bounds: dict[str, float | None] = {}
-    for name in FILTER_PARAMS[3:]:
+    for name in TIME_PARAMS:
         raw = (data.get(name) or "").strip()
         bounds[name] = None
         if not raw:
@@ -160,6 +184,9 @@ def parse_filter(
         queue=values["queue"],
         created=TimeRange(bounds["created_from"], bounds["created_to"]),
         updated=TimeRange(bounds["updated_from"], bounds["updated_to"]),
+        status_code=status_code,
+        error_class=error_class,
+        batch=batch,
     )
     return flt, params, errors
 
@@ -196,7 +223,8 @@ def describe(params: Mapping[str, str]) -> str:
     parts = []
     for name in FILTER_PARAMS:
         if params.get(name):
-            parts.append(f"{name.replace('_', ' ')} {params[name]}")
+            label = "HTTP status" if name == "status_code" else name.replace("_", " ")
+            parts.append(f"{label} {params[name]}")
     if params.get(SEARCH_PARAM):
         parts.append(f"search {params[SEARCH_PARAM]!r}")
     return ", ".join(parts) if parts else "no filter"

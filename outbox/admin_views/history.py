@@ -9,7 +9,7 @@ from ..models import Message
 from ..operations import Operation
 
 #: The admin history's action flag per operation.
-LOG_FLAGS = {"requeue": CHANGE, "cancel": CHANGE, "delete": DELETION}
+LOG_FLAGS = {"requeue": CHANGE, "retry_now": CHANGE, "cancel": CHANGE, "delete": DELETION}
 
 
 def record(user_id: int, op: Operation, text: str, object_id: str | None = None) -> LogEntry:

@@ -14,6 +14,13 @@ succeeded/failed/cancelled  updated (entered status) latest first
 ==========================  =======================  ==============================
 
 Another sort is refused with a note (never a sort of a million rows in Python).
+A batch (``?batch=<token>``, the messages one bulk action acted on) is listed in the
+order they were acted on.
+
+The HTTP status code and error class filters have no index of their own: the page
+checks at most :data:`~outbox.store.queries.SCAN_LIMIT` entries of the index serving
+the rest of the filter and says so ("only the first N of M were checked"); bulk
+actions on "all matching" check every entry. See :mod:`outbox.store.queries`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from ..batches import TTL as BATCH_TTL
 from ..conf import outbox_settings
 from ..connection import get_repository
 from ..records import STATUSES, Message
@@ -57,6 +65,10 @@ class Row:
     next_attempt: datetime | None
     last_error: str
     last_error_full: str
+    status_code: int | None
+    error_class: str
+    code_url: str
+    class_url: str
     created: datetime | None
     updated: datetime | None
     queue: str
@@ -105,8 +117,9 @@ def shown_error(message: Message) -> str:
     )
 
 
-def _row(model_admin: ModelAdmin, m: Message) -> Row:
+def _row(model_admin: ModelAdmin, m: Message, query: ListQuery) -> Row:
     error = shown_error(m)
+    code = m.last_status_code
     return Row(
         id=m.id,
         url=url(model_admin, "message_detail", m.id),
@@ -117,7 +130,13 @@ def _row(model_admin: ModelAdmin, m: Message) -> Row:
         max_retries=m.max_retries,
         next_attempt=moment(m.next_attempt_at),
         last_error=shorten(error, 120),
-        last_error_full=shorten(error, 500),
+        last_error_full=error,
+        status_code=code,
+        error_class=m.last_error_class,
+        code_url=query.querystring(status_code=code, **{SEARCH_PARAM: None}) if code is not None else "",
+        class_url=query.querystring(error_class=m.last_error_class, **{SEARCH_PARAM: None})
+        if m.last_error_class
+        else "",
         created=moment(m.created_at),
         updated=moment(m.updated_at),
         queue=m.queue,
@@ -138,7 +157,7 @@ def _choices(
 
 
 def _columns(query: ListQuery, sort: str, descending: bool) -> list[Column]:
-    served = served_sorts(query.filter.status)
+    served = () if query.filter.batch else served_sorts(query.filter.status)
     columns = []
     for name, label in SORT_LABELS.items():
         if name not in served:
@@ -166,7 +185,11 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     notes: list[str] = []
 
     sort, descending = default_sort(flt.status)
-    if query.sort:
+    if flt.batch:
+        sort, descending = "", False  # the order the action acted on them
+        if query.sort:
+            notes.append("A batch is listed in the order its messages were acted on; the sort is ignored.")
+    elif query.sort:
         if query.sort in served_sorts(flt.status):
             sort, descending = query.sort, query.descending
         else:
@@ -190,9 +213,15 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
                 f"No index serves the {' and '.join(result.plan.limits)} filter, so only the first "
                 f"{scanned:,} of {result.index_total:,} messages were checked: {total:,} of them match. "
                 "Narrow the list by status, destination or a time range the index serves "
-                "(created without a status; updated with a finished status) to see the rest."
+                "(created without a status; updated with a finished status) to see the rest. "
+                "Actions on all matching messages check every one."
             )
-    rows = [_row(model_admin, m) for m in summaries(repo, ids) if m is not None]
+        if flt.batch and not result.index_total:
+            notes.append(
+                f"Batch {flt.batch} holds no messages: it expired ({BATCH_TTL // 3600} hours after "
+                "its action) or never existed."
+            )
+    rows = [_row(model_admin, m, query) for m in summaries(repo, ids) if m is not None]
 
     paginator = Paginator(range(total), per_page)
     page_links = []
@@ -214,7 +243,8 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             model_admin,
             request,
             f"{flt.status.capitalize() if flt.status else 'All'} messages"
-            + (f" to {flt.destination}" if flt.destination else ""),
+            + (f" to {flt.destination}" if flt.destination else "")
+            + (f" of batch {flt.batch}" if flt.batch else ""),
             query=query,
             rows=rows,
             total=total,
@@ -233,7 +263,14 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             hidden_filters=sorted(query.filter_params.items()),
             clear_url=query.querystring(**{k: None for k in query.params}),
             time_form_hidden=[
-                (k, v) for k, v in query.params.items() if k in ("status", "destination", "queue", "o")
+                (k, v)
+                for k, v in query.params.items()
+                if k in ("status", "destination", "queue", "o", "status_code", "error_class", "batch")
+            ],
+            error_form_hidden=[
+                (k, v)
+                for k, v in query.params.items()
+                if k not in ("status_code", "error_class", SEARCH_PARAM, "p")
             ],
             time_zone=timezone.get_current_timezone_name(),
             time_zone_label=time_zone_label(),

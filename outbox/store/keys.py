@@ -20,6 +20,8 @@ key                                 type         holds
                                                  destination ``d`` (``n`` = len(d)); expires
 ``outbox:lock:<name>``              string       short-lived locks (recovery sweep)
 ``outbox:stats:<outcome>:<minute>`` string       outcome counters per minute (expire)
+``outbox:batch:<token>``            sorted set   ids one bulk action acted on, scored by
+                                                 order (expires; see ``outbox.batches``)
 ==================================  ===========  ============================================
 
 Status index scores: ``pending`` and ``retrying`` by next_attempt_at (so due messages
@@ -80,6 +82,9 @@ class Keys:
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"
+
+    def batch(self, token: str) -> str:
+        return f"{self.prefix}:batch:{token}"
 
     def stats(self, outcome: str, minute: int) -> str:
         return f"{self.prefix}:stats:{outcome}:{minute}"
