@@ -45,7 +45,9 @@ def messages_of(response) -> list[str]:
 
 def batch_links(response) -> list[str]:
     """The batch links ("Show the N messages requeued") of the messages shown to the user."""
-    return [unescape(h) for m in response.wsgi_request._messages for h in re.findall(r'href="([^"]+)"', str(m))]
+    return [
+        unescape(h) for m in response.wsgi_request._messages for h in re.findall(r'href="([^"]+)"', str(m))
+    ]
 
 
 # -- selected messages ---------------------------------------------------------------
