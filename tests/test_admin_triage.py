@@ -305,3 +305,34 @@ def test_background_action_links_its_batch(admin_client, repo, monkeypatch, work
     html = text_of(admin_client.get(status_url))
     link = unescape(re.search(r'href="([^"]+)" id="task-batch"', html).group(1))
     assert set(listed_ids(text_of(admin_client.get(link)))) == ids(failed)
+
+
+# -- 6. the host each attempt went to ---------------------------------------------------------
+def test_detail_names_the_host_of_each_attempt(admin_client, hook, worker):
+    host = hook.url.split("/")[2]  # 127.0.0.1:<port>
+    (m,) = fail_with(hook, worker, 503, 1)
+    attempts = outbox.attempts(m.id)
+    assert len(attempts) == 4 and {a.host for a in attempts} == {host}
+    assert outbox.get(m.id).last_error.endswith(f"(host {host})")
+    html = text_of(admin_client.get(u("message_detail", m.id)))
+    assert html.count(f'<td class="attempt-host">{host}</td>') == 4
+    assert f"HTTP 503 Service Unavailable: nope (host {host})" in html
+    assert '<td id="message-error-class">http</td>' in html
+
+
+def test_a_connection_error_names_the_host(admin_client, worker):
+    with hook_settings("http://127.0.0.1:9/hook", OPTIONS={"allow_private_networks": True}):
+        m = outbox.send("hook", {"x": 1}, max_retries=0)
+        worker()
+    got = outbox.get(m.id)
+    assert got.status == "failed" and got.last_error_class == "ConnectError"
+    assert got.last_error.startswith("ConnectError: ") and got.last_error.endswith("(host 127.0.0.1:9)")
+    assert outbox.attempts(m.id)[0].host == "127.0.0.1:9"
+
+
+def test_url_host_hides_credentials():
+    from outbox.transports.webhook import url_host
+
+    assert url_host("https://user:pw@api.example.com/x") == "api.example.com"
+    assert url_host("http://api.example.com:8080/x") == "api.example.com:8080"
+    assert url_host("http://[::1]:8000/") == "[::1]:8000"

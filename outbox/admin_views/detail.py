@@ -36,7 +36,8 @@ EXTENSIONS = {
 
 @dataclass
 class AttemptRow:
-    """One attempt as shown: when, how long (ms), outcome, HTTP status, error, worker."""
+    """One attempt as shown: when, how long (ms), outcome, HTTP status, error, worker,
+    the kind of error and the host it went to ("" when not recorded)."""
 
     started: datetime | None
     duration_ms: float
@@ -45,6 +46,8 @@ class AttemptRow:
     error: str
     worker: str
     retry_count: int
+    error_class: str = ""
+    host: str = ""
 
 
 def _get(message_id: str) -> Message:
@@ -57,7 +60,15 @@ def _get(message_id: str) -> Message:
 def _attempt_row(a: Attempt, secrets: list[str]) -> AttemptRow:
     error = redact(a.error or "", secrets=secrets)
     return AttemptRow(
-        moment(a.started_at), a.duration_ms, a.outcome, a.status_code, error, a.worker, a.retry_count
+        moment(a.started_at),
+        a.duration_ms,
+        a.outcome,
+        a.status_code,
+        error,
+        a.worker,
+        a.retry_count,
+        a.error_class or "",
+        a.host or "",
     )
 
 
