@@ -243,3 +243,39 @@ def report(op: Operation, result: ActionResult, description: str) -> str:
     if result.skipped:
         text += f", {result.skipped:,} skipped (in another status or changed meanwhile)"
     return text + "."
+
+
+def recover_selection(destination: str, since: float, as_of: float | None = None) -> Selection:
+    """The dead letters of ``destination`` that failed at or after ``since`` (epoch
+    seconds) and up to ``as_of`` (default now): what "Recover since" requeues.
+
+    The ``failed`` index of one destination is scored by the time a message failed, so
+    this is an exact score range (ZCOUNT / ZRANGEBYSCORE), whatever the number of messages.
+    """
+    return Selection(
+        filter=MessageFilter(
+            status=Status.FAILED.value, destination=destination, updated=TimeRange(since, None)
+        ),
+        as_of=time.time() if as_of is None else as_of,
+        description=f"dead letters of {destination} failed since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))}",
+    )
+
+
+def recover_since(
+    repo: MessageRepository,
+    destination: str,
+    since: float,
+    *,
+    as_of: float | None = None,
+    progress: Progress | None = None,
+    applied: Applied | None = None,
+) -> ActionResult:
+    """Requeue the dead letters of ``destination`` that failed since ``since`` (see
+    :func:`recover_selection`): each goes back to pending with a fresh retry budget.
+    Typically ``since`` is when the destination started failing
+    (:attr:`outbox.health.DestinationHealth.failing_since`), after it recovered.
+
+    Returns:
+        How many were requeued and how many skipped (changed meanwhile).
+    """
+    return execute(repo, REQUEUE, recover_selection(destination, since, as_of), progress, applied)
