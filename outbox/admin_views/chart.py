@@ -142,6 +142,15 @@ class LatencyChart:
     def baseline(self) -> int:
         return self.height - self.bottom
 
+    @property
+    def p50_points(self) -> list[tuple[str, str]]:
+        """(x, y) of each p50 point, for markers (a lone minute draws no line)."""
+        return [tuple(p.split(",")) for p in self.p50.split()]  # type: ignore[misc]
+
+    @property
+    def p95_points(self) -> list[tuple[str, str]]:
+        return [tuple(p.split(",")) for p in self.p95.split()]  # type: ignore[misc]
+
 
 def latency_chart(
     minutes: Sequence[int],

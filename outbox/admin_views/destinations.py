@@ -233,7 +233,6 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
             can_manage=can_manage,
             can_recover=can_recover and name in outbox_settings.DESTINATIONS,
             since=moment(since),
-            since_value=repr(since),
             status_links=[
                 (s, n, _list_url(model_admin, destination=name, status=s)) for s, n in counts.items()
             ],

@@ -7,7 +7,7 @@
   if (!box) return;
   var state = document.getElementById("auto-refresh-state");
   var key = "outbox.autoRefresh";
-  var period = (parseInt(box.getAttribute("data-seconds"), 10) || 15) * 1000;
+  function period() { return (parseFloat(box.getAttribute("data-seconds")) || 15) * 1000; }
   var timer = null;
   try { box.checked = window.localStorage.getItem(key) === "on"; } catch (e) { /* storage off */ }
 
@@ -24,7 +24,7 @@
 
   function schedule() {
     window.clearTimeout(timer);
-    if (box.checked) timer = window.setTimeout(tick, period);
+    if (box.checked) timer = window.setTimeout(tick, period());
     else say("");
   }
 
