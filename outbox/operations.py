@@ -14,6 +14,9 @@ from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
 
+from django.utils.translation import gettext as _g
+from django.utils.translation import gettext_lazy as _
+
 from . import actions
 from .actions import ActionResult, Applied, Progress
 from .records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
@@ -74,56 +77,64 @@ class Operation:
 
 REQUEUE = Operation(
     name="requeue",
-    label="Requeue",
-    past="requeued",
+    label=_("Requeue"),
+    past=_("requeued"),
     codename="requeue_message",
     statuses=REQUEUEABLE_STATUSES,
     consequences=(
-        "Each message goes back to pending and is queued for delivery now.",
-        "Its retry count is reset to 0: it gets a fresh retry budget (its max retries).",
-        "Its attempt history is kept; new attempts are added to it.",
-        "Only failed, cancelled and succeeded messages are requeued; requeuing a succeeded "
-        "message delivers it again. Messages in other statuses are skipped.",
+        _("Each message goes back to pending and is queued for delivery now."),
+        _("Its retry count is reset to 0: it gets a fresh retry budget (its max retries)."),
+        _("Its attempt history is kept; new attempts are added to it."),
+        _(
+            "Only failed, cancelled and succeeded messages are requeued; requeuing a succeeded "
+            "message delivers it again. Messages in other statuses are skipped."
+        ),
     ),
 )
 RETRY_NOW = Operation(
     name="retry_now",
-    label="Retry now",
-    past="made due now",
+    label=_("Retry now"),
+    past=_("made due now"),
     codename="requeue_message",
     statuses=(Status.RETRYING.value,),
     consequences=(
-        "Each retrying message is due now: its backoff wait is skipped and its queue is woken.",
-        "Its retry count is kept: the retries it has left are unchanged (requeue would reset them).",
-        "Only retrying messages are affected; with “all matching”, only those whose next "
-        "attempt was still to come. Messages in other statuses are skipped.",
+        _("Each retrying message is due now: its backoff wait is skipped and its queue is woken."),
+        _("Its retry count is kept: the retries it has left are unchanged (requeue would reset them)."),
+        _(
+            "Only retrying messages are affected; with “all matching”, only those whose next "
+            "attempt was still to come. Messages in other statuses are skipped."
+        ),
     ),
     not_yet_due=True,
 )
 CANCEL = Operation(
     name="cancel",
-    label="Cancel",
-    past="cancelled",
+    label=_("Cancel"),
+    past=_("cancelled"),
     codename="cancel_message",
     statuses=CANCELLABLE_STATUSES,
     consequences=(
-        "Pending and retrying messages become cancelled and are not delivered; "
-        "delivery jobs already queued for them do nothing.",
-        "Their records and attempt history are kept; they can be requeued later.",
-        "Messages in other statuses (being sent right now, or finished) are skipped.",
+        _(
+            "Pending and retrying messages become cancelled and are not delivered; "
+            "delivery jobs already queued for them do nothing."
+        ),
+        _("Their records and attempt history are kept; they can be requeued later."),
+        _("Messages in other statuses (being sent right now, or finished) are skipped."),
     ),
 )
 DELETE = Operation(
     name="delete",
-    label="Delete",
-    past="deleted",
+    label=_("Delete"),
+    past=_("deleted"),
     codename="delete_message",
     statuses=DELETABLE_STATUSES,
     consequences=(
-        "The messages, their delivery state and their attempt history are removed "
-        "from Redis for good. This cannot be undone.",
-        "An idempotency key that points at a deleted message is released.",
-        "Messages being sent right now are skipped.",
+        _(
+            "The messages, their delivery state and their attempt history are removed "
+            "from Redis for good. This cannot be undone."
+        ),
+        _("An idempotency key that points at a deleted message is released."),
+        _("Messages being sent right now are skipped."),
     ),
 )
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (REQUEUE, RETRY_NOW, CANCEL, DELETE)}
@@ -239,9 +250,16 @@ def execute(
 
 def report(op: Operation, result: ActionResult, description: str) -> str:
     """The one-line report of a finished operation, for the user and the admin history."""
-    text = f"{op.label} {description}: {result.acted:,} {op.past}"
+    text = _g("%(label)s %(description)s: %(acted)s %(past)s") % {
+        "label": op.label,
+        "description": description,
+        "acted": f"{result.acted:,}",
+        "past": op.past,
+    }
     if result.skipped:
-        text += f", {result.skipped:,} skipped (in another status or changed meanwhile)"
+        text += _g(", %(skipped)s skipped (in another status or changed meanwhile)") % {
+            "skipped": f"{result.skipped:,}"
+        }
     return text + "."
 
 
@@ -257,7 +275,8 @@ def recover_selection(destination: str, since: float, as_of: float | None = None
             status=Status.FAILED.value, destination=destination, updated=TimeRange(since, None)
         ),
         as_of=time.time() if as_of is None else as_of,
-        description=f"dead letters of {destination} failed since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))}",
+        description=_g("dead letters of %(destination)s failed since %(since)s")
+        % {"destination": destination, "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))},
     )
 
 

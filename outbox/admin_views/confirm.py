@@ -40,6 +40,7 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.utils.translation import gettext as _
 
 from ..batches import BatchRecorder
 from ..connection import get_repository
@@ -89,26 +90,36 @@ def selection_from_post(data: QueryDict, now: float) -> Selection:
         search = search_text(data)
         if search:
             return Selection(
-                ids=search_ids(get_repository(), search), description=f"the messages found for {search!r}"
+                ids=search_ids(get_repository(), search),
+                description=_("the messages found for %(search)s") % {"search": repr(search)},
             )
         flt, params, errors = parse_filter(data, now)
         if errors:
-            raise InvalidSelection("The filter is not valid, so nothing was changed: " + " ".join(errors))
+            raise InvalidSelection(_("The filter is not valid, so nothing was changed: ") + " ".join(errors))
         try:
             as_of = parse_as_of(data.get("as_of"), now)
         except ValueError as exc:
-            raise InvalidSelection(f"{exc}; nothing was changed.") from None
-        return Selection(filter=flt, as_of=as_of, description=f"all messages matching {describe(params)}")
+            raise InvalidSelection(_("%(error)s; nothing was changed.") % {"error": exc}) from None
+        return Selection(
+            filter=flt,
+            as_of=as_of,
+            description=_("all messages matching %(filter)s") % {"filter": describe(params)},
+        )
     ids = list(dict.fromkeys(i for i in data.getlist("_selected_action") if i and len(i) <= MAX_ID_LENGTH))
     if not ids:
         raise SelectionError(
-            "Items must be selected in order to perform actions on them. No items have been changed."
+            _("Items must be selected in order to perform actions on them. No items have been changed.")
         )
     if len(ids) > MAX_SELECTED:
         raise SelectionError(
-            f"At most {MAX_SELECTED:,} messages can be selected; use “select all matching” instead."
+            _("At most %(n)s messages can be selected; use “select all matching” instead.")
+            % {"n": f"{MAX_SELECTED:,}"}
         )
-    noun = f"message {ids[0]}" if len(ids) == 1 else f"{len(ids):,} selected messages"
+    noun = (
+        _("message %(id)s") % {"id": ids[0]}
+        if len(ids) == 1
+        else _("%(n)s selected messages") % {"n": f"{len(ids):,}"}
+    )
     return Selection(ids=ids, description=noun)
 
 
@@ -136,7 +147,7 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
     next_url = _next_url(model_admin, request)
     op = OPERATIONS.get(request.POST.get("action", ""))
     if op is None:
-        messages.warning(request, "No action selected.")
+        messages.warning(request, _("No action selected."))
         return HttpResponseRedirect(next_url)
     if not request.user.has_perm(op.permission):
         raise PermissionDenied
@@ -158,7 +169,7 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
             context(
                 model_admin,
                 request,
-                f"{op.label} messages: are you sure?",
+                _("%(label)s messages: are you sure?") % {"label": op.label},
                 op=op,
                 selection=selection,
                 count=count,
@@ -192,11 +203,10 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
     shown: str = text
     if recorder is not None and result.acted:
         shown = format_html(
-            '{} <a href="{}" class="outbox-batch-link">Show the {} messages {}</a>',
+            '{} <a href="{}" class="outbox-batch-link">{}</a>',
             text,
             batch_url(model_admin, recorder.token),
-            f"{result.acted:,}",
-            op.past,
+            _("Show the %(n)s messages %(past)s") % {"n": f"{result.acted:,}", "past": op.past},
         )
     (messages.success if result.acted else messages.warning)(request, shown)
     return HttpResponseRedirect(next_url)
@@ -226,7 +236,7 @@ def action_status(model_admin: ModelAdmin, request: HttpRequest, job_id: str) ->
         context(
             model_admin,
             request,
-            f"{OPERATIONS[task.operation].label} in progress",
+            _("%(label)s in progress") % {"label": OPERATIONS[task.operation].label},
             task=task,
             batch_url=batch_url(model_admin, task.batch) if task.batch and task.acted else "",
         ),

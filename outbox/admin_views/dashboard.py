@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.http import urlencode
+from django.utils.translation import gettext as _
 
 from .. import health
 from ..conf import outbox_settings
@@ -152,7 +153,7 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         context(
             model_admin,
             request,
-            "Outbox dashboard",
+            _("Outbox dashboard"),
             status_counts=[StatusCount(s, counts[s], _list_url(model_admin, status=s)) for s in STATUSES],
             total=sum(counts.values()),
             destinations=destinations,

@@ -27,6 +27,8 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllow
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.http import urlencode
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
 
 from .. import health
 from ..batches import BatchRecorder
@@ -69,28 +71,40 @@ class StateAction:
 STATE_ACTIONS = {
     "pause": StateAction(
         "pause",
-        "Pause",
-        "No new attempt goes to this destination: its due messages wait (parked, not failed, "
-        "no retry charged) until it is resumed. Attempts in flight finish.",
+        gettext_lazy("Pause"),
+        gettext_lazy(
+            "No new attempt goes to this destination: its due messages wait (parked, not failed, "
+            "no retry charged) until it is resumed. Attempts in flight finish."
+        ),
     ),
     "resume": StateAction(
         "resume",
-        "Resume",
-        "Delivery starts again: the parked messages go back to their queue, oldest due first.",
+        gettext_lazy("Resume"),
+        gettext_lazy("Delivery starts again: the parked messages go back to their queue, oldest due first."),
     ),
     "disable": StateAction(
         "disable",
-        "Disable",
-        "Like pause, shown as disabled with a reason (for a receiver that is gone). "
-        "Its messages wait until it is enabled.",
+        gettext_lazy("Disable"),
+        gettext_lazy(
+            "Like pause, shown as disabled with a reason (for a receiver that is gone). "
+            "Its messages wait until it is enabled."
+        ),
     ),
     "enable": StateAction(
         "enable",
-        "Enable",
-        "Delivery starts again with a closed circuit breaker and the failure run forgotten: "
-        "the parked messages go back to their queue, oldest due first.",
+        gettext_lazy("Enable"),
+        gettext_lazy(
+            "Delivery starts again with a closed circuit breaker and the failure run forgotten: "
+            "the parked messages go back to their queue, oldest due first."
+        ),
     ),
 }
+
+
+PAUSED = gettext_lazy("Destination %(name)s paused")
+DISABLED = gettext_lazy("Destination %(name)s disabled")
+RESUMED = gettext_lazy("resumed")
+ENABLED = gettext_lazy("enabled")
 
 
 @dataclass
@@ -190,7 +204,7 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
     404 for a name neither configured nor ever used."""
     require_view(model_admin, request)
     if not _known(name):
-        raise Http404("No such destination.")
+        raise Http404(_("No such destination."))
     now = time.time()
     h = health.get_health(name)
     minutes = health.timeline(name, CHART_MINUTES)
@@ -212,7 +226,7 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
         context(
             model_admin,
             request,
-            f"Destination {name}",
+            _("Destination %(name)s") % {"name": name},
             name=name,
             h=h,
             window=window,
@@ -256,10 +270,10 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
     if not request.user.has_perm(MANAGE_PERMISSION):
         raise PermissionDenied
     if name not in outbox_settings.DESTINATIONS:
-        raise Http404("No such destination (only configured destinations can be paused).")
+        raise Http404(_("No such destination (only configured destinations can be paused)."))
     action = STATE_ACTIONS.get(request.POST.get("action", ""))
     if action is None:
-        raise BadRequest("Unknown destination action; expected pause, resume, disable or enable.")
+        raise BadRequest(_("Unknown destination action; expected pause, resume, disable or enable."))
     reason = (request.POST.get("reason") or "").strip()[:200]
     back = destination_url(model_admin, name)
     if request.POST.get("post") != "yes":
@@ -269,7 +283,7 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
             context(
                 model_admin,
                 request,
-                f"{action.label} destination {name}: are you sure?",
+                _("%(label)s destination %(name)s: are you sure?") % {"label": action.label, "name": name},
                 name=name,
                 action=action,
                 reason=reason,
@@ -282,10 +296,15 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
         )
     if action.name in ("pause", "disable"):
         getattr(health, action.name)(name, reason=reason)
-        text = f"Destination {name} {action.name}d" + (f" ({reason})" if reason else "") + "."
+        text = (PAUSED if action.name == "pause" else DISABLED) % {"name": name}
+        text = text + (f" ({reason})" if reason else "") + "."
     else:
         moved = getattr(health, action.name)(name)
-        text = f"Destination {name} {action.name}d: {moved:,} parked message{'s' if moved != 1 else ''} put back."
+        text = ngettext(
+            "Destination %(name)s %(done)s: %(n)s parked message put back.",
+            "Destination %(name)s %(done)s: %(n)s parked messages put back.",
+            moved,
+        ) % {"name": name, "done": RESUMED if action.name == "resume" else ENABLED, "n": f"{moved:,}"}
     record_change(request.user.pk, text, f"destination {name}")
     messages.success(request, text)
     return HttpResponseRedirect(back)
@@ -303,7 +322,7 @@ def _parse_since(raw: str | None, default: float, now: float) -> float:
     try:
         since = parse_time(raw.strip(), now)
     except ValueError as exc:
-        raise BadRequest(f"Recover since: {exc}; nothing was changed.") from None
+        raise BadRequest(_("Recover since: %(error)s; nothing was changed.") % {"error": exc}) from None
     return min(since, now)
 
 
@@ -322,7 +341,7 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
     if not request.user.has_perm(REQUEUE.permission):
         raise PermissionDenied
     if name not in outbox_settings.DESTINATIONS:
-        raise Http404("No such destination (only configured destinations can be recovered).")
+        raise Http404(_("No such destination (only configured destinations can be recovered)."))
     now = time.time()
     since = _parse_since(request.POST.get("since"), _default_since(health.get_health(name), now), now)
     repo = get_repository()
@@ -336,13 +355,15 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
             context(
                 model_admin,
                 request,
-                f"Recover destination {name}: are you sure?",
+                _("Recover destination %(name)s: are you sure?") % {"name": name},
                 name=name,
                 action=StateAction(
                     "recover",
-                    "Requeue",
-                    "Each dead letter goes back to pending with a fresh retry budget and is delivered "
-                    "again; its attempt history is kept.",
+                    _("Requeue"),
+                    _(
+                        "Each dead letter goes back to pending with a fresh retry budget and is delivered "
+                        "again; its attempt history is kept."
+                    ),
                 ),
                 recover=True,
                 count=count.n,
@@ -358,7 +379,7 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
     try:
         as_of = min(float(request.POST.get("as_of") or now), now)
     except ValueError:
-        raise BadRequest("as_of must be epoch seconds; nothing was changed.") from None
+        raise BadRequest(_("as_of must be epoch seconds; nothing was changed.")) from None
     recorder = BatchRecorder(repo)
     result = recover_since(repo, name, since, as_of=as_of, applied=recorder)
     text = report(REQUEUE, result, recover_selection(name, since, as_of).description)
@@ -367,10 +388,10 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
         messages.success(
             request,
             format_html(
-                '{} <a href="{}" class="outbox-batch-link">Show the {} messages requeued</a>',
+                '{} <a href="{}" class="outbox-batch-link">{}</a>',
                 text,
                 batch_url(model_admin, recorder.token),
-                f"{result.acted:,}",
+                _("Show the %(n)s messages requeued") % {"n": f"{result.acted:,}"},
             ),
         )
     else:

@@ -13,6 +13,7 @@ from django.contrib.admin.utils import unquote
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch
+from django.utils.translation import gettext as _
 
 from ..connection import get_repository
 from ..exceptions import MessageNotFound
@@ -94,7 +95,7 @@ def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: st
         context(
             model_admin,
             request,
-            f"Message {message.id}",
+            _("Message %(id)s") % {"id": message.id},
             message=message,
             created=moment(message.created_at),
             send_time=moment(message.send_time),

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from django.utils.http import urlencode
+from django.utils.translation import gettext as _
 
 from ..batches import is_token
 from ..records import STATUSES
@@ -143,7 +144,7 @@ def parse_filter(
     for name in ("status", "destination", "queue"):
         value = (data.get(name) or "").strip()
         if name == "status" and value and value not in STATUSES:
-            errors.append(f"Unknown status {value!r}; showing all statuses.")
+            errors.append(_("Unknown status %(value)s; showing all statuses.") % {"value": repr(value)})
             value = ""
         values[name] = value or None
         if value:
@@ -155,7 +156,10 @@ def parse_filter(
             status_code = int(raw)
             params["status_code"] = raw
         else:
-            errors.append(f"HTTP status code {raw[:40]!r} is not a number from 100 to 599; ignored.")
+            errors.append(
+                _("HTTP status code %(value)s is not a number from 100 to 599; ignored.")
+                % {"value": repr(raw[:40])}
+            )
     error_class = (data.get("error_class") or "").strip()[:64] or None
     if error_class:
         params["error_class"] = error_class
@@ -164,7 +168,7 @@ def parse_filter(
         if is_token(batch):
             params["batch"] = batch
         else:
-            errors.append(f"Batch {batch[:40]!r} is not a batch token; ignored.")
+            errors.append(_("Batch %(value)s is not a batch token; ignored.") % {"value": repr(batch[:40])})
             batch = None
     bounds: dict[str, float | None] = {}
     for name in TIME_PARAMS:
@@ -175,7 +179,10 @@ def parse_filter(
         try:
             bounds[name] = parse_time(raw, now)
         except ValueError as exc:
-            errors.append(f"{name.replace('_', ' ').capitalize()}: {exc}; ignored.")
+            errors.append(
+                _("%(name)s: %(error)s; ignored.")
+                % {"name": name.replace("_", " ").capitalize(), "error": exc}
+            )
             continue
         params[name] = raw
     flt = MessageFilter(
@@ -205,14 +212,14 @@ def parse_list_query(data: Mapping[str, str], now: float | None = None) -> ListQ
             sort, descending = name, raw_sort.startswith("-")
             params[SORT_PARAM] = raw_sort
         else:
-            errors.append(f"Unknown sort {raw_sort!r}; ignored.")
+            errors.append(_("Unknown sort %(value)s; ignored.") % {"value": repr(raw_sort)})
     page = 1
     raw_page = (data.get(PAGE_PARAM) or "").strip()
     if raw_page:
         try:
             page = max(1, int(raw_page))
         except ValueError:
-            errors.append(f"Page {raw_page!r} is not a number; showing page 1.")
+            errors.append(_("Page %(value)s is not a number; showing page 1.") % {"value": repr(raw_page)})
         else:
             params[PAGE_PARAM] = str(page)
     return ListQuery(flt, search, sort, descending, page, params, errors)

@@ -33,6 +33,8 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from ..batches import TTL as BATCH_TTL
 from ..conf import outbox_settings
@@ -48,7 +50,11 @@ from .formatting import moment, shorten
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
 
-SORT_LABELS = {"created": "Created", "updated": "Updated", "next_attempt": "Next attempt"}
+SORT_LABELS = {
+    "created": gettext_lazy("Created"),
+    "updated": gettext_lazy("Updated"),
+    "next_attempt": gettext_lazy("Next attempt"),
+}
 
 
 @dataclass
@@ -94,6 +100,16 @@ class Column:
     url: str | None
     sorted: bool
     descending: bool
+
+
+def list_title(status: str | None, destination: str | None, batch: str | None) -> str:
+    """The list's title: ``Failed messages to hook``, ``All messages of batch …``."""
+    title = _("%(status)s messages") % {"status": _(status).capitalize()} if status else _("All messages")
+    if destination:
+        title += " " + _("to %(destination)s") % {"destination": destination}
+    if batch:
+        title += " " + _("of batch %(batch)s") % {"batch": batch}
+    return title
 
 
 def time_zone_label() -> str:
@@ -188,16 +204,26 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     if flt.batch:
         sort, descending = "", False  # the order the action acted on them
         if query.sort:
-            notes.append("A batch is listed in the order its messages were acted on; the sort is ignored.")
+            notes.append(_("A batch is listed in the order its messages were acted on; the sort is ignored."))
     elif query.sort:
         if query.sort in served_sorts(flt.status):
             sort, descending = query.sort, query.descending
         else:
-            notes.append(
-                f"Sorting by {SORT_LABELS[query.sort].lower()} is not available "
-                f"{'for ' + flt.status + ' messages' if flt.status else 'without a status filter'}: "
-                f"they are listed by {SORT_LABELS[sort].lower()}, the order of the index that serves this list."
-            )
+            values = {"sort": str(SORT_LABELS[query.sort]).lower(), "served": str(SORT_LABELS[sort]).lower()}
+            if flt.status:
+                text = _(
+                    "Sorting by %(sort)s is not available for %(status)s messages: they are listed by "
+                    "%(served)s, the order of the index that serves this list."
+                ) % {**values, "status": flt.status}
+            else:
+                text = (
+                    _(
+                        "Sorting by %(sort)s is not available without a status filter: they are listed by "
+                        "%(served)s, the order of the index that serves this list."
+                    )
+                    % values
+                )
+            notes.append(text)
 
     exact, scanned = True, 0
     if query.search:
@@ -210,16 +236,26 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         ids, total, exact, scanned = result.ids, result.total, result.exact, result.scanned
         if not exact:
             notes.append(
-                f"No index serves the {' and '.join(result.plan.limits)} filter, so only the first "
-                f"{scanned:,} of {result.index_total:,} messages were checked: {total:,} of them match. "
-                "Narrow the list by status, destination or a time range the index serves "
-                "(created without a status; updated with a finished status) to see the rest. "
-                "Actions on all matching messages check every one."
+                _(
+                    "No index serves the %(limits)s filter, so only the first %(scanned)s of %(total)s "
+                    "messages were checked: %(matches)s of them match. Narrow the list by status, "
+                    "destination or a time range the index serves (created without a status; updated "
+                    "with a finished status) to see the rest. Actions on all matching messages check "
+                    "every one."
+                )
+                % {
+                    "limits": _(" and ").join(result.plan.limits),
+                    "scanned": f"{scanned:,}",
+                    "total": f"{result.index_total:,}",
+                    "matches": f"{total:,}",
+                }
             )
         if flt.batch and not result.index_total:
             notes.append(
-                f"Batch {flt.batch} holds no messages: it expired ({BATCH_TTL // 3600} hours after "
-                "its action) or never existed."
+                _(
+                    "Batch %(batch)s holds no messages: it expired (%(hours)s hours after its action) or never existed."
+                )
+                % {"batch": flt.batch, "hours": BATCH_TTL // 3600}
             )
     rows = [_row(model_admin, m, query) for m in summaries(repo, ids) if m is not None]
 
@@ -242,9 +278,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         context(
             model_admin,
             request,
-            f"{flt.status.capitalize() if flt.status else 'All'} messages"
-            + (f" to {flt.destination}" if flt.destination else "")
-            + (f" of batch {flt.batch}" if flt.batch else ""),
+            list_title(flt.status, flt.destination, flt.batch),
             query=query,
             rows=rows,
             total=total,
