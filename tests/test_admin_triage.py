@@ -332,6 +332,7 @@ def test_detail_names_the_host_of_each_attempt(admin_client, hook, worker):
     assert html.count(f'<td class="attempt-host">{host}</td>') == 4
     assert f"HTTP 503 Service Unavailable: nope (host {host})" in html
     assert '<td id="message-error-class">http</td>' in html
+    assert f'href="{u("destination", "hook")}" id="destination-page-link"' in html
 
 
 def test_a_connection_error_names_the_host(admin_client, worker):

@@ -111,6 +111,7 @@ def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: st
             attempts_kept=get_repository().attempts_kept,
             actions=actions,
             action_url=url(model_admin, "message_action"),
+            destination_url=url(model_admin, "destination", message.destination),
         ),
     )
 
