@@ -42,6 +42,7 @@ Keys are built only through ``repo.keys`` and ``repo.index_key``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -257,50 +258,32 @@ def created_at_of(message_id: str) -> float:
 
 
 def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
-    """The ids that pass the plan's per-id checks, in order (one round trip if records are read)."""
+    """The ids that pass the plan's per-id checks, in order: the created range from the
+    ids themselves, the rest where the records are (``lua/filter.lua``, one round trip,
+    read only; about a microsecond per id in Redis instead of a record shipped to Python)."""
     out = [i for i in ids if p.check_created.contains(created_at_of(i))] if p.check_created else list(ids)
     if not out or not p.reads_records:
         return out
-    pipe = repo.connection.pipeline(transaction=False)
-    for message_id in out:
-        pipe.hmget(repo.keys.resend(message_id), CHECKED_FIELDS)
-    kept = []
-    for message_id, values in zip(out, pipe.execute()):
-        if _passes(p, dict(zip(CHECKED_FIELDS, (v.decode() if v is not None else None for v in values)))):
-            kept.append(message_id)
-    return kept
+    return [raw.decode() for raw in repo.run_script("filter", [repo.keys.prefix, _checks_json(p), *out])]
 
 
-#: Resend-record fields :func:`check` reads.
-CHECKED_FIELDS = (
-    "queue",
-    "updated_at",
-    "last_status_code",
-    "last_error_class",
-    "next_attempt_at",
-    "status",
-    "destination",
-)
-
-
-def _passes(p: Plan, r: dict[str, str | None]) -> bool:
-    """True if a resend record's fields (None when absent) pass the plan's checks."""
-    if r["status"] is None:  # the message is gone
-        return False
-    for wanted, name in (
-        (p.check_queue, "queue"),
-        (p.check_class, "last_error_class"),
-        (p.check_status, "status"),
-        (p.check_destination, "destination"),
+def _checks_json(p: Plan) -> str:
+    """The plan's per-record checks as ``lua/filter.lua`` takes them (only those that apply)."""
+    checks: dict[str, object] = {}
+    for name, value in (
+        ("status", p.check_status),
+        ("queue", p.check_queue),
+        ("code", None if p.check_code is None else str(p.check_code)),
+        ("class", p.check_class),
+        ("destination", p.check_destination),
+        ("updated_lo", p.check_updated.start),
+        ("updated_hi", p.check_updated.end),
+        ("due_lo", p.check_due.start),
+        ("due_hi", p.check_due.end),
     ):
-        if wanted is not None and (r[name] or "") != wanted:
-            return False
-    if p.check_code is not None and r["last_status_code"] != str(p.check_code):
-        return False
-    for rng, name in ((p.check_updated, "updated_at"), (p.check_due, "next_attempt_at")):
-        if rng and not (r[name] and rng.contains(float(r[name]))):
-            return False
-    return True
+        if value is not None:
+            checks[name] = value
+    return json.dumps(checks)
 
 
 def count_range(repo: MessageRepository, p: Plan) -> int:
