@@ -3,8 +3,10 @@
 =============  =====================================================================
 id             problem
 =============  =====================================================================
-outbox.E001    ``OUTBOX`` has unknown keys or a value of the wrong type
-outbox.E002    a destination is malformed, or its transport refuses its options
+outbox.E001    ``OUTBOX`` has unknown keys or a value of the wrong type (also an invalid
+               global ``BREAKER``, ``RATE_LIMIT``, ``MAX_CONCURRENCY``, ``DISABLE_AFTER``)
+outbox.E002    a destination is malformed (its ``BREAKER``, ``RATE_LIMIT``... included), or
+               its transport refuses its options
 outbox.E003    an outbox queue is missing from ``RQ_QUEUES``
 outbox.E004    ``OUTBOX["REDIS_ALIAS"]`` is not a django-redis cache
 outbox.E005    ``OUTBOX["RETRY"]`` or ``MAX_RETRIES`` is invalid
@@ -44,6 +46,7 @@ from django.core.checks import Error, Warning, register
 from . import redis_health
 from .conf import DEFAULTS, PRIORITIES, outbox_settings
 from .destinations import configuration_errors, get_destination, validate_max_retries
+from .limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from .redaction import redact, secrets_for
 from .retry import RetryPolicy
 
@@ -129,6 +132,7 @@ def _check() -> list:
     except ValueError as exc:
         errors.append(Error(str(exc), id="outbox.E005"))
         return errors
+    errors += _protection_errors()
     destination_errors = configuration_errors()
     errors += [Error(message, id="outbox.E002") for message in destination_errors]
     if "VISIBILITY_TIMEOUT" not in not_positive and not destination_errors:
@@ -167,6 +171,23 @@ def _check() -> list:
                     id="outbox.W001",
                 )
             )
+    return errors
+
+
+def _protection_errors() -> list:
+    """outbox.E001: the global ``BREAKER``, ``RATE_LIMIT``, ``MAX_CONCURRENCY`` or
+    ``DISABLE_AFTER`` is invalid (each destination's own are reported as E002)."""
+    errors = []
+    for parse in (
+        lambda: BreakerConfig.parse(outbox_settings.BREAKER, {}, "OUTBOX['BREAKER']"),
+        lambda: RateLimit.parse(outbox_settings.RATE_LIMIT, "OUTBOX['RATE_LIMIT']"),
+        lambda: parse_max_concurrency(outbox_settings.MAX_CONCURRENCY, "OUTBOX['MAX_CONCURRENCY']"),
+        lambda: parse_disable_after(outbox_settings.DISABLE_AFTER, "OUTBOX['DISABLE_AFTER']"),
+    ):
+        try:
+            parse()
+        except ValueError as exc:
+            errors.append(Error(str(exc), id="outbox.E001"))
     return errors
 
 

@@ -152,6 +152,7 @@ class Decision:
     attempt: Attempt
     message: Message
     exhausted: bool = False
+    outcome: Outcome | None = None  # the attempt's result, logged once the decision is written
 
 
 def decide(
@@ -516,9 +517,10 @@ class _Run:
         self.outcomes.clear()
         announce(self.decided, results)
         for d, r in zip(self.decided, results, strict=True):
-            self.report.outcomes[d.message.id] = (
-                ("parked" if r.status != d.change.to else d.change.to) if r.applied else "stale"
-            )
+            written = ("parked" if r.status != d.change.to else d.change.to) if r.applied else "stale"
+            self.report.outcomes[d.message.id] = written
+            if d.outcome is not None:
+                log_attempt(d.outcome, d, written)
         self.decided.clear()
         self.next_due, self.held = claim.next_due, claim.held
         if claim.events:
@@ -560,7 +562,7 @@ class _Run:
             outcome = future.result()
             self.outcomes.append(health_outcome(outcome))
             decision = decide_outcome(outcome, time.time())
-            log_attempt(outcome, decision)
+            decision.outcome = outcome
             self.decided.append(decision)
 
     def release_unstarted(self, messages: Sequence[Message]) -> None:
@@ -613,21 +615,26 @@ ATTEMPT_LOG_LEVELS = {
     Status.SUCCEEDED.value: logging.INFO,
     Status.RETRYING.value: logging.WARNING,
     Status.FAILED.value: logging.ERROR,
+    "parked": logging.WARNING,
 }
 
 
-def log_attempt(outcome: Outcome, decision: Decision) -> None:
+def log_attempt(outcome: Outcome, decision: Decision, written: str | None = None) -> None:
     """One log line per attempt on the ``outbox`` logger: INFO when delivered, WARNING
-    when a retry follows, ERROR for a dead letter."""
+    when a retry follows or the message was parked (its destination held, no retry
+    charged), ERROR for a dead letter. ``written`` is what the write did (``"parked"``,
+    ``"stale"``...), the decided status by default."""
+    status = written or decision.change.to
+    parked = status == "parked"
     logger.log(
-        ATTEMPT_LOG_LEVELS.get(decision.change.to, logging.INFO),
+        ATTEMPT_LOG_LEVELS.get(status, logging.INFO),
         "outbox attempt id=%s destination=%s outcome=%s status_code=%s duration_ms=%.1f retry_count=%d%s",
         outcome.message.id,
         outcome.message.destination,
-        decision.change.to,
+        status,
         outcome.status_code,
         outcome.duration_ms,
-        decision.message.retry_count,
+        decision.message.retry_count - (1 if parked and decision.change.to == Status.RETRYING.value else 0),
         f" error={outcome.error!r}" if outcome.error else "",
     )
 

@@ -5,8 +5,9 @@
 Each parser takes the raw setting value and the place it came from (for the error
 text) and returns a frozen value object, or raises ``ValueError`` saying what is wrong;
 :func:`outbox.destinations._build` turns that into ``ImproperlyConfigured`` (and the
-system check ``outbox.E002``). The Lua scripts get these values as JSON
-(:func:`breaker_json`, :func:`limits_json`), computed once per worker run.
+system check ``outbox.E002``; the global defaults as ``outbox.E001``). The Lua scripts
+get these values as JSON (:func:`outbox.health.health_config_json`,
+:func:`outbox.health.limits_json`), computed once per worker run.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ Never the shared 127.0.0.1:6379.
 """
 
 import atexit
+import json
 import os
 
 if not os.environ.get("OUTBOX_TEST_REDIS_URL"):
@@ -109,6 +110,8 @@ OUTBOX = {
             },
             "RETRY": [0],
             "MAX_RETRIES": 3,
+            # Worker subprocesses of tests/test_destination_health.py get limits this way.
+            **json.loads(os.environ.get("OUTBOX_TEST_HOOK_EXTRA", "{}")),
         },
         "mem": {"TRANSPORT": "locmem", "RETRY": [0], "MAX_RETRIES": 2},
         "poison": {

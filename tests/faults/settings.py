@@ -18,6 +18,8 @@ sets before starting Django and which worker subprocesses inherit:
 ``FAULTS_POISON_RETRIES``      ``MAX_RETRIES`` of ``poison`` (2)
 ``FAULTS_CALLABLE_LOG``        file the ``poison`` destination's function appends delivered ids to
 ``FAULTS_BATCH_SIZE``          ``OUTBOX["BATCH_SIZE"]`` (100)
+``FAULTS_BREAKER_COOLDOWN``    ``OUTBOX["BREAKER"]["COOLDOWN"]`` seconds (0.5)
+``FAULTS_BREAKER_MAX_COOLDOWN`` ``OUTBOX["BREAKER"]["MAX_COOLDOWN"]`` seconds (2)
 =============================  =================================================================
 
 Destinations: ``hook`` (signed webhook to the receiver, exponential retries from 0.5 s,
@@ -108,6 +110,12 @@ OUTBOX = {
     "RECOVERY_INTERVAL": _number("FAULTS_RECOVERY_INTERVAL", 2),
     "RECOVERY_GRACE": _number("FAULTS_RECOVERY_GRACE", 2),
     "BATCH_SIZE": int(_number("FAULTS_BATCH_SIZE", 100)),
+    # The breaker stays on (a fault opens it; its parked messages must be delivered too),
+    # with cool-downs that fit the scenarios' settle bounds (the default is 15 s to 600 s).
+    "BREAKER": {
+        "COOLDOWN": _number("FAULTS_BREAKER_COOLDOWN", 0.5),
+        "MAX_COOLDOWN": _number("FAULTS_BREAKER_MAX_COOLDOWN", 2),
+    },
 }
 # The fault settings break these on purpose; the suite reports outcomes, not settings advice.
 SILENCED_SYSTEM_CHECKS = ["outbox.W003", "outbox.W004", "outbox.W005"]
