@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..records import STATUSES, Message, Status
-from .repository import MessageRepository
+from .repository import MessageRepository, score_bound
 
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000
@@ -264,12 +264,40 @@ def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
     out = [i for i in ids if p.check_created.contains(created_at_of(i))] if p.check_created else list(ids)
     if not out or not p.reads_records:
         return out
-    return [raw.decode() for raw in repo.run_script("filter", [repo.keys.prefix, _checks_json(p), *out])]
+    matched, _ = repo.run_script("filter", [repo.keys.prefix, _checks_json(p), "ids", *out])
+    return [raw.decode() for raw in matched]
 
 
-def _checks_json(p: Plan) -> str:
-    """The plan's per-record checks as ``lua/filter.lua`` takes them (only those that apply)."""
+def scan(
+    repo: MessageRepository, p: Plan, *, offset: int, count: int, descending: bool
+) -> tuple[list[str], int]:
+    """Check a slice of the plan's index (by rank within its score range) in Redis, in
+    one round trip (``lua/filter.lua``, read only): (the ids that pass, in order; how
+    many entries were examined, fewer than ``count`` at the end of the range)."""
+    lo, hi = score_bound(p.lo, "-inf"), score_bound(p.hi, "+inf")
+    matched, examined = repo.run_script(
+        "filter",
+        [
+            repo.keys.prefix,
+            _checks_json(p, created=True),
+            "range",
+            p.key,
+            lo,
+            hi,
+            offset,
+            count,
+            int(descending),
+        ],
+    )
+    return [raw.decode() for raw in matched], int(examined)
+
+
+def _checks_json(p: Plan, created: bool = False) -> str:
+    """The plan's per-record checks as ``lua/filter.lua`` takes them (only those that
+    apply; the created range too when ``created``, else it was checked from the ids)."""
     checks: dict[str, object] = {}
+    if created:
+        checks.update({"created_lo": p.check_created.start, "created_hi": p.check_created.end})
     for name, value in (
         ("status", p.check_status),
         ("queue", p.check_queue),
@@ -283,7 +311,7 @@ def _checks_json(p: Plan) -> str:
     ):
         if value is not None:
             checks[name] = value
-    return json.dumps(checks)
+    return json.dumps({k: v for k, v in checks.items() if v is not None})
 
 
 def count_range(repo: MessageRepository, p: Plan) -> int:
@@ -342,13 +370,12 @@ def page(
     matches: list[str] = []
     scanned = 0
     while scanned < min(scan_limit, index_total):
-        batch = range_ids(
-            repo, p, offset=scanned, limit=min(CHUNK, scan_limit - scanned), descending=descending
-        )
-        if not batch:
+        count = min(CHUNK, scan_limit - scanned)
+        found, examined = scan(repo, p, offset=scanned, count=count, descending=descending)
+        scanned += examined
+        matches += found
+        if examined < count:
             break
-        scanned += len(batch)
-        matches += check(repo, p, batch)
     exact = scanned >= index_total
     return Page(matches[offset : offset + limit], len(matches), exact, scanned, index_total, p)
 
