@@ -15,6 +15,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from redis.exceptions import RedisError
 
 from . import actions, intake
+from .conf import outbox_settings
 from .connection import get_repository
 from .destinations import get_destination, get_transport, validate_max_retries
 from .exceptions import InvalidMessage, MessageNotFound, OutboxUnavailable
@@ -204,7 +205,7 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     """Capture messages in the current transaction, or write them to Redis now."""
     if not messages:
         return []
-    if transaction.get_connection(using).in_atomic_block:
+    if transaction.get_connection(using).in_atomic_block and not outbox_settings.EAGER:
         from .capture import capture
 
         return capture(messages, using)

@@ -182,13 +182,17 @@ def relay_databases() -> list[str]:
     return [alias for alias in connections if router.allow_migrate_model(alias, CapturedMessage)]
 
 
-def relay(using: str | None = None, *, older_than: float | None = None, limit: int = RELAY_BATCH) -> int:
+def relay(
+    using: str | None = None, *, older_than: float | None = None, limit: int = RELAY_BATCH, log: bool = True
+) -> int:
     """Push captured messages the fast path missed; one transaction per batch.
 
     Args:
         using: one database alias, or None for every alias of :func:`relay_databases`.
         older_than: seconds a row must have waited (default ``RELAY_AFTER``).
         limit: rows per batch.
+        log: log a warning when messages were pushed (they missed the fast path);
+            :func:`outbox.testing.deliver_all` pushes on purpose and says nothing.
 
     Returns:
         How many messages were pushed.
@@ -211,7 +215,7 @@ def relay(using: str | None = None, *, older_than: float | None = None, limit: i
                     break
         except Exception as exc:
             failure = failure or exc
-    if pushed:
+    if pushed and log:
         logger.warning(
             "outbox relay: pushed %d captured message(s) that missed the on-commit fast path", pushed
         )

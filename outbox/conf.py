@@ -60,6 +60,12 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        (cloud metadata) and other non-public addresses, checked after
                        name resolution on every connection (True). A webhook destination
                        opts out with ``OPTIONS["allow_private_networks"] = True``.
+``EAGER``              a test setting: ``send()`` and ``send_many()`` deliver inside the
+                       call, in the calling process, with the worker's code (False).
+                       Inside ``transaction.atomic`` too: the message is written and
+                       delivered at once, not captured until commit (as Celery's
+                       ``task_always_eager`` runs a task at call time). A failure is
+                       recorded and its retry left waiting. Never in production.
 =====================  ==========================================================
 """
 
@@ -106,6 +112,7 @@ DEFAULTS: dict[str, Any] = {
     "RATE_LIMIT": None,
     "MAX_CONCURRENCY": None,
     "DISABLE_AFTER": 3 * 24 * 3600,
+    "EAGER": False,
 }
 
 PRIORITIES = ("high", "default", "low")

@@ -340,7 +340,7 @@ def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> 
     ``message.exhausted`` events to :func:`outbox.alerts.notify`."""
     exhausted = []
     for d, r in zip(decisions, results, strict=True):
-        if r.applied and r.status == d.change.to:
+        if r.applied and not r.parked:
             send_signal(d.change.to, d.message, d.attempt)
             if d.exhausted and d.change.also:
                 exhausted.append(health.DestinationEvent.from_json(d.change.also))
@@ -517,7 +517,7 @@ class _Run:
         self.outcomes.clear()
         announce(self.decided, results)
         for d, r in zip(self.decided, results, strict=True):
-            written = ("parked" if r.status != d.change.to else d.change.to) if r.applied else "stale"
+            written = ("parked" if r.parked else d.change.to) if r.applied else "stale"
             self.report.outcomes[d.message.id] = written
             if d.outcome is not None:
                 log_attempt(d.outcome, d, written)

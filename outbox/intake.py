@@ -9,9 +9,10 @@ enqueues a wake-up job for each queue that had none waiting (see :mod:`outbox.di
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from . import dispatch
+from .conf import outbox_settings
 from .connection import get_repository
 from .exceptions import IdempotencyConflict
 from .records import Message
@@ -39,8 +40,21 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
     result = get_repository().create(
         messages, time.time() if now is None else now, due_slack=dispatch.DUE_SLACK, repeat=repeat
     )
-    dispatch.enqueue_wakeups(result.woken)
+    if outbox_settings.EAGER:
+        deliver_now({m.queue for m in messages})
+    else:
+        dispatch.enqueue_wakeups(result.woken)
     return result.created
+
+
+def deliver_now(queues: Iterable[str]) -> None:
+    """``OUTBOX["EAGER"]``: deliver what is due on ``queues`` in this process, at once,
+    with the worker's own code (:func:`outbox.delivery.run`), instead of waking a worker.
+    A failed attempt is recorded and its retry left waiting (nothing sleeps)."""
+    from .delivery import run
+
+    for queue in sorted(queues):
+        run(queue)
 
 
 def conflict(message: Message, existing_id: str, index: int | None = None) -> IdempotencyConflict:

@@ -2,7 +2,34 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
+
+logger = logging.getLogger("outbox")
+_housekeeping_checked = 0  # pid of the process that checked (a forked work horse checks anew)
+
+
+def warn_without_housekeeping() -> None:
+    """Log a warning, once per process, when no ``outbox_worker`` runs the housekeeping
+    (a plain ``rqworker`` on the outbox queues delivers, but does none of it)."""
+    global _housekeeping_checked
+    if _housekeeping_checked == os.getpid():
+        return
+    _housekeeping_checked = os.getpid()
+    from .worker import housekeeping_seen
+
+    try:
+        if housekeeping_seen():
+            return
+    except Exception:  # Redis trouble shows up in the delivery itself
+        return
+    logger.warning(
+        "outbox: no outbox_worker is running its housekeeping: this worker delivers the wake-up "
+        "jobs, but due retries and delayed messages wait for the next send, attempts lost with a "
+        "crashed worker are not taken back, and messages captured in transactions are not relayed. "
+        "Run `manage.py outbox_worker` (it accepts queue names, --burst, --max-jobs like rqworker)."
+    )
 
 
 def deliver(queue: str | Sequence[str]) -> dict[str, object]:
@@ -20,6 +47,7 @@ def deliver(queue: str | Sequence[str]) -> dict[str, object]:
     from .conf import outbox_settings
     from .delivery import run
 
+    warn_without_housekeeping()
     queues = [queue] if isinstance(queue, str) else outbox_settings.queue_names
     summary: dict[str, object] = {}
     for name in queues:

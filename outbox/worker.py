@@ -5,7 +5,9 @@ Housekeeping (:class:`Housekeeper`), in every worker process, each on its own in
 
 * **wake** (``WAKE_INTERVAL``): enqueue a wake-up job for each queue with a due
   message and no waiting job (:func:`outbox.dispatch.wake_due`): delayed messages,
-  retries, and work whose job was lost with a killed worker;
+  retries, and work whose job was lost with a killed worker; first, parked messages
+  whose time has come go back to their due index (the probe of an open circuit
+  breaker, what waited behind one that closed: :func:`outbox.health.release_parked_due`);
 * **relay** (``RELAY_INTERVAL``): push messages captured in the database that missed
   the on-commit fast path (:func:`outbox.capture.relay`);
 * **recovery sweep** (``RECOVERY_INTERVAL``, one process per interval through a Redis
@@ -84,6 +86,7 @@ class Housekeeper(threading.Thread):
         if relay:
             self.steps.append(_Step("relay", outbox_settings.RELAY_INTERVAL, _relay, "the database or Redis"))
         self.steps.append(_Step("recovery", interval, lambda: self._sweep(interval), "Redis"))
+        self.steps.append(_Step("heartbeat", min(interval / 2, 10.0), lambda: beat(interval), "Redis"))
 
     def run(self) -> None:
         tick = min(step.interval for step in self.steps)
@@ -102,6 +105,37 @@ class Housekeeper(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+
+
+def heartbeat_ttl(recovery_interval: float) -> float:
+    """Seconds the housekeeping heartbeat lives: two sweeps and a margin."""
+    return 2 * recovery_interval + 5.0
+
+
+def beat(recovery_interval: float) -> None:
+    """Say that this process runs the housekeeping (wake-ups, relay, recovery sweep)."""
+    from .connection import get_repository
+    from .delivery import worker_name
+
+    repo = get_repository()
+    ttl_ms = int(heartbeat_ttl(recovery_interval) * 1000)
+    repo.connection.set(repo.keys.heartbeat(), worker_name(), px=ttl_ms)
+
+
+def housekeeping_seen() -> str | None:
+    """The ``host:pid`` of an ``outbox_worker`` whose housekeeping ran lately (within
+    two recovery intervals and 5 s), or None when none did: then retries and delays wait
+    for a wake-up job of a new send, attempts lost with a crashed worker are not taken
+    back, and captured messages are not relayed.
+
+    Raises:
+        redis.exceptions.RedisError: Redis could not be reached.
+    """
+    from .connection import get_repository
+
+    repo = get_repository()
+    value = repo.connection.get(repo.keys.heartbeat())
+    return value.decode() if value else None
 
 
 def _wake() -> None:
@@ -219,7 +253,8 @@ def run_housekeeping_once(*, relay: bool = True) -> None:
     from .recovery import recover
 
     steps = [("relay", _relay)] if relay else []
-    for label, action in (*steps, ("recovery", recover), ("wake", _wake)):
+    beat_now = lambda: beat(float(outbox_settings.RECOVERY_INTERVAL))  # noqa: E731
+    for label, action in (*steps, ("recovery", recover), ("wake", _wake), ("heartbeat", beat_now)):
         try:
             action()
         except Exception:

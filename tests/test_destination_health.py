@@ -54,21 +54,22 @@ def test_breaker_opens_after_n_consecutive_failures_and_charges_no_retry_after(r
 
 def test_probe_after_cooldown_which_doubles_while_probes_fail(receiver, worker, repo):
     receiver.respond(503)
-    with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 0.4, "MAX_COOLDOWN": 1.0}):
+    with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 1.0, "MAX_COOLDOWN": 2.5}):
         m = outbox.send("hook", 1)
         worker(simple=True)
-        assert len(receiver.requests) == 1 and float(dest_hash(repo)["cooldown"]) == 0.4
-        worker(simple=True)  # before the cool-down: no probe
-        assert len(receiver.requests) == 1
+        state = dest_hash(repo)
+        assert len(receiver.requests) == 1 and float(state["cooldown"]) == 1.0
+        assert health.release_parked_due(now=float(state["opened_at"]) + 0.5) == 0  # not before the cool-down
         cooldowns = []
         for _ in range(3):
             time.sleep(max(0.0, float(dest_hash(repo)["next_probe_at"]) - time.time()) + 0.05)
             worker(simple=True)  # the wake check unparks one message as the probe
             cooldowns.append(float(dest_hash(repo)["cooldown"]))
         assert len(receiver.requests) == 4  # one probe per cool-down
-        assert cooldowns == [0.8, 1.0, 1.0]  # doubled, capped at MAX_COOLDOWN
+        assert cooldowns == [2.0, 2.5, 2.5]  # doubled, capped at MAX_COOLDOWN
         got = outbox.get(m.id)
         assert (got.status, got.retry_count) == ("pending", 0)  # failed probes spend no retry
+        assert [a.outcome for a in outbox.attempts(m.id)] == ["parked"] * 4
         assert health.get_health("hook").breaker == "open"
     assert_index_invariant(repo)
 
@@ -168,16 +169,17 @@ def test_unknown_destination_actions_raise():
 
 def test_auto_disable_after_failing_continuously_for_disable_after(receiver, worker, repo):
     receiver.respond(503)
-    with hook(receiver, DISABLE_AFTER=0.5, RETRY=[0.6], MAX_RETRIES=10):
+    with hook(receiver, DISABLE_AFTER=1, RETRY=[2], MAX_RETRIES=10):
         m = outbox.send("hook", 1)
-        worker(simple=True)
+        worker(simple=True)  # fails; its retry is due in 2 s (beyond a claim's slack)
         assert health.get_health("hook").admin == "active"
-        time.sleep(0.7)
-        worker(simple=True)
+        time.sleep(2.1)
+        worker(simple=True)  # fails again, failing for over 1 s: disabled
         h = health.get_health("hook")
-    assert (h.admin, h.disabled_reason) == ("disabled", "failing for 0.5 s")
+    assert (h.admin, h.disabled_reason) == ("disabled", "failing for 1 s")
     got = outbox.get(m.id)
     assert (got.status, got.retry_count, h.parked) == ("retrying", 1, 1)  # the second failure: parked
+    assert [a.outcome for a in outbox.attempts(m.id)] == ["parked", "retrying"]
     assert_index_invariant(repo)
 
 
@@ -330,3 +332,55 @@ def test_system_checks_report_invalid_protection_settings(settings):
         i == "outbox.E001" and m.startswith("OUTBOX['RATE_LIMIT'] must look like") for i, m in messages
     )
     assert any(i == "outbox.E002" and "['hook']['BREAKER']" in m for i, m in messages)
+
+
+def test_a_probe_whose_lease_expired_lets_another_go(receiver, worker, repo, settings):
+    from outbox.delivery import claim
+    from outbox.recovery import recover
+
+    settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
+    receiver.respond(503)
+    with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 0.2}):
+        m = outbox.send("hook", 1)
+        worker(simple=True)  # fails: open
+        time.sleep(0.3)
+        assert health.release_parked_due() == 1  # the cool-down is over: the oldest parked becomes due
+        (probe,) = claim(outbox.get(m.id).queue)  # claimed as the probe; its worker "dies"
+        state = dest_hash(repo)
+        assert (state["breaker"], state["probe_id"]) == ("half_open", m.id)
+        assert health.release_parked_due() == 0  # no second probe while this one's lease runs
+        time.sleep(max(0.0, float(state["probe_deadline"]) - time.time()) + 0.1)
+        assert recover().lost == 1  # taken back while half-open: parked, uncharged
+        got = outbox.get(m.id)
+        assert (got.status, got.retry_count, health.get_health("hook").parked) == ("pending", 0, 1)
+        assert health.release_parked_due() == 1  # a new probe may go
+        receiver.respond(200)
+        worker(simple=True)
+    assert outbox.get(m.id).status == "succeeded" and health.get_health("hook").breaker == "closed"
+    assert_index_invariant(repo)
+
+
+def test_breaker_opens_on_the_failure_rate_with_enough_attempts(repo):
+    # FAILURES out of reach: only the rate can open it. [failures, rate, min attempts,
+    # window, cool-down, max cool-down, disable after] as health.health_config_json() gives.
+    config = json.dumps({"hook": [100, 0.4, 10, 300, 15, 600, 0]})
+    now = time.time()
+
+    def outcome(kind: str, i: int) -> list:
+        return ["hook", kind, 3.0, 503 if kind == "r" else 200, "http" if kind == "r" else "", "", 0, f"m{i}"]
+
+    assert (
+        repo.record_outcomes([outcome("rs"[i % 2], i) for i in range(8)], config, now) == []
+    )  # 8 < 10 attempts
+    raised = repo.record_outcomes([outcome("r", 8), outcome("s", 9)], config, now)
+    assert [json.loads(e)["event"] for e in raised] == ["destination.opened"]
+    assert json.loads(raised[0])["reason"] == "failure rate" and json.loads(raised[0])["failure_rate"] == 0.5
+    assert health.get_health("hook").breaker == "open"
+
+
+def test_unpark_skips_stale_entries(receiver, repo):
+    with hook(receiver):
+        health.pause("hook")
+        repo.connection.zadd(repo.keys.parked("hook"), {"msg_gone": 1.0})
+        assert health.resume("hook") == 0
+    assert repo.connection.zcard(repo.keys.parked("hook")) == 0

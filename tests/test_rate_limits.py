@@ -39,8 +39,8 @@ def test_rate_limit_spaces_deliveries_across_two_workers(receiver, repo):
     # GCRA admits at claim time; a request arrives a little later (the first one opens a
     # connection), so spacing is asserted over runs of 5 deliveries, with slack.
     assert times[-1] - times[0] >= 14 * 0.2 * 0.8, gaps  # 15 at 5/s take 2.8 s
-    assert all(times[i + 4] - times[i] >= 4 * 0.2 - 0.15 for i in range(len(times) - 4)), gaps
-    assert min(gaps) >= 0.03, gaps  # never a stampede
+    # Never a stampede: any 5 consecutive deliveries span about 0.8 s (unlimited: a few ms).
+    assert all(times[i + 4] - times[i] >= 4 * 0.2 - 0.3 for i in range(len(times) - 4)), gaps
     # No retry was spent on being over the limit.
     assert all(outbox.get(m.id).retry_count == 0 for m in sent)
     assert_index_invariant(repo)
@@ -52,7 +52,7 @@ def test_rate_limit_burst_lets_that_many_through_at_once(receiver, worker, repo)
         worker(simple=True)
     assert repo.counts()["succeeded"] == 5
     times = sorted(r.at for r in receiver.requests)
-    assert times[2] - times[0] < 0.3  # the burst of 3
+    assert times[2] - times[0] < 0.6  # the burst of 3 (without it: 1 s)
     assert times[4] - times[0] >= 2 * 0.5 * 0.8  # then one per 0.5 s
 
 

@@ -19,6 +19,8 @@ key                                 type         holds
 ``outbox:idempotency:<n>:<d>:<key>`` string      ``<id>|<fingerprint>`` sent under that key to
                                                  destination ``d`` (``n`` = len(d)); expires
 ``outbox:lock:<name>``              string       short-lived locks (recovery sweep)
+``outbox:housekeeping``             string       host:pid of an outbox_worker whose housekeeping
+                                                 ran lately (expires: 2 recovery intervals + 5 s)
 ``outbox:stats:<outcome>:<minute>`` string       outcome counters per minute (expire)
 ``outbox:dest:<d>``                 hash         destination health: admin and breaker
                                                  state, counters, totals, latency histogram
@@ -92,6 +94,10 @@ class Keys:
 
     def idempotency(self, destination: str, key: str) -> str:
         return f"{self.prefix}:idempotency:{self.idempotency_scope(destination, key)}"
+
+    def heartbeat(self) -> str:
+        """The housekeeping heartbeat: set, with a TTL, by each ``outbox_worker``."""
+        return f"{self.prefix}:housekeeping"
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"

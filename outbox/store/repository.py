@@ -97,12 +97,15 @@ class ChangeResult:
         applied: True if the compare-and-set succeeded.
         status: the status after the call ("" when no such message exists).
         message: both records, when the change asked to ``load`` and was applied.
+        parked: True when the change applied as its ``park`` alternative (the
+            destination was held: the message waits, no retry charged).
     """
 
     id: str
     applied: bool
     status: str
     message: Message | None = None
+    parked: bool = False
 
 
 @dataclass
@@ -527,7 +530,7 @@ class MessageRepository:
         results = []
         for change, row in zip(changes, reply, strict=True):
             message = Message.from_flat(row[2], row[3]) if len(row) > 2 else None
-            results.append(ChangeResult(change.id, bool(row[0]), row[1].decode(), message))
+            results.append(ChangeResult(change.id, bool(row[0]), row[1].decode(), message, row[0] == 2))
         return results
 
     def release(self, lease: str, deadline: float, now: float, ids: Sequence[str] = ()) -> BulkResult:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from argparse import SUPPRESS as SUPPRESS_HELP
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from outbox.conf import outbox_settings
 
@@ -52,6 +52,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
         parser.add_argument(
+            "--sentry-dsn",
+            default=None,
+            help="report job exceptions to Sentry (needs sentry-sdk; its RQ integration is used)",
+        )
+        parser.add_argument("--sentry-debug", action="store_true", help="Sentry SDK debug output")
+        parser.add_argument(
             "--quiet",
             action="store_true",
             help="print no line per outcome when the project configured no logging for 'outbox'",
@@ -61,6 +67,8 @@ class Command(BaseCommand):
         from outbox.destinations import close_transports
         from outbox.worker import run_worker
 
+        if options["sentry_dsn"]:
+            init_sentry(options["sentry_dsn"], debug=options["sentry_debug"])
         verbosity = options["verbosity"]
         level = logging.DEBUG if verbosity > 1 else logging.INFO if verbosity == 1 else logging.WARNING
         outbox_logger = logging.getLogger("outbox")
@@ -87,3 +95,18 @@ class Command(BaseCommand):
             )
         finally:
             close_transports()
+
+
+def init_sentry(dsn: str, *, debug: bool = False) -> None:
+    """Initialise the Sentry SDK with its RQ integration (what ``rqworker --sentry-dsn``
+    did in django-rq versions that had it; https://docs.sentry.io/platforms/python/integrations/rq/).
+
+    Raises:
+        CommandError: sentry-sdk is not installed.
+    """
+    try:
+        import sentry_sdk
+        from sentry_sdk.integrations.rq import RqIntegration
+    except ImportError as exc:
+        raise CommandError(f"--sentry-dsn needs the Sentry SDK: pip install sentry-sdk ({exc})") from exc
+    sentry_sdk.init(dsn, integrations=[RqIntegration()], debug=debug)

@@ -20,7 +20,7 @@
 --    message waits in outbox:parked:<destination> (not its due index) with no retry
 --    charged (docs/destinations.md)}
 -- A message that leaves pending|retrying leaves the parked set of its destination too.
--- Returns, per change: {applied 0|1, status after ("" if no such message)
+-- Returns, per change: {applied 0|1 (2: applied as its park alternative), status after ("" if no such message)
 --                       [, message HGETALL, resend HGETALL when load and applied]}
 local prefix = ARGV[1]
 local now = tonumber(ARGV[2])
@@ -92,10 +92,11 @@ for i, c in ipairs(changes) do
       if c.event and channel ~= '' then redis.call('PUBLISH', channel, c.event) end
       if c.also and not parking and channel ~= '' then redis.call('PUBLISH', channel, c.also) end
       status = c.to
+      if parking then applied = 2 end
     end
   end
   local row = {applied, status or ''}
-  if applied == 1 and c.load then
+  if applied > 0 and c.load then
     row[3] = redis.call('HGETALL', prefix .. ':message:' .. c.id)
     row[4] = redis.call('HGETALL', rkey)
   end

