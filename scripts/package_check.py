@@ -1,0 +1,222 @@
+"""The packaging check (issue 9): build the sdist and the wheel, check what they carry,
+install the wheel into a new virtualenv, make a new Django project from the README's
+settings, and deliver one signed webhook from it.
+
+    python scripts/package_check.py            # scripts/package-check runs this
+
+Steps (each prints one line; any failure exits 1 with the reason):
+
+1. ``python -m build`` into a temporary directory (sdist + wheel);
+2. both must carry the Lua scripts, templates, static files, migrations and ``py.typed``;
+3. a new virtualenv gets the wheel (with its dependencies from the package index); the
+   checkout is not on its path, so what runs is what the wheel installed;
+4. ``django-admin startproject``, then the README's settings block ("Install in your
+   project") appended to the project's settings, with only the placeholders filled in:
+   the private Redis's URL, a loopback receiver's URL and a real secret for ``orders``
+   (``allow_private_networks``: the receiver is on 127.0.0.1), and ``myapp.audit.record``
+   written as a module;
+5. ``migrate``, ``check`` (no errors), ``outbox.send("orders", ...)`` from
+   ``manage.py shell``, ``manage.py outbox_worker --burst``;
+6. the receiver must have verified the Standard Webhooks signature of the one request,
+   and the message must be ``succeeded``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import textwrap
+import venv
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MUST_CARRY = (
+    "outbox/store/lua/claim.lua",
+    "outbox/templates/",
+    "outbox/static/",
+    "outbox/migrations/0001",
+    "outbox/py.typed",
+)
+
+
+def step(text: str) -> None:
+    print(f"package-check: {text}", flush=True)
+
+
+def fail(text: str) -> None:
+    print(f"package-check: FAILED: {text}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        fail(
+            f"{' '.join(map(str, argv))} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def readme_settings() -> str:
+    """The README's settings block (the python block that sets INSTALLED_APPS)."""
+    readme = (ROOT / "README.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", readme, re.S):
+        if "INSTALLED_APPS" in block and "OUTBOX" in block:
+            return block
+    fail("README.md has no python block with INSTALLED_APPS and OUTBOX")
+    raise AssertionError  # unreachable
+
+
+def build(out: Path) -> tuple[Path, Path]:
+    run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)])
+    wheels, sdists = list(out.glob("*.whl")), list(out.glob("*.tar.gz"))
+    if len(wheels) != 1 or len(sdists) != 1:
+        fail(f"expected one wheel and one sdist in {out}, found {wheels + sdists}")
+    return wheels[0], sdists[0]
+
+
+def check_contents(wheel: Path, sdist: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        wheel_names = z.namelist()
+    with tarfile.open(sdist) as t:
+        sdist_names = ["/".join(n.split("/")[1:]) for n in t.getnames()]
+    must = MUST_CARRY + (("outbox/locale/",) if (ROOT / "outbox" / "locale").is_dir() else ())
+    for label, names in (("wheel", wheel_names), ("sdist", sdist_names)):
+        missing = [m for m in must if not any(n.startswith(m) for n in names)]
+        if missing:
+            fail(f"the {label} lacks {missing}")
+    lua = sorted(n for n in wheel_names if n.endswith(".lua"))
+    source_lua = sorted(f"outbox/store/lua/{p.name}" for p in (ROOT / "outbox/store/lua").glob("*.lua"))
+    if lua != source_lua:
+        fail(f"the wheel's Lua scripts {lua} are not the source's {source_lua}")
+    step(
+        f"{wheel.name} and {sdist.name} carry {len(lua)} Lua scripts, templates, static files, migrations, py.typed"
+    )
+
+
+DRIVER = r"""
+import json, os, subprocess, sys, threading, time, base64
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import outbox
+from outbox.testing import RedisServer
+from standardwebhooks import Webhook
+
+site = os.environ["CHECK_SITE_PACKAGES"]
+assert outbox.__file__.startswith(site), f"outbox imported from {outbox.__file__}, not the wheel in {site}"
+secret = "whsec_" + base64.b64encode(os.urandom(32)).decode()
+verified, refused = [], []
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        try:
+            Webhook(secret).verify(body, {k.lower(): v for k, v in self.headers.items()})
+            verified.append(json.loads(body))
+            status = 204
+        except Exception as exc:
+            refused.append(repr(exc))
+            status = 401
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+redis = RedisServer().start()
+env = {**os.environ, "CHECK_REDIS_URL": redis.url, "CHECK_SECRET": secret,
+       "CHECK_RECEIVER_URL": f"http://127.0.0.1:{server.server_port}/hooks/orders"}
+
+def manage(*args):
+    r = subprocess.run([sys.executable, "manage.py", *args], env=env, capture_output=True, text=True, timeout=180)
+    if r.returncode:
+        sys.exit(f"manage.py {' '.join(args)} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    return r.stdout + r.stderr
+
+try:
+    manage("migrate", "--verbosity", "0")
+    print("package-check: migrate ok", flush=True)
+    out = manage("check")  # exits non-zero on an error; warnings are printed
+    print("package-check: check: " + " | ".join(line.strip() for line in out.strip().splitlines() if line.strip()), flush=True)
+    sent = manage("shell", "-c", "import outbox; print(outbox.send('orders', {'order': 1, 'total': '9.90'}).id)")
+    message_id = sent.strip().splitlines()[-1]
+    manage("outbox_worker", "--burst", "--quiet")
+    status = manage("shell", "-c", f"import outbox; print(outbox.get({message_id!r}).status)").strip().splitlines()[-1]
+    if status != "succeeded" or verified != [{"order": 1, "total": "9.90"}] or refused:
+        sys.exit(f"delivery failed: status {status}, verified {verified}, refused {refused}")
+    print(f"package-check: {message_id} delivered, signature verified by the receiver", flush=True)
+finally:
+    redis.stop()
+    server.shutdown()
+"""
+
+SETTINGS_TAIL = r"""
+
+# -- django-redis-outbox, from the README's "Install in your project" block ------------
+import os as _os
+
+_readme_apps = [a for a in INSTALLED_APPS if a is not Ellipsis]
+INSTALLED_APPS = [a for a in _DJANGO_APPS if a not in _readme_apps] + _readme_apps
+CACHES = {
+    alias: (config if isinstance(config, dict) else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"})
+    for alias, config in CACHES.items()
+}
+for _config in CACHES.values():
+    if "django_redis" in _config.get("BACKEND", ""):
+        _config["LOCATION"] = _os.environ["CHECK_REDIS_URL"]
+_orders = OUTBOX["DESTINATIONS"]["orders"]["OPTIONS"]
+_orders.update(url=_os.environ["CHECK_RECEIVER_URL"], secret=_os.environ["CHECK_SECRET"], allow_private_networks=True)
+"""
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="outbox-package-check-") as tmp:
+        tmp_path = Path(tmp)
+        wheel, sdist = build(tmp_path / "dist")
+        step("built")
+        check_contents(wheel, sdist)
+        env_dir = tmp_path / "venv"
+        venv.EnvBuilder(with_pip=True).create(env_dir)
+        python = env_dir / "bin" / "python"
+        run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)], cwd=tmp)
+        site = run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+        ).stdout.strip()
+        step(f"installed the wheel into a new virtualenv ({site})")
+        project = tmp_path / "project"
+        project.mkdir()
+        run([str(env_dir / "bin" / "django-admin"), "startproject", "site_check", str(project)], cwd=tmp)
+        (project / "myapp").mkdir()
+        (project / "myapp" / "__init__.py").write_text("")
+        (project / "myapp" / "audit.py").write_text("def record(message):\n    pass\n")
+        settings = project / "site_check" / "settings.py"
+        text = settings.read_text().replace("INSTALLED_APPS = [", "_DJANGO_APPS = [", 1)
+        settings.write_text(text + "\n" + readme_settings() + SETTINGS_TAIL)
+        step("made a new project with the README's settings")
+        driver = tmp_path / "driver.py"
+        driver.write_text(textwrap.dedent(DRIVER))
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")
+        }
+        env.update(CHECK_SITE_PACKAGES=site, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+        result = subprocess.run(
+            [str(python), str(driver)], cwd=project, env=env, text=True, capture_output=True
+        )
+        sys.stdout.write(result.stdout)
+        if result.returncode:
+            fail(result.stderr[-4000:] or f"driver exited {result.returncode}")
+    step("ok")
+
+
+if __name__ == "__main__":
+    main()
