@@ -239,3 +239,12 @@ def test_recover_since_a_bad_time_changes_nothing(admin_client, repo):
     response = admin_client.post(u("destination_recover", "hook"), {"since": "soonish", "post": "yes"})
     assert response.status_code == 400
     assert repo.count("failed") == 1
+
+
+def test_a_destination_no_longer_configured_has_a_page_without_actions(admin_client, repo, settings):
+    make(repo, 2, "failed", destination="mem")
+    settings.OUTBOX = {**settings.OUTBOX, "DESTINATIONS": {"hook": settings.OUTBOX["DESTINATIONS"]["hook"]}}
+    html = text_of(admin_client.get(u("destination", "mem")))
+    assert "any more: its messages cannot be delivered" in html
+    assert 'id="state-actions"' not in html and 'id="recover-form"' not in html
+    assert 'data-status="failed" data-count="2"' in html

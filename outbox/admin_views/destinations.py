@@ -243,7 +243,9 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
             chart=chart,
             latency=latency,
             errors=_error_rows(model_admin, name, secrets),
-            state_actions=allowed_state_actions(h.state, h.admin) if can_manage else [],
+            state_actions=allowed_state_actions(h.state, h.admin)
+            if can_manage and name in outbox_settings.DESTINATIONS
+            else [],
             can_manage=can_manage,
             can_recover=can_recover and name in outbox_settings.DESTINATIONS,
             since=moment(since),
