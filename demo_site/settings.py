@@ -20,6 +20,9 @@ web server, the workers and ``outbox_demo``'s child processes agree:
 ``DEMO_MAX_RETRIES``     retries after the first attempt before a message is failed (3).
 ``DEMO_WEBHOOK_SECRET``  the Standard Webhooks secret (``whsec_`` + base64) shared by
                          the ``orders`` destination and the receiver.
+``DEMO_BREAKER``         ``1`` turns on the ``orders`` destination's circuit breaker
+                         (10 consecutive failures, cool-down 2 s to 10 s); off by default,
+                         so that the demo's random failures show retries and dead letters.
 =======================  ===============================================================
 
 Not for production: DEBUG is on and the secret key is fixed.
@@ -174,6 +177,11 @@ OUTBOX = {
                 # (OUTBOX["BLOCK_PRIVATE_NETWORKS"]) refuses unless a destination opts in.
                 "allow_private_networks": True,
             },
+            "BREAKER": (
+                {"FAILURES": 10, "COOLDOWN": 2, "MAX_COOLDOWN": 10}
+                if os.environ.get("DEMO_BREAKER") == "1"
+                else False
+            ),
         },
         "emails": {
             "TRANSPORT": "email",

@@ -60,6 +60,7 @@ logger = logging.getLogger("outbox")
 ERROR_LIMIT = 1000  # characters of an error kept in records
 HEALTH_ERROR_LIMIT = 300  # characters of an error kept in a destination's error groups
 HELD_WAIT = 1.0  # most seconds a run waits for messages a limit rescheduled, before it ends
+UNPARK_BUDGET = 1.0  # seconds a run spends putting back what waited behind a closed breaker
 DUE_SLACK = dispatch.DUE_SLACK  # a claim takes messages due up to this many seconds from now
 LEASE_BUDGET = 0.5  # share of VISIBILITY_TIMEOUT after which a run claims nothing new
 RUN_BUDGET = 10.0  # seconds a wake-up job keeps claiming before it hands over to a new job
@@ -534,7 +535,7 @@ class _Run:
         for event in events:
             if event.event == "destination.closed":
                 try:
-                    health.unpark_all(event.destination)
+                    health.unpark_all(event.destination, budget=UNPARK_BUDGET)
                 except Exception:
                     logger.warning(
                         "outbox: could not unpark %s now; the wake check will",

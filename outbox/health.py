@@ -456,37 +456,37 @@ def enable(name: str) -> int:
     return unpark_all(name)
 
 
-def unpark_all(name: str, now: float | None = None) -> int:
+def unpark_all(name: str, now: float | None = None, *, budget: float | None = None) -> int:
     """Put back every parked message of ``name`` its gate allows (``lua/unpark.lua``,
-    :data:`UNPARK_BATCH` per call) and wake their queues; returns how many moved."""
+    :data:`UNPARK_BATCH` per call, while calls move full batches: an open breaker lets
+    one probe go, not one per call) and wake their queues; returns how many moved.
+
+    ``budget`` (seconds) stops early; the rest is left to the wake check
+    (:func:`release_parked_due`), which the script keeps informed through ``outbox:probes``.
+    """
     from . import dispatch
     from .connection import get_repository
 
     repo = get_repository()
+    stop_at = None if budget is None else time.monotonic() + budget
     total = 0
     while True:
         moved, woken, left = repo.unpark(name, time.time() if now is None else now, UNPARK_BATCH)
         dispatch.enqueue_wakeups(woken)
         total += moved
-        if not moved or not left:
+        if moved < UNPARK_BATCH or not left or (stop_at is not None and time.monotonic() > stop_at):
             return total
 
 
-def release_parked_due(now: float | None = None) -> int:
+def release_parked_due(now: float | None = None, budget: float = 0.5) -> int:
     """The wake check's part (run each ``WAKE_INTERVAL`` by every ``outbox_worker``): for
-    each destination in ``outbox:probes`` whose time has come, unpark one batch (or the
-    one probe of an open breaker) and wake the queues. Returns messages moved."""
-    from . import dispatch
+    each destination in ``outbox:probes`` whose time has come, unpark what its gate
+    allows (the one probe of an open breaker, or batches behind one that closed, for up
+    to ``budget`` seconds per destination) and wake the queues. Returns messages moved."""
     from .connection import get_repository
 
-    repo = get_repository()
     now = time.time() if now is None else now
-    total = 0
-    for name in repo.due_probes(now):
-        moved, woken, _ = repo.unpark(name, now, UNPARK_BATCH)
-        dispatch.enqueue_wakeups(woken)
-        total += moved
-    return total
+    return sum(unpark_all(name, now, budget=budget) for name in get_repository().due_probes(now))
 
 
 def parse_events(raw: Iterable[str | bytes]) -> list[DestinationEvent]:

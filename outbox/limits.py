@@ -97,8 +97,11 @@ class BreakerConfig:
 class RateLimit:
     """A rate limit enforced across all workers with GCRA (see ``lua/claim.lua``).
 
-    ``rate`` attempts per ``per`` seconds, up to ``burst`` at once. GCRA spaces attempts
-    by the emission interval ``per / rate`` and tolerates ``burst - 1`` of them early.
+    ``rate`` attempts per ``per`` seconds, up to ``burst`` at once. GCRA, the generic cell
+    rate algorithm (ITU-T I.371, as described by Brandur Leach, "Rate Limiting, Cells, and
+    GCRA", and implemented by redis-cell), keeps one theoretical arrival time per
+    destination: it spaces attempts by the emission interval ``per / rate`` and
+    tolerates ``burst - 1`` of them early.
 
     Attributes:
         rate: attempts per period (> 0).

@@ -384,3 +384,15 @@ def test_unpark_skips_stale_entries(receiver, repo):
         repo.connection.zadd(repo.keys.parked("hook"), {"msg_gone": 1.0})
         assert health.resume("hook") == 0
     assert repo.connection.zcard(repo.keys.parked("hook")) == 0
+
+
+def test_resume_behind_an_open_breaker_lets_one_probe_go_not_everything(receiver, worker, repo):
+    receiver.respond(503)
+    with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 0.2}):
+        outbox.send_many([{"destination": "hook", "body": i} for i in range(5)])
+        worker(simple=True)  # the first fails: open; the others park
+        health.pause("hook")
+        time.sleep(0.3)  # the probe is due
+        assert health.resume("hook") == 1  # one probe, the others keep waiting
+        assert health.get_health("hook").parked == 4
+    assert_index_invariant(repo)
