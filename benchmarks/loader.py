@@ -116,7 +116,7 @@ def load(
 def _move(repo, batch: list[Message], statuses: list[str], rng: random.Random) -> None:
     now = time.time()
     changes = []
-    for message, status in zip(batch, statuses):
+    for message, status in zip(batch, statuses, strict=True):
         if status == Status.PENDING.value:
             continue
         error = "" if status == Status.SUCCEEDED.value else rng.choice(ERRORS)

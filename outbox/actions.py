@@ -106,8 +106,7 @@ def _run(
     total = ActionResult()
     in_flight: tuple[int, Future[list[str]]] | None = None
 
-    def collect() -> None:
-        size, future = in_flight
+    def collect(size: int, future: Future[list[str]]) -> None:
         done = future.result()
         send_bulk_signal(action, done)
         if applied is not None:
@@ -120,10 +119,10 @@ def _run(
         for chunk in chunks(ids):
             execute = prepare(chunk)
             if in_flight is not None:
-                collect()
+                collect(*in_flight)
             in_flight = (len(chunk), writer.submit(execute))
         if in_flight is not None:
-            collect()
+            collect(*in_flight)
     return total
 
 
@@ -260,4 +259,6 @@ def delete(
 
 def _prepare_delete(ids: list[str]) -> Execute:
     repo = get_repository()
-    return lambda: [message_id for message_id, ok in zip(ids, repo.delete(ids, DELETABLE_STATUSES)) if ok]
+    return lambda: [
+        message_id for message_id, ok in zip(ids, repo.delete(ids, DELETABLE_STATUSES), strict=True) if ok
+    ]

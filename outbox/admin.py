@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import update_wrapper
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
@@ -39,9 +39,14 @@ from django.urls import URLPattern, path
 from .admin_views import confirm, dashboard, destinations, detail, listing
 from .models import Message
 
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Message]
+else:  # Django's ModelAdmin is generic only in its stubs
+    _ModelAdmin = admin.ModelAdmin
+
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(_ModelAdmin):
     """Admin pages over the messages in Redis (no database rows).
 
     Attributes:

@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import CheckMessage, Error, Warning, register
 
 from . import redis_health
 from .conf import DEFAULTS, PRIORITIES, outbox_settings
@@ -61,7 +61,7 @@ POSITIVE_NUMBERS = (
 
 
 @register()
-def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list:
+def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Every ``outbox.*`` problem of the settings (see the module docstring), secrets redacted."""
     errors = _check()
     secrets = _configured_secrets()
@@ -83,8 +83,8 @@ def _configured_secrets() -> list[str]:
     return found
 
 
-def _check() -> list:
-    errors: list = []
+def _check() -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
     user = getattr(settings, "OUTBOX", {})
     if not isinstance(user, dict):
         return [Error("settings.OUTBOX must be a dict", id="outbox.E001")]
@@ -196,7 +196,7 @@ def _positive_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
-def _lease_warnings() -> list:
+def _lease_warnings() -> list[CheckMessage]:
     """outbox.W003: destinations whose attempts may outlive their lease.
 
     A worker starts no attempt once half the lease (``VISIBILITY_TIMEOUT``) is spent
@@ -205,7 +205,7 @@ def _lease_warnings() -> list:
     message back.
     """
     budget = outbox_settings.VISIBILITY_TIMEOUT / 2
-    warnings = []
+    warnings: list[CheckMessage] = []
     for name in outbox_settings.DESTINATIONS:
         transport = get_destination(name).build_transport()
         longest = transport.longest_attempt()
@@ -232,14 +232,14 @@ def _lease_warnings() -> list:
     return warnings
 
 
-def _as_check_messages(findings: list[redis_health.Finding]) -> list:
+def _as_check_messages(findings: list[redis_health.Finding]) -> list[CheckMessage]:
     """System check messages (Error or Warning, same id) for :mod:`outbox.redis_health` findings."""
     kinds = {redis_health.ERROR: Error, redis_health.WARNING: Warning}
     return [kinds[f.level](f.msg, hint=f.hint or None, id=f.id) for f in findings]
 
 
 @register("outbox_redis")
-def check_redis_safety(app_configs: Any = None, **kwargs: Any) -> list:
+def check_redis_safety(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """outbox.E006, W004, W006, W007: the outbox's Redis may evict or forget messages.
 
     One round trip (CONFIG GET, or INFO where CONFIG is disabled) on a connection of its
@@ -254,6 +254,6 @@ def check_redis_safety(app_configs: Any = None, **kwargs: Any) -> list:
 
 
 @register()
-def check_shared_cache_alias(app_configs: Any = None, **kwargs: Any) -> list:
+def check_shared_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """outbox.W005: ``cache.clear()`` on a shared alias would delete every message (no Redis needed)."""
     return _as_check_messages(redis_health.shared_alias_findings())

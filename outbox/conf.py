@@ -153,12 +153,13 @@ class OutboxSettings:
         Raises:
             ImproperlyConfigured: ``OUTBOX["RETRY"]`` is not a valid policy.
         """
-        if "_retry_policy" not in self._cache:
+        policy = self._cache.get("_retry_policy")
+        if not isinstance(policy, RetryPolicy):
             try:
-                self._cache["_retry_policy"] = RetryPolicy.from_value(self.RETRY)
+                policy = self._cache["_retry_policy"] = RetryPolicy.from_value(self.RETRY)
             except ValueError as exc:
                 raise ImproperlyConfigured(f"OUTBOX['RETRY']: {exc}") from exc
-        return self._cache["_retry_policy"]
+        return policy
 
     def queue_name(self, priority: str | None) -> str:
         """The django-rq queue name for a priority (None means ``"default"``).
@@ -169,7 +170,8 @@ class OutboxSettings:
         priority = priority or "default"
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {PRIORITIES}, not {priority!r}")
-        return self.QUEUES[priority]
+        name: str = self.QUEUES[priority]
+        return name
 
     @property
     def queue_names(self) -> list[str]:

@@ -29,11 +29,12 @@ def get_connection() -> Redis:
 
     alias = outbox_settings.REDIS_ALIAS
     try:
-        return get_redis_connection(alias)
+        connection: Redis = get_redis_connection(alias)  # django-redis ships no types
     except (NotImplementedError, KeyError) as exc:
         raise ImproperlyConfigured(
             f"OUTBOX['REDIS_ALIAS'] = {alias!r} must name a django-redis cache in CACHES"
         ) from exc
+    return connection
 
 
 @cache

@@ -94,7 +94,7 @@ class Destination:
         return transport_class(self.transport_path)(self.name, **self.options)
 
 
-def validate_max_retries(value: Any, where: str) -> int:
+def validate_max_retries(value: object, where: str) -> int:
     """Check a max_retries value: an int from 0 to 1000.
 
     Raises:
@@ -222,5 +222,5 @@ def clear_cache() -> None:
 
 @receiver(setting_changed)
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("OUTBOX", "EMAIL_BACKEND", "EMAIL_TIMEOUT"):
+    if setting in ("OUTBOX", "EMAIL_BACKEND", "EMAIL_TIMEOUT", "MAILERS"):
         clear_cache()

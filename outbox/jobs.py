@@ -49,7 +49,5 @@ def deliver(queue: str | Sequence[str]) -> dict[str, object]:
 
     warn_without_housekeeping()
     queues = [queue] if isinstance(queue, str) else outbox_settings.queue_names
-    summary: dict[str, object] = {}
-    for name in queues:
-        summary[name] = run(name).as_dict()
-    return summary if len(queues) > 1 else summary[queues[0]]
+    summaries = {name: run(name).as_dict() for name in queues}
+    return dict(summaries) if len(queues) > 1 else summaries[queues[0]]

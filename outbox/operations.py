@@ -9,7 +9,7 @@ here an operation is only named, described and fed with ids.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
@@ -72,7 +72,8 @@ class Operation:
         **options: Any,
     ) -> ActionResult:
         """Act on ``ids`` in batches; see :mod:`outbox.actions`."""
-        return getattr(actions, self.name)(ids, progress=progress, applied=applied, **options)
+        action: Callable[..., ActionResult] = getattr(actions, self.name)
+        return action(ids, progress=progress, applied=applied, **options)
 
 
 REQUEUE = Operation(

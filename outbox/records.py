@@ -275,8 +275,9 @@ class Message:
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
-    def from_record(cls, record: str, body: bytes) -> Message:
-        """The message from :meth:`to_record`'s JSON and its body."""
+    def from_record(cls, record: str, body: bytes | memoryview) -> Message:
+        """The message from :meth:`to_record`'s JSON and its body (bytes, or the memoryview a
+        BinaryField reads from PostgreSQL)."""
         data = json.loads(record)
         return cls(body=bytes(body), **{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
@@ -339,7 +340,7 @@ def unpack_policy(raw: str | bytes) -> dict[str, Any]:
 
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    return dict(zip(flat[::2], flat[1::2]))
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _opt(value: float | int | None) -> str:

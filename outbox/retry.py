@@ -195,11 +195,11 @@ def backoff_delay(policy: RetryPolicy, retry_number: int, rng: _random.Random | 
             delay = policy.max_delay
         else:  # factor ** (n - 1) < max_delay / base <= 2.6e9 here: no overflow
             delay = min(policy.max_delay, policy.base * policy.factor ** (retry_number - 1))
-    rng = rng or _random
+    uniform = _random.uniform if rng is None else rng.uniform
     if policy.jitter == "full":
-        return rng.uniform(0, delay)
+        return uniform(0, delay)
     if policy.jitter == "equal":
-        return delay / 2 + rng.uniform(0, delay / 2)
+        return delay / 2 + uniform(0, delay / 2)
     return delay
 
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypedDict
 
 import httpcore
 import httpx
@@ -219,9 +220,23 @@ def environment_proxy(url: str) -> str | None:
     proxies = urllib.request.getproxies_environment()
     parts = urlsplit(url)
     proxy = proxies.get(parts.scheme) or proxies.get("all")
-    if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+    # proxy_bypass_environment: in urllib.request since Python 3.x but not in typeshed's stubs.
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    if not proxy or bypass(parts.hostname or "", proxies):
         return None
     return proxy
+
+
+class _PoolOptions(TypedDict):
+    """The arguments :class:`GuardedTransport` gives both httpcore pools (direct and proxied)."""
+
+    ssl_context: ssl.SSLContext
+    max_connections: int | None
+    max_keepalive_connections: int | None
+    keepalive_expiry: float | None
+    http1: bool
+    http2: bool
+    network_backend: httpcore.NetworkBackend
 
 
 class GuardedTransport(httpx.HTTPTransport):
@@ -252,7 +267,7 @@ class GuardedTransport(httpx.HTTPTransport):
         self.backend = GuardedBackend(block_private=block_private and proxy is None)
         # httpx.HTTPTransport builds its pool without a network_backend argument; build
         # the same pool with ours (httpcore's public API).
-        common = {
+        common: _PoolOptions = {
             "ssl_context": httpx.create_ssl_context(verify=verify, trust_env=False),
             "max_connections": limits.max_connections,
             "max_keepalive_connections": limits.max_keepalive_connections,

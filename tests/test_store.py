@@ -1,5 +1,6 @@
 """The repository against a real Redis: records, indexes, compare-and-set transitions."""
 
+import itertools
 import json
 import time
 
@@ -231,4 +232,39 @@ def test_score_clock_never_hands_out_overlapping_chunks():
     from outbox.actions import TIE_BREAK_US, score_clock
 
     starts = [round(score_clock.reserve(1000) * 1e6) for _ in range(50)]
-    assert all(later - earlier >= 1000 * TIE_BREAK_US for earlier, later in zip(starts, starts[1:]))
+    assert all(later - earlier >= 1000 * TIE_BREAK_US for earlier, later in itertools.pairwise(starts))
+
+
+def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook, redis):
+    """A pipeline of transition + claim on a Redis whose script cache holds only
+    claim.lua (a restart, then one claim): the outcome must still be written before the
+    claim, so a retry due at once is claimed in the same round trip. Without loading the
+    scripts first, transition met NOSCRIPT and ran after the claim."""
+    import uuid
+
+    from outbox.connection import get_repository
+    from outbox.delivery import claim, decide
+    from outbox.store.scripts import sha, source
+
+    m = outbox.send("hook", {"n": 1})
+    (claimed,) = claim(m.queue)
+    redis.script_flush()
+    redis.script_load(source("claim"))
+    assert redis.script_exists(sha("transition")) == [False]
+    get_repository.cache_clear()
+    repo = get_repository()
+    now = time.time()
+    decision = decide(claimed, now=now, ok=False, error="HTTP 503", status_code=503)
+    assert decision.change.to == "retrying" and decision.change.score <= now + 0.01
+    results, next_claim = repo.outcomes_and_claim(
+        [decision.change],
+        now + 0.01,
+        m.queue,
+        lease=uuid.uuid4().hex,
+        deadline=now + 60,
+        limit=10,
+        caps={},
+        due_slack=0.5,
+    )
+    assert results[0].applied
+    assert [x.id for x in next_claim.messages] == [m.id]

@@ -19,7 +19,7 @@ from django.test import override_settings
 import outbox
 from outbox.checks import check_outbox_settings
 from outbox.testing import free_port
-from outbox.transports.email import EmailTransport
+from outbox.transports.email import HAS_MAILERS, EmailTransport
 from tests.conftest import assert_index_invariant, serving, with_destinations
 
 SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
@@ -330,3 +330,44 @@ def test_good_options():
         backend=SMTP_BACKEND,
     )
     assert transport.to == ["Ops <ops@example.com>"] and transport.backend == SMTP_BACKEND
+
+
+# -- Django 6.1's MAILERS ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    not HAS_MAILERS, reason="MAILERS is Django 6.1's (this Django has no django.core.mail.mailers)"
+)
+def test_a_mailers_alias_delivers_without_deprecated_calls(smtp, worker, recwarn):
+    mailers = {
+        "default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"},
+        "transactional": {
+            "BACKEND": SMTP_BACKEND,
+            "OPTIONS": {"host": "127.0.0.1", "port": smtp.port, "timeout": 5},
+        },
+    }
+    with (
+        override_settings(MAILERS=mailers),
+        with_destinations(
+            "email",
+            ops={
+                "OPTIONS": {
+                    "mailer": "transactional",
+                    "to": ["ops@example.com"],
+                    "from_email": "a@example.com",
+                }
+            },
+        ),
+    ):
+        m = outbox.send("ops", "hello")
+        worker(simple=True)
+    assert outbox.get(m.id).status == "succeeded"
+    assert len(smtp.messages) == 1
+    ours = [w for w in recwarn if "RemovedInDjango" in type(w.message).__name__ and "/outbox/" in w.filename]
+    assert ours == []
+
+
+@pytest.mark.skipif(HAS_MAILERS, reason="before Django 6.1 there is no MAILERS to name")
+def test_a_mailer_option_needs_django_6_1():
+    with pytest.raises(ImproperlyConfigured, match="needs Django 6.1"):
+        EmailTransport("ops", mailer="transactional", to=["ops@example.com"])

@@ -101,7 +101,7 @@ def place_random_orders(count: int, *, rng: random.Random | None = None) -> list
                 for o in orders
             ]
         )
-        for order, message in zip(orders, messages):
+        for order, message in zip(orders, messages, strict=True):
             order.message_id = message.id
         Order.objects.bulk_update(orders, ["message_id"], batch_size=500)
-    return list(zip(orders, messages))
+    return list(zip(orders, messages, strict=True))

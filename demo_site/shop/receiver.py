@@ -99,7 +99,7 @@ class ReceiverStore:
             for message_id in chunk:
                 pipe.sismember(self.key("accepted"), message_id)  # SMISMEMBER needs Redis 6.2
             flags = pipe.execute()
-            out.update(i for i, flag in zip(chunk, flags) if flag)
+            out.update(i for i, flag in zip(chunk, flags, strict=True) if flag)
         return out
 
     def counts_for(self, ids: Sequence[str]) -> dict[str, int]:
@@ -110,7 +110,7 @@ class ReceiverStore:
             pipe = self.connection.pipeline(transaction=False)
             for kind in PER_ID:
                 pipe.hmget(self.key(kind), chunk)
-            for kind, values in zip(PER_ID, pipe.execute()):
+            for kind, values in zip(PER_ID, pipe.execute(), strict=True):
                 sums[kind] += sum(int(v) for v in values if v)
         return sums
 

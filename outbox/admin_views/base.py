@@ -20,7 +20,14 @@ from ..connection import redis_location
 from ..operations import OPERATIONS, Operation
 
 if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+    from typing import TypeAlias
+
+    from django.contrib import admin
+
+    from ..models import Message
+
+    #: The console's admin (outbox.admin.MessageAdmin), as the console's views see it.
+    ModelAdmin: TypeAlias = admin.ModelAdmin[Message]
 
 #: Template directory of the console.
 TEMPLATES = "admin/outbox"
@@ -30,6 +37,18 @@ def url(model_admin: ModelAdmin, name: str, *args: Any) -> str:
     """The URL of a console page, e.g. ``url(ma, "message_detail", message_id)``
     for the URL named ``admin:outbox_message_detail``."""
     return reverse(f"{model_admin.admin_site.name}:outbox_{name}", args=args)
+
+
+def user_id(request: HttpRequest) -> int:
+    """The signed-in user's primary key (the admin lets in only signed-in staff).
+
+    Raises:
+        PermissionDenied: nobody is signed in (an anonymous user has no primary key).
+    """
+    pk = request.user.pk
+    if pk is None:
+        raise PermissionDenied
+    return pk
 
 
 def require_view(model_admin: ModelAdmin, request: HttpRequest) -> None:

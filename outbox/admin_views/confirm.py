@@ -46,12 +46,12 @@ from ..batches import BatchRecorder
 from ..connection import get_repository
 from ..operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
 from . import tasks
-from .base import TEMPLATES, BadRequest, console_view, context, require_view, url
+from .base import TEMPLATES, BadRequest, console_view, context, require_view, url, user_id
 from .filters import FILTER_PARAMS, SEARCH_PARAM, describe, parse_as_of, parse_filter, search_ids, search_text
 from .history import record
 
 if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+    from .base import ModelAdmin
 
 #: Selected ids listed on the confirmation page (the count covers them all).
 IDS_SHOWN = 20
@@ -127,8 +127,8 @@ def _hidden_fields(data: QueryDict, op: Operation, as_of: float) -> list[tuple[s
     """The fields the confirmation form POSTs again (selection, filter, return URL)."""
     fields = [("action", op.name), ("as_of", repr(as_of))]
     for name in ("select_across", "next", SEARCH_PARAM, *FILTER_PARAMS):
-        if data.get(name):
-            fields.append((name, data[name]))
+        if value := data.get(name):
+            fields.append((name, value))
     if data.get("select_across") != "1":
         fields += [("_selected_action", i) for i in dict.fromkeys(data.getlist("_selected_action"))]
     return fields
@@ -186,10 +186,10 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
     recorder = BatchRecorder(repo) if op.name != "delete" else None
     if background:
         job_id = tasks.start(
-            op, selection, request.user.pk, count.n, batch=recorder.token if recorder else None
+            op, selection, user_id(request), count.n, batch=recorder.token if recorder else None
         )
         record(
-            request.user.pk,
+            user_id(request),
             op,
             f"{op.label} {selection.description}: started in the background "
             f"({'' if count.exact else 'at least '}{count.n:,} messages; job {job_id}).",
@@ -199,7 +199,7 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
     result = execute(repo, op, selection, applied=recorder)
     text = report(op, result, selection.description)
     single = selection.ids[0] if selection.ids is not None and len(selection.ids) == 1 else None
-    record(request.user.pk, op, text, object_id=single)
+    record(user_id(request), op, text, object_id=single)
     shown: str = text
     if recorder is not None and result.acted:
         shown = format_html(

@@ -31,7 +31,7 @@ from .formatting import duration, moment
 from .rq_stats import queue_stats
 
 if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+    from .base import ModelAdmin
 
 #: Minutes shown on the outcomes chart.
 CHART_MINUTES = 60

@@ -23,7 +23,7 @@ from .base import TEMPLATES, allowed_operations, console_view, context, require_
 from .formatting import mask_headers, moment, preview_body, safe_content_type
 
 if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+    from .base import ModelAdmin
 
 #: File name extensions for downloads, by content type.
 EXTENSIONS = {

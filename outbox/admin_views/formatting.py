@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import overload
 
 from ..redaction import is_sensitive_header
 
@@ -78,6 +79,10 @@ def shorten(text: str, limit: int = 80) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+@overload
+def moment(epoch: float) -> datetime: ...
+@overload
+def moment(epoch: None) -> None: ...
 def moment(epoch: float | None) -> datetime | None:
     """An aware UTC datetime from epoch seconds (None stays None); templates localize it."""
     return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.utc)

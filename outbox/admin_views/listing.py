@@ -48,7 +48,7 @@ from .filters import SEARCH_PARAM, ListQuery, parse_list_query, search_ids
 from .formatting import moment, shorten
 
 if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+    from .base import ModelAdmin
 
 SORT_LABELS = {
     "created": gettext_lazy("Created"),
@@ -260,12 +260,12 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     rows = [_row(model_admin, m, query) for m in summaries(repo, ids) if m is not None]
 
     paginator = Paginator(range(total), per_page)
-    page_links = []
+    page_links: list[tuple[str | None, str | int, bool]] = []
     if paginator.num_pages > 1 and not query.search:
         for number in paginator.get_elided_page_range(
             min(current, paginator.num_pages), on_each_side=2, on_ends=1
         ):
-            if number == Paginator.ELLIPSIS:
+            if not isinstance(number, int):  # Paginator.ELLIPSIS
                 page_links.append((None, number, False))
             else:
                 page_links.append((query.querystring(p=number), number, number == current))

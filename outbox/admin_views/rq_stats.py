@@ -83,10 +83,10 @@ def queue_stats(names: Sequence[str], now: float | None = None) -> tuple[list[Qu
     for key in keys:
         pipe.hmget(key, WORKER_FIELDS)
     live: dict[str, WorkerInfo] = {}
-    for key, values in zip(keys, pipe.execute()):
+    for key, values in zip(keys, pipe.execute(), strict=True):
         if not any(values):  # the key expired: the worker is gone
             continue
-        data = {f: (v.decode() if v else "") for f, v in zip(WORKER_FIELDS, values)}
+        data = {f: (v.decode() if v else "") for f, v in zip(WORKER_FIELDS, values, strict=True)}
         live[key] = WorkerInfo(
             name=key.removeprefix(Worker.redis_worker_namespace_prefix),
             state=data["state"],
@@ -96,6 +96,6 @@ def queue_stats(names: Sequence[str], now: float | None = None) -> tuple[list[Qu
             last_heartbeat=data["last_heartbeat"],
             current_job=data["current_job"],
         )
-    for s, registered in zip(stats, members):
+    for s, registered in zip(stats, members, strict=True):
         s.workers = sum(1 for key in registered if key in live)
     return stats, [live[k] for k in sorted(live)]

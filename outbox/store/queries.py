@@ -495,7 +495,7 @@ def summaries(repo: MessageRepository, ids: Sequence[str]) -> list[Message | Non
     out: list[Message | None] = []
     for i in range(len(ids)):
         values, resend = replies[2 * i], replies[2 * i + 1]
-        record = {name.encode(): v for name, v in zip(SUMMARY_FIELDS, values) if v is not None}
+        record = {name.encode(): v for name, v in zip(SUMMARY_FIELDS, values, strict=True) if v is not None}
         out.append(Message.from_hashes(record, resend) if record.get(b"id") and resend else None)
     return out
 
@@ -509,4 +509,6 @@ def counts_by_destination(repo: MessageRepository, destinations: Iterable[str]) 
             pipe.zcard(repo.index_key(status, destination))
     values = pipe.execute()
     n = len(STATUSES)
-    return {d: dict(zip(STATUSES, values[i * n : (i + 1) * n])) for i, d in enumerate(destinations)}
+    return {
+        d: dict(zip(STATUSES, values[i * n : (i + 1) * n], strict=True)) for i, d in enumerate(destinations)
+    }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from redis.exceptions import NoScriptError
@@ -17,7 +17,25 @@ from redis.exceptions import NoScriptError
 from ..exceptions import MessageNotFound
 from ..records import STATUSES, Attempt, Message
 from .keys import Keys
-from .scripts import sha, source
+from .scripts import names, sha, source
+
+# Replies as this repository's connection returns them (``decode_responses=False``): bytes.
+# redis-py's own types also allow str (``decode_responses=True``) and give one type to
+# sorted-set reads with and without WITHSCORES, so replies are cast to these where parsed.
+Members = list[bytes]
+ScoredMembers = list[tuple[bytes, float]]
+
+# The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
+# Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
+#: create.lua: ([standing id, code] per message, queues woken).
+CreateReply = tuple[list[tuple[bytes, bytes]], list[bytes]]
+#: claim.lua: (message HGETALL, resend HGETALL, ... per claimed message; next due score or None).
+ClaimReply = tuple[list[list[bytes]], bytes | None]
+#: transition.lua, per change: (applied 0|1, status after[, message HGETALL, resend HGETALL]).
+TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[bytes], list[bytes]]
+#: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
+BulkReply = tuple[list[int], list[bytes]]
+ReleaseReply = tuple[list[bytes], list[bytes]]
 
 
 @dataclass
@@ -198,12 +216,30 @@ class MessageRepository:
         self.events_channel = events_channel or ""
         self.idempotency_ttl = idempotency_ttl
         self.wake_ttl_ms = max(1, int(wake_ttl * 1000))
+        self.scripts_loaded = False
 
     # -- running scripts ------------------------------------------------------------
+    def load_scripts(self) -> None:
+        """Load every Lua script into Redis's script cache (one round trip, ``SCRIPT LOAD``).
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached.
+        """
+        pipe = self.connection.pipeline(transaction=False)
+        for name in names():
+            pipe.script_load(source(name))
+        pipe.execute()
+        self.scripts_loaded = True
+
     def run_scripts(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Run Lua scripts in one round trip (a pipeline without MULTI), in order.
 
-        Each script is atomic by itself; the calls are not atomic together.
+        Each script is atomic by itself; the calls are not atomic together. Every script
+        is loaded before the first call (:meth:`load_scripts`), so the calls run in order.
+        Only when Redis lost its script cache between two calls (a restart, ``SCRIPT
+        FLUSH``) do the calls that met ``NOSCRIPT`` run again after the others: the
+        scripts are written so that this costs time, never a message (a claim that runs
+        before an outcome write only misses a retry due at once until the next claim).
 
         Args:
             calls: (script name in ``lua/``, ARGV) per call.
@@ -212,17 +248,18 @@ class MessageRepository:
             The raw reply of each call, in order.
 
         Raises:
-            redis.exceptions.RedisError: a call failed (after loading missing scripts
-                and running the calls that hit ``NOSCRIPT`` once more).
+            redis.exceptions.RedisError: a call failed (after loading the scripts and
+                running the calls that hit ``NOSCRIPT`` once more).
         """
+        if not self.scripts_loaded:
+            self.load_scripts()
         pipe = self.connection.pipeline(transaction=False)
         for name, args in calls:
             pipe.evalsha(sha(name), 0, *args)
         replies = pipe.execute(raise_on_error=False)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
-            for name in {calls[i][0] for i in missing}:
-                self.connection.script_load(source(name))
+            self.load_scripts()
             pipe = self.connection.pipeline(transaction=False)
             for i in missing:
                 pipe.evalsha(sha(calls[i][0]), 0, *calls[i][1])
@@ -234,11 +271,14 @@ class MessageRepository:
         return replies
 
     def run_script(self, name: str, args: Sequence[Any]) -> Any:
-        """Run one Lua script by SHA1 (loading it after ``NOSCRIPT``) and return its reply."""
+        """Run one Lua script by SHA1 (loading the scripts first, and after ``NOSCRIPT``)
+        and return its reply."""
+        if not self.scripts_loaded:
+            self.load_scripts()
         try:
             return self.connection.evalsha(sha(name), 0, *args)
         except NoScriptError:
-            self.connection.script_load(source(name))
+            self.load_scripts()
             return self.connection.evalsha(sha(name), 0, *args)
 
     # -- writing ------------------------------------------------------------------
@@ -295,7 +335,7 @@ class MessageRepository:
         return self.parse_create(messages, reply)
 
     @staticmethod
-    def parse_create(messages: Sequence[Message], reply: list[Any]) -> CreateResult:
+    def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
         """Turn ``lua/create.lua``'s raw reply into a :class:`CreateResult`."""
         rows, woken = reply
         created = [
@@ -350,7 +390,7 @@ class MessageRepository:
         return self.parse_claim(self.run_script("claim", self.claim_args(queue, now, **options)))
 
     @staticmethod
-    def parse_claim(reply: list[Any]) -> Claim:
+    def parse_claim(reply: ClaimReply) -> Claim:
         """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
         flat, next_due = reply[0], reply[1]
         messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
@@ -519,13 +559,14 @@ class MessageRepository:
             len(ids),
             *ids,
         ]  # one group, no job id
-        flags, woken = self.run_script("bulk", args)
+        reply: BulkReply = self.run_script("bulk", args)
+        flags, woken = reply
         return BulkResult(
             [i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken]
         )
 
     @staticmethod
-    def parse_transition(changes: Sequence[Change], reply: list[Any]) -> list[ChangeResult]:
+    def parse_transition(changes: Sequence[Change], reply: list[TransitionRow]) -> list[ChangeResult]:
         """Turn the transition script's raw reply into :class:`ChangeResult` objects."""
         results = []
         for change, row in zip(changes, reply, strict=True):
@@ -544,9 +585,10 @@ class MessageRepository:
             now: epoch seconds: released messages are due now.
             ids: the messages to release, if known.
         """
-        released, woken = self.run_script(
+        reply: ReleaseReply = self.run_script(
             "release", [self.keys.prefix, repr(now), lease, repr(deadline), self.wake_ttl_ms, *ids]
         )
+        released, woken = reply
         return BulkResult([i.decode() for i in released], [q.decode() for q in woken])
 
     def wake_candidates(self, queues: Sequence[str], now: float, stale_after: float) -> list[str]:
@@ -557,7 +599,7 @@ class MessageRepository:
         """
         if not queues:
             return []
-        reply = self.run_script(
+        reply: list[bytes] = self.run_script(
             "wake", [self.keys.prefix, repr(now), self.wake_ttl_ms, repr(stale_after), *queues]
         )
         return [q.decode() for q in reply]
@@ -574,7 +616,7 @@ class MessageRepository:
         """
         if not ids:
             return []
-        reply = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids])
+        reply: list[int] = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids])
         return [bool(x) for x in reply]
 
     # -- reading ------------------------------------------------------------------
@@ -597,7 +639,7 @@ class MessageRepository:
         for message_id in ids:
             pipe.hgetall(self.keys.message(message_id))
             pipe.hgetall(self.keys.resend(message_id))
-        replies = pipe.execute()
+        replies: list[dict[bytes, bytes]] = pipe.execute()  # HGETALL, HGETALL per id
         out: list[Message | None] = []
         for i in range(len(ids)):
             message, resend = replies[2 * i], replies[2 * i + 1]
@@ -608,7 +650,9 @@ class MessageRepository:
         """The id sent under each (destination, idempotency key), or None. One round trip."""
         if not keys:
             return []
-        values = self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+        values = cast(
+            "list[bytes | None]", self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+        )
         return [v.decode().split("|", 1)[0] if v else None for v in values]
 
     def resend_field(self, ids: Sequence[str], field_name: str) -> list[str]:
@@ -617,7 +661,8 @@ class MessageRepository:
         pipe = self.connection.pipeline(transaction=False)
         for message_id in ids:
             pipe.hget(self.keys.resend(message_id), field_name)
-        return [v.decode() if v else "" for v in pipe.execute()]
+        values: list[bytes | None] = pipe.execute()  # HGET per id
+        return [v.decode() if v else "" for v in values]
 
     def attempts(self, message_id: str, limit: int | None = None) -> list[Attempt]:
         """The message's attempt records, newest first (at most ``attempts_kept``)."""
@@ -681,14 +726,15 @@ class MessageRepository:
             pipe.zcount(key, score_bound(hi, "+inf", exclusive=True), "+inf")
         else:
             pipe.zcount(key, "-inf", score_bound(lo, "-inf", exclusive=True))
-        in_range, before = pipe.execute()
+        counts: list[int] = pipe.execute()  # ZCOUNT, ZCOUNT
+        in_range, before = counts
         if (descending and hi is None) or (not descending and lo is None):
             before = 0
         end = min(offset + limit, in_range)
         if end <= offset:
             return []
         read = self.connection.zrevrange if descending else self.connection.zrange
-        return [raw.decode() for raw in read(key, before + offset, before + end - 1)]
+        return [raw.decode() for raw in cast(Members, read(key, before + offset, before + end - 1))]
 
     def count(
         self,
@@ -712,7 +758,8 @@ class MessageRepository:
         pipe = self.connection.pipeline(transaction=False)
         for status in STATUSES:
             pipe.zcard(self.keys.status(status, destination))
-        return dict(zip(STATUSES, pipe.execute()))
+        cards: list[int] = pipe.execute()  # ZCARD per status
+        return dict(zip(STATUSES, cards, strict=True))
 
     def count_past_retention(self, retention: dict[str, float | None], now: float) -> int:
         """Messages kept longer than ``retention`` (status -> seconds, None = for ever)
@@ -721,15 +768,21 @@ class MessageRepository:
         for status, seconds in retention.items():
             if seconds is not None:
                 pipe.zcount(self.keys.status(status), "-inf", repr(now - seconds))
-        return sum(pipe.execute())
+        counts: list[int] = pipe.execute()  # ZCOUNT per status with a retention
+        return sum(counts)
 
     def destinations(self) -> list[str]:
         """Names of every destination a message was ever sent to, sorted."""
-        return sorted(d.decode() for d in self.connection.smembers(self.keys.destinations))
+        return sorted(
+            d.decode() for d in cast("set[bytes]", self.connection.smembers(self.keys.destinations))
+        )
 
     def oldest(self, status: str, destination: str | None = None) -> tuple[str, float] | None:
         """The (id, score) with the lowest score in a status index, or None if empty."""
-        rows = self.connection.zrange(self.keys.status(status, destination), 0, 0, withscores=True)
+        rows = cast(
+            ScoredMembers,
+            self.connection.zrange(self.keys.status(status, destination), 0, 0, withscores=True),
+        )
         return (rows[0][0].decode(), rows[0][1]) if rows else None
 
     def iter_ids(
@@ -751,8 +804,11 @@ class MessageRepository:
         seen_at_score: set[str] = set()
         last_score: float | None = None
         while True:
-            rows = self.connection.zrangebyscore(
-                key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True
+            rows = cast(
+                ScoredMembers,
+                self.connection.zrangebyscore(
+                    key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True
+                ),
             )
             ids = []
             for raw, score in rows:
@@ -772,8 +828,11 @@ class MessageRepository:
 
     def due(self, status: str, before: float, limit: int = 1000) -> list[tuple[str, float]]:
         """Up to ``limit`` (id, score) pairs in a status index with score <= ``before``."""
-        rows = self.connection.zrangebyscore(
-            self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True
+        rows = cast(
+            ScoredMembers,
+            self.connection.zrangebyscore(
+                self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True
+            ),
         )
         return [(raw.decode(), score) for raw, score in rows]
 
@@ -784,7 +843,7 @@ class MessageRepository:
         for outcome in outcomes:
             for minute in minutes:
                 pipe.get(self.keys.stats(outcome, minute))
-        values = pipe.execute()
+        values: list[bytes | None] = pipe.execute()  # GET per outcome and minute
         out: dict[str, list[int]] = {}
         for i, outcome in enumerate(outcomes):
             row = values[i * len(minutes) : (i + 1) * len(minutes)]
@@ -797,22 +856,25 @@ class MessageRepository:
         """Bring records written by an older version up to :attr:`SCHEMA` (idempotent).
 
         Version 0.1 kept no due index: its ``pending`` and ``retrying`` messages are put
-        in their queue's due index (``lua/backfill.lua``). Returns how many ids were read.
+        in their queue's due index (``lua/backfill.lua``). Returns how many were put there
+        (0 when every one already was, as on a new Redis).
         """
         key = f"{self.keys.prefix}:schema"
         if int(self.connection.get(key) or 0) >= self.SCHEMA:
             return 0
-        read = 0
+        added = 0
         for status in ("pending", "retrying"):
             first = 0
             while True:
-                n = int(self.run_script("backfill", [self.keys.prefix, status, first, batch]))
-                read += n
+                read, put = (
+                    int(x) for x in self.run_script("backfill", [self.keys.prefix, status, first, batch])
+                )
+                added += put
                 first += batch
-                if n < batch:
+                if read < batch:
                     break
         self.connection.set(key, self.SCHEMA)
-        return read
+        return added
 
     def drop_index_entry(self, status: str, message_id: str) -> None:
         """Remove an id from a status index (repairing an entry without a record)."""

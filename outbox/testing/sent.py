@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from ..records import Message
+from ..store.repository import Members
 
 
 class SentMessages:
@@ -37,9 +38,8 @@ class SentMessages:
         from ..connection import get_repository
 
         repo = get_repository()
-        ids = [
-            i.decode() for i in repo.connection.zrangebyscore(repo.keys.created(), self.since - 0.001, "+inf")
-        ]
+        raw = cast(Members, repo.connection.zrangebyscore(repo.keys.created(), self.since - 0.001, "+inf"))
+        ids = [i.decode() for i in raw]
         found: dict[str, Message] = {m.id: m for m in repo.get_many(ids) if m is not None}
         for message in _captured_since(self.since):
             found.setdefault(message.id, message)
@@ -117,7 +117,7 @@ def _matches(message: Message, body: Any, headers: dict[str, str] | None) -> boo
     if isinstance(body, str):
         return message.text == body
     try:
-        return message.json() == body
+        return bool(message.json() == body)
     except ValueError:
         return False
 

@@ -1,13 +1,13 @@
 """Transports, chosen per destination by alias or dotted path.
 
-=========== ==============================================
-alias       class
-=========== ==============================================
-``webhook`` :class:`outbox.transports.webhook.WebhookTransport`
-``email``   :class:`outbox.transports.email.EmailTransport`
+============ ================================================================
+alias        class
+============ ================================================================
+``webhook``  :class:`outbox.transports.webhook.WebhookTransport`
+``email``    :class:`outbox.transports.email.EmailTransport`
 ``callable`` :class:`outbox.transports.callable.CallableTransport`
-``locmem``  :class:`outbox.transports.locmem.LocmemTransport`
-=========== ==============================================
+``locmem``   :class:`outbox.transports.locmem.LocmemTransport`
+============ ================================================================
 """
 
 from __future__ import annotations

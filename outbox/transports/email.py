@@ -6,10 +6,15 @@ Options:
   ``"a@example.com"`` or ``"Name <a@example.com>"``.
 * ``from_email`` (str): sender; ``DEFAULT_FROM_EMAIL`` when absent.
 * ``subject`` (str): subject when the message has no ``Subject`` header (default "Notification").
-* ``backend`` (str): dotted path of an email backend class; ``EMAIL_BACKEND`` when absent.
-  The SMTP backend takes its host, port and credentials from Django's ``EMAIL_*`` settings.
-* ``timeout`` (seconds): the SMTP backend's socket timeout; default ``EMAIL_TIMEOUT``, or
-  :data:`DEFAULT_TIMEOUT` (10 s) when that is None (Django's default: no timeout at all).
+* ``mailer`` (str, Django 6.1+): an alias of Django's ``MAILERS`` setting; the default
+  mailer when absent and no ``backend`` is given. Its host, port, credentials and timeout
+  come from that ``MAILERS`` entry.
+* ``backend`` (str): dotted path of an email backend class, built by the transport (before
+  Django 6.1 without ``MAILERS``: ``EMAIL_BACKEND`` when absent). The SMTP backend takes its
+  host, port and credentials from Django's ``EMAIL_*`` settings.
+* ``timeout`` (seconds): the socket timeout given to an SMTP backend the transport builds;
+  default ``EMAIL_TIMEOUT`` (before Django 6.1), or :data:`DEFAULT_TIMEOUT` (10 s) when that
+  is None (Django's default: no timeout at all). A ``MAILERS`` entry sets its own.
 * ``deadline`` (seconds, default 3 x ``timeout``): the hard limit of one attempt. The
   email is sent from a thread that is given up (a retryable failure) when the deadline
   passes, so a server that answers one byte at a time cannot hold a worker. System
@@ -31,8 +36,9 @@ from email.utils import getaddresses
 from typing import Any
 
 from django.conf import settings
+from django.core import mail
 from django.core.exceptions import ImproperlyConfigured, ValidationError
-from django.core.mail import EmailMessage, get_connection
+from django.core.mail import EmailMessage
 from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 from django.core.validators import validate_email
 from django.utils.module_loading import import_string
@@ -44,6 +50,12 @@ from ..redaction import redact, secrets_for
 from .base import DeliveryResult, Transport, positive_seconds
 
 DEFAULT_TIMEOUT = 10.0  # seconds of SMTP socket timeout when EMAIL_TIMEOUT is None
+
+#: Django 6.1's mail API: ``MAILERS`` aliases (``django.core.mail.mailers``); the ``EMAIL_*``
+#: settings, ``get_connection()`` and ``EmailMessage(connection=...)`` are deprecated there
+#: (RemovedInDjango2028Warning), so the transport uses them only on older Django.
+MAILERS: Any = getattr(mail, "mailers", None)  # django.core.mail.mailers on Django 6.1+
+HAS_MAILERS = MAILERS is not None
 
 
 def _bad_address(address: Any) -> bool:
@@ -101,7 +113,7 @@ class EmailTransport(Transport):
         ImproperlyConfigured: from ``__init__``, for invalid options.
     """
 
-    options = ("to", "from_email", "subject", "backend", "timeout", "deadline")
+    options = ("to", "from_email", "subject", "mailer", "backend", "timeout", "deadline")
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)
@@ -130,7 +142,19 @@ class EmailTransport(Transport):
                 raise ImproperlyConfigured(
                     f"{where}: OPTIONS['backend'] {self.backend!r} cannot be imported: {exc}"
                 ) from exc
-        default_timeout = getattr(settings, "EMAIL_TIMEOUT", None) or DEFAULT_TIMEOUT
+        self.mailer = options.get("mailer")
+        if self.mailer is not None:
+            if not HAS_MAILERS:
+                raise ImproperlyConfigured(f"{where}: OPTIONS['mailer'] needs Django 6.1 or later (MAILERS)")
+            if self.backend is not None:
+                raise ImproperlyConfigured(f"{where}: give OPTIONS['mailer'] or OPTIONS['backend'], not both")
+            if not isinstance(self.mailer, str) or self.mailer not in MAILERS:
+                known = ", ".join(sorted(MAILERS)) or "none"
+                raise ImproperlyConfigured(
+                    f"{where}: OPTIONS['mailer'] {self.mailer!r} is not an alias of MAILERS (known: {known})"
+                )
+        legacy_timeout = None if HAS_MAILERS else getattr(settings, "EMAIL_TIMEOUT", None)
+        default_timeout = legacy_timeout or DEFAULT_TIMEOUT
         self.timeout = positive_seconds(
             options.get("timeout", default_timeout), f"{where}: OPTIONS['timeout']"
         )
@@ -143,13 +167,15 @@ class EmailTransport(Transport):
         return self.deadline
 
     def connection(self) -> Any:
-        """A backend connection; the SMTP backend (or a subclass) gets ``timeout``."""
-        path = self.backend or settings.EMAIL_BACKEND
-        try:
-            is_smtp = issubclass(import_string(path), SMTPBackend)
-        except ImportError:
-            is_smtp = False
-        return get_connection(path, timeout=self.timeout) if is_smtp else get_connection(path)
+        """An email backend instance: the ``backend`` option's class (an SMTP backend, or a
+        subclass, gets ``timeout``), else the ``mailer`` (Django 6.1+: ``mailers[alias]``,
+        the default mailer when no alias is given), else ``EMAIL_BACKEND`` (older Django)."""
+        if self.backend is None and HAS_MAILERS:
+            return MAILERS[self.mailer or "default"]
+        backend_class = import_string(self.backend or settings.EMAIL_BACKEND)
+        if issubclass(backend_class, SMTPBackend):
+            return backend_class(timeout=self.timeout)
+        return backend_class()  # fail_silently defaults to False
 
     def check_message(self, body: bytes, content_type: str, headers: dict[str, str]) -> None:
         """Refuse, at ``send()`` time, a message that cannot become an email.
@@ -201,12 +227,12 @@ class EmailTransport(Transport):
                 from_email=self.from_email,
                 to=to,
                 headers=headers,
-                connection=self.connection(),
             )
             if message.content_type.split(";")[0].strip().lower() == "text/html":
                 email.content_subtype = "html"
+            connection = self.connection()
             sent = call_with_deadline(
-                lambda: email.send(fail_silently=False),
+                lambda: connection.send_messages([email]),
                 self.deadline,
                 f"sending the email to {self.destination!r}",
             )

@@ -705,7 +705,9 @@ def table(results: Sequence[Result]) -> str:
     """The results as a Markdown table, then each scenario's checks and notes."""
     rows = [list(COLUMNS)] + [_row(r) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
+    lines = [
+        "| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) + " |" for row in rows
+    ]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     details = []
     for r in results:

@@ -872,7 +872,7 @@ def evicting_redis(
             outbox.send("hook", {"n": i, "pad": "x" * 200}, idempotency_key=f"key-{i}").id
             for i in range(messages)
         ]
-        duplicates = sum(1 for a, b in zip(first, again) if a != b)
+        duplicates = sum(1 for a, b in zip(first, again, strict=True) if a != b)
         result.duplicates = duplicates  # no worker runs: nothing settles, so no settle time
         result.notes.append(
             f"{result.lost} of {messages} accepted messages evicted; re-sending the same {messages} idempotency "

@@ -3,6 +3,8 @@ then wake every queue that has due messages and no waiting job."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.management.base import BaseCommand
 
 
@@ -12,7 +14,7 @@ class Command(BaseCommand):
         "and wake queues whose due messages have no waiting job."
     )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         from outbox.dispatch import wake_due
         from outbox.recovery import recover
 

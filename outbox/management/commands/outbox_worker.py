@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 from argparse import SUPPRESS as SUPPRESS_HELP
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.conf import outbox_settings
 
@@ -27,7 +28,7 @@ from outbox.conf import outbox_settings
 class Command(BaseCommand):
     help = "Run an RQ worker for the outbox queues, with wake-ups, the relay and the recovery sweep."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "queues", nargs="*", help="queue names (default: the outbox's high, default and low queues)"
         )
@@ -63,7 +64,7 @@ class Command(BaseCommand):
             help="print no line per outcome when the project configured no logging for 'outbox'",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         from outbox.destinations import close_transports
         from outbox.worker import run_worker
 

@@ -3,15 +3,16 @@
 -- next_attempt_at, unless they are there already.
 --
 -- ARGV[1] prefix  ARGV[2] status  ARGV[3] first rank  ARGV[4] how many
--- Returns the number of ids read (fewer than asked: the index is done).
+-- Returns {ids read (fewer than asked: the index is done), ids added to a due index}.
 local prefix, status = ARGV[1], ARGV[2]
 local first, count = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ids = redis.call('ZRANGE', prefix .. ':status:' .. status, first, first + count - 1, 'WITHSCORES')
+local added = 0
 for i = 1, #ids, 2 do
   local id, score = ids[i], ids[i + 1]
   local cur = redis.call('HMGET', prefix .. ':resend:' .. id, 'queue', 'next_attempt_at')
   if cur[1] then
-    redis.call('ZADD', prefix .. ':due:' .. cur[1], 'NX', cur[2] or score, id)
+    added = added + redis.call('ZADD', prefix .. ':due:' .. cur[1], 'NX', cur[2] or score, id)
   end
 end
-return #ids / 2
+return {#ids / 2, added}

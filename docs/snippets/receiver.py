@@ -1,0 +1,49 @@
+"""A webhook receiver that verifies Standard Webhooks signatures (Python).
+
+pip install standardwebhooks. The secret is the destination's OPTIONS["secret"]
+("whsec_..."), shared with the receiver out of band. Run: python receiver.py
+"""
+
+import json
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
+
+SECRET = os.environ.get("WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+seen_ids: set[str] = set()  # use a database table with a unique key in production
+
+
+def handle(body: bytes, headers: dict[str, str]) -> tuple[int, object]:
+    """Verify one request; return (HTTP status, the payload or None).
+
+    Webhook.verify checks the HMAC-SHA256 over "webhook-id.webhook-timestamp.body"
+    against every signature in webhook-signature, and that the timestamp is within
+    5 minutes of now (replay protection). It raises WebhookVerificationError otherwise.
+    """
+    try:
+        payload = Webhook(SECRET).verify(body, headers)
+    except WebhookVerificationError:
+        return 400, None  # a 4xx is permanent for the outbox: a forged request is not retried
+    message_id = headers["webhook-id"]  # the same on every retry of one message
+    if message_id in seen_ids:
+        return 200, None  # delivered before: acknowledge, do nothing twice
+    seen_ids.add(message_id)
+    # ... act on the payload (it is the decoded JSON body) ...
+    return 200, payload
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status, payload = handle(body, {k.lower(): v for k, v in self.headers.items()})
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        if payload is not None:
+            print("received", self.headers["webhook-id"], json.dumps(payload))
+
+
+if __name__ == "__main__":
+    ThreadingHTTPServer(("127.0.0.1", 8001), Handler).serve_forever()

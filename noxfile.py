@@ -1,0 +1,61 @@
+"""The version matrix (issue 9): ``scripts/matrix`` (or ``nox``) runs the test suite on
+combinations of Python, Django, RQ and redis-py; docs/compatibility.md holds the results.
+
+    scripts/matrix -l                      # list the sessions
+    scripts/matrix -s tests-oldest tests-newest
+    scripts/matrix                         # every combination (~20 min on 2 cores)
+
+Not the full cross product (4 × 3 × 2 × 2 = 48 runs) but a covering set: every supported
+version of each appears at least once, with the oldest and the newest combination of all.
+Django 6.x needs Python 3.12+. Each session installs the project with its test extra and
+the pinned versions into its own virtualenv, and runs pytest without the fault scenarios
+and the browser test (they do not depend on these versions and take most of the time:
+``scripts/test`` runs them). A Python the machine lacks is skipped with a message.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = False
+
+#: (session id, python, Django, RQ, redis-py): pip requirement specifiers.
+COMBINATIONS = [
+    ("oldest", "3.10", "Django==5.2.*", "rq==2.6.1", "redis==5.0.1"),
+    ("py3.11-django5.2-rq2-redis6", "3.11", "Django==5.2.*", "rq>=2.6.1,<3", "redis>=6,<7"),
+    ("py3.12-django6.0-rq3-redis7", "3.12", "Django==6.0.*", "rq>=3,<4", "redis>=7,<8"),
+    ("py3.12-django6.1-rq2-redis5", "3.12", "Django==6.1.*", "rq>=2.6.1,<3", "redis>=5.0.1,<6"),
+    ("py3.13-django6.0-rq2-redis8", "3.13", "Django==6.0.*", "rq>=2.6.1,<3", "redis>=8,<9"),
+    ("newest", "3.13", "Django==6.1.*", "rq>=3,<4", "redis>=8,<9"),
+]
+
+PYTEST = [
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "-m",
+    "not faults and not browser",
+    "-W",
+    "error::DeprecationWarning:outbox",
+]
+
+
+def _run(session: nox.Session, django: str, rq: str, redis: str) -> None:
+    session.install("-e", ".[test,server]", django, rq, redis)
+    session.run(
+        "python",
+        "-c",
+        "import django, rq, redis, sys; print('versions:', sys.version.split()[0], 'Django', django.__version__, 'RQ', rq.__version__, 'redis-py', redis.__version__)",
+    )
+    session.run("python", "-m", "pytest", *PYTEST, *session.posargs)
+
+
+for _id, _python, _django, _rq, _redis in COMBINATIONS:
+
+    def _session(session: nox.Session, django: str = _django, rq: str = _rq, redis: str = _redis) -> None:
+        _run(session, django, rq, redis)
+
+    _session.__doc__ = f"Python {_python}, {_django}, {_rq}, {_redis}"
+    nox.session(name=f"tests-{_id}", python=_python)(_session)
