@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
 
+from django.utils.functional import Promise
 from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
 
@@ -52,11 +53,11 @@ class Operation:
     """
 
     name: str
-    label: str
-    past: str
+    label: str | Promise
+    past: str | Promise
     codename: str
     statuses: tuple[str, ...]
-    consequences: tuple[str, ...]
+    consequences: tuple[str | Promise, ...]
     not_yet_due: bool = False
 
     @property

@@ -25,6 +25,7 @@ from django.contrib import messages
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
@@ -40,14 +41,14 @@ from ..operations import REQUEUE, recover_selection, recover_since, report
 from ..redaction import destination_options, redact, secrets_for
 from ..store.queries import count_matching
 from ..times import parse_time
-from .base import TEMPLATES, BadRequest, console_view, context, require_view, url
+from .base import TEMPLATES, BadRequest, console_view, context, require_view, url, user_id
 from .chart import latency_chart, outcome_chart
 from .confirm import batch_url
 from .formatting import duration, moment
 from .history import record_change
 
 if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+    from .base import ModelAdmin
 
 #: The permission for pause, resume, disable and enable.
 MANAGE_PERMISSION = "outbox.manage_destination"
@@ -64,8 +65,8 @@ class StateAction:
     """An operator action on a destination's admin state."""
 
     name: str
-    label: str
-    explanation: str
+    label: str | Promise
+    explanation: str | Promise
 
 
 STATE_ACTIONS = {
@@ -307,7 +308,7 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
             "Destination %(name)s %(done)s: %(n)s parked messages put back.",
             moved,
         ) % {"name": name, "done": RESUMED if action.name == "resume" else ENABLED, "n": f"{moved:,}"}
-    record_change(request.user.pk, text, f"destination {name}")
+    record_change(user_id(request), text, f"destination {name}")
     messages.success(request, text)
     return HttpResponseRedirect(back)
 
@@ -385,7 +386,7 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
     recorder = BatchRecorder(repo)
     result = recover_since(repo, name, since, as_of=as_of, applied=recorder)
     text = report(REQUEUE, result, recover_selection(name, since, as_of).description)
-    record_change(request.user.pk, text, f"destination {name}")
+    record_change(user_id(request), text, f"destination {name}")
     if result.acted:
         messages.success(
             request,

@@ -33,6 +33,7 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
@@ -96,7 +97,7 @@ class Column:
     """A sortable column header."""
 
     field: str
-    label: str
+    label: str | Promise
     url: str | None
     sorted: bool
     descending: bool

@@ -210,11 +210,6 @@ def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
     """
     if flt.status is not None and flt.status not in STATUSES:
         raise ValueError(f"unknown status {flt.status!r}; expected one of {STATUSES}")
-    common = {
-        "check_queue": flt.queue,
-        "check_code": flt.status_code,
-        "check_class": flt.error_class,
-    }
     if flt.batch is not None:
         return Plan(
             filter=flt,
@@ -225,7 +220,9 @@ def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
             check_due=flt.due,
             check_status=flt.status,
             check_destination=flt.destination,
-            **common,
+            check_queue=flt.queue,
+            check_code=flt.status_code,
+            check_class=flt.error_class,
         )
     key = repo.index_key(flt.status, flt.destination)
     scored = score_field(flt.status)
@@ -241,7 +238,9 @@ def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
         check_created=TimeRange() if scored == "created" else flt.created,
         check_updated=TimeRange() if scored == "updated" else flt.updated,
         check_due=TimeRange() if scored == "next_attempt" else flt.due,
-        **common,
+        check_queue=flt.queue,
+        check_code=flt.status_code,
+        check_class=flt.error_class,
     )
 
 
