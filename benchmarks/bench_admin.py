@@ -8,8 +8,12 @@ with :func:`benchmarks.loader.load` into the private benchmark Redis, then measu
 
 * pages, through Django's test client logged in as a superuser (median and p95 of
   ``--requests`` GETs after 2 warm-up requests, milliseconds per request): the
-  dashboard; the message list filtered by ``status=failed``; by ``status=failed`` and
-  ``destination=orders``; page 50 and the last page of that list; a detail page; the
+  dashboard (all destinations, and its chart of one); the message list filtered by
+  ``status=failed``; by ``status=failed`` and ``destination=orders``; page 50 and the
+  last page of that list; that list by ``status_code=503`` (no index: a bounded scan of
+  5,000 entries, checked in Redis) and ``status=failed&error_class=http`` (the loader
+  writes no error class: a scan that matches none);
+  the destination page of ``orders``; a detail page; the
   confirmation page of "requeue all matching status=failed"; and, as the bare
   baseline, the admin index page (``admin:index``): every page figure is also given
   as a ratio to it;
@@ -129,6 +133,30 @@ def measure_pages(client, repo, n: int) -> list[PageTiming]:
         (
             f"  same, last page ({last_page:,})",
             f"{listing}?status=failed&destination={BUSY_DESTINATION}&p={last_page}",
+            None,
+            PAGE_TARGET_MS,
+        ),
+        (
+            "  same, status_code=503 (scan)",
+            f"{listing}?status=failed&destination={BUSY_DESTINATION}&status_code=503",
+            None,
+            PAGE_TARGET_MS,
+        ),
+        (
+            "list status=failed&error_class=http (scan)",
+            f"{listing}?status=failed&error_class=http",
+            None,
+            PAGE_TARGET_MS,
+        ),
+        (
+            "dashboard, chart of one destination",
+            f"{u('outbox_dashboard')}?chart={BUSY_DESTINATION}",
+            None,
+            PAGE_TARGET_MS,
+        ),
+        (
+            f"destination page ({BUSY_DESTINATION})",
+            u("outbox_destination", BUSY_DESTINATION),
             None,
             PAGE_TARGET_MS,
         ),

@@ -1,4 +1,4 @@
-"""Bulk operations on messages: requeue, cancel, delete, in batches.
+"""Bulk operations on messages: requeue, retry now, cancel, delete, in batches.
 
 Each works on any iterable of ids (a selection, or every id matching a filter from
 :meth:`~outbox.store.MessageRepository.iter_ids`), 1,000 ids per Lua call, never one
@@ -53,6 +53,7 @@ class ScoreClock:
 score_clock = ScoreClock()
 
 Progress = Callable[[int, int], None]  # (acted so far, skipped so far)
+Applied = Callable[[list[str]], None]  # the ids one chunk acted on (e.g. a batch recorder)
 
 
 @dataclass
@@ -90,7 +91,11 @@ Execute = Callable[[], list[str]]  # writes one prepared chunk; returns the ids 
 
 
 def _run(
-    ids: Iterable[str], action: str, prepare: Callable[[list[str]], Execute], progress: Progress | None
+    ids: Iterable[str],
+    action: str,
+    prepare: Callable[[list[str]], Execute],
+    progress: Progress | None,
+    applied: Applied | None = None,
 ) -> ActionResult:
     """Prepare each chunk in this thread while a helper thread writes the previous one.
 
@@ -102,9 +107,11 @@ def _run(
     in_flight: tuple[int, Future[list[str]]] | None = None
 
     def collect(size: int, future: Future[list[str]]) -> None:
-        applied = future.result()
-        send_bulk_signal(action, applied)
-        total.add(ActionResult(len(applied), size - len(applied)))
+        done = future.result()
+        send_bulk_signal(action, done)
+        if applied is not None:
+            applied(done)
+        total.add(ActionResult(len(done), size - len(done)))
         if progress:
             progress(total.acted, total.skipped)
 
@@ -152,13 +159,64 @@ def _writer(
     return execute
 
 
-def requeue(ids: Iterable[str], *, progress: Progress | None = None) -> ActionResult:
+def requeue(
+    ids: Iterable[str], *, progress: Progress | None = None, applied: Applied | None = None
+) -> ActionResult:
     """Send failed, cancelled or succeeded messages again.
 
     Each goes back to ``pending``, due now, with its retry count reset to 0 (a fresh
-    retry budget), and its queue is woken; its attempt history is kept.
+    retry budget), and its queue is woken; its attempt history is kept. ``applied`` is
+    called with the ids of each chunk acted on (all actions here take it).
     """
-    return _run(ids, "requeued", _prepare_requeue, progress)
+    return _run(ids, "requeued", _prepare_requeue, progress, applied)
+
+
+def retry_now(
+    ids: Iterable[str],
+    *,
+    progress: Progress | None = None,
+    applied: Applied | None = None,
+    due_by: float | None = None,
+) -> ActionResult:
+    """Make retrying messages due now, keeping their retry budget.
+
+    Each stays ``retrying`` with its retry count unchanged; its ``next_attempt_at``
+    becomes now (its backoff wait is skipped) and its queue is woken. Messages in any
+    other status are skipped.
+
+    Args:
+        due_by: when set (epoch seconds), the messages are made due at or before it
+            (from ``due_by - 10`` up, a microsecond apart, counting up across chunks),
+            not at the time each chunk is written. A walk of the ``retrying`` index from
+            just after ``due_by`` (:class:`outbox.operations.Selection` does this for
+            "all matching") then never meets a message it already moved. Up to 10
+            million messages keep distinct scores below ``due_by``.
+    """
+    if due_by is None:
+        return _run(ids, "retried_now", _prepare_retry_now, progress, applied)
+    clock = {"next": due_by - 10.0}
+
+    def prepare(chunk: list[str]) -> Execute:
+        now = min(clock["next"], due_by)
+        clock["next"] = now + len(chunk) * TIE_BREAK
+        return _retry_now_writer(chunk, now)
+
+    return _run(ids, "retried_now", prepare, progress, applied)
+
+
+def _prepare_retry_now(ids: list[str]) -> Execute:
+    return _retry_now_writer(ids, score_clock.reserve(len(ids)))
+
+
+def _retry_now_writer(ids: list[str], now: float) -> Execute:
+    return _writer(
+        ids,
+        action="retried_now",
+        from_statuses=(Status.RETRYING.value,),
+        to=Status.RETRYING.value,
+        now=now,
+        set={"next_attempt_at": repr(now)},
+    )
 
 
 def _prepare_requeue(ids: list[str]) -> Execute:
@@ -174,9 +232,11 @@ def _prepare_requeue(ids: list[str]) -> Execute:
     )
 
 
-def cancel(ids: Iterable[str], *, progress: Progress | None = None) -> ActionResult:
+def cancel(
+    ids: Iterable[str], *, progress: Progress | None = None, applied: Applied | None = None
+) -> ActionResult:
     """Withdraw pending or retrying messages (-> ``cancelled``): they leave their queue's due index."""
-    return _run(ids, "cancelled", _prepare_cancel, progress)
+    return _run(ids, "cancelled", _prepare_cancel, progress, applied)
 
 
 def _prepare_cancel(ids: list[str]) -> Execute:
@@ -190,9 +250,11 @@ def _prepare_cancel(ids: list[str]) -> Execute:
     )
 
 
-def delete(ids: Iterable[str], *, progress: Progress | None = None) -> ActionResult:
+def delete(
+    ids: Iterable[str], *, progress: Progress | None = None, applied: Applied | None = None
+) -> ActionResult:
     """Delete messages and their history for good (any status but ``sending``)."""
-    return _run(ids, "deleted", _prepare_delete, progress)
+    return _run(ids, "deleted", _prepare_delete, progress, applied)
 
 
 def _prepare_delete(ids: list[str]) -> Execute:

@@ -15,10 +15,15 @@ URL name (``admin:...``)                   path                          method
 ``outbox_message_body``                    ``messages/<id>/body/``       GET
 ``outbox_message_action``                  ``action/``                   POST
 ``outbox_message_action_status``           ``action/<job id>/``          GET
+``outbox_destination``                     ``destinations/<name>/``      GET
+``outbox_destination_action``              ``destinations/<name>/state/``  POST
+``outbox_destination_recover``             ``destinations/<name>/recover/``  POST
 =========================================  ============================  ==========
 
 Permissions (see :mod:`outbox.models`): every page needs ``view_message``; each
-action its own ``requeue_message``, ``cancel_message`` or ``delete_message``.
+action its own ``requeue_message`` (requeue, retry now, recover since),
+``cancel_message`` or ``delete_message``; pausing, resuming, disabling and enabling a
+destination needs ``manage_destination``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from .admin_views import confirm, dashboard, detail, listing
+from .admin_views import confirm, dashboard, destinations, detail, listing
 from .models import Message
 
 if TYPE_CHECKING:
@@ -49,13 +54,13 @@ class MessageAdmin(_ModelAdmin):
         sync_action_limit: "select all matching" actions on more messages than this
             run as a background RQ job with a progress page; smaller ones run in the
             request (about 10,000 requeues per second; see ``docs``).
-        failing_threshold: share of a destination's messages failed or retrying
-            (0..1) from which the dashboard flags it as failing.
+
+    A destination is flagged as failing from its recent attempts
+    (:attr:`outbox.health.DestinationHealth.failing`), not from the messages kept.
     """
 
     list_per_page = 50
     sync_action_limit = 20_000
-    failing_threshold = 0.1
 
     # The admin's own add/change/delete views do not apply: messages are not rows.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -89,4 +94,15 @@ class MessageAdmin(_ModelAdmin):
             path("messages/<str:message_id>/body/", wrap(detail.message_body), name="outbox_message_body"),
             path("action/", wrap(confirm.message_action), name="outbox_message_action"),
             path("action/<str:job_id>/", wrap(confirm.action_status), name="outbox_message_action_status"),
+            path("destinations/<str:name>/", wrap(destinations.destination_page), name="outbox_destination"),
+            path(
+                "destinations/<str:name>/state/",
+                wrap(destinations.destination_action),
+                name="outbox_destination_action",
+            ),
+            path(
+                "destinations/<str:name>/recover/",
+                wrap(destinations.destination_recover),
+                name="outbox_destination_recover",
+            ),
         ]

@@ -96,6 +96,7 @@ class Outcome:
     retry_after: float | None = None
     detail: str = ""
     error_class: str = ""
+    host: str = ""  # the transport's host (Transport.host) at attempt time
 
 
 def attempt(message: Message) -> Outcome:
@@ -117,6 +118,7 @@ def attempt(message: Message) -> Outcome:
                 redact_message_text(f"destination {message.destination!r} cannot be used: {exc}", message),
                 error_class="destination_config",
             ) from exc
+        outcome.host = transport.host
         result = transport.deliver(message)
         outcome.ok = True
         outcome.status_code = result.status_code
@@ -168,6 +170,7 @@ def decide(
     attempt_outcome: str | None = None,
     detail: str = "",
     error_class: str = "",
+    host: str = "",
 ) -> Decision:
     """Turn an attempt's result into the status change for a ``sending`` message.
 
@@ -238,6 +241,7 @@ def decide(
         retry_count=retry_count,
         detail=detail,
         error_class="" if ok else error_class,
+        host=host,
     )
     change = Change(
         id=message.id,
@@ -327,6 +331,7 @@ def decide_outcome(outcome: Outcome, now: float) -> Decision:
         duration_ms=outcome.duration_ms,
         detail=outcome.detail,
         error_class=outcome.error_class,
+        host=outcome.host,
     )
 
 

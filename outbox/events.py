@@ -8,7 +8,8 @@ is the message after the change; ``attempt`` an :class:`~outbox.records.Attempt`
 * :data:`message_succeeded`: delivered.
 * :data:`message_retrying`: an attempt failed; a retry is scheduled (``next_attempt_at``).
 * :data:`message_failed`: dead letter (permanent error, retries spent, or worker lost too often).
-* :data:`messages_requeued`, :data:`messages_cancelled`, :data:`messages_deleted`: a
+* :data:`messages_requeued`, :data:`messages_retried_now`, :data:`messages_cancelled`,
+  :data:`messages_deleted`: a
   user or script acted on messages; keyword ``message_ids`` lists the ids acted on
   (sent once per batch of up to 1,000, not per message).
 
@@ -56,6 +57,7 @@ message_succeeded = Signal()
 message_retrying = Signal()
 message_failed = Signal()
 messages_requeued = Signal()
+messages_retried_now = Signal()
 messages_cancelled = Signal()
 messages_deleted = Signal()
 
@@ -85,7 +87,12 @@ SIGNALS = {
     "retrying": message_retrying,
     "failed": message_failed,
 }
-BULK_SIGNALS = {"requeued": messages_requeued, "cancelled": messages_cancelled, "deleted": messages_deleted}
+BULK_SIGNALS = {
+    "requeued": messages_requeued,
+    "retried_now": messages_retried_now,
+    "cancelled": messages_cancelled,
+    "deleted": messages_deleted,
+}
 
 
 def send_bulk_signal(action: str, message_ids: list[str]) -> None:

@@ -16,6 +16,7 @@ permission                  lets a staff user
 ``outbox.requeue_message``  requeue failed, cancelled or succeeded messages
 ``outbox.cancel_message``   cancel pending or retrying messages
 ``outbox.delete_message``   delete messages and their attempt history
+``outbox.manage_destination``  pause, resume, disable and enable destinations
 ==========================  =====================================================
 """
 
@@ -34,6 +35,7 @@ class Message(models.Model):
             ("requeue_message", "Can requeue messages"),
             ("cancel_message", "Can cancel messages"),
             ("delete_message", "Can delete messages"),
+            ("manage_destination", "Can pause, resume, disable and enable destinations"),
         )
         verbose_name = "message"
         verbose_name_plural = "messages"

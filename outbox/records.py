@@ -84,6 +84,9 @@ class Attempt:
         detail: the transport's note on a success (e.g. an SMTP reply), or "".
         error_class: the kind of failure (:attr:`outbox.exceptions.DeliveryError.error_class`:
             ``"http"``, ``"timeout"``, ``"ConnectError"`` ...), or "" on success.
+        host: the host the attempt went to (``api.example.com[:port]``, from the
+            destination's settings at attempt time: :attr:`outbox.transports.Transport.host`),
+            or "" when the transport names none (and in records written before it existed).
     """
 
     started_at: float
@@ -95,6 +98,7 @@ class Attempt:
     retry_count: int = 0
     detail: str = ""
     error_class: str = ""
+    host: str = ""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -108,6 +112,7 @@ class Attempt:
                 "retry_count": self.retry_count,
                 **({"detail": self.detail} if self.detail else {}),
                 **({"error_class": self.error_class} if self.error_class else {}),
+                **({"host": self.host} if self.host else {}),
             },
             separators=(",", ":"),
         )

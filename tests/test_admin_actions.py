@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from html import unescape
 
 import pytest
 from django.contrib import admin
@@ -37,7 +39,15 @@ def statuses(ids) -> list[str]:
 
 
 def messages_of(response) -> list[str]:
-    return [str(m) for m in response.wsgi_request._messages]
+    """The texts of the messages shown to the user (without the batch link)."""
+    return [re.sub(r" <a [^>]*>.*</a>$", "", str(m)) for m in response.wsgi_request._messages]
+
+
+def batch_links(response) -> list[str]:
+    """The batch links ("Show the N messages requeued") of the messages shown to the user."""
+    return [
+        unescape(h) for m in response.wsgi_request._messages for h in re.findall(r'href="([^"]+)"', str(m))
+    ]
 
 
 # -- selected messages ---------------------------------------------------------------

@@ -71,9 +71,10 @@ def test_dashboard_counts_per_status_and_destination(admin_client, repo):
     for status in STATUSES:
         assert element_text(html, f"count-{status}") == str(expected[status])
     assert element_text(html, "count-total") == "10"
-    # hook is failing (4 of 5 failed), mem is not.
-    assert 'class="destination-row failing" data-destination="hook"' in html
-    assert 'class="destination-row" data-destination="mem"' in html
+    # Dead letters kept from long ago do not make a destination failing: only its recent
+    # attempts do (none here), so neither is flagged.
+    assert 'class="destination-row" data-destination="hook" data-state="idle"' in html
+    assert 'class="destination-row" data-destination="mem" data-state="idle"' in html
     # Count links lead to the filtered list.
     assert f'href="{u("message_list")}?status=failed&amp;destination=hook"' in html
 
@@ -112,10 +113,18 @@ def test_dashboard_chart_counts_outcomes_of_real_deliveries(admin_client, repo, 
     html = text_of(admin_client.get(u("dashboard")))
     assert '<svg id="outcome-chart"' in html
     assert element_text(html, "chart-total-succeeded") == "3"
-    assert element_text(html, "chart-total-failed") == "1"
-    assert 'class="series-succeeded"' in html and 'class="series-failed"' in html
+    assert element_text(html, "chart-total-permanent") == "1"
+    assert element_text(html, "chart-total-retryable") == "0"
+    assert 'class="series-succeeded"' in html and 'class="series-permanent"' in html
     assert element_text(html, "count-succeeded") == "3"
     assert element_text(html, "count-failed") == "1"
+    # An outage still retrying shows on the chart (attempts, not dead letters).
+    hook.respond(503)
+    outbox.send("hook", {"outage": True}, retry=[3600])
+    worker()
+    html = text_of(admin_client.get(u("dashboard")))
+    assert element_text(html, "chart-total-retryable") == "1"
+    assert element_text(html, "count-retrying") == "1"
 
 
 # -- message list --------------------------------------------------------------------

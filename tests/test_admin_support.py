@@ -19,7 +19,7 @@ from outbox.store import Change
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
-PERMISSIONS = ("view_message", "requeue_message", "cancel_message", "delete_message")
+PERMISSIONS = ("view_message", "requeue_message", "cancel_message", "delete_message", "manage_destination")
 
 
 def make(repo, n: int, status: str = "pending", destination: str = "mem", **send) -> list[Message]:

@@ -199,7 +199,10 @@ def test_requeue_all_failed_of_a_destination_in_the_browser(
                 page.click("#nav-dashboard")
                 assert text(page, "#count-failed") == str(MEM_FAILED)
                 assert text(page, "#count-succeeded") == str(HOOK_SUCCEEDED + HOOK_FAILED)
-                assert page.locator('tr.destination-row.failing[data-destination="hook"]').count() == 0
+                # hook recovered: a last success, no current run of failures (its window of the
+                # last 5 minutes still holds the 240 failed attempts, so it may still be flagged).
+                assert page.locator('tr[data-destination="hook"] td.last-success time').count() == 1
+                assert text(page, 'tr[data-destination="hook"] td.failing-since') == "–"
                 assert page.locator('tr.destination-row.failing[data-destination="mem"]').count() == 1
 
                 # A requeued message: why it failed, attempt by attempt, then its success.
@@ -207,7 +210,9 @@ def test_requeue_all_failed_of_a_destination_in_the_browser(
                 assert text(page, "#message-status") == "succeeded"
                 outcomes = page.locator("#attempts tbody tr td:nth-child(3)").all_inner_texts()
                 assert outcomes == ["succeeded", "failed", "retrying", "retrying", "retrying"]
-                codes = page.locator("#attempts tbody tr td:nth-child(4)").all_inner_texts()
+                hosts = page.locator("#attempts tbody tr td.attempt-host").all_inner_texts()
+                assert set(hosts) == {receiver.url.split("/")[2]}
+                codes = page.locator("#attempts tbody tr td:nth-child(5)").all_inner_texts()
                 assert codes == ["200", "500", "500", "500", "500"]
                 assert "sk_live_not_shown" not in page.content()  # the Authorization header is masked
                 shot(page, screenshots, "message-detail")
@@ -233,3 +238,85 @@ def test_requeue_all_failed_of_a_destination_in_the_browser(
     (entry,) = LogEntry.objects.all()
     assert entry.user.username == "ada"
     assert f"{HOOK_FAILED} requeued" in entry.get_change_message()
+
+
+def test_destination_page_pause_and_auto_refresh_in_the_browser(
+    live_server, receiver, worker, repo, django_user_model, tmp_path
+):
+    """The destination page: its error groups, Pause -> confirm -> paused shown; the
+    auto-refresh toggle reloads the list, is remembered, and waits while rows are checked."""
+    executable = require_browser()
+    from playwright.sync_api import sync_playwright
+
+    django_user_model.objects.create_superuser("ada", "ada@example.com", "correct horse")
+    screenshots = SCREENSHOTS if os.environ.get("OUTBOX_SCREENSHOTS") == "1" else tmp_path
+    screenshots.mkdir(parents=True, exist_ok=True)
+
+    with outbox_config(receiver.url):
+        receiver.respond(503)
+        outbox.send_many([order(n) for n in range(5)])
+        worker(simple=True)
+        assert repo.count("failed", "hook") == 5
+
+        base = live_server.url
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(TIMEOUT_MS)
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(f"{base}/admin/login/?next=/admin/outbox/message/")
+                page.fill("#id_username", "ada")
+                page.fill("#id_password", "correct horse")
+                page.click("input[type=submit]")
+                page.wait_for_selector("#count-failed")
+
+                # From the dashboard to the destination page.
+                page.click('tr[data-destination="hook"] a.destination-page-link')
+                page.wait_for_selector("#destination-state")
+                assert page.locator("#destination-state").get_attribute("data-state") == "failing"
+                group = page.locator("tr.error-group").first
+                assert group.get_attribute("data-status-code") == "503"
+                assert group.get_attribute("data-count") == "20"  # 5 messages x 4 attempts
+                shot(page, screenshots, "destination-failing")
+
+                # Pause: a confirmation, then the state shows paused.
+                page.click("#state-action-pause")
+                page.wait_for_selector("#confirm-action")
+                page.fill("#destination-reason", "receiver maintenance")
+                page.click("#confirm-action")
+                page.wait_for_selector("ul.messagelist li")
+                assert "Destination hook paused (receiver maintenance)." in text(page, "ul.messagelist li")
+                assert page.locator("#destination-state").get_attribute("data-state") == "paused"
+                assert page.locator("#state-action-resume").is_visible()
+
+                # Auto-refresh on the list: off by default; on, it reloads; remembered.
+                page.goto(f"{base}/admin/outbox/message/messages/?status=failed")
+                assert not page.locator("#auto-refresh").is_checked()
+                page.evaluate("document.getElementById('auto-refresh').setAttribute('data-seconds', '0.5')")
+                page.evaluate("window.__marker = 1")
+                page.check("#auto-refresh")
+                page.wait_for_function("window.__marker === undefined")  # reloaded
+                page.wait_for_selector("#auto-refresh")
+                assert page.locator("#auto-refresh").is_checked()  # remembered in localStorage
+                assert page.evaluate("localStorage.getItem('outbox.autoRefresh')") == "on"
+
+                # While rows are checked, it waits; once they are not, it reloads again.
+                page.check("#result_list tbody tr:first-child input.action-select")
+                page.evaluate("document.getElementById('auto-refresh').setAttribute('data-seconds', '0.3')")
+                page.uncheck("#auto-refresh")
+                page.check("#auto-refresh")  # rescheduled with the short period
+                page.evaluate("window.__marker = 2")
+                page.wait_for_timeout(1500)
+                assert page.evaluate("window.__marker") == 2
+                assert "paused" in text(page, "#auto-refresh-state")
+                page.uncheck("#result_list tbody tr:first-child input.action-select")
+                page.evaluate("document.activeElement.blur()")
+                page.wait_for_function("window.__marker === undefined")  # reloaded
+                page.wait_for_selector("#auto-refresh")
+                page.uncheck("#auto-refresh")
+                assert page.evaluate("localStorage.getItem('outbox.autoRefresh')") == "off"
+                assert errors == [], errors
+            finally:
+                browser.close()

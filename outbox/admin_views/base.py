@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
 from ..connection import redis_location
@@ -85,10 +86,13 @@ class BadRequest(ValueError):
 def redis_hints() -> list[str]:
     """What to check when Redis cannot be reached (the admin page and the commands)."""
     return [
-        f"Is the Redis server of {redis_location()} running, and reachable from this process "
-        "(host, port, password, TLS)?",
-        "The outbox keeps its messages and RQ its queues there; nothing was changed.",
-        "Reload this page once Redis answers again.",
+        _(
+            "Is the Redis server of %(location)s running, and reachable from this process "
+            "(host, port, password, TLS)?"
+        )
+        % {"location": redis_location()},
+        _("The outbox keeps its messages and RQ its queues there; nothing was changed."),
+        _("Reload this page once Redis answers again."),
     ]
 
 
@@ -127,11 +131,12 @@ def console_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
                 model_admin,
                 request,
                 503,
-                "Redis is unavailable",
-                f"The outbox cannot reach its Redis ({type(exc).__name__}: {str(exc)[:300]}).",
+                _("Redis is unavailable"),
+                _("The outbox cannot reach its Redis (%(error)s).")
+                % {"error": f"{type(exc).__name__}: {str(exc)[:300]}"},
                 redis_hints(),
             )
         except BadRequest as exc:
-            return problem_page(model_admin, request, 400, "Bad request", str(exc))
+            return problem_page(model_admin, request, 400, _("Bad request"), str(exc))
 
     return wrapped

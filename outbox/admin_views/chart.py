@@ -113,3 +113,89 @@ def outcome_chart(
         bars[0].minute if bars else None,
         bars[-1].minute if bars else None,
     )
+
+
+@dataclass
+class LatencyChart:
+    """Latency percentiles per minute as SVG polylines (``points`` attribute strings).
+
+    Attributes:
+        p50, p95: ``"x,y x,y ..."`` of the minutes that had attempts (gaps skipped).
+        peak_ms: the top of the scale in milliseconds.
+        last_p50_ms, last_p95_ms: the newest minute's values with attempts, or None.
+    """
+
+    width: int
+    height: int
+    left: int
+    top: int
+    bottom: int
+    p50: str
+    p95: str
+    peak_ms: float
+    last_p50_ms: float | None
+    last_p95_ms: float | None
+    first: datetime | None
+    last: datetime | None
+
+    @property
+    def baseline(self) -> int:
+        return self.height - self.bottom
+
+    @property
+    def p50_points(self) -> list[tuple[str, str]]:
+        """(x, y) of each p50 point, for markers (a lone minute draws no line)."""
+        return [tuple(p.split(",")) for p in self.p50.split()]  # type: ignore[misc]
+
+    @property
+    def p95_points(self) -> list[tuple[str, str]]:
+        return [tuple(p.split(",")) for p in self.p95.split()]  # type: ignore[misc]
+
+
+def latency_chart(
+    minutes: Sequence[int],
+    p50: Sequence[float | None],
+    p95: Sequence[float | None],
+    *,
+    width: int = 720,
+    height: int = 140,
+    left: int = 54,
+    top: int = 10,
+    bottom: int = 22,
+) -> LatencyChart:
+    """Lay out the p50 and p95 latency (milliseconds, None for a minute without attempts)
+    per minute as two lines over the same scale."""
+    n = len(minutes)
+    values = [v for v in (*p50, *p95) if v is not None]
+    peak = max(values or [1.0]) or 1.0
+    plot_w = width - left - 4
+    plot_h = height - top - bottom
+    slot = plot_w / n if n else plot_w
+
+    def points(series: Sequence[float | None]) -> str:
+        out = []
+        for i, v in enumerate(series):
+            if v is not None:
+                x = left + (i + 0.5) * slot
+                y = height - bottom - plot_h * v / peak
+                out.append(f"{x:.1f},{y:.1f}")
+        return " ".join(out)
+
+    def last(series: Sequence[float | None]) -> float | None:
+        return next((v for v in reversed(series) if v is not None), None)
+
+    stamps = [datetime.fromtimestamp(m * 60, tz=timezone.utc) for m in minutes]
+    return LatencyChart(
+        width,
+        height,
+        left,
+        top,
+        bottom,
+        points(p50),
+        points(p95),
+        peak,
+        last(p50),
+        last(p95),
+        stamps[0] if stamps else None,
+        stamps[-1] if stamps else None,
+    )

@@ -13,6 +13,9 @@ Flow (all mutations are POSTs through the admin's CSRF protection):
    Lua call) and the user is sent back with a report "N requeued, M skipped".
    Larger selections (or ones whose size a bounded scan could not pin down) run as a
    background RQ job (:mod:`.tasks`) and the user is sent to its progress page.
+4. The ids acted on are kept as a batch (:mod:`outbox.batches`, 24 hours): the report
+   links to the list of exactly those messages (``?batch=<token>``). Deleted messages
+   are gone, so a delete keeps no batch.
 
 Every step checks the operation's permission (403 otherwise), and each action is
 recorded in the admin history (LogEntry) with the user.
@@ -35,8 +38,11 @@ from django.http import (
     QueryDict,
 )
 from django.template.response import TemplateResponse
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.utils.translation import gettext as _
 
+from ..batches import BatchRecorder
 from ..connection import get_repository
 from ..operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
 from . import tasks
@@ -84,26 +90,36 @@ def selection_from_post(data: QueryDict, now: float) -> Selection:
         search = search_text(data)
         if search:
             return Selection(
-                ids=search_ids(get_repository(), search), description=f"the messages found for {search!r}"
+                ids=search_ids(get_repository(), search),
+                description=_("the messages found for %(search)s") % {"search": repr(search)},
             )
         flt, params, errors = parse_filter(data, now)
         if errors:
-            raise InvalidSelection("The filter is not valid, so nothing was changed: " + " ".join(errors))
+            raise InvalidSelection(_("The filter is not valid, so nothing was changed: ") + " ".join(errors))
         try:
             as_of = parse_as_of(data.get("as_of"), now)
         except ValueError as exc:
-            raise InvalidSelection(f"{exc}; nothing was changed.") from None
-        return Selection(filter=flt, as_of=as_of, description=f"all messages matching {describe(params)}")
+            raise InvalidSelection(_("%(error)s; nothing was changed.") % {"error": exc}) from None
+        return Selection(
+            filter=flt,
+            as_of=as_of,
+            description=_("all messages matching %(filter)s") % {"filter": describe(params)},
+        )
     ids = list(dict.fromkeys(i for i in data.getlist("_selected_action") if i and len(i) <= MAX_ID_LENGTH))
     if not ids:
         raise SelectionError(
-            "Items must be selected in order to perform actions on them. No items have been changed."
+            _("Items must be selected in order to perform actions on them. No items have been changed.")
         )
     if len(ids) > MAX_SELECTED:
         raise SelectionError(
-            f"At most {MAX_SELECTED:,} messages can be selected; use “select all matching” instead."
+            _("At most %(n)s messages can be selected; use “select all matching” instead.")
+            % {"n": f"{MAX_SELECTED:,}"}
         )
-    noun = f"message {ids[0]}" if len(ids) == 1 else f"{len(ids):,} selected messages"
+    noun = (
+        _("message %(id)s") % {"id": ids[0]}
+        if len(ids) == 1
+        else _("%(n)s selected messages") % {"n": f"{len(ids):,}"}
+    )
     return Selection(ids=ids, description=noun)
 
 
@@ -131,7 +147,7 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
     next_url = _next_url(model_admin, request)
     op = OPERATIONS.get(request.POST.get("action", ""))
     if op is None:
-        messages.warning(request, "No action selected.")
+        messages.warning(request, _("No action selected."))
         return HttpResponseRedirect(next_url)
     if not request.user.has_perm(op.permission):
         raise PermissionDenied
@@ -153,7 +169,7 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
             context(
                 model_admin,
                 request,
-                f"{op.label} messages: are you sure?",
+                _("%(label)s messages: are you sure?") % {"label": op.label},
                 op=op,
                 selection=selection,
                 count=count,
@@ -167,8 +183,11 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
             ),
         )
 
+    recorder = BatchRecorder(repo) if op.name != "delete" else None
     if background:
-        job_id = tasks.start(op, selection, user_id(request), count.n)
+        job_id = tasks.start(
+            op, selection, user_id(request), count.n, batch=recorder.token if recorder else None
+        )
         record(
             user_id(request),
             op,
@@ -177,12 +196,25 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
         )
         return HttpResponseRedirect(url(model_admin, "message_action_status", job_id))
 
-    result = execute(repo, op, selection)
+    result = execute(repo, op, selection, applied=recorder)
     text = report(op, result, selection.description)
     single = selection.ids[0] if selection.ids is not None and len(selection.ids) == 1 else None
     record(user_id(request), op, text, object_id=single)
-    (messages.success if result.acted else messages.warning)(request, text)
+    shown: str = text
+    if recorder is not None and result.acted:
+        shown = format_html(
+            '{} <a href="{}" class="outbox-batch-link">{}</a>',
+            text,
+            batch_url(model_admin, recorder.token),
+            _("Show the %(n)s messages %(past)s") % {"n": f"{result.acted:,}", "past": op.past},
+        )
+    (messages.success if result.acted else messages.warning)(request, shown)
     return HttpResponseRedirect(next_url)
+
+
+def batch_url(model_admin: ModelAdmin, token: str) -> str:
+    """The message list of exactly the messages of one batch."""
+    return url(model_admin, "message_list") + "?" + urlencode({"batch": token})
 
 
 @console_view
@@ -201,5 +233,11 @@ def action_status(model_admin: ModelAdmin, request: HttpRequest, job_id: str) ->
     return TemplateResponse(
         request,
         f"{TEMPLATES}/action_status.html",
-        context(model_admin, request, f"{OPERATIONS[task.operation].label} in progress", task=task),
+        context(
+            model_admin,
+            request,
+            _("%(label)s in progress") % {"label": OPERATIONS[task.operation].label},
+            task=task,
+            batch_url=batch_url(model_admin, task.batch) if task.batch and task.acted else "",
+        ),
     )

@@ -1,8 +1,11 @@
-"""The dashboard: counts per status and destination, queues and workers, outcomes per
-minute over the last hour, and how long the oldest due messages have waited.
+"""The dashboard: counts per status and destination with each destination's health
+(failing from its recent attempts, last success, failing since), queues and workers,
+delivery attempts per minute by outcome over the last hour (all destinations, or one:
+``?chart=<destination>``), and how long the oldest due messages have waited.
 
 Cost: a handful of round trips whatever the number of messages (ZCARDs in pipelines,
-one GET per minute counter in a pipeline, two ZRANGEs for the oldest entries).
+one pipeline of small health hashes, one for the chart's minutes, two ZRANGEs for the
+oldest entries).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import TYPE_CHECKING
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.http import urlencode
+from django.utils.translation import gettext as _
 
+from .. import health
 from ..conf import outbox_settings
 from ..connection import get_repository
 from ..records import STATUSES, Status
@@ -30,8 +35,8 @@ if TYPE_CHECKING:
 
 #: Minutes shown on the outcomes chart.
 CHART_MINUTES = 60
-#: Outcomes drawn on the chart, bottom up.
-CHART_SERIES = ("succeeded", "failed")
+#: Outcomes of attempts drawn on the chart, bottom up (retries included).
+CHART_SERIES = ("succeeded", "retryable", "permanent")
 
 
 @dataclass
@@ -43,15 +48,21 @@ class StatusCount:
 
 @dataclass
 class DestinationRow:
-    """One destination's counts; ``failing`` when failed + retrying reach the threshold share."""
+    """One destination's counts and health (``failing`` and ``state`` from
+    :class:`outbox.health.DestinationHealth`: its recent attempts, not all-time totals)."""
 
     name: str
     counts: list[StatusCount]
     total: int
-    trouble: int
-    share: float
     failing: bool
+    state: str
+    last_success: datetime | None
+    failing_since: datetime | None
+    failing_for: str
+    parked: int
     url: str
+    page_url: str
+    chart_url: str
 
 
 @dataclass
@@ -90,14 +101,14 @@ def _oldest(model_admin: ModelAdmin, status: str, now: float) -> Oldest | None:
     )
 
 
-def destination_rows(model_admin: ModelAdmin, threshold: float) -> list[DestinationRow]:
-    """Per-destination counts, failing destinations flagged (one pipeline)."""
+def destination_rows(model_admin: ModelAdmin, now: float) -> list[DestinationRow]:
+    """Per destination (configured or ever used): counts and health (two pipelines)."""
     repo = get_repository()
+    names = sorted(set(repo.destinations()) | set(outbox_settings.DESTINATIONS))
+    healths = health.get_all_health(names)
     rows = []
-    for name, counts in counts_by_destination(repo, repo.destinations()).items():
-        total = sum(counts.values())
-        trouble = counts[Status.FAILED.value] + counts[Status.RETRYING.value]
-        share = trouble / total if total else 0.0
+    for name, counts in counts_by_destination(repo, names).items():
+        h = healths[name]
         rows.append(
             DestinationRow(
                 name=name,
@@ -105,11 +116,16 @@ def destination_rows(model_admin: ModelAdmin, threshold: float) -> list[Destinat
                     StatusCount(s, counts[s], _list_url(model_admin, status=s, destination=name))
                     for s in STATUSES
                 ],
-                total=total,
-                trouble=trouble,
-                share=share,
-                failing=trouble > 0 and share >= threshold,
+                total=sum(counts.values()),
+                failing=h.failing,
+                state=h.state,
+                last_success=moment(h.last_success_at),
+                failing_since=moment(h.failing_since),
+                failing_for=duration(now - h.failing_since) if h.failing_since else "",
+                parked=h.parked,
                 url=_list_url(model_admin, destination=name),
+                page_url=url(model_admin, "destination", name),
+                chart_url=url(model_admin, "dashboard") + "?" + urlencode({"chart": name}) + "#chart-heading",
             )
         )
     return rows
@@ -123,21 +139,25 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     now = time.time()
     counts = repo.counts()
     queues, workers = queue_stats(outbox_settings.queue_names)
-    this_minute = int(now // 60)
-    minutes = list(range(this_minute - CHART_MINUTES + 1, this_minute + 1))
-    chart = outcome_chart(minutes, repo.stats(CHART_SERIES, minutes))
-    threshold = getattr(model_admin, "failing_threshold", 0.1)
+    destinations = destination_rows(model_admin, now)
+    chart_destination = (request.GET.get("chart") or "").strip() or None
+    if chart_destination is not None and chart_destination not in {d.name for d in destinations}:
+        chart_destination = None
+    minutes = health.timeline(chart_destination, CHART_MINUTES, now)
+    chart = outcome_chart(
+        [m.minute for m in minutes], {s: [getattr(m, s) for m in minutes] for s in CHART_SERIES}
+    )
     return TemplateResponse(
         request,
         f"{TEMPLATES}/dashboard.html",
         context(
             model_admin,
             request,
-            "Outbox dashboard",
+            _("Outbox dashboard"),
             status_counts=[StatusCount(s, counts[s], _list_url(model_admin, status=s)) for s in STATUSES],
             total=sum(counts.values()),
-            destinations=destination_rows(model_admin, threshold),
-            failing_threshold_percent=round(threshold * 100),
+            destinations=destinations,
+            chart_destination=chart_destination,
             queues=queues,
             workers=workers,
             chart=chart,
@@ -145,5 +165,6 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             oldest_retry=_oldest(model_admin, Status.RETRYING.value, now),
             purge_backlog=repo.count_past_retention(outbox_settings.RETENTION or {}, now),
             statuses=STATUSES,
+            refresh_seconds=15,
         ),
     )

@@ -13,6 +13,7 @@ from django.contrib.admin.utils import unquote
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch
+from django.utils.translation import gettext as _
 
 from ..connection import get_repository
 from ..exceptions import MessageNotFound
@@ -36,7 +37,8 @@ EXTENSIONS = {
 
 @dataclass
 class AttemptRow:
-    """One attempt as shown: when, how long (ms), outcome, HTTP status, error, worker."""
+    """One attempt as shown: when, how long (ms), outcome, HTTP status, error, worker,
+    the kind of error and the host it went to ("" when not recorded)."""
 
     started: datetime | None
     duration_ms: float
@@ -45,6 +47,8 @@ class AttemptRow:
     error: str
     worker: str
     retry_count: int
+    error_class: str = ""
+    host: str = ""
 
 
 def _get(message_id: str) -> Message:
@@ -57,7 +61,15 @@ def _get(message_id: str) -> Message:
 def _attempt_row(a: Attempt, secrets: list[str]) -> AttemptRow:
     error = redact(a.error or "", secrets=secrets)
     return AttemptRow(
-        moment(a.started_at), a.duration_ms, a.outcome, a.status_code, error, a.worker, a.retry_count
+        moment(a.started_at),
+        a.duration_ms,
+        a.outcome,
+        a.status_code,
+        error,
+        a.worker,
+        a.retry_count,
+        a.error_class or "",
+        a.host or "",
     )
 
 
@@ -83,7 +95,7 @@ def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: st
         context(
             model_admin,
             request,
-            f"Message {message.id}",
+            _("Message %(id)s") % {"id": message.id},
             message=message,
             created=moment(message.created_at),
             send_time=moment(message.send_time),
@@ -99,6 +111,7 @@ def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: st
             attempts_kept=get_repository().attempts_kept,
             actions=actions,
             action_url=url(model_admin, "message_action"),
+            destination_url=url(model_admin, "destination", message.destination),
         ),
     )
 

@@ -11,6 +11,10 @@ parameter          meaning
 ``created_to``     created at or before
 ``updated_from``   last status change at or after
 ``updated_to``     last status change at or before
+``status_code``    HTTP status of the last attempt (e.g. ``503``)
+``error_class``    kind of the last failure (``http``, ``timeout``, ``ConnectError`` ...)
+``batch``          the messages one bulk action acted on (its token, see
+                   :mod:`outbox.batches`)
 ``q``              search: a message id or an idempotency key (exact, as typed:
                    surrounding spaces are kept, a key may have them)
 ``o``              sort: ``created``, ``updated`` or ``next_attempt``; ``-`` prefix
@@ -27,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from django.utils.http import urlencode
+from django.utils.translation import gettext as _
 
+from ..batches import is_token
 from ..records import STATUSES
 from ..store.queries import SORT_FIELDS, MessageFilter, TimeRange, find
 from ..times import MAX_EPOCH, parse_time
@@ -35,7 +41,8 @@ from ..times import MAX_EPOCH, parse_time
 if TYPE_CHECKING:
     from ..store.repository import MessageRepository
 
-FILTER_PARAMS = ("status", "destination", "queue", "created_from", "created_to", "updated_from", "updated_to")
+TIME_PARAMS = ("created_from", "created_to", "updated_from", "updated_to")
+FILTER_PARAMS = ("status", "destination", "queue", *TIME_PARAMS, "status_code", "error_class", "batch")
 SEARCH_PARAM = "q"
 SORT_PARAM = "o"
 PAGE_PARAM = "p"
@@ -137,13 +144,34 @@ def parse_filter(
     for name in ("status", "destination", "queue"):
         value = (data.get(name) or "").strip()
         if name == "status" and value and value not in STATUSES:
-            errors.append(f"Unknown status {value!r}; showing all statuses.")
+            errors.append(_("Unknown status %(value)s; showing all statuses.") % {"value": repr(value)})
             value = ""
         values[name] = value or None
         if value:
             params[name] = value
+    status_code: int | None = None
+    raw = (data.get("status_code") or "").strip()
+    if raw:
+        if raw.isdigit() and 100 <= int(raw) <= 599:
+            status_code = int(raw)
+            params["status_code"] = raw
+        else:
+            errors.append(
+                _("HTTP status code %(value)s is not a number from 100 to 599; ignored.")
+                % {"value": repr(raw[:40])}
+            )
+    error_class = (data.get("error_class") or "").strip()[:64] or None
+    if error_class:
+        params["error_class"] = error_class
+    batch = (data.get("batch") or "").strip() or None
+    if batch:
+        if is_token(batch):
+            params["batch"] = batch
+        else:
+            errors.append(_("Batch %(value)s is not a batch token; ignored.") % {"value": repr(batch[:40])})
+            batch = None
     bounds: dict[str, float | None] = {}
-    for name in FILTER_PARAMS[3:]:
+    for name in TIME_PARAMS:
         raw = (data.get(name) or "").strip()
         bounds[name] = None
         if not raw:
@@ -151,7 +179,10 @@ def parse_filter(
         try:
             bounds[name] = parse_time(raw, now)
         except ValueError as exc:
-            errors.append(f"{name.replace('_', ' ').capitalize()}: {exc}; ignored.")
+            errors.append(
+                _("%(name)s: %(error)s; ignored.")
+                % {"name": name.replace("_", " ").capitalize(), "error": exc}
+            )
             continue
         params[name] = raw
     flt = MessageFilter(
@@ -160,6 +191,9 @@ def parse_filter(
         queue=values["queue"],
         created=TimeRange(bounds["created_from"], bounds["created_to"]),
         updated=TimeRange(bounds["updated_from"], bounds["updated_to"]),
+        status_code=status_code,
+        error_class=error_class,
+        batch=batch,
     )
     return flt, params, errors
 
@@ -178,14 +212,14 @@ def parse_list_query(data: Mapping[str, str], now: float | None = None) -> ListQ
             sort, descending = name, raw_sort.startswith("-")
             params[SORT_PARAM] = raw_sort
         else:
-            errors.append(f"Unknown sort {raw_sort!r}; ignored.")
+            errors.append(_("Unknown sort %(value)s; ignored.") % {"value": repr(raw_sort)})
     page = 1
     raw_page = (data.get(PAGE_PARAM) or "").strip()
     if raw_page:
         try:
             page = max(1, int(raw_page))
         except ValueError:
-            errors.append(f"Page {raw_page!r} is not a number; showing page 1.")
+            errors.append(_("Page %(value)s is not a number; showing page 1.") % {"value": repr(raw_page)})
         else:
             params[PAGE_PARAM] = str(page)
     return ListQuery(flt, search, sort, descending, page, params, errors)
@@ -196,7 +230,8 @@ def describe(params: Mapping[str, str]) -> str:
     parts = []
     for name in FILTER_PARAMS:
         if params.get(name):
-            parts.append(f"{name.replace('_', ' ')} {params[name]}")
+            label = "HTTP status" if name == "status_code" else name.replace("_", " ")
+            parts.append(f"{label} {params[name]}")
     if params.get(SEARCH_PARAM):
         parts.append(f"search {params[SEARCH_PARAM]!r}")
     return ", ".join(parts) if parts else "no filter"

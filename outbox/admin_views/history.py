@@ -9,7 +9,20 @@ from ..models import Message
 from ..operations import Operation
 
 #: The admin history's action flag per operation.
-LOG_FLAGS = {"requeue": CHANGE, "cancel": CHANGE, "delete": DELETION}
+LOG_FLAGS = {"requeue": CHANGE, "retry_now": CHANGE, "cancel": CHANGE, "delete": DELETION}
+
+
+def record_change(user_id: int, text: str, object_repr: str) -> LogEntry:
+    """Write one CHANGE LogEntry about something that is not one message (a destination
+    paused, resumed ...): ``object_repr`` names it, e.g. ``destination hook``."""
+    return LogEntry.objects.create(
+        user_id=user_id,
+        content_type=ContentType.objects.get_for_model(Message, for_concrete_model=False),
+        object_id=None,
+        object_repr=object_repr[:200],
+        action_flag=CHANGE,
+        change_message=text,
+    )
 
 
 def record(user_id: int, op: Operation, text: str, object_id: str | None = None) -> LogEntry:

@@ -14,6 +14,13 @@ succeeded/failed/cancelled  updated (entered status) latest first
 ==========================  =======================  ==============================
 
 Another sort is refused with a note (never a sort of a million rows in Python).
+A batch (``?batch=<token>``, the messages one bulk action acted on) is listed in the
+order they were acted on.
+
+The HTTP status code and error class filters have no index of their own: the page
+checks at most :data:`~outbox.store.queries.SCAN_LIMIT` entries of the index serving
+the rest of the filter and says so ("only the first N of M were checked"); bulk
+actions on "all matching" check every entry. See :mod:`outbox.store.queries`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.functional import Promise
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
+from ..batches import TTL as BATCH_TTL
 from ..conf import outbox_settings
 from ..connection import get_repository
 from ..records import STATUSES, Message
@@ -40,7 +51,11 @@ from .formatting import moment, shorten
 if TYPE_CHECKING:
     from .base import ModelAdmin
 
-SORT_LABELS = {"created": "Created", "updated": "Updated", "next_attempt": "Next attempt"}
+SORT_LABELS = {
+    "created": gettext_lazy("Created"),
+    "updated": gettext_lazy("Updated"),
+    "next_attempt": gettext_lazy("Next attempt"),
+}
 
 
 @dataclass
@@ -57,6 +72,10 @@ class Row:
     next_attempt: datetime | None
     last_error: str
     last_error_full: str
+    status_code: int | None
+    error_class: str
+    code_url: str
+    class_url: str
     created: datetime | None
     updated: datetime | None
     queue: str
@@ -78,10 +97,20 @@ class Column:
     """A sortable column header."""
 
     field: str
-    label: str
+    label: str | Promise
     url: str | None
     sorted: bool
     descending: bool
+
+
+def list_title(status: str | None, destination: str | None, batch: str | None) -> str:
+    """The list's title: ``Failed messages to hook``, ``All messages of batch …``."""
+    title = _("%(status)s messages") % {"status": _(status).capitalize()} if status else _("All messages")
+    if destination:
+        title += " " + _("to %(destination)s") % {"destination": destination}
+    if batch:
+        title += " " + _("of batch %(batch)s") % {"batch": batch}
+    return title
 
 
 def time_zone_label() -> str:
@@ -105,8 +134,9 @@ def shown_error(message: Message) -> str:
     )
 
 
-def _row(model_admin: ModelAdmin, m: Message) -> Row:
+def _row(model_admin: ModelAdmin, m: Message, query: ListQuery) -> Row:
     error = shown_error(m)
+    code = m.last_status_code
     return Row(
         id=m.id,
         url=url(model_admin, "message_detail", m.id),
@@ -117,7 +147,13 @@ def _row(model_admin: ModelAdmin, m: Message) -> Row:
         max_retries=m.max_retries,
         next_attempt=moment(m.next_attempt_at),
         last_error=shorten(error, 120),
-        last_error_full=shorten(error, 500),
+        last_error_full=error,
+        status_code=code,
+        error_class=m.last_error_class,
+        code_url=query.querystring(status_code=code, **{SEARCH_PARAM: None}) if code is not None else "",
+        class_url=query.querystring(error_class=m.last_error_class, **{SEARCH_PARAM: None})
+        if m.last_error_class
+        else "",
         created=moment(m.created_at),
         updated=moment(m.updated_at),
         queue=m.queue,
@@ -138,7 +174,7 @@ def _choices(
 
 
 def _columns(query: ListQuery, sort: str, descending: bool) -> list[Column]:
-    served = served_sorts(query.filter.status)
+    served = () if query.filter.batch else served_sorts(query.filter.status)
     columns = []
     for name, label in SORT_LABELS.items():
         if name not in served:
@@ -166,15 +202,29 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     notes: list[str] = []
 
     sort, descending = default_sort(flt.status)
-    if query.sort:
+    if flt.batch:
+        sort, descending = "", False  # the order the action acted on them
+        if query.sort:
+            notes.append(_("A batch is listed in the order its messages were acted on; the sort is ignored."))
+    elif query.sort:
         if query.sort in served_sorts(flt.status):
             sort, descending = query.sort, query.descending
         else:
-            notes.append(
-                f"Sorting by {SORT_LABELS[query.sort].lower()} is not available "
-                f"{'for ' + flt.status + ' messages' if flt.status else 'without a status filter'}: "
-                f"they are listed by {SORT_LABELS[sort].lower()}, the order of the index that serves this list."
-            )
+            values = {"sort": str(SORT_LABELS[query.sort]).lower(), "served": str(SORT_LABELS[sort]).lower()}
+            if flt.status:
+                text = _(
+                    "Sorting by %(sort)s is not available for %(status)s messages: they are listed by "
+                    "%(served)s, the order of the index that serves this list."
+                ) % {**values, "status": flt.status}
+            else:
+                text = (
+                    _(
+                        "Sorting by %(sort)s is not available without a status filter: they are listed by "
+                        "%(served)s, the order of the index that serves this list."
+                    )
+                    % values
+                )
+            notes.append(text)
 
     exact, scanned = True, 0
     if query.search:
@@ -187,12 +237,28 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         ids, total, exact, scanned = result.ids, result.total, result.exact, result.scanned
         if not exact:
             notes.append(
-                f"No index serves the {' and '.join(result.plan.limits)} filter, so only the first "
-                f"{scanned:,} of {result.index_total:,} messages were checked: {total:,} of them match. "
-                "Narrow the list by status, destination or a time range the index serves "
-                "(created without a status; updated with a finished status) to see the rest."
+                _(
+                    "No index serves the %(limits)s filter, so only the first %(scanned)s of %(total)s "
+                    "messages were checked: %(matches)s of them match. Narrow the list by status, "
+                    "destination or a time range the index serves (created without a status; updated "
+                    "with a finished status) to see the rest. Actions on all matching messages check "
+                    "every one."
+                )
+                % {
+                    "limits": _(" and ").join(result.plan.limits),
+                    "scanned": f"{scanned:,}",
+                    "total": f"{result.index_total:,}",
+                    "matches": f"{total:,}",
+                }
             )
-    rows = [_row(model_admin, m) for m in summaries(repo, ids) if m is not None]
+        if flt.batch and not result.index_total:
+            notes.append(
+                _(
+                    "Batch %(batch)s holds no messages: it expired (%(hours)s hours after its action) or never existed."
+                )
+                % {"batch": flt.batch, "hours": BATCH_TTL // 3600}
+            )
+    rows = [_row(model_admin, m, query) for m in summaries(repo, ids) if m is not None]
 
     paginator = Paginator(range(total), per_page)
     page_links: list[tuple[str | None, str | int, bool]] = []
@@ -213,8 +279,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         context(
             model_admin,
             request,
-            f"{flt.status.capitalize() if flt.status else 'All'} messages"
-            + (f" to {flt.destination}" if flt.destination else ""),
+            list_title(flt.status, flt.destination, flt.batch),
             query=query,
             rows=rows,
             total=total,
@@ -233,7 +298,14 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             hidden_filters=sorted(query.filter_params.items()),
             clear_url=query.querystring(**{k: None for k in query.params}),
             time_form_hidden=[
-                (k, v) for k, v in query.params.items() if k in ("status", "destination", "queue", "o")
+                (k, v)
+                for k, v in query.params.items()
+                if k in ("status", "destination", "queue", "o", "status_code", "error_class", "batch")
+            ],
+            error_form_hidden=[
+                (k, v)
+                for k, v in query.params.items()
+                if k not in ("status_code", "error_class", SEARCH_PARAM, "p")
             ],
             time_zone=timezone.get_current_timezone_name(),
             time_zone_label=time_zone_label(),

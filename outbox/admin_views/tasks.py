@@ -18,6 +18,7 @@ from rq import get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
+from ..batches import BatchRecorder
 from ..conf import outbox_settings
 from ..connection import get_connection, get_repository
 from ..dispatch import get_queue
@@ -31,11 +32,12 @@ JOB_TIMEOUT = 3600  # seconds; 1,000,000 requeues take well under 10 minutes
 RESULT_TTL = 7 * 24 * 3600  # seconds the job (and its report) is kept
 
 
-def start(op: Operation, selection: Selection, user_id: int, total: int) -> str:
+def start(op: Operation, selection: Selection, user_id: int, total: int, batch: str | None = None) -> str:
     """Enqueue ``op`` on ``selection`` as a background job; returns the RQ job id.
 
     Args:
         total: the expected number of messages (for the progress display).
+        batch: a batch token (:mod:`outbox.batches`) to record the ids acted on under, or None.
     """
     queue = get_queue(outbox_settings.queue_name("high"))
     job = queue.enqueue(
@@ -43,16 +45,26 @@ def start(op: Operation, selection: Selection, user_id: int, total: int) -> str:
         op.name,
         selection.to_dict(),
         user_id,
+        batch,
         job_timeout=JOB_TIMEOUT,
         result_ttl=RESULT_TTL,
         failure_ttl=RESULT_TTL,
         description=f"outbox {op.name}: {selection.description}"[:200],
-        meta={"operation": op.name, "total": total, "acted": 0, "skipped": 0, "user_id": user_id},
+        meta={
+            "operation": op.name,
+            "total": total,
+            "acted": 0,
+            "skipped": 0,
+            "user_id": user_id,
+            "batch": batch,
+        },
     )
     return job.id
 
 
-def run_operation(name: str, selection: dict[str, Any], user_id: int) -> dict[str, Any]:
+def run_operation(
+    name: str, selection: dict[str, Any], user_id: int, batch: str | None = None
+) -> dict[str, Any]:
     """The RQ job: run the operation, updating progress in the job's meta.
 
     Returns:
@@ -67,7 +79,9 @@ def run_operation(name: str, selection: dict[str, Any], user_id: int) -> dict[st
             job.meta.update(acted=acted, skipped=skipped)
             job.save_meta()
 
-    result = execute(get_repository(), op, chosen, progress)
+    repo = get_repository()
+    recorder = BatchRecorder(repo, batch) if batch else None
+    result = execute(repo, op, chosen, progress, applied=recorder)
     text = report(op, result, chosen.description)
     logger.info("outbox bulk %s by user %s: %s", name, user_id, text)
     try:
@@ -89,6 +103,7 @@ class TaskStatus:
         acted, skipped: progress so far (final when finished).
         report: the final report ("" until finished).
         error: the last line of the exception when the job failed.
+        batch: the batch token the acted-on ids are recorded under, or None.
     """
 
     id: str
@@ -99,6 +114,7 @@ class TaskStatus:
     skipped: int
     report: str = ""
     error: str = ""
+    batch: str | None = None
 
     @property
     def done(self) -> bool:
@@ -139,4 +155,5 @@ def status(job_id: str) -> TaskStatus | None:
         skipped=skipped,
         report=result["report"] if result else "",
         error=error,
+        batch=meta.get("batch"),
     )

@@ -8,11 +8,15 @@ Options (all optional)::
     --queue Q             only messages on this django-rq queue
     --created-after T     --created-before T     --updated-after T     --updated-before T
                           T: 2025-11-21T10:30, 2025-11-21, 7d / 12h / 30m ago, or epoch seconds
+    --status-code N       only messages whose last attempt had HTTP status N (e.g. 503)
+    --error-class C       only messages whose last failure was of class C (timeout, http...)
     --dry-run             print how many messages match, change nothing
     --yes, --no-input     do not ask for confirmation
 
 Messages that match only after the command started (created later, or finished
-later) are left alone; messages that change meanwhile are skipped and counted.
+later) are left alone; messages that change meanwhile are skipped and counted. The
+ids acted on are kept as a batch for 24 hours (:mod:`outbox.batches`); the command
+prints its token, and the console lists it at ``messages/?batch=<token>``.
 
 Errors are one line (a ``CommandError``): Redis unreachable (with what to check), or a
 ``--destination`` that is unknown (``outbox_requeue``: not in ``OUTBOX["DESTINATIONS"]``,
@@ -32,11 +36,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ..actions import ActionResult
+from ..batches import TTL as BATCH_TTL
+from ..batches import BatchRecorder
 from ..connection import get_repository, redis_location
 from ..destinations import get_destination
 from ..exceptions import UnknownDestination
 from ..operations import Operation, Selection, execute
-from ..store.queries import Count, MessageFilter, TimeRange, count_matching
+from ..store.queries import Count, MessageFilter, TimeRange
 from ..store.repository import MessageRepository
 from ..times import parse_time
 
@@ -48,6 +54,12 @@ def _time(value: str) -> float:
         return parse_time(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _status_code(value: str) -> int:
+    if not value.isdigit() or not 100 <= int(value) <= 599:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an HTTP status code (100-599)")
+    return int(value)
 
 
 class Progress:
@@ -87,12 +99,19 @@ class BulkCommand(BaseCommand):
     operation: Operation
     default_statuses: tuple[str, ...]
 
+    def operation_for(self, options: dict[str, Any]) -> Operation:
+        """The operation to run (a command may offer another with an option)."""
+        return self.operation
+
+    def statuses_of(self) -> tuple[str, ...]:
+        """Every status ``--status`` accepts."""
+        return self.operation.statuses
+
     def add_arguments(self, parser: CommandParser) -> None:
-        op = self.operation
         parser.add_argument(
             "--status",
             action="append",
-            choices=op.statuses,
+            choices=self.statuses_of(),
             help=f"status to act on; repeat for several (default: {', '.join(self.default_statuses)})",
         )
         parser.add_argument("--destination", help="only messages to this destination")
@@ -104,6 +123,17 @@ class BulkCommand(BaseCommand):
                 metavar="TIME",
                 help="2025-11-21T10:30, 2025-11-21, 7d/12h/30m ago, or epoch seconds",
             )
+        parser.add_argument(
+            "--status-code",
+            type=_status_code,
+            metavar="N",
+            help="only messages whose last attempt had this HTTP status (e.g. 503)",
+        )
+        parser.add_argument(
+            "--error-class",
+            metavar="CLASS",
+            help="only messages whose last failure was of this class (http, timeout, ConnectError...)",
+        )
         parser.add_argument(
             "--dry-run", action="store_true", help="print how many messages match; change nothing"
         )
@@ -142,21 +172,35 @@ class BulkCommand(BaseCommand):
             if self.operation.name == "requeue":
                 raise CommandError(f"destination {name!r} cannot be used: {exc}") from None
 
+    def default_statuses_for(self, op: Operation) -> tuple[str, ...]:
+        return self.default_statuses
+
     def run(self, **options: Any) -> None:
         """The command's work (:meth:`handle` turns Redis errors into one line)."""
-        op = self.operation
+        op = self.operation_for(options)
         repo = get_repository()
         if options["destination"]:
             self.check_destination(repo, options["destination"])
-        statuses = list(dict.fromkeys(options["status"] or self.default_statuses))
+        statuses = list(dict.fromkeys(options["status"] or self.default_statuses_for(op)))
+        wrong = [s for s in statuses if s not in op.statuses]
+        if wrong:
+            raise CommandError(
+                f"{op.label} acts on {', '.join(op.statuses)} messages, not {', '.join(wrong)}."
+            )
         flt = MessageFilter(
             destination=options["destination"] or None,
             queue=options["queue"] or None,
             created=TimeRange(options["created_after"], options["created_before"]),
             updated=TimeRange(options["updated_after"], options["updated_before"]),
+            status_code=options.get("status_code"),
+            error_class=options.get("error_class") or None,
         )
         as_of = time.time()
-        total = count_matching(repo, flt, statuses)
+        total = Count()
+        for status in statuses:
+            part = Selection(filter=flt.with_status(status), as_of=as_of).count(repo, op)
+            total.n += part.n
+            total.exact = total.exact and part.exact
         what = self.describe(statuses, options)
         about = "" if total.exact else "at least "
         self.stdout.write(f"{about}{total.n:,} message(s) match: {what}.")
@@ -170,19 +214,25 @@ class BulkCommand(BaseCommand):
             raise CommandError("Cancelled: nothing changed.")
         progress = Progress(self.stderr, op, total)
         result = ActionResult()
+        recorder = BatchRecorder(repo) if op.name != "delete" else None
         for status in statuses:
             selection = Selection(filter=flt.with_status(status), as_of=as_of)
-            result.add(execute(repo, op, selection, progress))
+            result.add(execute(repo, op, selection, progress, applied=recorder))
             progress.next_part()
         self.stderr.write("")
         line = f"{result.acted:,} {op.past}"
         if result.skipped:
             line += f", {result.skipped:,} skipped (in another status or changed meanwhile)"
         self.stdout.write(line + ".")
+        if recorder is not None and result.acted:
+            self.stdout.write(
+                f"Batch {recorder.token}: the messages acted on, kept for {BATCH_TTL // 3600} hours "
+                f"(console: messages/?batch={recorder.token})."
+            )
 
     def describe(self, statuses: list[str], options: dict[str, Any]) -> str:
         parts = [f"status {' or '.join(statuses)}"]
-        for name in ("destination", "queue", *TIME_OPTIONS):
+        for name in ("destination", "queue", "status_code", "error_class", *TIME_OPTIONS):
             if options.get(name) is not None:
                 value = options[name]
                 if name in TIME_OPTIONS:

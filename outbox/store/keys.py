@@ -41,6 +41,8 @@ key                                 type         holds
                                                  reported yet: n, since, last; expire 7 days
 ``outbox:alert:flush``              sorted set   ``<e>|<d>`` -> when its suppression ends and
                                                  the counted occurrences must be reported
+``outbox:batch:<token>``            sorted set   ids one bulk action acted on, scored by
+                                                 order (expires; see ``outbox.batches``)
 ==================================  ===========  ============================================
 
 Status index scores: ``pending`` and ``retrying`` by next_attempt_at (so due messages
@@ -105,6 +107,9 @@ class Keys:
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"
+
+    def batch(self, token: str) -> str:
+        return f"{self.prefix}:batch:{token}"
 
     def stats(self, outcome: str, minute: int) -> str:
         return f"{self.prefix}:stats:{outcome}:{minute}"

@@ -8,7 +8,8 @@ Each query reads one sorted set of :class:`~outbox.store.MessageRepository` (see
 * a time range on the field the index is scored by becomes a score range
   (ZCOUNT/ZRANGE, exact and O(log N));
 * other conditions (a queue; a created range on a status index; an updated range on
-  a ``pending``/``retrying``/``sending`` index) are checked id by id. For a page that
+  a ``pending``/``retrying``/``sending`` index; the last HTTP status code or error
+  class) are checked id by id. For a page that
   means a *bounded scan* of at most :data:`SCAN_LIMIT` index entries, and the count is
   then a lower bound (:attr:`Page.exact` is False); bulk actions check every entry,
   1,000 at a time.
@@ -25,16 +26,28 @@ sending                       lease deadline (claim time + visibility timeout)
 succeeded, failed, cancelled  time it entered the status (updated_at)
 ============================  ==============================================
 
+A batch (the messages one bulk action acted on, :mod:`outbox.batches`) is its own
+index: a sorted set of ids scored by the order they were acted on; every other
+condition, status and destination included, is then checked id by id.
+
+The HTTP status code and error class of the last attempt have no index: they are
+checked id by id, so a page scans at most :data:`SCAN_LIMIT` entries of the index that
+serves the rest of the filter (the list says "checked N of M") and a bulk action walks
+that index whole. Narrowing by status and destination keeps that index small. (An
+index per code would cost every attempt more writes in ``transition.lua``, the hot
+path, for a filter operators use during incidents on lists that are already narrowed.)
+
 Keys are built only through ``repo.keys`` and ``repo.index_key``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..records import STATUSES, Message, Status
-from .repository import MessageRepository
+from .repository import MessageRepository, score_bound
 
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000
@@ -71,6 +84,11 @@ class MessageFilter:
         queue: a django-rq queue name, or None for any.
         created: range of ``created_at``.
         updated: range of ``updated_at`` (the time of the last status change).
+        status_code: the HTTP status of the last attempt (``last_status_code``), or None.
+        error_class: the kind of the last failure (``last_error_class``: ``"http"``,
+            ``"timeout"``, ``"ConnectError"`` ...), or None.
+        due: range of ``next_attempt_at`` (served by the ``pending``/``retrying`` indexes).
+        batch: a batch token (:mod:`outbox.batches`): only the messages of that batch.
     """
 
     status: str | None = None
@@ -78,6 +96,10 @@ class MessageFilter:
     queue: str | None = None
     created: TimeRange = field(default_factory=TimeRange)
     updated: TimeRange = field(default_factory=TimeRange)
+    status_code: int | None = None
+    error_class: str | None = None
+    due: TimeRange = field(default_factory=TimeRange)
+    batch: str | None = None
 
     def with_status(self, status: str | None) -> MessageFilter:
         """The same filter for another status."""
@@ -115,6 +137,10 @@ class Plan:
         check_created: created range checked per id (from the id, no read).
         check_updated: updated range checked per id (reads the resend record).
         check_queue: queue checked per id (reads the resend record), or None.
+        check_code: last HTTP status code checked per id, or None.
+        check_class: last error class checked per id, or None.
+        check_due: ``next_attempt_at`` range checked per id.
+        check_status, check_destination: checked per id (batch indexes), or None.
     """
 
     filter: MessageFilter
@@ -125,22 +151,46 @@ class Plan:
     check_created: TimeRange = field(default_factory=TimeRange)
     check_updated: TimeRange = field(default_factory=TimeRange)
     check_queue: str | None = None
+    check_code: int | None = None
+    check_class: str | None = None
+    check_due: TimeRange = field(default_factory=TimeRange)
+    check_status: str | None = None
+    check_destination: str | None = None
 
     @property
     def exact(self) -> bool:
         """True if the index and score range alone answer the filter."""
-        return not (self.check_created or self.check_updated or self.check_queue is not None)
+        return not (self.check_created or self.reads_records)
 
     @property
     def reads_records(self) -> bool:
-        return bool(self.check_updated) or self.check_queue is not None
+        return bool(self.check_updated or self.check_due) or any(
+            v is not None
+            for v in (
+                self.check_queue,
+                self.check_code,
+                self.check_class,
+                self.check_status,
+                self.check_destination,
+            )
+        )
 
     @property
     def limits(self) -> list[str]:
         """Human-readable names of the conditions checked id by id."""
         out = []
+        if self.check_status is not None:
+            out.append("status (in a batch)")
+        if self.check_destination is not None:
+            out.append("destination (in a batch)")
         if self.check_queue is not None:
             out.append("queue")
+        if self.check_code is not None:
+            out.append("HTTP status code")
+        if self.check_class is not None:
+            out.append("error class")
+        if self.check_due:
+            out.append("next attempt range")
         if self.check_created:
             out.append("created range (with a status)")
         if self.check_updated:
@@ -158,9 +208,27 @@ def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
     Raises:
         ValueError: an unknown status.
     """
+    if flt.status is not None and flt.status not in STATUSES:
+        raise ValueError(f"unknown status {flt.status!r}; expected one of {STATUSES}")
+    if flt.batch is not None:
+        return Plan(
+            filter=flt,
+            key=repo.keys.batch(flt.batch),
+            score_field="batch",
+            check_created=flt.created,
+            check_updated=flt.updated,
+            check_due=flt.due,
+            check_status=flt.status,
+            check_destination=flt.destination,
+            check_queue=flt.queue,
+            check_code=flt.status_code,
+            check_class=flt.error_class,
+        )
     key = repo.index_key(flt.status, flt.destination)
     scored = score_field(flt.status)
-    served = {"created": flt.created, "updated": flt.updated}.get(scored, TimeRange())
+    served = {"created": flt.created, "updated": flt.updated, "next_attempt": flt.due}.get(
+        scored, TimeRange()
+    )
     return Plan(
         filter=flt,
         key=key,
@@ -169,7 +237,10 @@ def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
         hi=served.end,
         check_created=TimeRange() if scored == "created" else flt.created,
         check_updated=TimeRange() if scored == "updated" else flt.updated,
+        check_due=TimeRange() if scored == "next_attempt" else flt.due,
         check_queue=flt.queue,
+        check_code=flt.status_code,
+        check_class=flt.error_class,
     )
 
 
@@ -186,21 +257,60 @@ def created_at_of(message_id: str) -> float:
 
 
 def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
-    """The ids that pass the plan's per-id checks, in order (one round trip if records are read)."""
+    """The ids that pass the plan's per-id checks, in order: the created range from the
+    ids themselves, the rest where the records are (``lua/filter.lua``, one round trip,
+    read only; about a microsecond per id in Redis instead of a record shipped to Python)."""
     out = [i for i in ids if p.check_created.contains(created_at_of(i))] if p.check_created else list(ids)
     if not out or not p.reads_records:
         return out
-    pipe = repo.connection.pipeline(transaction=False)
-    for message_id in out:
-        pipe.hmget(repo.keys.resend(message_id), "queue", "updated_at")
-    kept = []
-    for message_id, (queue, updated) in zip(out, pipe.execute(), strict=True):
-        if p.check_queue is not None and (queue or b"").decode() != p.check_queue:
-            continue
-        if p.check_updated and not (updated and p.check_updated.contains(float(updated))):
-            continue
-        kept.append(message_id)
-    return kept
+    matched, _ = repo.run_script("filter", [repo.keys.prefix, _checks_json(p), "ids", *out])
+    return [raw.decode() for raw in matched]
+
+
+def scan(
+    repo: MessageRepository, p: Plan, *, offset: int, count: int, descending: bool
+) -> tuple[list[str], int]:
+    """Check a slice of the plan's index (by rank within its score range) in Redis, in
+    one round trip (``lua/filter.lua``, read only): (the ids that pass, in order; how
+    many entries were examined, fewer than ``count`` at the end of the range)."""
+    lo, hi = score_bound(p.lo, "-inf"), score_bound(p.hi, "+inf")
+    matched, examined = repo.run_script(
+        "filter",
+        [
+            repo.keys.prefix,
+            _checks_json(p, created=True),
+            "range",
+            p.key,
+            lo,
+            hi,
+            offset,
+            count,
+            int(descending),
+        ],
+    )
+    return [raw.decode() for raw in matched], int(examined)
+
+
+def _checks_json(p: Plan, created: bool = False) -> str:
+    """The plan's per-record checks as ``lua/filter.lua`` takes them (only those that
+    apply; the created range too when ``created``, else it was checked from the ids)."""
+    checks: dict[str, object] = {}
+    if created:
+        checks.update({"created_lo": p.check_created.start, "created_hi": p.check_created.end})
+    for name, value in (
+        ("status", p.check_status),
+        ("queue", p.check_queue),
+        ("code", None if p.check_code is None else str(p.check_code)),
+        ("class", p.check_class),
+        ("destination", p.check_destination),
+        ("updated_lo", p.check_updated.start),
+        ("updated_hi", p.check_updated.end),
+        ("due_lo", p.check_due.start),
+        ("due_hi", p.check_due.end),
+    ):
+        if value is not None:
+            checks[name] = value
+    return json.dumps({k: v for k, v in checks.items() if v is not None})
 
 
 def count_range(repo: MessageRepository, p: Plan) -> int:
@@ -259,13 +369,12 @@ def page(
     matches: list[str] = []
     scanned = 0
     while scanned < min(scan_limit, index_total):
-        batch = range_ids(
-            repo, p, offset=scanned, limit=min(CHUNK, scan_limit - scanned), descending=descending
-        )
-        if not batch:
+        count = min(CHUNK, scan_limit - scanned)
+        found, examined = scan(repo, p, offset=scanned, count=count, descending=descending)
+        scanned += examined
+        matches += found
+        if examined < count:
             break
-        scanned += len(batch)
-        matches += check(repo, p, batch)
     exact = scanned >= index_total
     return Page(matches[offset : offset + limit], len(matches), exact, scanned, index_total, p)
 
@@ -321,10 +430,32 @@ def iter_matching(
         created = p.check_created
         end = as_of if created.end is None else min(created.end, as_of)
         p = replace(p, hi=hi, check_created=TimeRange(created.start, end))
-        for ids in repo.iter_ids(status, flt.destination, batch=batch, min_score=p.lo, max_score=p.hi):
+        if p.score_field == "batch":
+            updated = p.check_updated  # a batch has no status score: bound finished ones by hand
+            if status in FINISHED:
+                p = replace(p, check_updated=TimeRange(updated.start, min(updated.end or as_of, as_of)))
+            walk = _walk_by_rank(repo, p.key, batch)
+        else:
+            walk = repo.iter_ids(status, flt.destination, batch=batch, min_score=p.lo, max_score=p.hi)
+        for ids in walk:
             kept = check(repo, p, ids)
             if kept:
                 yield kept
+
+
+#: Statuses whose index is scored by the time the message entered them.
+FINISHED = tuple(s for s in STATUSES if score_field(s) == "updated")
+
+
+def _walk_by_rank(repo: MessageRepository, key: str, batch: int) -> Iterator[list[str]]:
+    """Every member of a sorted set that does not change meanwhile (a batch), by rank."""
+    start = 0
+    while True:
+        ids = repo.range_by_rank(key, None, None, offset=start, limit=batch, descending=False)
+        if not ids:
+            return
+        yield ids
+        start += len(ids)
 
 
 def find(repo: MessageRepository, text: str) -> list[str]:

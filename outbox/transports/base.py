@@ -68,6 +68,9 @@ class Transport:
     #: ``deliver()`` is called from a pool of threads; a transport that is not safe to
     #: call concurrently says 1.
     max_in_flight: int | None = None
+    #: The host (``name`` or ``name:port``) this transport sends to, recorded on each
+    #: attempt and named in the console; "" when it has none to name (a callable...).
+    host: str = ""
 
     def __init__(self, destination: str, **options: Any) -> None:
         from django.core.exceptions import ImproperlyConfigured

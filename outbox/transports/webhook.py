@@ -189,6 +189,7 @@ class WebhookTransport(Transport):
                 f"characters, not {shown}"
             )
         self.url: str = url  # type: ignore[assignment]
+        self.host = url_host(url)  # type: ignore[arg-type]
         secret = options.get("secret")
         self.signers = [] if secret is None else _signers(secret, where)
         self.timeout = _positive(options.get("timeout", 10), f"{where}: OPTIONS['timeout']")
@@ -341,7 +342,7 @@ class WebhookTransport(Transport):
                 excerpt = _read_some(response)
         except PrivateAddressRefused as exc:
             raise PermanentDeliveryError(
-                redact(str(exc), secrets=secrets), error_class="blocked_address"
+                redact(f"{exc}{self._to}", secrets=secrets), error_class="blocked_address"
             ) from exc
         except httpx.TimeoutException as exc:
             elapsed = time.monotonic() - started
@@ -351,25 +352,47 @@ class WebhookTransport(Transport):
                 else f"{self.timeout:g}s"
             )
             raise DeliveryError(
-                f"timed out ({type(exc).__name__}) after {limit}", error_class="timeout"
+                f"timed out ({type(exc).__name__}) after {limit}{self._to}", error_class="timeout"
             ) from exc
         except httpx.HTTPError as exc:
-            raise DeliveryError(redact(f"{type(exc).__name__}: {exc}", secrets=secrets)) from exc
+            raise DeliveryError(redact(f"{type(exc).__name__}: {exc}{self._to}", secrets=secrets)) from exc
         if 200 <= code < 300:
             return DeliveryResult(status_code=code)
         text = excerpt.decode(_charset(response), errors="replace")[:RESPONSE_EXCERPT].strip()
         raise DeliveryError(
-            redact(f"HTTP {code} {response.reason_phrase}" + (f": {text}" if text else ""), secrets=secrets),
+            redact(
+                f"HTTP {code} {response.reason_phrase}" + (f": {text}" if text else "") + self._to,
+                secrets=secrets,
+            ),
             status_code=code,
             retry_after=parse_retry_after(response.headers.get("retry-after")),
             permanent=400 <= code < 500 and code not in self.retry_statuses,
         )
+
+    @property
+    def _to(self) -> str:
+        """The suffix naming the host in an error text."""
+        return f" (host {self.host})"
 
     def close(self) -> None:
         """Close this process's connection pool (a later delivery opens a new one)."""
         if self._client is not None and self._pid == os.getpid():
             self._client.close()
         self._client = None
+
+
+def url_host(url: str) -> str:
+    """The host of a URL as an operator names it: ``api.example.com``, with ``:port``
+    when the URL gives one; never the user name or password."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{host}:{port}" if port else host
 
 
 def _charset(response: httpx.Response) -> str:

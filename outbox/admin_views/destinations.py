@@ -1,0 +1,402 @@
+"""One destination: its settings, health (state, windowed success rate, latency over
+time, last success, failing since, parked messages), its most frequent errors (each a
+link to its messages), and the operator's actions on it: pause, resume, disable,
+enable (``outbox.manage_destination``) and "Recover since" (requeue the dead letters
+that failed since a time; ``outbox.requeue_message``).
+
+Every action is a POST through the admin's CSRF protection, answered first with a
+confirmation page (nothing changes), then done on the confirmation's POST
+(``post=yes``), recorded in the admin history, and reported on the destination page.
+
+Cost: a fixed number of small reads (:func:`outbox.health.get_health`, one pipeline for
+the 60-minute timeline, one for the 24 hourly error hashes, one ZCOUNT), whatever the
+number of messages.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import messages
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.utils.functional import Promise
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from .. import health
+from ..batches import BatchRecorder
+from ..conf import outbox_settings
+from ..connection import get_repository
+from ..destinations import get_destination, get_transport
+from ..exceptions import UnknownDestination
+from ..operations import REQUEUE, recover_selection, recover_since, report
+from ..redaction import destination_options, redact, secrets_for
+from ..store.queries import count_matching
+from ..times import parse_time
+from .base import TEMPLATES, BadRequest, console_view, context, require_view, url, user_id
+from .chart import latency_chart, outcome_chart
+from .confirm import batch_url
+from .formatting import duration, moment
+from .history import record_change
+
+if TYPE_CHECKING:
+    from .base import ModelAdmin
+
+#: The permission for pause, resume, disable and enable.
+MANAGE_PERMISSION = "outbox.manage_destination"
+#: Minutes of the destination page's charts.
+CHART_MINUTES = 60
+#: Error groups listed.
+ERROR_GROUPS = 10
+#: Outcomes of attempts, bottom up on the charts.
+ATTEMPT_SERIES = ("succeeded", "retryable", "permanent")
+
+
+@dataclass(frozen=True)
+class StateAction:
+    """An operator action on a destination's admin state."""
+
+    name: str
+    label: str | Promise
+    explanation: str | Promise
+
+
+STATE_ACTIONS = {
+    "pause": StateAction(
+        "pause",
+        gettext_lazy("Pause"),
+        gettext_lazy(
+            "No new attempt goes to this destination: its due messages wait (parked, not failed, "
+            "no retry charged) until it is resumed. Attempts in flight finish."
+        ),
+    ),
+    "resume": StateAction(
+        "resume",
+        gettext_lazy("Resume"),
+        gettext_lazy("Delivery starts again: the parked messages go back to their queue, oldest due first."),
+    ),
+    "disable": StateAction(
+        "disable",
+        gettext_lazy("Disable"),
+        gettext_lazy(
+            "Like pause, shown as disabled with a reason (for a receiver that is gone). "
+            "Its messages wait until it is enabled."
+        ),
+    ),
+    "enable": StateAction(
+        "enable",
+        gettext_lazy("Enable"),
+        gettext_lazy(
+            "Delivery starts again with a closed circuit breaker and the failure run forgotten: "
+            "the parked messages go back to their queue, oldest due first."
+        ),
+    ),
+}
+
+
+PAUSED = gettext_lazy("Destination %(name)s paused")
+DISABLED = gettext_lazy("Destination %(name)s disabled")
+RESUMED = gettext_lazy("resumed")
+ENABLED = gettext_lazy("enabled")
+
+
+@dataclass
+class ErrorRow:
+    """One error group as shown, with the link to its messages."""
+
+    status_code: int | None
+    error_class: str
+    count: int
+    last_at: datetime | None
+    last_error: str
+    url: str
+
+
+def destination_url(model_admin: ModelAdmin, name: str) -> str:
+    return url(model_admin, "destination", name)
+
+
+def _list_url(model_admin: ModelAdmin, **params: Any) -> str:
+    kept = {k: v for k, v in params.items() if v is not None and v != ""}
+    return url(model_admin, "message_list") + ("?" + urlencode(kept) if kept else "")
+
+
+def _known(name: str) -> bool:
+    """True for a configured destination or one messages were ever sent to."""
+    return name in outbox_settings.DESTINATIONS or name in get_repository().destinations()
+
+
+def allowed_state_actions(state: str, admin: str) -> list[StateAction]:
+    """The actions that make sense in a destination's current admin state."""
+    if admin == "disabled":
+        return [STATE_ACTIONS["enable"]]
+    if admin == "paused":
+        return [STATE_ACTIONS["resume"], STATE_ACTIONS["disable"]]
+    return [STATE_ACTIONS["pause"], STATE_ACTIONS["disable"]]
+
+
+def _settings(name: str) -> dict[str, Any]:
+    """What the page shows of a destination's settings (only names that exist)."""
+    config = outbox_settings.DESTINATIONS.get(name)
+    if config is None:
+        return {"configured": False}
+    out: dict[str, Any] = {"configured": True, "transport": config.get("TRANSPORT", "")}
+    try:
+        dest = get_destination(name)
+        transport = get_transport(name)
+    except (UnknownDestination, ImproperlyConfigured) as exc:
+        out["error"] = str(exc)[:300]
+        return out
+    out["host"] = getattr(transport, "host", "")
+    out["transport_class"] = type(transport).__name__
+    out["max_retries"] = dest.max_retries
+    out["retry_policy"] = json.dumps(dest.retry_policy.to_dict(), sort_keys=True)
+    out["max_in_flight"] = dest.max_in_flight
+    limits = []
+    for label, attr in (
+        ("circuit breaker", "breaker"),
+        ("rate limit", "rate_limit"),
+        ("max concurrency (all workers)", "max_concurrency"),
+        ("disable after failing for", "disable_after"),
+    ):
+        if hasattr(dest, attr):
+            value = getattr(dest, attr)
+            if attr == "disable_after" and value:
+                value = duration(value)
+            limits.append((label, "none" if value in (None, False) else value))
+    out["limits"] = limits
+    return out
+
+
+def _error_rows(model_admin: ModelAdmin, name: str, secrets: list[str]) -> list[ErrorRow]:
+    rows = []
+    for g in health.error_groups(name, limit=ERROR_GROUPS):
+        rows.append(
+            ErrorRow(
+                g.status_code,
+                g.error_class,
+                g.count,
+                moment(g.last_at) if g.last_at else None,
+                redact(g.last_error or "", secrets=secrets),
+                _list_url(
+                    model_admin, destination=name, status_code=g.status_code, error_class=g.error_class
+                ),
+            )
+        )
+    return rows
+
+
+def _default_since(h: health.DestinationHealth, now: float) -> float:
+    """Recover since: when it started failing, else its last failure, else an hour ago."""
+    return h.failing_since or h.last_failure_at or now - 3600
+
+
+@console_view
+def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -> HttpResponse:
+    """GET: one destination (``admin:outbox_destination``). Needs ``outbox.view_message``;
+    404 for a name neither configured nor ever used."""
+    require_view(model_admin, request)
+    if not _known(name):
+        raise Http404(_("No such destination."))
+    now = time.time()
+    h = health.get_health(name)
+    minutes = health.timeline(name, CHART_MINUTES)
+    chart = outcome_chart(
+        [m.minute for m in minutes], {s: [getattr(m, s) for m in minutes] for s in ATTEMPT_SERIES}
+    )
+    latency = latency_chart(
+        [m.minute for m in minutes], [m.p50_ms for m in minutes], [m.p95_ms for m in minutes]
+    )
+    secrets = secrets_for(None, destination_options(name))
+    can_manage = request.user.has_perm(MANAGE_PERMISSION)
+    can_recover = request.user.has_perm(REQUEUE.permission)
+    since = _default_since(h, now)
+    counts = get_repository().counts(name)
+    window = h.window
+    return TemplateResponse(
+        request,
+        f"{TEMPLATES}/destination.html",
+        context(
+            model_admin,
+            request,
+            _("Destination %(name)s") % {"name": name},
+            name=name,
+            h=h,
+            window=window,
+            success_rate=None if not window.attempts else round(100 * window.succeeded / window.attempts, 1),
+            window_minutes=window.seconds // 60,
+            settings=_settings(name),
+            last_success=moment(h.last_success_at),
+            last_failure=moment(h.last_failure_at),
+            failing_since=moment(h.failing_since),
+            failing_for=duration(now - h.failing_since) if h.failing_since else "",
+            opened_at=moment(h.opened_at),
+            next_probe=moment(h.next_probe_at),
+            blocked_until=moment(h.blocked_until) if h.blocked_until and h.blocked_until > now else None,
+            chart=chart,
+            latency=latency,
+            errors=_error_rows(model_admin, name, secrets),
+            state_actions=allowed_state_actions(h.state, h.admin)
+            if can_manage and name in outbox_settings.DESTINATIONS
+            else [],
+            can_manage=can_manage,
+            can_recover=can_recover and name in outbox_settings.DESTINATIONS,
+            since=moment(since),
+            status_links=[
+                (s, n, _list_url(model_admin, destination=name, status=s)) for s, n in counts.items()
+            ],
+            action_url=url(model_admin, "destination_action", name),
+            recover_url=url(model_admin, "destination_recover", name),
+            refresh_seconds=15,
+        ),
+    )
+
+
+@console_view
+def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str) -> HttpResponse:
+    """POST only (``admin:outbox_destination_action``): pause, resume, disable or enable.
+
+    Needs ``outbox.view_message`` and ``outbox.manage_destination`` (403 otherwise).
+    Without ``post=yes``: the confirmation page. 404 for an unconfigured destination.
+    """
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    require_view(model_admin, request)
+    if not request.user.has_perm(MANAGE_PERMISSION):
+        raise PermissionDenied
+    if name not in outbox_settings.DESTINATIONS:
+        raise Http404(_("No such destination (only configured destinations can be paused)."))
+    action = STATE_ACTIONS.get(request.POST.get("action", ""))
+    if action is None:
+        raise BadRequest(_("Unknown destination action; expected pause, resume, disable or enable."))
+    reason = (request.POST.get("reason") or "").strip()[:200]
+    back = destination_url(model_admin, name)
+    if request.POST.get("post") != "yes":
+        return TemplateResponse(
+            request,
+            f"{TEMPLATES}/destination_confirm.html",
+            context(
+                model_admin,
+                request,
+                _("%(label)s destination %(name)s: are you sure?") % {"label": action.label, "name": name},
+                name=name,
+                action=action,
+                reason=reason,
+                with_reason=action.name in ("pause", "disable"),
+                hidden_fields=[("action", action.name)],
+                form_url=url(model_admin, "destination_action", name),
+                cancel_url=back,
+                parked=health.get_health(name).parked,
+            ),
+        )
+    if action.name in ("pause", "disable"):
+        getattr(health, action.name)(name, reason=reason)
+        text = (PAUSED if action.name == "pause" else DISABLED) % {"name": name}
+        text = text + (f" ({reason})" if reason else "") + "."
+    else:
+        moved = getattr(health, action.name)(name)
+        text = ngettext(
+            "Destination %(name)s %(done)s: %(n)s parked message put back.",
+            "Destination %(name)s %(done)s: %(n)s parked messages put back.",
+            moved,
+        ) % {"name": name, "done": RESUMED if action.name == "resume" else ENABLED, "n": f"{moved:,}"}
+    record_change(user_id(request), text, f"destination {name}")
+    messages.success(request, text)
+    return HttpResponseRedirect(back)
+
+
+def _parse_since(raw: str | None, default: float, now: float) -> float:
+    """The "since" of a recovery: a time as the list's filters take it (epoch seconds,
+    a date-time, ``2h`` ago ...), not in the future.
+
+    Raises:
+        BadRequest: it cannot be read.
+    """
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        since = parse_time(raw.strip(), now)
+    except ValueError as exc:
+        raise BadRequest(_("Recover since: %(error)s; nothing was changed.") % {"error": exc}) from None
+    return min(since, now)
+
+
+@console_view
+def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str) -> HttpResponse:
+    """POST only (``admin:outbox_destination_recover``): requeue the destination's dead
+    letters that failed since a time (``since``; default: when it started failing).
+
+    Needs ``outbox.view_message`` and ``outbox.requeue_message``. Without ``post=yes``:
+    the confirmation page with the count. Then runs in the request and reports with a
+    link to exactly the messages requeued (a batch).
+    """
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    require_view(model_admin, request)
+    if not request.user.has_perm(REQUEUE.permission):
+        raise PermissionDenied
+    if name not in outbox_settings.DESTINATIONS:
+        raise Http404(_("No such destination (only configured destinations can be recovered)."))
+    now = time.time()
+    since = _parse_since(request.POST.get("since"), _default_since(health.get_health(name), now), now)
+    repo = get_repository()
+    back = destination_url(model_admin, name)
+    if request.POST.get("post") != "yes":
+        selection = recover_selection(name, since, now)
+        count = count_matching(repo, selection.filter, ["failed"])
+        return TemplateResponse(
+            request,
+            f"{TEMPLATES}/destination_confirm.html",
+            context(
+                model_admin,
+                request,
+                _("Recover destination %(name)s: are you sure?") % {"name": name},
+                name=name,
+                action=StateAction(
+                    "recover",
+                    _("Requeue"),
+                    _(
+                        "Each dead letter goes back to pending with a fresh retry budget and is delivered "
+                        "again; its attempt history is kept."
+                    ),
+                ),
+                recover=True,
+                count=count.n,
+                since=moment(since),
+                list_url_since=_list_url(
+                    model_admin, status="failed", destination=name, updated_from=repr(since)
+                ),
+                hidden_fields=[("since", repr(since)), ("as_of", repr(now))],
+                form_url=url(model_admin, "destination_recover", name),
+                cancel_url=back,
+            ),
+        )
+    try:
+        as_of = min(float(request.POST.get("as_of") or now), now)
+    except ValueError:
+        raise BadRequest(_("as_of must be epoch seconds; nothing was changed.")) from None
+    recorder = BatchRecorder(repo)
+    result = recover_since(repo, name, since, as_of=as_of, applied=recorder)
+    text = report(REQUEUE, result, recover_selection(name, since, as_of).description)
+    record_change(user_id(request), text, f"destination {name}")
+    if result.acted:
+        messages.success(
+            request,
+            format_html(
+                '{} <a href="{}" class="outbox-batch-link">{}</a>',
+                text,
+                batch_url(model_admin, recorder.token),
+                _("Show the %(n)s messages requeued") % {"n": f"{result.acted:,}"},
+            ),
+        )
+    else:
+        messages.warning(request, text)
+    return HttpResponseRedirect(back)

@@ -1,0 +1,62 @@
+-- Read only: the ids of a list page or a bulk walk that pass the per-id checks no index
+-- serves (queue, last HTTP status code, last error class, created range within a status,
+-- and in a batch status and destination; updated and next-attempt ranges), checked where
+-- the records are instead of shipping every resend record to the client.
+--
+-- ARGV[1] prefix
+-- ARGV[2] JSON object of the checks, only those that apply:
+--   {"status": s, "queue": q, "code": "503", "class": c, "destination": d,
+--    "created_lo": x, "created_hi": x, "updated_lo": x, "updated_hi": x,
+--    "due_lo": x, "due_hi": x}
+-- ARGV[3] "ids": ARGV[4..] are the message ids, in order
+--         "range": ARGV[4] a sorted set, ARGV[5] min score, ARGV[6] max score (as
+--         ZRANGEBYSCORE takes them), ARGV[7] offset, ARGV[8] count, ARGV[9] "1" for
+--         highest scores first: the ids are that slice of the sorted set
+-- Returns {ids that pass, in order; how many ids were examined}.
+-- A message that is gone never passes. Created times come from the ids
+-- (msg_ + 12 hex digits of epoch milliseconds, see outbox.records.new_message_id).
+local prefix = ARGV[1]
+local c = cjson.decode(ARGV[2])
+local ids
+if ARGV[3] == 'range' then
+  if ARGV[9] == '1' then
+    ids = redis.call('ZREVRANGEBYSCORE', ARGV[4], ARGV[6], ARGV[5], 'LIMIT', ARGV[7], ARGV[8])
+  else
+    ids = redis.call('ZRANGEBYSCORE', ARGV[4], ARGV[5], ARGV[6], 'LIMIT', ARGV[7], ARGV[8])
+  end
+else
+  ids = {}
+  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+end
+local function within(v, lo, hi)
+  if v == nil then return false end
+  if lo and v < lo then return false end
+  if hi and v > hi then return false end
+  return true
+end
+local check_created = c.created_lo or c.created_hi
+local check_updated = c.updated_lo or c.updated_hi
+local check_due = c.due_lo or c.due_hi
+local reads = c.status or c.queue or c.code or c.class or c.destination or check_updated or check_due
+local out = {}
+for _, id in ipairs(ids) do
+  local ok = true
+  if check_created then
+    local ms = tonumber(string.sub(id, 5, 16), 16)
+    ok = within(ms and ms / 1000.0, c.created_lo, c.created_hi)
+  end
+  if ok and reads then
+    local r = redis.call('HMGET', prefix .. ':resend:' .. id, 'status', 'queue', 'last_status_code',
+      'last_error_class', 'destination', 'updated_at', 'next_attempt_at')
+    ok = r[1] ~= false
+    if ok and c.status and r[1] ~= c.status then ok = false end
+    if ok and c.queue and (r[2] or '') ~= c.queue then ok = false end
+    if ok and c.code and (r[3] or '') ~= c.code then ok = false end
+    if ok and c.class and (r[4] or '') ~= c.class then ok = false end
+    if ok and c.destination and (r[5] or '') ~= c.destination then ok = false end
+    if ok and check_updated and not within(tonumber(r[6]), c.updated_lo, c.updated_hi) then ok = false end
+    if ok and check_due and not within(tonumber(r[7]), c.due_lo, c.due_hi) then ok = false end
+  end
+  if ok then out[#out + 1] = id end
+end
+return {out, #ids}
