@@ -47,6 +47,12 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        (cloud metadata) and other non-public addresses, checked after
                        name resolution on every connection (True). A webhook destination
                        opts out with ``OPTIONS["allow_private_networks"] = True``.
+``METRICS_TOKEN``      bearer token (str, or a list while rotating) that lets a scraper
+                       read ``outbox.metrics.views.metrics``; staff users always may (None).
+``METRICS_REGISTER``   register the Prometheus collector on ``prometheus_client.REGISTRY``
+                       when Django starts, for django-prometheus's ``/metrics`` (False).
+``TRACING``            OpenTelemetry spans around ``send()`` and each delivery attempt,
+                       when ``opentelemetry-api`` is installed (True); see :mod:`outbox.tracing`.
 =====================  ==========================================================
 """
 
@@ -82,6 +88,9 @@ DEFAULTS: dict[str, Any] = {
     "EVENTS_CHANNEL": "",  # "" means "<KEY_PREFIX>:events"
     "RETENTION": {"succeeded": 7 * 24 * 3600, "cancelled": 30 * 24 * 3600, "failed": None},
     "BLOCK_PRIVATE_NETWORKS": True,
+    "METRICS_TOKEN": None,
+    "METRICS_REGISTER": False,
+    "TRACING": True,
 }
 
 PRIORITIES = ("high", "default", "low")
