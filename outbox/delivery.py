@@ -42,7 +42,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import dispatch
+from . import dispatch, tracing
 from .conf import outbox_settings
 from .connection import get_repository
 from .destinations import get_destination, get_transport
@@ -93,6 +93,7 @@ class Outcome:
     error_class: str = ""
 
 
+@tracing.traced_attempt  # OpenTelemetry "deliver" span around each attempt
 def attempt(message: Message) -> Outcome:
     """Deliver one claimed message through its transport and time it.
 

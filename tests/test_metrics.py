@@ -64,9 +64,12 @@ def scraper(client, settings):
 
 def test_scrape_after_real_deliveries(hook, worker, scraper):
     hook.respond(200, 200, 500)  # two delivered, then every request fails
-    for n in range(3):
-        outbox.send("hook", {"n": n})
-    worker(simple=True)  # burst: 2 succeed, the third retries until it is a dead letter
+    sent = [outbox.send("hook", {"n": n}).id for n in range(3)]
+    for _ in range(20):  # burst workers: 2 succeed, the third retries until it is a dead letter
+        worker(simple=True)
+        if all(outbox.get(i).status in ("succeeded", "failed") for i in sent):
+            break
+        time.sleep(0.1)
     outbox.send("mem", {"later": True}, delay=3600)  # scheduled in the default queue
     send_overdue("mem", {"late": True}, 30)  # due for 30 s, no worker runs
     outbox.send("mem", {"urgent": True}, priority="high")  # due now in outbox_high
