@@ -14,9 +14,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import outbox
-from outbox import intake
+from outbox import health, intake
 from outbox.api import build_message
 from outbox.metrics import METRICS, OutboxCollector, register, unregister
+from outbox.metrics.collector import DESTINATION_STATES
 from outbox.testing import free_port
 from tests.conftest import with_destinations
 
@@ -64,6 +65,8 @@ def scraper(client, settings):
 
 def test_scrape_after_real_deliveries(hook, worker, scraper):
     hook.respond(200, 200, 500)  # two delivered, then every request fails
+    health.pause("mem", reason="maintenance")
+    held = outbox.send("mem", {"held": True})  # the worker parks it: mem is paused
     sent = [outbox.send("hook", {"n": n}).id for n in range(3)]
     for _ in range(20):  # burst workers: 2 succeed, the third retries until it is a dead letter
         worker(simple=True)
@@ -81,7 +84,8 @@ def test_scrape_after_real_deliveries(hook, worker, scraper):
     assert messages[(("destination", "hook"), ("status", "succeeded"))] == 2
     assert messages[(("destination", "hook"), ("status", "failed"))] == 1
     assert messages[(("destination", "hook"), ("status", "pending"))] == 0
-    assert messages[(("destination", "mem"), ("status", "pending"))] == 3
+    assert messages[(("destination", "mem"), ("status", "pending"))] == 4  # 3 due or scheduled, 1 parked
+    assert outbox.get(held.id).status == "pending"
     assert messages[(("destination", "poison"), ("status", "pending"))] == 0  # configured, no messages
     assert {dict(k)["status"] for k in messages} == {
         "pending",
@@ -103,6 +107,34 @@ def test_scrape_after_real_deliveries(hook, worker, scraper):
     assert oldest[(("queue", "outbox_low"),)] == 0
     assert samples["outbox_up"] == {(): 1}
     assert 0 < samples["outbox_scrape_duration_seconds"][()] < 5
+
+    # destination health (outbox.health): 2 succeeded, then 4 failed attempts (1 + 3 retries)
+    attempts = samples["outbox_attempts_total"]
+    assert {dict(k)["outcome"]: v for k, v in attempts.items() if dict(k)["destination"] == "hook"} == {
+        "succeeded": 2,
+        "retryable": 4,
+        "permanent": 0,
+    }
+    assert attempts[(("destination", "mem"), ("outcome", "succeeded"))] == 0
+    buckets = {
+        dict(k)["le"]: v
+        for k, v in samples["outbox_attempt_duration_seconds_bucket"].items()
+        if dict(k)["destination"] == "hook"
+    }
+    assert buckets["+Inf"] == 6 and buckets["0.001"] <= buckets["0.064"] <= buckets["+Inf"]
+    assert list(buckets.values()) == sorted(buckets.values())  # cumulative
+    assert samples["outbox_attempt_duration_seconds_count"][(("destination", "hook"),)] == 6
+    assert 0 < samples["outbox_attempt_duration_seconds_sum"][(("destination", "hook"),)] < 6 * 5
+    state = samples["outbox_destination_state"]
+    current = {d: dict(k)["state"] for k, v in state.items() if v == 1 for d in [dict(k)["destination"]]}
+    assert current == {"hook": "failing", "mem": "paused", "poison": "idle"}
+    assert len(state) == 3 * len(DESTINATION_STATES)  # every state listed, 0 but the current one
+    assert samples["outbox_destination_consecutive_failures"][(("destination", "hook"),)] == 4
+    assert samples["outbox_destination_parked"] == {
+        (("destination", "hook"),): 0,
+        (("destination", "mem"),): 1,
+        (("destination", "poison"),): 0,
+    }
 
 
 def test_a_destination_no_longer_configured_is_still_counted(scraper):

@@ -5,8 +5,9 @@ A custom collector in the manner of prometheus_client's "Custom Collectors"
 the web process; each scrape reads the outbox's indexes in Redis (see
 :mod:`outbox.store.gauges`), so every process that serves the metrics reports the same
 numbers and no multiprocess mode is needed. A scrape costs a constant number of round
-trips (one pipeline, plus one when a destination that is no longer configured still has
-messages), whatever the number of messages.
+trips whatever the number of messages: one pipeline of counts and queue depths (plus a
+small one when a destination that is no longer configured still has messages), and one
+of destination health (:func:`outbox.health.get_all_health`).
 
 When Redis cannot be read, the scrape does not fail: ``outbox_up`` is 0 and the other
 outbox metrics are left out (a missing series is not a zero), as exporters do
@@ -17,13 +18,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from ..health import DestinationHealth
 
 logger = logging.getLogger("outbox")
+
+#: Values of the ``state`` label of ``outbox_destination_state`` (:attr:`DestinationHealth.state`).
+DESTINATION_STATES = ("healthy", "idle", "failing", "open", "half_open", "paused", "disabled")
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,38 @@ METRICS: dict[str, MetricSpec] = {
             "gauge",
             ("queue",),
             "Seconds since the earliest due, unclaimed message of the queue became due (0 when none is due).",
+        ),
+        MetricSpec(
+            "outbox_attempts",
+            "counter",
+            ("destination", "outcome"),
+            "Delivery attempts whose outcome a worker recorded, by outcome: succeeded, retryable "
+            "(a failure that may be retried), permanent (one that cannot).",
+        ),
+        MetricSpec(
+            "outbox_attempt_duration_seconds",
+            "histogram",
+            ("destination",),
+            "How long delivery attempts took, per destination (log-scale buckets, 1 ms to 32.768 s).",
+        ),
+        MetricSpec(
+            "outbox_destination_state",
+            "gauge",
+            ("destination", "state"),
+            "1 for the destination's current state, 0 for the others: healthy, idle, failing, open, "
+            "half_open, paused, disabled.",
+        ),
+        MetricSpec(
+            "outbox_destination_parked",
+            "gauge",
+            ("destination",),
+            "Messages held back while the destination is paused, disabled or its circuit breaker open.",
+        ),
+        MetricSpec(
+            "outbox_destination_consecutive_failures",
+            "gauge",
+            ("destination",),
+            "Failed attempts in a row since the destination's last success.",
         ),
         MetricSpec(
             "outbox_up",
@@ -129,6 +170,7 @@ class OutboxCollector(Collector):
         """
         from ..conf import outbox_settings
         from ..connection import get_repository
+        from ..health import get_all_health
         from ..store.gauges import read_gauges
 
         gauges = read_gauges(get_repository(), outbox_settings.DESTINATIONS, outbox_settings.queue_names, now)
@@ -144,7 +186,36 @@ class OutboxCollector(Collector):
             scheduled.add_metric([depth.queue], depth.scheduled)
             age = 0.0 if depth.oldest_due_at is None else max(0.0, now - depth.oldest_due_at)
             oldest.add_metric([depth.queue], age)
-        return [messages, due, scheduled, oldest]
+        return [
+            messages,
+            due,
+            scheduled,
+            oldest,
+            *health_families(get_all_health(sorted(gauges.messages), now)),
+        ]
+
+
+def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:
+    """The destination-health metric families of :data:`METRICS` (attempts, their
+    duration, state, parked messages, consecutive failures) from :mod:`outbox.health`."""
+    attempts = METRICS["outbox_attempts"].family()
+    duration = METRICS["outbox_attempt_duration_seconds"].family()
+    state = METRICS["outbox_destination_state"].family()
+    parked = METRICS["outbox_destination_parked"].family()
+    consecutive = METRICS["outbox_destination_consecutive_failures"].family()
+    for name, h in sorted(healths.items()):
+        for outcome, count in h.totals.items():
+            attempts.add_metric([name, outcome], count)
+        duration.add_metric(  # type: ignore[attr-defined]
+            [name],
+            buckets=[(floatToGoString(bound), count) for bound, count in h.latency_buckets],
+            sum_value=h.latency_sum_seconds,
+        )
+        for value in DESTINATION_STATES:
+            state.add_metric([name, value], 1.0 if h.state == value else 0.0)
+        parked.add_metric([name], h.parked)
+        consecutive.add_metric([name], h.consecutive_failures)
+    return [attempts, duration, state, parked, consecutive]
 
 
 def _value(name: str, value: float) -> Metric:
