@@ -200,3 +200,21 @@ def assert_index_invariant(repo) -> None:
     assert set(seen) == all_ids, "status indexes and the created index disagree"
     for message_id, status in seen.items():
         assert conn.hget(repo.keys.resend(message_id), "status").decode() == status
+
+
+def settle(worker, ids, *, passes: int = 20) -> None:
+    """Run burst workers in this process (``simple``: no fork) until every message of
+    ``ids`` is succeeded or failed. A retry due at once can be left to the next pass's
+    wake-up, so one pass is not always enough.
+
+    Raises:
+        AssertionError: still unsettled after ``passes`` passes.
+    """
+    import outbox
+
+    for _ in range(passes):
+        worker(simple=True)
+        if all(outbox.get(i).status in ("succeeded", "failed") for i in ids):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not settled: {[outbox.get(i).status for i in ids]}")

@@ -19,7 +19,7 @@ from outbox.api import build_message
 from outbox.metrics import METRICS, OutboxCollector, register, unregister
 from outbox.metrics.collector import DESTINATION_STATES
 from outbox.testing import free_port
-from tests.conftest import with_destinations
+from tests.conftest import settle, with_destinations
 
 pytestmark = pytest.mark.urls("tests.metrics_urls")
 
@@ -64,15 +64,11 @@ def scraper(client, settings):
 
 
 def test_scrape_after_real_deliveries(hook, worker, scraper):
-    hook.respond(200, 200, 500)  # two delivered, then every request fails
     health.pause("mem", reason="maintenance")
     held = outbox.send("mem", {"held": True})  # the worker parks it: mem is paused
-    sent = [outbox.send("hook", {"n": n}).id for n in range(3)]
-    for _ in range(20):  # burst workers: 2 succeed, the third retries until it is a dead letter
-        worker(simple=True)
-        if all(outbox.get(i).status in ("succeeded", "failed") for i in sent):
-            break
-        time.sleep(0.1)
+    settle(worker, [outbox.send("hook", {"n": n}).id for n in range(2)])  # delivered
+    hook.respond(500)
+    settle(worker, [outbox.send("hook", {"n": 3}).id])  # 1 + 3 retries, then a dead letter
     outbox.send("mem", {"later": True}, delay=3600)  # scheduled in the default queue
     send_overdue("mem", {"late": True}, 30)  # due for 30 s, no worker runs
     outbox.send("mem", {"urgent": True}, priority="high")  # due now in outbox_high

@@ -3,8 +3,6 @@ in-memory exporter, and the trace context a real receiver gets with each webhook
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -13,6 +11,7 @@ from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_tra
 
 import outbox
 from outbox import tracing
+from tests.conftest import settle
 
 
 @pytest.fixture
@@ -25,17 +24,6 @@ def spans():
     yield exporter
     tracing.set_tracer_provider(None)
     provider.shutdown()
-
-
-def deliver_all(worker, *ids: str) -> None:
-    """Run burst workers in this process (their spans reach the exporter) until the
-    messages are settled: a retry that is due at once may wait for the next pass's wake-up."""
-    for _ in range(20):
-        worker(simple=True)
-        if all(outbox.get(i).status in ("succeeded", "failed") for i in ids):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not settled: {[outbox.get(i).status for i in ids]}")
 
 
 def by_name(exporter, prefix: str) -> list:
@@ -61,7 +49,7 @@ def test_send_and_attempts_are_one_trace_and_the_receiver_gets_the_attempts_cont
     }
     assert outbox.get(m.id).headers["traceparent"] == traceparent(send)  # the creation context, stored
 
-    deliver_all(worker, m.id)
+    settle(worker, [m.id])
     attempts = sorted(by_name(spans, "deliver"), key=lambda s: s.start_time)
     assert [s.name for s in attempts] == ["deliver hook", "deliver hook"]
     for span in attempts:
@@ -105,7 +93,7 @@ def test_a_traceparent_given_by_the_caller_is_kept_and_linked(spans, hook, worke
     (send,) = by_name(spans, "send")
     assert outbox.get(m.id).headers == {"TraceParent": given}
     assert [format_span_id(link.context.span_id) for link in send.links] == ["b7ad6b7169203331"]
-    deliver_all(worker, m.id)
+    settle(worker, [m.id])
     (attempt,) = by_name(spans, "deliver")
     assert format_trace_id(attempt.context.trace_id) == "0af7651916cd43dd8448eb211c80319c"
     assert format_span_id(attempt.parent.span_id) == "b7ad6b7169203331"
@@ -116,7 +104,7 @@ def test_a_traceparent_given_by_the_caller_is_kept_and_linked(spans, hook, worke
 def test_off_by_setting(spans, hook, worker, settings):
     settings.OUTBOX = {**settings.OUTBOX, "TRACING": False}
     m = outbox.send("hook", "x")
-    deliver_all(worker, m.id)
+    settle(worker, [m.id])
     assert spans.get_finished_spans() == ()
     assert outbox.get(m.id).headers == {}
     assert "traceparent" not in hook.requests[0].headers
@@ -125,7 +113,7 @@ def test_off_by_setting(spans, hook, worker, settings):
 def test_without_an_sdk_nothing_is_added(hook, worker):
     """The API alone (no provider configured: the global no-op one) writes no trace headers."""
     m = outbox.send("hook", "x")
-    deliver_all(worker, m.id)
+    settle(worker, [m.id])
     assert outbox.get(m.id).headers == {}
     assert "traceparent" not in hook.requests[0].headers
 
