@@ -240,3 +240,58 @@ def test_django_prometheus_metrics_carry_the_outbox_metrics(client, settings):
 @pytest.mark.django_db
 def test_staff_users_may_look_in_a_browser(admin_client):
     assert parse(scrape(admin_client))["outbox_up"] == {(): 1}
+
+
+CORE_WITHOUT_EXTRAS_SCRIPT = """
+import sys
+
+
+class Absent:
+    \"\"\"Makes the extras' packages unimportable, as on a machine without them.\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("prometheus_client", "opentelemetry"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Absent())
+import django
+
+django.setup()
+import outbox.admin, outbox.api, outbox.delivery, outbox.health, outbox.tracing, outbox.worker  # noqa
+import outbox.transports.webhook  # noqa
+import outbox
+from outbox.conf import outbox_settings
+from outbox.delivery import run
+
+m = outbox.send("mem", "x")  # TRACING is on by default: without the API it does nothing
+run("outbox")
+print(outbox_settings.TRACING, outbox.get(m.id).status, outbox.get(m.id).headers)
+try:
+    import outbox.metrics  # noqa
+except ImportError as exc:
+    print(exc)
+"""
+
+
+def test_the_core_runs_without_the_metrics_and_otel_extras(redis):
+    """In a fresh process where prometheus_client and opentelemetry cannot be imported,
+    the outbox imports, sends and delivers; outbox.metrics says which extra it needs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    out = subprocess.run(
+        [sys.executable, "-c", CORE_WITHOUT_EXTRAS_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-2:] == [
+        "True succeeded {}",
+        "outbox.metrics needs prometheus_client: pip install 'django-redis-outbox[metrics]'",
+    ]
