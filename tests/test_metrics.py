@@ -161,6 +161,14 @@ def test_a_bearer_token_lets_a_scraper_in(client, settings):
     assert b"outbox_" not in refused.content
 
 
+def test_a_wrong_token_setting_is_a_clear_error(client, settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.OUTBOX = {**settings.OUTBOX, "METRICS_TOKEN": ""}
+    with pytest.raises(ImproperlyConfigured, match="METRICS_TOKEN"):
+        client.get("/outbox/metrics")
+
+
 def test_anonymous_requests_are_refused(client):
     response = client.get("/outbox/metrics")
     assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Bearer")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 try:
     import prometheus_client  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
+except ImportError as exc:
     raise ImportError(
         "outbox.metrics needs prometheus_client: pip install 'django-redis-outbox[metrics]'"
     ) from exc

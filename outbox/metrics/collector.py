@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -44,8 +44,10 @@ class MetricSpec:
     labels: tuple[str, ...]
     help: str
 
-    def family(self) -> Metric:
-        """An empty metric family of this spec (samples are added with ``add_metric``)."""
+    def family(self) -> Any:
+        """An empty metric family of this spec: a ``GaugeMetricFamily``,
+        ``CounterMetricFamily`` or ``HistogramMetricFamily`` (samples are added with
+        its ``add_metric``)."""
         kinds = {
             "gauge": GaugeMetricFamily,
             "counter": CounterMetricFamily,
@@ -206,7 +208,7 @@ def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:
     for name, h in sorted(healths.items()):
         for outcome, count in h.totals.items():
             attempts.add_metric([name, outcome], count)
-        duration.add_metric(  # type: ignore[attr-defined]
+        duration.add_metric(
             [name],
             buckets=[(floatToGoString(bound), count) for bound, count in h.latency_buckets],
             sum_value=h.latency_sum_seconds,

@@ -72,12 +72,15 @@ def _bearer(request: HttpRequest) -> str | None:
 
 
 def allowed(request: HttpRequest) -> bool:
-    """True if ``request`` may read the metrics (see the module docstring)."""
+    """True if ``request`` may read the metrics (see the module docstring).
+
+    Raises:
+        ImproperlyConfigured: ``OUTBOX["METRICS_TOKEN"]`` is not a valid value.
+    """
+    tokens = configured_tokens()  # first: a wrong setting is an error on every request
     given = _bearer(request)
     # compare_digest on bytes: constant time for equal lengths, no TypeError for non-ASCII
-    if given is not None and any(
-        hmac.compare_digest(given.encode(), t.encode()) for t in configured_tokens()
-    ):
+    if given is not None and any(hmac.compare_digest(given.encode(), t.encode()) for t in tokens):
         return True
     user = getattr(request, "user", None)
     return bool(user is not None and user.is_active and user.is_staff)
