@@ -150,3 +150,19 @@ def test_the_global_tracer_provider_is_used_once_the_application_sets_one(redis)
     assert out.returncode == 0, out.stderr
     name, trace_id, header = out.stdout.strip().split("|")
     assert name == "send mem" and header.split("-")[1] == trace_id
+
+
+def test_a_send_that_fails_is_an_error_span(spans, settings):
+    from django.test import override_settings
+
+    from outbox.testing import free_port
+
+    caches = {
+        **settings.CACHES,
+        "default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"},
+    }
+    with override_settings(CACHES=caches), pytest.raises(outbox.OutboxUnavailable):
+        outbox.send("hook", "x")
+    (send,) = by_name(spans, "send")
+    assert send.status.status_code == StatusCode.ERROR
+    assert [e.attributes["exception.type"] for e in send.events] == ["outbox.exceptions.OutboxUnavailable"]
