@@ -166,3 +166,26 @@ def test_a_send_that_fails_is_an_error_span(spans, settings):
     (send,) = by_name(spans, "send")
     assert send.status.status_code == StatusCode.ERROR
     assert [e.attributes["exception.type"] for e in send.events] == ["outbox.exceptions.OutboxUnavailable"]
+
+
+SEEN_SPANS: list = []
+
+
+def note_current_span(message) -> None:
+    """A callable destination's function: notes the span current while it runs."""
+    from opentelemetry import trace
+
+    SEEN_SPANS.append(trace.get_current_span().get_span_context())
+
+
+def test_a_callable_runs_inside_its_attempts_span(spans, worker):
+    """The callable runs in a deadline thread: the attempt's context goes with it, so the
+    project's own spans there are children of the attempt."""
+    from tests.conftest import with_destinations
+
+    SEEN_SPANS.clear()
+    with with_destinations("callable", traced={"OPTIONS": {"path": "tests.test_tracing.note_current_span"}}):
+        m = outbox.send("traced", "x")
+        settle(worker, [m.id])
+    (attempt,) = by_name(spans, "deliver")
+    assert [c.span_id for c in SEEN_SPANS] == [attempt.context.span_id]
