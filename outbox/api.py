@@ -14,7 +14,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from redis.exceptions import RedisError
 
-from . import actions, intake
+from . import actions, intake, tracing
 from .conf import outbox_settings
 from .connection import get_repository
 from .destinations import get_destination, get_transport, validate_max_retries
@@ -201,6 +201,7 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
     return _submit(built, using)
 
 
+@tracing.traced_send  # OpenTelemetry "send" span; trace context into the headers
 def _submit(messages: list[Message], using: str) -> list[Message]:
     """Capture messages in the current transaction, or write them to Redis now."""
     if not messages:

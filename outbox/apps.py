@@ -8,3 +8,9 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .conf import outbox_settings
+
+        if outbox_settings.METRICS_REGISTER:  # for django-prometheus's /metrics (needs the metrics extra)
+            from .metrics import register
+
+            register()

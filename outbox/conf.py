@@ -72,6 +72,12 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        delivered at once, not captured until commit (as Celery's
                        ``task_always_eager`` runs a task at call time). A failure is
                        recorded and its retry left waiting. Never in production.
+``METRICS_TOKEN``      bearer token (str, or a list while rotating) that lets a scraper
+                       read ``outbox.metrics.views.metrics``; staff users always may (None).
+``METRICS_REGISTER``   register the Prometheus collector on ``prometheus_client.REGISTRY``
+                       when Django starts, for django-prometheus's ``/metrics`` (False).
+``TRACING``            OpenTelemetry spans around ``send()`` and each delivery attempt,
+                       when ``opentelemetry-api`` is installed (True); see :mod:`outbox.tracing`.
 =====================  ==========================================================
 """
 
@@ -120,6 +126,9 @@ DEFAULTS: dict[str, Any] = {
     "DISABLE_AFTER": 3 * 24 * 3600,
     "ALERTS": {},
     "EAGER": False,
+    "METRICS_TOKEN": None,
+    "METRICS_REGISTER": False,
+    "TRACING": True,
 }
 
 PRIORITIES = ("high", "default", "low")

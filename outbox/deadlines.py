@@ -3,6 +3,7 @@ cannot be interrupted: a callable, SMTP, name resolution)."""
 
 from __future__ import annotations
 
+import contextvars
 import os
 import queue
 import threading
@@ -71,6 +72,8 @@ def call_with_deadline(function: Callable[[], T], seconds: float, what: str) -> 
     Python cannot stop a thread: past the deadline the attempt is given up and the
     thread is left to finish (or fail) on its own; its result is ignored. The thread
     closes the database connections ``function`` opened. Helper threads are reused.
+    ``function`` runs in a copy of the caller's ``contextvars`` context, so the current
+    OpenTelemetry span of the attempt is current there too.
 
     Args:
         function: what to run, without arguments.
@@ -97,7 +100,8 @@ def call_with_deadline(function: Callable[[], T], seconds: float, what: str) -> 
             except Exception:  # pragma: no cover - closing is best effort
                 pass
 
-    future = _threads.submit(run)
+    context = contextvars.copy_context()  # the caller's context vars (its trace span) go along
+    future = _threads.submit(lambda: context.run(run))
     try:
         return future.result(timeout=seconds)
     except FutureTimeout:

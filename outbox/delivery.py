@@ -44,7 +44,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import dispatch, health
+from . import dispatch, health, tracing
 from .conf import outbox_settings
 from .connection import get_repository
 from .destinations import get_destination, get_transport
@@ -99,6 +99,7 @@ class Outcome:
     host: str = ""  # the transport's host (Transport.host) at attempt time
 
 
+@tracing.traced_attempt  # OpenTelemetry "deliver" span around each attempt
 def attempt(message: Message) -> Outcome:
     """Deliver one claimed message through its transport and time it.
 

@@ -228,3 +228,21 @@ def assert_index_invariant(repo) -> None:
         assert conn.zscore(repo.keys.due(queue), message_id) is not None, (
             f"{message_id} is {seen[message_id]} but neither due nor parked"
         )
+
+
+def settle(worker, ids, *, passes: int = 20) -> None:
+    """Run burst workers in this process (``simple``: no fork) until every message of
+    ``ids`` is succeeded or failed. A retry due at once can be left to the next pass's
+    wake-up, so one pass is not always enough.
+
+    Raises:
+        AssertionError: still unsettled after ``passes`` passes.
+    """
+    import outbox
+
+    for _ in range(passes):
+        worker(simple=True)
+        if all(outbox.get(i).status in ("succeeded", "failed") for i in ids):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not settled: {[outbox.get(i).status for i in ids]}")

@@ -6,6 +6,7 @@ Each delivery is an HTTP POST of the message body with::
     webhook-id:         the message id (stable across retries, so receivers can deduplicate)
     webhook-timestamp:  epoch seconds of this attempt
     webhook-signature:  v1,<base64 HMAC-SHA256 of "id.timestamp.body"> (when a secret is set)
+    traceparent:        the attempt's W3C trace context, with OpenTelemetry on (outbox.tracing)
 
 signed with the ``standardwebhooks`` package (https://www.standardwebhooks.com/).
 Receivers verify with ``standardwebhooks.Webhook(secret).verify(body, headers)``.
@@ -73,6 +74,7 @@ from django.core.exceptions import ImproperlyConfigured
 from standardwebhooks import Webhook
 
 from .. import headers as header_rules
+from .. import tracing
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, InvalidMessage, PermanentDeliveryError
 from ..records import Message
@@ -301,7 +303,8 @@ class WebhookTransport(Transport):
 
         Returns:
             Header name -> value: the destination's headers, overridden by the message's
-            (case-insensitively), then ``Content-Type`` and the ``webhook-*`` headers.
+            (case-insensitively), then ``Content-Type``, the ``webhook-*`` headers and the
+            current trace context (:func:`outbox.tracing.inject_headers`).
             Framing and hop-by-hop headers (:func:`outbox.headers.reserved`) of a message
             stored before ``send()`` refused them are dropped: the client writes those.
         """
@@ -316,6 +319,7 @@ class WebhookTransport(Transport):
             when = datetime.fromtimestamp(timestamp, tz=timezone.utc)
             text = message.body.decode("utf-8")
             headers["webhook-signature"] = " ".join(s.sign(message.id, when, text) for s in self.signers)
+        tracing.inject_headers(headers)  # the attempt's trace context replaces the stored one
         return headers
 
     def deliver(self, message: Message) -> DeliveryResult:

@@ -1,0 +1,226 @@
+"""The Prometheus collector: the outbox's state in Redis as metric families.
+
+A custom collector in the manner of prometheus_client's "Custom Collectors"
+(https://prometheus.github.io/client_python/collector/custom/): nothing is counted in
+the web process; each scrape reads the outbox's indexes in Redis (see
+:mod:`outbox.store.gauges`), so every process that serves the metrics reports the same
+numbers and no multiprocess mode is needed. A scrape costs a constant number of round
+trips whatever the number of messages: one pipeline of counts and queue depths (plus a
+small one when a destination that is no longer configured still has messages), and one
+of destination health (:func:`outbox.health.get_all_health`).
+
+When Redis cannot be read, the scrape does not fail: ``outbox_up`` is 0 and the other
+outbox metrics are left out (a missing series is not a zero), as exporters do
+(``redis_up`` of redis_exporter, ``up`` of Prometheus itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from ..health import DestinationHealth
+
+logger = logging.getLogger("outbox")
+
+#: Values of the ``state`` label of ``outbox_destination_state`` (:attr:`DestinationHealth.state`).
+DESTINATION_STATES = ("healthy", "idle", "failing", "open", "half_open", "paused", "disabled")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric the collector exposes (the name as exposed, before type suffixes)."""
+
+    name: str
+    type: str  # "gauge", "counter", "histogram"
+    labels: tuple[str, ...]
+    help: str
+
+    def family(self) -> Any:
+        """An empty metric family of this spec: a ``GaugeMetricFamily``,
+        ``CounterMetricFamily`` or ``HistogramMetricFamily`` (samples are added with
+        its ``add_metric``)."""
+        kinds = {
+            "gauge": GaugeMetricFamily,
+            "counter": CounterMetricFamily,
+            "histogram": HistogramMetricFamily,
+        }
+        return kinds[self.type](self.name, self.help, labels=list(self.labels))
+
+
+#: Every metric of :class:`OutboxCollector`, by name. ``docs/metrics.md`` lists the same.
+METRICS: dict[str, MetricSpec] = {
+    spec.name: spec
+    for spec in (
+        MetricSpec(
+            "outbox_messages",
+            "gauge",
+            ("destination", "status"),
+            "Messages in each status, per destination (ZCARD of the status indexes at scrape time).",
+        ),
+        MetricSpec(
+            "outbox_queue_due",
+            "gauge",
+            ("queue",),
+            "Messages due now and not yet claimed by a worker, per queue.",
+        ),
+        MetricSpec(
+            "outbox_queue_scheduled",
+            "gauge",
+            ("queue",),
+            "Messages waiting for a later due time (delayed sends, retries in backoff), per queue.",
+        ),
+        MetricSpec(
+            "outbox_oldest_due_age_seconds",
+            "gauge",
+            ("queue",),
+            "Seconds since the earliest due, unclaimed message of the queue became due (0 when none is due).",
+        ),
+        MetricSpec(
+            "outbox_attempts",
+            "counter",
+            ("destination", "outcome"),
+            "Delivery attempts whose outcome a worker recorded, by outcome: succeeded, retryable "
+            "(a failure that may be retried), permanent (one that cannot).",
+        ),
+        MetricSpec(
+            "outbox_attempt_duration_seconds",
+            "histogram",
+            ("destination",),
+            "How long delivery attempts took, per destination (log-scale buckets, 1 ms to 32.768 s).",
+        ),
+        MetricSpec(
+            "outbox_destination_state",
+            "gauge",
+            ("destination", "state"),
+            "1 for the destination's current state, 0 for the others: healthy, idle, failing, open, "
+            "half_open, paused, disabled.",
+        ),
+        MetricSpec(
+            "outbox_destination_parked",
+            "gauge",
+            ("destination",),
+            "Messages held back while the destination is paused, disabled or its circuit breaker open.",
+        ),
+        MetricSpec(
+            "outbox_destination_consecutive_failures",
+            "gauge",
+            ("destination",),
+            "Failed attempts in a row since the destination's last success.",
+        ),
+        MetricSpec(
+            "outbox_up",
+            "gauge",
+            (),
+            "1 if the outbox's Redis answered this scrape, 0 if not (the other outbox metrics are then absent).",
+        ),
+        MetricSpec(
+            "outbox_scrape_duration_seconds",
+            "gauge",
+            (),
+            "Seconds this scrape spent reading the outbox's state from Redis.",
+        ),
+    )
+}
+
+
+class OutboxCollector(Collector):
+    """Yields the outbox metrics of :data:`METRICS`, read from Redis when collected.
+
+    Register it on a ``prometheus_client`` registry (see :func:`outbox.metrics.register`)
+    or serve it with :func:`outbox.metrics.views.metrics`. ``describe()`` reads nothing,
+    so registering it does not touch Redis.
+
+    ``collect()`` never raises for a Redis or settings problem: it logs a warning and
+    yields ``outbox_up 0``.
+    """
+
+    def describe(self) -> Iterator[Metric]:
+        """The metric families without samples (what ``registry.register`` checks names against)."""
+        for spec in METRICS.values():
+            yield spec.family()
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families with the values read now."""
+        started = time.perf_counter()
+        try:
+            families = self.read(time.time())
+            up = 1.0
+        except Exception as exc:  # a scrape reports trouble as outbox_up 0, never as an error page
+            logger.warning(
+                "outbox metrics: could not read the outbox's state (%s: %s)", type(exc).__name__, exc
+            )
+            families, up = [], 0.0
+        yield from families
+        yield _value("outbox_up", up)
+        yield _value("outbox_scrape_duration_seconds", time.perf_counter() - started)
+
+    def read(self, now: float) -> list[Metric]:
+        """Read Redis and build the metric families (all of them, or an exception).
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached.
+            django.core.exceptions.ImproperlyConfigured: the outbox's settings are wrong.
+        """
+        from ..conf import outbox_settings
+        from ..connection import get_repository
+        from ..health import get_all_health
+        from ..store.gauges import read_gauges
+
+        gauges = read_gauges(get_repository(), outbox_settings.DESTINATIONS, outbox_settings.queue_names, now)
+        messages = METRICS["outbox_messages"].family()
+        for destination, counts in sorted(gauges.messages.items()):
+            for status, count in counts.items():
+                messages.add_metric([destination, status], count)
+        due = METRICS["outbox_queue_due"].family()
+        scheduled = METRICS["outbox_queue_scheduled"].family()
+        oldest = METRICS["outbox_oldest_due_age_seconds"].family()
+        for depth in gauges.queues:
+            due.add_metric([depth.queue], depth.due)
+            scheduled.add_metric([depth.queue], depth.scheduled)
+            age = 0.0 if depth.oldest_due_at is None else max(0.0, now - depth.oldest_due_at)
+            oldest.add_metric([depth.queue], age)
+        return [
+            messages,
+            due,
+            scheduled,
+            oldest,
+            *health_families(get_all_health(sorted(gauges.messages), now)),
+        ]
+
+
+def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:
+    """The destination-health metric families of :data:`METRICS` (attempts, their
+    duration, state, parked messages, consecutive failures) from :mod:`outbox.health`."""
+    attempts = METRICS["outbox_attempts"].family()
+    duration = METRICS["outbox_attempt_duration_seconds"].family()
+    state = METRICS["outbox_destination_state"].family()
+    parked = METRICS["outbox_destination_parked"].family()
+    consecutive = METRICS["outbox_destination_consecutive_failures"].family()
+    for name, h in sorted(healths.items()):
+        for outcome, count in h.totals.items():
+            attempts.add_metric([name, outcome], count)
+        duration.add_metric(
+            [name],
+            buckets=[(floatToGoString(bound), count) for bound, count in h.latency_buckets],
+            sum_value=h.latency_sum_seconds,
+        )
+        for value in DESTINATION_STATES:
+            state.add_metric([name, value], 1.0 if h.state == value else 0.0)
+        parked.add_metric([name], h.parked)
+        consecutive.add_metric([name], h.consecutive_failures)
+    return [attempts, duration, state, parked, consecutive]
+
+
+def _value(name: str, value: float) -> Metric:
+    family = METRICS[name].family()
+    family.add_metric([], value)
+    return family

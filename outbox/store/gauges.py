@@ -1,0 +1,106 @@
+"""Levels read at one moment for monitoring (:mod:`outbox.metrics`): message counts per
+destination and status, and the depth of each queue's due index.
+
+Everything is read from the indexes of :mod:`outbox.store.keys` with O(1) or O(log N)
+commands (ZCARD, ZCOUNT, ZRANGE of one entry), in one pipeline; a second, smaller one
+only when a destination that is no longer configured still has messages (it is found in
+the ``destinations`` set, read in the first). So a scrape costs the same whatever the
+number of messages, and every process that reads reports the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ..records import STATUSES
+from .repository import MessageRepository
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """One queue's due index (``pending`` and ``retrying`` messages, by due time).
+
+    Attributes:
+        queue: the django-rq queue name.
+        due: messages due now (next attempt at or before the time read), not yet claimed.
+        scheduled: messages due later (delayed sends, retries waiting out their backoff).
+        oldest_due_at: epoch seconds the earliest due message became due, or None when
+            none is due.
+    """
+
+    queue: str
+    due: int
+    scheduled: int
+    oldest_due_at: float | None
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """What :func:`read_gauges` read.
+
+    Attributes:
+        at: epoch seconds of the read (what "due" is measured against).
+        messages: destination -> status -> message count, every status present (zeros
+            included), for the configured destinations and every other destination that
+            has messages.
+        queues: one :class:`QueueDepth` per queue asked for, in order.
+    """
+
+    at: float
+    messages: dict[str, dict[str, int]]
+    queues: list[QueueDepth]
+
+
+def read_gauges(
+    repo: MessageRepository, destinations: Iterable[str], queues: Sequence[str], now: float
+) -> Gauges:
+    """Message counts per destination and status, and each queue's due depth.
+
+    Args:
+        repo: the repository to read.
+        destinations: names always reported (the configured destinations), with zeros
+            when they have no messages.
+        queues: the queue names whose due index is read.
+        now: epoch seconds: messages scored at or before it are due.
+
+    Returns:
+        :class:`Gauges`.
+
+    Raises:
+        redis.exceptions.RedisError: Redis could not be reached or refused a command.
+    """
+    names = list(dict.fromkeys(destinations))
+    pipe = repo.connection.pipeline(transaction=False)
+    pipe.smembers(repo.keys.destinations)
+    for queue in queues:
+        key = repo.keys.due(queue)
+        pipe.zcount(key, "-inf", repr(now))
+        pipe.zcount(key, f"({now!r}", "+inf")
+        pipe.zrange(key, 0, 0, withscores=True)
+    _count_statuses(pipe, repo, names)
+    replies = pipe.execute()
+    known, replies = replies[0], replies[1:]
+    depths = []
+    for i, queue in enumerate(queues):
+        due, scheduled, first = replies[3 * i : 3 * i + 3]
+        oldest = first[0][1] if first and first[0][1] <= now else None
+        depths.append(QueueDepth(queue, int(due), int(scheduled), oldest))
+    counts = replies[3 * len(queues) :]
+    others = sorted({raw.decode() for raw in known} - set(names))
+    if others:
+        pipe = repo.connection.pipeline(transaction=False)
+        _count_statuses(pipe, repo, others)
+        counts += pipe.execute()
+    n = len(STATUSES)
+    messages = {
+        d: dict(zip(STATUSES, (int(c) for c in counts[i * n : (i + 1) * n])))
+        for i, d in enumerate(names + others)
+    }
+    return Gauges(now, messages, depths)
+
+
+def _count_statuses(pipe, repo: MessageRepository, destinations: Sequence[str]) -> None:
+    for destination in destinations:
+        for status in STATUSES:
+            pipe.zcard(repo.keys.status(status, destination))
