@@ -88,7 +88,8 @@ def _otel() -> _OTel | None:
             _api = False
     if not _api or (_provider is None and isinstance(_api.trace.get_tracer_provider(), _api.noop_providers)):
         return None
-    return _api
+    api: _OTel = _api
+    return api
 
 
 def enabled() -> bool:
@@ -163,7 +164,7 @@ def _send(
         attributes["messaging.message.id"] = messages[0].id
     else:
         attributes["messaging.batch.message_count"] = len(messages)
-    links = []
+    links: list[Any] = []
     for m in messages:  # a creation context the caller put in the headers is kept, and linked to
         if "traceparent" in _lowered(m.headers) and len(links) < MAX_LINKS:
             given = api.trace.get_current_span(creation_context(m.headers)).get_span_context()

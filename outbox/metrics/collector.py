@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _float_to_go_string
+
+#: prometheus_client's own rendering of a bucket bound ("+Inf", "0.25"); its function is unannotated.
+floatToGoString: Callable[[float], str] = _float_to_go_string
 
 if TYPE_CHECKING:
     from ..health import DestinationHealth
@@ -221,6 +224,6 @@ def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:
 
 
 def _value(name: str, value: float) -> Metric:
-    family = METRICS[name].family()
+    family: GaugeMetricFamily = METRICS[name].family()
     family.add_metric([], value)
     return family

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from redis.client import Pipeline
+
 from ..records import STATUSES
 from .repository import MessageRepository
 
@@ -94,13 +96,13 @@ def read_gauges(
         counts += pipe.execute()
     n = len(STATUSES)
     messages = {
-        d: dict(zip(STATUSES, (int(c) for c in counts[i * n : (i + 1) * n])))
+        d: dict(zip(STATUSES, (int(c) for c in counts[i * n : (i + 1) * n]), strict=True))
         for i, d in enumerate(names + others)
     }
     return Gauges(now, messages, depths)
 
 
-def _count_statuses(pipe, repo: MessageRepository, destinations: Sequence[str]) -> None:
+def _count_statuses(pipe: Pipeline, repo: MessageRepository, destinations: Sequence[str]) -> None:
     for destination in destinations:
         for status in STATUSES:
             pipe.zcard(repo.keys.status(status, destination))
