@@ -18,6 +18,8 @@ sets before starting Django and which worker subprocesses inherit:
 ``FAULTS_POISON_RETRIES``      ``MAX_RETRIES`` of ``poison`` (2)
 ``FAULTS_CALLABLE_LOG``        file the ``poison`` destination's function appends delivered ids to
 ``FAULTS_BATCH_SIZE``          ``OUTBOX["BATCH_SIZE"]`` (100)
+``FAULTS_BREAKER``             JSON of the ``hook`` destination's ``BREAKER`` (5 failures, 0.5 s
+                               cool-down doubling up to 2 s)
 =============================  =================================================================
 
 Destinations: ``hook`` (signed webhook to the receiver, exponential retries from 0.5 s,
@@ -25,6 +27,7 @@ capped at 4 s) and ``poison`` (:func:`tests.faults.targets.deliver`, which kills
 process for messages marked poison).
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -96,6 +99,10 @@ OUTBOX = {
             },
             "RETRY": {"strategy": "exponential", "base": 0.5, "factor": 2, "max_delay": 4, "jitter": "equal"},
             "MAX_RETRIES": int(_number("FAULTS_HOOK_RETRIES", 10)),
+            # the circuit breaker (issue 8); quick cool-downs so the scenarios settle fast
+            "BREAKER": json.loads(
+                os.environ.get("FAULTS_BREAKER", '{"FAILURES": 5, "COOLDOWN": 0.5, "MAX_COOLDOWN": 2}')
+            ),
         },
         "poison": {
             "TRANSPORT": "callable",
