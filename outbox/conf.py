@@ -15,7 +15,9 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 ``QUEUES``             priority -> django-rq queue name
                        (``{"high": "outbox_high", "default": "outbox", "low": "outbox_low"}``).
 ``DESTINATIONS``       name -> ``{"TRANSPORT": alias or dotted path, "OPTIONS": {...},
-                       "MAX_RETRIES": n, "RETRY": policy}``.
+                       "MAX_RETRIES": n, "RETRY": policy, "MAX_IN_FLIGHT": n,
+                       "BREAKER": ..., "RATE_LIMIT": ..., "MAX_CONCURRENCY": n,
+                       "DISABLE_AFTER": seconds}`` (see :mod:`outbox.destinations`).
 ``MAX_RETRIES``        retries after the first attempt before a message is failed (10).
 ``RETRY``              default retry policy, see :mod:`outbox.retry`.
 ``MAX_BODY_BYTES``     largest accepted body in bytes (1 MiB).
@@ -42,6 +44,17 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 ``RETENTION``          status -> seconds a finished message is kept before the recovery
                        sweep deletes it (None = for ever). Default: succeeded 7 days,
                        cancelled 30 days, failed (dead letters) for ever.
+``BREAKER``            default circuit breaker of every destination (see
+                       ``docs/destinations.md``): ``{"FAILURES": 5, "FAILURE_RATE": 0.5,
+                       "MIN_ATTEMPTS": 20, "WINDOW": 300, "COOLDOWN": 15,
+                       "MAX_COOLDOWN": 600}``; a destination's ``BREAKER`` dict overrides
+                       keys of it, ``False`` turns its breaker off.
+``RATE_LIMIT``         default rate limit per destination across all workers (None):
+                       ``"100/s"``, ``"6000/m"`` or ``{"RATE": 100, "PER": 1.0, "BURST": 10}``.
+``MAX_CONCURRENCY``    default cap of attempts in flight per destination across all
+                       workers (None = no cap).
+``DISABLE_AFTER``      seconds a destination may fail continuously before it is disabled
+                       (3 days; None = never).
 ``BLOCK_PRIVATE_NETWORKS``
                        refuse webhook connections to loopback, private, link-local
                        (cloud metadata) and other non-public addresses, checked after
@@ -82,6 +95,17 @@ DEFAULTS: dict[str, Any] = {
     "EVENTS_CHANNEL": "",  # "" means "<KEY_PREFIX>:events"
     "RETENTION": {"succeeded": 7 * 24 * 3600, "cancelled": 30 * 24 * 3600, "failed": None},
     "BLOCK_PRIVATE_NETWORKS": True,
+    "BREAKER": {
+        "FAILURES": 5,
+        "FAILURE_RATE": 0.5,
+        "MIN_ATTEMPTS": 20,
+        "WINDOW": 300,
+        "COOLDOWN": 15,
+        "MAX_COOLDOWN": 600,
+    },
+    "RATE_LIMIT": None,
+    "MAX_CONCURRENCY": None,
+    "DISABLE_AFTER": 3 * 24 * 3600,
 }
 
 PRIORITIES = ("high", "default", "low")

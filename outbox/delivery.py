@@ -27,6 +27,7 @@ attempt charged), and then re-raises.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -37,12 +38,13 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import dispatch
+from . import dispatch, health
 from .conf import outbox_settings
 from .connection import get_repository
 from .destinations import get_destination, get_transport
@@ -56,6 +58,8 @@ from .store import Change, ChangeResult, MessageRepository
 logger = logging.getLogger("outbox")
 
 ERROR_LIMIT = 1000  # characters of an error kept in records
+HEALTH_ERROR_LIMIT = 300  # characters of an error kept in a destination's error groups
+HELD_WAIT = 1.0  # most seconds a run waits for messages a limit rescheduled, before it ends
 DUE_SLACK = dispatch.DUE_SLACK  # a claim takes messages due up to this many seconds from now
 LEASE_BUDGET = 0.5  # share of VISIBILITY_TIMEOUT after which a run claims nothing new
 RUN_BUDGET = 10.0  # seconds a wake-up job keeps claiming before it hands over to a new job
@@ -145,6 +149,8 @@ class Decision:
     change: Change
     attempt: Attempt
     message: Message
+    exhausted: bool = False
+    outcome: Outcome | None = None  # the attempt's result, logged once the decision is written
 
 
 def decide(
@@ -169,6 +175,12 @@ def decide(
     and ``retry_count`` goes up by one (it counts retries: attempts after the first);
     otherwise ``failed`` (dead letter), so a dead letter shows at most
     ``max_retries / max_retries``.
+
+    A failure that is not permanent also carries a ``park`` alternative
+    (:attr:`outbox.store.Change.park`): if the destination is paused, disabled or its
+    circuit breaker not closed when the outcome is written, the message goes back to
+    waiting (parked) with its retry count unchanged and an attempt recorded with outcome
+    ``"parked"``: a destination's outage does not spend its messages' retries.
 
     Never raises for a bad record: a retry policy that cannot be used (a record written
     by an older version, or edited by hand) makes the message a dead letter whose error
@@ -246,6 +258,29 @@ def decide(
         ),
         stat=status,
     )
+    exhausted = (
+        not ok
+        and not permanent
+        and status == Status.FAILED.value
+        and message.retry_count >= message.max_retries
+    )
+    park = None
+    if not ok and not permanent:
+        park = _park_change(message, now, record, fields, unset, error)
+    change.park = park
+    if exhausted:
+        change.also = json.dumps(
+            {
+                "event": "message.exhausted",
+                "destination": message.destination,
+                "at": now,
+                "id": message.id,
+                "retry_count": retry_count,
+                "status_code": status_code,
+                "error": error,
+            },
+            separators=(",", ":"),
+        )
     message.status, message.retry_count, message.next_attempt_at = (
         status,
         retry_count,
@@ -254,7 +289,27 @@ def decide(
     message.last_error = error if not ok else ""
     message.last_error_class = error_class if not ok else ""
     message.last_status_code = status_code
-    return Decision(change, record, message)
+    return Decision(change, record, message, exhausted)
+
+
+def _park_change(
+    message: Message, now: float, record: Attempt, fields: dict[str, str], unset: list[str], error: str
+) -> dict[str, Any]:
+    """The ``park`` alternative of a failed attempt's change (see :func:`decide`)."""
+    to = Status.RETRYING.value if message.retry_count > 0 else Status.PENDING.value
+    set_fields = {k: v for k, v in fields.items() if k not in ("retry_count", "next_attempt_at")}
+    set_fields["next_attempt_at"] = repr(now)
+    parked = Attempt(**{**record.__dict__, "outcome": "parked", "retry_count": message.retry_count})
+    event = json.loads(event_payload(to, message, at=now, retry_count=message.retry_count, error=error))
+    event["event"] = "message.parked"
+    return {
+        "to": to,
+        "score": repr(now),
+        "set": set_fields,
+        "unset": [f for f in unset if f != "next_attempt_at"] or ["lease"],
+        "attempt": parked.to_json(),
+        "event": json.dumps(event, separators=(",", ":")),
+    }
 
 
 def decide_outcome(outcome: Outcome, now: float) -> Decision:
@@ -275,10 +330,32 @@ def decide_outcome(outcome: Outcome, now: float) -> Decision:
 
 
 def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> None:
-    """Send the Django signal of each written decision whose compare-and-set applied."""
+    """Send the Django signal of each written decision whose compare-and-set applied (a
+    parked one, whose status is not the decided one, sends none), and hand
+    ``message.exhausted`` events to :func:`outbox.alerts.notify`."""
+    exhausted = []
     for d, r in zip(decisions, results, strict=True):
-        if r.applied:
+        if r.applied and r.status == d.change.to:
             send_signal(d.change.to, d.message, d.attempt)
+            if d.exhausted and d.change.also:
+                exhausted.append(health.DestinationEvent.from_json(d.change.also))
+    health.notify(exhausted)
+
+
+def health_outcome(outcome: Outcome) -> list[Any]:
+    """An attempt as ``lua/health.lua`` records it (see
+    :meth:`outbox.store.MessageRepository.health_args`)."""
+    kind = "s" if outcome.ok else ("p" if outcome.permanent else "r")
+    return [
+        outcome.message.destination,
+        kind,
+        round(outcome.duration_ms, 3),
+        outcome.status_code or 0,
+        "" if outcome.ok else (outcome.error_class or "error"),
+        outcome.error[:HEALTH_ERROR_LIMIT],
+        outcome.retry_after or 0,
+        outcome.message.id,
+    ]
 
 
 def write(decisions: Sequence[Decision], now: float) -> list[bool]:
@@ -383,7 +460,11 @@ class _Run:
         self.decided: list[Decision] = []
         self.report = RunReport()
         self.next_due: float | None = None
+        self.held = 0
         self.limits = _in_flight_limits()
+        self.outcomes: list[list[Any]] = []  # for destination health, written with the next exchange
+        self.health_config = health.health_config_json()
+        self.rate_limits = health.limits_json()
 
     def caps(self) -> dict[str, int]:
         """Free attempt slots per configured destination (what a claim may take of each)."""
@@ -394,6 +475,7 @@ class _Run:
         retried with backoff while Redis is unreachable (up to the earliest lease of the
         outcomes being written, so a decided outcome is not given up lightly)."""
         changes = [d.change for d in self.decided]
+        outcomes = list(self.outcomes)
         give_up_at = time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
         delay, logged = 0.1, False
         while True:
@@ -409,6 +491,9 @@ class _Run:
                     limit=want,
                     caps=caps or {},
                     due_slack=DUE_SLACK,
+                    outcomes=outcomes,
+                    health_config=self.health_config,
+                    limits=self.rate_limits,
                 )
                 break
             except REDIS_ERRORS as exc:
@@ -424,12 +509,33 @@ class _Run:
                         self.repo.release(lease, deadline, time.time())
         if logged:
             logger.warning("outbox: Redis reachable again; %d outcome(s) written", len(changes))
+        self.outcomes.clear()
         announce(self.decided, results)
         for d, r in zip(self.decided, results, strict=True):
-            self.report.outcomes[d.message.id] = d.change.to if r.applied else "stale"
+            written = ("parked" if r.status != d.change.to else d.change.to) if r.applied else "stale"
+            self.report.outcomes[d.message.id] = written
+            if d.outcome is not None:
+                log_attempt(d.outcome, d, written)
         self.decided.clear()
-        self.next_due = claim.next_due
+        self.next_due, self.held = claim.next_due, claim.held
+        if claim.events:
+            self.destination_events(health.parse_events(claim.events))
         return claim.messages
+
+    def destination_events(self, events: Sequence[health.DestinationEvent]) -> None:
+        """Hand destination events to alerts; a breaker that closed gets its parked
+        messages put back at once (the wake check would within ``WAKE_INTERVAL``)."""
+        health.notify(events)
+        for event in events:
+            if event.event == "destination.closed":
+                try:
+                    health.unpark_all(event.destination)
+                except Exception:
+                    logger.warning(
+                        "outbox: could not unpark %s now; the wake check will",
+                        event.destination,
+                        exc_info=True,
+                    )
 
     def start(self, messages: Sequence[Message]) -> None:
         for index, message in enumerate(messages):
@@ -449,8 +555,9 @@ class _Run:
             message = self.in_flight.pop(future)
             self.per_destination[message.destination] -= 1
             outcome = future.result()
+            self.outcomes.append(health_outcome(outcome))
             decision = decide_outcome(outcome, time.time())
-            log_attempt(outcome, decision)
+            decision.outcome = outcome
             self.decided.append(decision)
 
     def release_unstarted(self, messages: Sequence[Message]) -> None:
@@ -472,6 +579,11 @@ class _Run:
                 claimed = self.exchange(want, caps if want else None)
                 self.start(claimed)
                 if not claimed and not self.in_flight and not self.decided:
+                    wait_for = self.next_due - time.time() if self.next_due is not None else HELD_WAIT + 1
+                    if self.held and wait_for <= HELD_WAIT and time.time() < self.claim_until:
+                        # Messages a rate or concurrency limit moved a moment later: wait for them.
+                        time.sleep(max(0.01, wait_for))
+                        continue
                     return  # nothing due, nothing running
             if not self.in_flight:
                 if want == 0:
@@ -498,21 +610,26 @@ ATTEMPT_LOG_LEVELS = {
     Status.SUCCEEDED.value: logging.INFO,
     Status.RETRYING.value: logging.WARNING,
     Status.FAILED.value: logging.ERROR,
+    "parked": logging.WARNING,
 }
 
 
-def log_attempt(outcome: Outcome, decision: Decision) -> None:
+def log_attempt(outcome: Outcome, decision: Decision, written: str | None = None) -> None:
     """One log line per attempt on the ``outbox`` logger: INFO when delivered, WARNING
-    when a retry follows, ERROR for a dead letter."""
+    when a retry follows or the message was parked (its destination held, no retry
+    charged), ERROR for a dead letter. ``written`` is what the write did (``"parked"``,
+    ``"stale"``...), the decided status by default."""
+    status = written or decision.change.to
+    parked = status == "parked"
     logger.log(
-        ATTEMPT_LOG_LEVELS.get(decision.change.to, logging.INFO),
+        ATTEMPT_LOG_LEVELS.get(status, logging.INFO),
         "outbox attempt id=%s destination=%s outcome=%s status_code=%s duration_ms=%.1f retry_count=%d%s",
         outcome.message.id,
         outcome.message.destination,
-        decision.change.to,
+        status,
         outcome.status_code,
         outcome.duration_ms,
-        decision.message.retry_count,
+        decision.message.retry_count - (1 if parked and decision.change.to == Status.RETRYING.value else 0),
         f" error={outcome.error!r}" if outcome.error else "",
     )
 

@@ -8,7 +8,14 @@ Each entry::
         "MAX_RETRIES": 5,                       # optional; else OUTBOX["MAX_RETRIES"]
         "RETRY": {"base": 2, "max_delay": 600}, # optional; over OUTBOX["RETRY"]
         "MAX_IN_FLIGHT": 8,                     # optional; else OUTBOX["MAX_IN_FLIGHT"]
+        "BREAKER": {"FAILURES": 5},             # optional; over OUTBOX["BREAKER"]; False = none
+        "RATE_LIMIT": "100/s",                  # optional; across all workers (GCRA)
+        "MAX_CONCURRENCY": 4,                   # optional; attempts in flight across all workers
+        "DISABLE_AFTER": 3 * 24 * 3600,         # optional; seconds failing before auto-disable
     }
+
+The last four are parsed by :mod:`outbox.limits` and enforced in Redis (see
+:mod:`outbox.health` and ``docs/destinations.md``).
 
 Transports are built once per process and reused (:func:`get_transport`), so HTTP
 connections to a receiver stay open across attempts.
@@ -30,10 +37,21 @@ from django.dispatch import receiver
 
 from .conf import MAX_RETRIES_LIMIT, outbox_settings
 from .exceptions import UnknownDestination
+from .limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from .retry import RetryPolicy
 from .transports import Transport, transport_class
 
-DESTINATION_KEYS = {"TRANSPORT", "OPTIONS", "MAX_RETRIES", "RETRY", "MAX_IN_FLIGHT"}
+DESTINATION_KEYS = {
+    "TRANSPORT",
+    "OPTIONS",
+    "MAX_RETRIES",
+    "RETRY",
+    "MAX_IN_FLIGHT",
+    "BREAKER",
+    "RATE_LIMIT",
+    "MAX_CONCURRENCY",
+    "DISABLE_AFTER",
+}
 
 logger = logging.getLogger("outbox")
 _transports: dict[str, Transport] = {}
@@ -50,6 +68,10 @@ class Destination:
         max_retries: retries after the first attempt.
         retry_policy: the destination's resolved :class:`RetryPolicy`.
         max_in_flight: most attempts to it in flight at once in one worker process.
+        breaker: its circuit breaker, or None (``BREAKER: False``).
+        rate_limit: its rate limit across all workers, or None.
+        max_concurrency: most attempts to it in flight across all workers, or None.
+        disable_after: seconds of continuous failure before it is disabled, or None.
     """
 
     name: str
@@ -58,6 +80,10 @@ class Destination:
     max_retries: int
     retry_policy: RetryPolicy
     max_in_flight: int = 16
+    breaker: BreakerConfig | None = BreakerConfig()
+    rate_limit: RateLimit | None = None
+    max_concurrency: int | None = None
+    disable_after: float | None = None
 
     def build_transport(self) -> Transport:
         """A new transport instance for this destination.
@@ -105,9 +131,32 @@ def _build(name: str, config: Any) -> Destination:
             config.get("MAX_RETRIES", outbox_settings.MAX_RETRIES), f"{where}['MAX_RETRIES']"
         )
         policy = RetryPolicy.from_value(config.get("RETRY"), default=outbox_settings.retry_policy)
+        breaker = BreakerConfig.parse(
+            config.get("BREAKER", outbox_settings.BREAKER), outbox_settings.BREAKER, f"{where}['BREAKER']"
+        )
+        rate_limit = RateLimit.parse(
+            config.get("RATE_LIMIT", outbox_settings.RATE_LIMIT), f"{where}['RATE_LIMIT']"
+        )
+        max_concurrency = parse_max_concurrency(
+            config.get("MAX_CONCURRENCY", outbox_settings.MAX_CONCURRENCY), f"{where}['MAX_CONCURRENCY']"
+        )
+        disable_after = parse_disable_after(
+            config.get("DISABLE_AFTER", outbox_settings.DISABLE_AFTER), f"{where}['DISABLE_AFTER']"
+        )
     except ValueError as exc:
-        raise ImproperlyConfigured(f"{where}: {exc}") from exc
-    destination = Destination(name, config["TRANSPORT"], dict(options), max_retries, policy, max_in_flight)
+        raise ImproperlyConfigured(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from exc
+    destination = Destination(
+        name,
+        config["TRANSPORT"],
+        dict(options),
+        max_retries,
+        policy,
+        max_in_flight,
+        breaker,
+        rate_limit,
+        max_concurrency,
+        disable_after,
+    )
     destination.build_transport()  # refuses bad options now, not at the first delivery
     return destination
 

@@ -124,7 +124,15 @@ def wake(queues: Iterable[str], now: float | None = None) -> list[str]:
 
 
 def wake_due(now: float | None = None) -> list[str]:
-    """Wake every outbox queue that has a due message and no waiting job (see module doc)."""
+    """Wake every outbox queue that has a due message and no waiting job (see module doc).
+
+    First, parked messages whose time has come go back to their due index
+    (:func:`outbox.health.release_parked_due`): the probe of an open circuit breaker
+    after its cool-down, and what waits behind a breaker that closed.
+    """
+    from .health import release_parked_due
+
+    release_parked_due(now)
     return wake(outbox_settings.queue_names, now)
 
 

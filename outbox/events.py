@@ -18,6 +18,15 @@ Pub/Sub payload of a delivery outcome (JSON object)::
      "status": "succeeded", "retry_count": 0, "status_code": 200, "error": "",
      "next_attempt_at": null, "at": 1763780000.123}
 
+Destination events (:mod:`outbox.health`; keyword ``event``, a
+:class:`~outbox.health.DestinationEvent`; ``sender`` is that class), sent in the process
+that made the change by :func:`outbox.alerts.notify`: :data:`destination_failing`,
+:data:`destination_recovered`, :data:`destination_opened`, :data:`destination_closed`,
+:data:`destination_disabled`, :data:`destination_enabled`, :data:`destination_paused`,
+:data:`destination_resumed`, and :data:`message_exhausted` (a dead letter because its
+retries ran out). Their Pub/Sub JSON is ``{"event": "destination.opened",
+"destination": "orders", "at": ..., ...detail}``.
+
 A bulk action publishes one event per batch of up to 1,000 messages::
 
     {"event": "messages.requeued", "ids": ["msg_...", ...], "at": 1763780000.123}
@@ -40,6 +49,28 @@ message_failed = Signal()
 messages_requeued = Signal()
 messages_cancelled = Signal()
 messages_deleted = Signal()
+
+destination_failing = Signal()
+destination_recovered = Signal()
+destination_opened = Signal()
+destination_closed = Signal()
+destination_disabled = Signal()
+destination_enabled = Signal()
+destination_paused = Signal()
+destination_resumed = Signal()
+message_exhausted = Signal()
+
+DESTINATION_SIGNALS = {
+    "destination.failing": destination_failing,
+    "destination.recovered": destination_recovered,
+    "destination.opened": destination_opened,
+    "destination.closed": destination_closed,
+    "destination.disabled": destination_disabled,
+    "destination.enabled": destination_enabled,
+    "destination.paused": destination_paused,
+    "destination.resumed": destination_resumed,
+    "message.exhausted": message_exhausted,
+}
 
 SIGNALS = {
     "succeeded": message_succeeded,

@@ -71,6 +71,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = field(default_factory=time.time)  # when the request arrived (epoch seconds)
 
     def json(self):
         return json.loads(self.body)
@@ -81,13 +82,16 @@ class Receiver:
     """A real HTTP server on 127.0.0.1 that answers from a script of responses.
 
     ``responses`` is a list of (status, headers, delay seconds) used in turn; the last
-    one repeats. Every request is recorded in ``requests``.
+    one repeats. Every request is recorded in ``requests``; ``most_active`` is the
+    largest number of requests it was answering at once.
     """
 
     url: str = ""
     requests: list[Received] = field(default_factory=list)
     responses: list[tuple[int, dict[str, str], float]] = field(default_factory=lambda: [(200, {}, 0.0)])
     lock: threading.Lock = field(default_factory=threading.Lock)
+    active: int = 0
+    most_active: int = 0
 
     def respond(self, *responses: int | tuple) -> None:
         self.responses = [r if isinstance(r, tuple) else (r, {}, 0.0) for r in responses]
@@ -126,9 +130,13 @@ def receiver() -> Iterator[Receiver]:
                 state.requests.append(
                     Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 )
+                state.active += 1
+                state.most_active = max(state.most_active, state.active)
             status, headers, delay = state.next_response()
             if delay:
                 time.sleep(delay)
+            with state.lock:
+                state.active -= 1
             payload = b"ok" if status < 300 else b"nope"
             try:
                 self.send_response(status)
@@ -200,3 +208,23 @@ def assert_index_invariant(repo) -> None:
     assert set(seen) == all_ids, "status indexes and the created index disagree"
     for message_id, status in seen.items():
         assert conn.hget(repo.keys.resend(message_id), "status").decode() == status
+    # A pending or retrying message waits in exactly one place: its queue's due index, or
+    # its destination's parked set (paused, disabled, circuit breaker open). A parked set
+    # holds nothing else.
+    waiting = {i: s for i, s in seen.items() if s in ("pending", "retrying")}
+    for key in conn.scan_iter(match=f"{repo.keys.prefix}:parked:*"):
+        destination = key.decode().split(":parked:", 1)[1]
+        for raw in conn.zrange(key, 0, -1):
+            message_id = raw.decode()
+            assert message_id in waiting, f"{message_id} parked but {seen.get(message_id, 'gone')}"
+            record = conn.hmget(repo.keys.resend(message_id), "destination", "queue")
+            assert record[0].decode() == destination
+            assert conn.zscore(repo.keys.due(record[1].decode()), message_id) is None, (
+                f"{message_id} both parked and due"
+            )
+            waiting.pop(message_id)
+    for message_id in waiting:
+        queue = conn.hget(repo.keys.resend(message_id), "queue").decode()
+        assert conn.zscore(repo.keys.due(queue), message_id) is not None, (
+            f"{message_id} is {seen[message_id]} but neither due nor parked"
+        )

@@ -6,6 +6,7 @@ Never the shared 127.0.0.1:6379.
 """
 
 import atexit
+import json
 import os
 
 if not os.environ.get("OUTBOX_TEST_REDIS_URL"):
@@ -109,6 +110,8 @@ OUTBOX = {
             },
             "RETRY": [0],
             "MAX_RETRIES": 3,
+            # Worker subprocesses of tests/test_destination_health.py get limits this way.
+            **json.loads(os.environ.get("OUTBOX_TEST_HOOK_EXTRA", "{}")),
         },
         "mem": {"TRANSPORT": "locmem", "RETRY": [0], "MAX_RETRIES": 2},
         "poison": {
@@ -120,6 +123,9 @@ OUTBOX = {
     },
     "VISIBILITY_TIMEOUT": int(os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT", "30")),
     "RECOVERY_GRACE": 1,
+    # Most tests script failures and count retries: the circuit breaker would park their
+    # messages. tests/test_destination_health.py turns it on per destination.
+    "BREAKER": False,
 }
 LOGGING = {
     "version": 1,

@@ -20,6 +20,19 @@ key                                 type         holds
                                                  destination ``d`` (``n`` = len(d)); expires
 ``outbox:lock:<name>``              string       short-lived locks (recovery sweep)
 ``outbox:stats:<outcome>:<minute>`` string       outcome counters per minute (expire)
+``outbox:dest:<d>``                 hash         destination health: admin and breaker
+                                                 state, counters, totals, latency histogram
+``outbox:health:<d>:<minute>``      hash         attempts per minute by outcome (s, r, p)
+                                                 and latency buckets (b0..b16); expire 2 h
+``outbox:errors:<d>:<hour>``        hash         failures per (status code, error class)
+                                                 in an hour: count, last time, last error;
+                                                 expire 25 h
+``outbox:parked:<d>``               sorted set   pending/retrying ids of a destination held
+                                                 while it is paused, disabled or its breaker
+                                                 open (not in a due index), by due time
+``outbox:probes``                   sorted set   destination -> when the wake check must look
+                                                 at its parked messages (probe or unpark)
+``outbox:gcra:<d>``                 string       GCRA theoretical arrival time (rate limit)
 ==================================  ===========  ============================================
 
 Status index scores: ``pending`` and ``retrying`` by next_attempt_at (so due messages
@@ -83,3 +96,22 @@ class Keys:
 
     def stats(self, outcome: str, minute: int) -> str:
         return f"{self.prefix}:stats:{outcome}:{minute}"
+
+    def dest(self, destination: str) -> str:
+        return f"{self.prefix}:dest:{destination}"
+
+    def health(self, destination: str, minute: int) -> str:
+        return f"{self.prefix}:health:{destination}:{minute}"
+
+    def errors(self, destination: str, hour: int) -> str:
+        return f"{self.prefix}:errors:{destination}:{hour}"
+
+    def parked(self, destination: str) -> str:
+        return f"{self.prefix}:parked:{destination}"
+
+    @property
+    def probes(self) -> str:
+        return f"{self.prefix}:probes"
+
+    def gcra(self, destination: str) -> str:
+        return f"{self.prefix}:gcra:{destination}"

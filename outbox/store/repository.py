@@ -37,6 +37,10 @@ class Change:
         event: a JSON event to publish on the events channel.
         stat: an outcome name counted in the per-minute statistics.
         load: return both records when applied (saves a round trip on claim).
+        also: a second JSON event published with the change (``message.exhausted``).
+        park: what to write instead when the destination holds its messages (paused,
+            disabled, circuit breaker not closed; see ``lua/transition.lua``): a dict with
+            ``to``, ``score``, ``set``, ``unset``, ``attempt`` (JSON) and ``event``.
     """
 
     id: str
@@ -51,6 +55,8 @@ class Change:
     event: str | None = None
     stat: str | None = None
     load: bool = False
+    also: str | None = None
+    park: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -75,6 +81,10 @@ class Change:
             data["stat"] = self.stat
         if self.load:
             data["load"] = True
+        if self.also is not None:
+            data["also"] = self.also
+        if self.park is not None:
+            data["park"] = self.park
         return data
 
 
@@ -131,10 +141,16 @@ class Claim:
         messages: the messages claimed (status ``sending``, this claim's lease), with both records.
         next_due: epoch seconds when the earliest message left in the queue's due index
             is due, or None when the index is empty.
+        held: messages the claim rescheduled because their destination was over a
+            limit (rate, concurrency, ``Retry-After``): due again soon.
+        events: destination events (JSON strings, see ``lua/health.lua``) caused by the
+            outcomes written in the same round trip (:meth:`MessageRepository.outcomes_and_claim`).
     """
 
     messages: list[Message]
     next_due: float | None
+    held: int = 0
+    events: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -296,6 +312,7 @@ class MessageRepository:
         caps: dict[str, int] | None = None,
         due_slack: float = 0.0,
         scan: int | None = None,
+        limits: str = "{}",
     ) -> list[Any]:
         """ARGV of ``lua/claim.lua`` (see :meth:`claim`)."""
         # Entries looked at: a few per message wanted. Messages of a destination at its
@@ -312,6 +329,7 @@ class MessageRepository:
             scan,
             json.dumps(caps or {}, separators=(",", ":")),
             repr(due_slack),
+            limits,
         ]
 
     def claim(self, queue: str, now: float, **options: Any) -> Claim:
@@ -319,19 +337,21 @@ class MessageRepository:
 
         ``pending``/``retrying`` -> ``sending`` with this claim's ``lease`` and the lease
         ``deadline`` as the score in the sending index (``lua/claim.lua``). A destination
-        named in ``caps`` gives at most that many messages; its others stay due.
+        named in ``caps`` gives at most that many messages; its others stay due. The
+        destination gates apply (parking, probe, ``Retry-After``, ``limits``: the JSON of
+        :func:`outbox.health.limits_json`; see ``lua/claim.lua``).
 
         Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
-        ``caps``, ``due_slack``, ``scan``).
+        ``caps``, ``due_slack``, ``scan``, ``limits``).
         """
         return self.parse_claim(self.run_script("claim", self.claim_args(queue, now, **options)))
 
     @staticmethod
     def parse_claim(reply: list[Any]) -> Claim:
         """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
-        flat, next_due = reply
+        flat, next_due = reply[0], reply[1]
         messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-        return Claim(messages, float(next_due) if next_due else None)
+        return Claim(messages, float(next_due) if next_due else None, int(reply[2]) if len(reply) > 2 else 0)
 
     def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:
         """ARGV of ``lua/transition.lua`` (see :meth:`transition`)."""
@@ -360,20 +380,91 @@ class MessageRepository:
         )
 
     def outcomes_and_claim(
-        self, changes: Sequence[Change], now: float, queue: str, **claim_options: Any
+        self,
+        changes: Sequence[Change],
+        now: float,
+        queue: str,
+        *,
+        outcomes: Sequence[Sequence[Any]] = (),
+        health_config: str = "{}",
+        **claim_options: Any,
     ) -> tuple[list[ChangeResult], Claim]:
-        """Write outcomes, then claim the next messages, in one round trip.
+        """Record attempt outcomes in destination health, write the outcomes, then claim
+        the next messages, in one round trip.
 
-        The two scripts run in order in one pipeline: the outcomes are on the server
-        before the claim is taken (see :meth:`transition` and :meth:`claim`).
+        The scripts run in order in one pipeline: ``lua/health.lua`` (``outcomes``, see
+        :meth:`health_args`; it may open a circuit breaker, so the transition that follows
+        parks instead of charging a retry), ``lua/transition.lua`` (``changes``), then
+        ``lua/claim.lua``. The destination events of the health script are in
+        :attr:`Claim.events`.
         """
         calls: list[tuple[str, Sequence[Any]]] = []
+        if outcomes:
+            calls.append(("health", self.health_args(outcomes, health_config, now)))
         if changes:
             calls.append(("transition", self.transition_args(changes, now)))
         calls.append(("claim", self.claim_args(queue, now, **claim_options)))
         replies = self.run_scripts(calls)
-        results = self.parse_transition(changes, replies[0]) if changes else []
-        return results, self.parse_claim(replies[-1])
+        results = self.parse_transition(changes, replies[1 if outcomes else 0]) if changes else []
+        claim = self.parse_claim(replies[-1])
+        if outcomes:
+            claim.events = [e.decode() for e in replies[0]]
+        return results, claim
+
+    def health_args(self, outcomes: Sequence[Sequence[Any]], config: str, now: float) -> list[Any]:
+        """ARGV of ``lua/health.lua``.
+
+        Args:
+            outcomes: per attempt ``[destination, kind ("s", "r", "p"), duration ms,
+                status code (0 = none), error class, error text, retry-after seconds
+                (0 = none), message id]``.
+            config: JSON destination -> breaker settings (:func:`outbox.health.health_config_json`).
+            now: epoch seconds.
+        """
+        return [
+            self.keys.prefix,
+            repr(now),
+            self.events_channel,
+            config,
+            json.dumps(list(outcomes), separators=(",", ":")),
+        ]
+
+    def record_outcomes(self, outcomes: Sequence[Sequence[Any]], config: str, now: float) -> list[str]:
+        """Record attempt outcomes in destination health alone (``lua/health.lua``);
+        returns the destination events (JSON strings)."""
+        if not outcomes:
+            return []
+        return [e.decode() for e in self.run_script("health", self.health_args(outcomes, config, now))]
+
+    def unpark(self, destination: str, now: float, batch: int = 1000) -> tuple[int, list[str], int]:
+        """Put parked messages of ``destination`` back in their due index as far as its
+        gate allows (``lua/unpark.lua``, one call, at most ``batch`` messages).
+
+        Returns:
+            (messages moved, queues whose wake-up flag the call set, messages still parked).
+        """
+        moved, woken, left = self.run_script(
+            "unpark", [self.keys.prefix, repr(now), destination, batch, self.wake_ttl_ms]
+        )
+        return int(moved), [q.decode() for q in woken], int(left)
+
+    def destination_action(self, destination: str, action: str, now: float, reason: str = "") -> str | None:
+        """Pause, resume, disable or enable a destination (``lua/admin.lua``).
+
+        Returns:
+            The event published (JSON), or None when the state did not change.
+        """
+        reply = self.run_script(
+            "admin", [self.keys.prefix, repr(now), self.events_channel, destination, action, reason]
+        )
+        return reply.decode() if reply else None
+
+    def due_probes(self, now: float, limit: int = 100) -> list[str]:
+        """Destinations whose parked messages the wake check must look at now (``outbox:probes``)."""
+        return [
+            raw.decode()
+            for raw in self.connection.zrangebyscore(self.keys.probes, "-inf", repr(now), start=0, num=limit)
+        ]
 
     def bulk_transition(
         self,

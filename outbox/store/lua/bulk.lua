@@ -65,6 +65,7 @@ for _ = 1, ngroups do
       elseif status == 'pending' or status == 'retrying' then
         redis.call('ZREM', due_key, id)
       end
+      if status == 'pending' or status == 'retrying' then redis.call('ZREM', prefix .. ':parked:' .. dest, id) end
       redis.call('HSET', rkey, unpack(fields))
       if job ~= '' then redis.call('HSET', rkey, 'job_id', job) end
       if #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end

@@ -2,6 +2,21 @@
 -- lease (the visibility timeout), in due order. This compare-and-set is the lock: a
 -- message is claimed by one worker at a time.
 --
+-- Each destination's gate is read once per call (docs/destinations.md):
+-- * paused or disabled, or its circuit breaker open before the next probe time: the
+--   message is parked (due index -> outbox:parked:<destination>, same score; its status
+--   stays pending/retrying) until resume/enable/close puts it back (unpark.lua);
+-- * breaker open and the probe due (or half-open with its probe's lease expired): this
+--   message is claimed as the one probe (breaker -> half_open);
+-- * blocked_until (a Retry-After) in the future: rescheduled to then;
+-- * MAX_CONCURRENCY leases of the destination held (ZCARD of its sending index): rescheduled
+--   a moment later; over its RATE_LIMIT: rescheduled to when GCRA allows it, successive
+--   ones spaced by the emission interval. GCRA, the generic cell rate algorithm (ITU-T
+--   I.371; as described by Brandur Leach, "Rate Limiting, Cells, and GCRA", 2015, and
+--   implemented by redis-cell): one theoretical arrival time (TAT) per destination; an
+--   attempt at `now` is allowed if now >= TAT - tau, and then TAT = max(TAT, now) + T.
+-- A rescheduled message keeps its retry count: no attempt was made.
+--
 -- ARGV[1] prefix        ARGV[2] now (epoch seconds, string)
 -- ARGV[3] queue         ARGV[4] lease token
 -- ARGV[5] lease deadline (epoch seconds; the message's score in the sending index)
@@ -10,35 +25,110 @@
 -- ARGV[8] JSON object destination -> most messages of it this call may claim
 --         (a destination at its cap is skipped, its messages stay due); "{}" = no caps
 -- ARGV[9] due slack (seconds): messages due by now + slack are taken
--- Returns {claimed, next_due}: claimed is a flat list of message HGETALL, resend
+-- ARGV[10] JSON object destination -> [emission interval T (0 = no rate limit),
+--          tolerance tau, max concurrency (0 = none)]; "{}" = no limits
+-- Returns {claimed, next_due, held}: claimed is a flat list of message HGETALL, resend
 -- HGETALL per claimed message; next_due is the score of the earliest entry left in the
--- due index (a string), or false when it is empty.
+-- due index (a string), or false when it is empty; held counts messages rescheduled by
+-- a limit (the caller may wait for them rather than end its run).
 local prefix, now_s, queue, lease, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local now = tonumber(now_s)
 local limit, scan = tonumber(ARGV[6]), tonumber(ARGV[7])
 local caps = cjson.decode(ARGV[8])
+local limits = cjson.decode(ARGV[10] or '{}')
+local CONCURRENCY_DELAY = 0.2  -- seconds a message over MAX_CONCURRENCY waits before it is looked at again
 local due_key = prefix .. ':due:' .. queue
 local out = {}
-local taken = 0
+local taken, held = 0, 0
+local gates = {}
+
+local function gate(dest)
+  local g = gates[dest]
+  if g then return g end
+  local v = redis.call('HMGET', prefix .. ':dest:' .. dest, 'admin', 'breaker', 'next_probe_at',
+                       'probe_deadline', 'blocked_until')
+  g = {admin = v[1] or 'active', breaker = v[2] or 'closed', next_probe = tonumber(v[3] or '0'),
+       probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = limits[dest], spaced = 0}
+  if g.lim and g.lim[1] > 0 then
+    g.tat = tonumber(redis.call('GET', prefix .. ':gcra:' .. dest) or '0')
+  end
+  gates[dest] = g
+  return g
+end
+
+local function reschedule(id, status, dest, at)
+  local s = string.format('%.6f', at)
+  redis.call('ZADD', due_key, s, id)
+  redis.call('ZADD', prefix .. ':status:' .. status, s, id)
+  redis.call('ZADD', prefix .. ':status:' .. status .. ':dest:' .. dest, s, id)
+  redis.call('HSET', prefix .. ':resend:' .. id, 'next_attempt_at', s)
+  held = held + 1
+end
+
+local function take(id, rkey, status, dest)
+  redis.call('ZREM', due_key, id)
+  redis.call('ZREM', prefix .. ':status:' .. status, id)
+  redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
+  redis.call('ZADD', prefix .. ':status:sending', deadline, id)
+  redis.call('ZADD', prefix .. ':status:sending:dest:' .. dest, deadline, id)
+  redis.call('HSET', rkey, 'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s)
+  out[#out + 1] = redis.call('HGETALL', prefix .. ':message:' .. id)
+  out[#out + 1] = redis.call('HGETALL', rkey)
+  taken = taken + 1
+end
+
 if limit > 0 then
-  local ids = redis.call('ZRANGEBYSCORE', due_key, '-inf', tonumber(now_s) + tonumber(ARGV[9]), 'LIMIT', 0, scan)
-  for _, id in ipairs(ids) do
+  local rows = redis.call('ZRANGEBYSCORE', due_key, '-inf', now + tonumber(ARGV[9]), 'WITHSCORES', 'LIMIT', 0, scan)
+  for i = 1, #rows, 2 do
     if taken >= limit then break end
+    local id, score = rows[i], rows[i + 1]
     local rkey = prefix .. ':resend:' .. id
     local cur = redis.call('HMGET', rkey, 'status', 'destination')
     local status, dest = cur[1], cur[2]
     if status == 'pending' or status == 'retrying' then
-      local cap = caps[dest]
-      if cap == nil or cap > 0 then
-        if cap ~= nil then caps[dest] = cap - 1 end
+      local g = gate(dest)
+      local probe = false
+      local park = g.admin ~= 'active'
+      if not park and g.breaker ~= 'closed' then
+        if (g.breaker == 'open' and now >= g.next_probe) or (g.breaker == 'half_open' and now > g.probe_deadline) then
+          probe = true
+        else
+          park = true
+        end
+      end
+      if park then
         redis.call('ZREM', due_key, id)
-        redis.call('ZREM', prefix .. ':status:' .. status, id)
-        redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-        redis.call('ZADD', prefix .. ':status:sending', deadline, id)
-        redis.call('ZADD', prefix .. ':status:sending:dest:' .. dest, deadline, id)
-        redis.call('HSET', rkey, 'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s)
-        out[#out + 1] = redis.call('HGETALL', prefix .. ':message:' .. id)
-        out[#out + 1] = redis.call('HGETALL', rkey)
-        taken = taken + 1
+        redis.call('ZADD', prefix .. ':parked:' .. dest, score, id)
+      elseif probe then
+        take(id, rkey, status, dest)
+        g.breaker, g.probe_deadline = 'half_open', tonumber(deadline)
+        redis.call('HSET', prefix .. ':dest:' .. dest, 'breaker', 'half_open', 'probe_id', id, 'probe_deadline', deadline)
+        redis.call('ZADD', prefix .. ':probes', deadline, dest)
+      elseif g.blocked > now then
+        g.spaced = g.spaced + 1
+        reschedule(id, status, dest, g.blocked + g.spaced * 1e-6)
+      else
+        local cap = caps[dest]
+        if cap == nil or cap > 0 then
+          local lim = g.lim
+          if lim and lim[3] > 0 and redis.call('ZCARD', prefix .. ':status:sending:dest:' .. dest) >= lim[3] then
+            g.spaced = g.spaced + 1
+            reschedule(id, status, dest, now + CONCURRENCY_DELAY + g.spaced * 1e-3)
+          elseif lim and lim[1] > 0 and now < math.max(g.tat, now) - lim[2] then
+            -- GCRA refuses: the next slot is TAT - tau; later ones follow at T apart.
+            local at = math.max(g.tat - lim[2], g.next_slot or 0)
+            g.next_slot = at + lim[1]
+            reschedule(id, status, dest, at)
+          else
+            if lim and lim[1] > 0 then
+              g.tat = math.max(g.tat, now) + lim[1]
+              redis.call('SET', prefix .. ':gcra:' .. dest, string.format('%.6f', g.tat),
+                         'PX', math.ceil((g.tat - now) * 1000) + 1000)
+            end
+            if cap ~= nil then caps[dest] = cap - 1 end
+            take(id, rkey, status, dest)
+          end
+        end
       end
     else
       -- A stale entry (the message moved on or was deleted): repair the index.
@@ -49,4 +139,4 @@ end
 local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local next_due = false
 if first[2] then next_due = first[2] end
-return {out, next_due}
+return {out, next_due, held}

@@ -12,7 +12,14 @@
 --    "set": {field: str}, "unset": [field], "lease": str (must match),
 --    "due_by": str (next_attempt_at must be <= this epoch time),
 --    "attempt": str (JSON pushed on the attempts list), "event": str (published),
---    "stat": str (outcome counted per minute), "load": bool (return both records)}
+--    "stat": str (outcome counted per minute), "load": bool (return both records),
+--    "also": str (a second event published, e.g. message.exhausted),
+--    "park": {"to", "score", "set", "unset", "attempt", "event"}: applied instead of
+--    the fields above when the message's destination is paused, disabled or its
+--    circuit breaker not closed (health.lua, run just before, may have opened it): the
+--    message waits in outbox:parked:<destination> (not its due index) with no retry
+--    charged (docs/destinations.md)}
+-- A message that leaves pending|retrying leaves the parked set of its destination too.
 -- Returns, per change: {applied 0|1, status after ("" if no such message)
 --                       [, message HGETALL, resend HGETALL when load and applied]}
 local prefix = ARGV[1]
@@ -23,6 +30,14 @@ local changes = cjson.decode(ARGV[5])
 local minute = math.floor(now / 60)
 local out = {}
 local stats = {}  -- outcome -> count, written once per call
+local held = {}   -- destination -> true when paused, disabled or its breaker not closed
+local function holds(dest)
+  if held[dest] == nil then
+    local v = redis.call('HMGET', prefix .. ':dest:' .. dest, 'admin', 'breaker')
+    held[dest] = (v[1] == 'paused' or v[1] == 'disabled' or v[2] == 'open' or v[2] == 'half_open')
+  end
+  return held[dest]
+end
 for i, c in ipairs(changes) do
   local rkey = prefix .. ':resend:' .. c.id
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease', 'queue')
@@ -35,16 +50,26 @@ for i, c in ipairs(changes) do
     end
     if allowed and c.due_by and cur[3] and tonumber(cur[3]) > tonumber(c.due_by) then allowed = false end
     if allowed and c.lease and c.lease ~= cur[4] then allowed = false end
+    local dest = cur[2] or ''
+    local parking = false
+    if allowed and c.park and holds(dest) then
+      parking = true
+      for k, v in pairs(c.park) do c[k] = v end
+      if c.park.unset == nil then c.unset = nil end
+      c.stat = 'parked'
+    end
     if allowed then
       applied = 1
-      local dest = cur[2] or ''
       redis.call('ZREM', prefix .. ':status:' .. status, c.id)
       redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, c.id)
       redis.call('ZADD', prefix .. ':status:' .. c.to, c.score, c.id)
       redis.call('ZADD', prefix .. ':status:' .. c.to .. ':dest:' .. dest, c.score, c.id)
       -- The due index of the message's queue holds exactly its pending|retrying messages.
       local due_key = prefix .. ':due:' .. (cur[5] or '')
-      if c.to == 'pending' or c.to == 'retrying' then
+      if status == 'pending' or status == 'retrying' then redis.call('ZREM', prefix .. ':parked:' .. dest, c.id) end
+      if parking then
+        redis.call('ZADD', prefix .. ':parked:' .. dest, c.score, c.id)
+      elseif c.to == 'pending' or c.to == 'retrying' then
         redis.call('ZADD', due_key, c.score, c.id)
       elseif status == 'pending' or status == 'retrying' then
         redis.call('ZREM', due_key, c.id)
@@ -65,6 +90,7 @@ for i, c in ipairs(changes) do
       end
       if c.stat then stats[c.stat] = (stats[c.stat] or 0) + 1 end
       if c.event and channel ~= '' then redis.call('PUBLISH', channel, c.event) end
+      if c.also and not parking and channel ~= '' then redis.call('PUBLISH', channel, c.also) end
       status = c.to
     end
   end

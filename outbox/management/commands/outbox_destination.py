@@ -1,0 +1,61 @@
+"""``python manage.py outbox_destination {status,pause,resume,disable,enable} [NAME] [--reason]``:
+a destination's health, and the operator's actions on it (see :mod:`outbox.health`).
+
+Examples::
+
+    python manage.py outbox_destination status                 # every destination, one line each
+    python manage.py outbox_destination status orders
+    python manage.py outbox_destination pause orders --reason "receiver maintenance"
+    python manage.py outbox_destination resume orders          # delivers what waited, oldest first
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+ACTIONS = ("status", "pause", "resume", "disable", "enable")
+
+
+class Command(BaseCommand):
+    help = (
+        "Show a destination's health (status, all destinations without NAME), or pause, resume, "
+        "disable or enable it. A paused or disabled destination delivers nothing and loses nothing."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("action", choices=ACTIONS)
+        parser.add_argument("name", nargs="?", help="the destination (required but for status)")
+        parser.add_argument("--reason", default="", help="why (pause, disable): shown with the state")
+
+    def handle(self, *args, action: str, name: str | None, reason: str, **options):
+        from outbox import health
+        from outbox.conf import outbox_settings
+        from outbox.connection import get_repository
+        from outbox.exceptions import UnknownDestination
+
+        if action == "status":
+            names = (
+                [name]
+                if name
+                else sorted(set(outbox_settings.DESTINATIONS) | set(get_repository().destinations()))
+            )
+            for h in health.get_all_health(names).values():
+                self.stdout.write(health.status_line(h))
+            return
+        if not name:
+            raise CommandError(f"{action} needs a destination NAME")
+        try:
+            if action == "pause":
+                health.pause(name, reason=reason)
+                self.stdout.write(f"{name}: paused; its messages wait until 'resume'")
+            elif action == "disable":
+                health.disable(name, reason=reason)
+                self.stdout.write(f"{name}: disabled; its messages wait until 'enable'")
+            elif action == "resume":
+                moved = health.resume(name)
+                self.stdout.write(f"{name}: resumed; {moved} waiting message(s) queued again")
+            else:
+                moved = health.enable(name)
+                self.stdout.write(f"{name}: enabled; {moved} waiting message(s) queued again")
+        except UnknownDestination as exc:
+            raise CommandError(str(exc)) from exc

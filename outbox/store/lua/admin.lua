@@ -1,0 +1,37 @@
+-- An operator's action on a destination: pause, resume, disable or enable. Resume and
+-- enable do not move parked messages themselves: the caller runs unpark.lua (in batches)
+-- after this call.
+--
+-- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] Pub/Sub channel ("" = none)
+-- ARGV[4] destination  ARGV[5] action ("pause", "resume", "disable", "enable")
+-- ARGV[6] reason ("" = none)
+-- Returns the event JSON when the state changed (also PUBLISHed), else false.
+local prefix, now_s, channel, dest, action, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local dkey = prefix .. ':dest:' .. dest
+local admin = redis.call('HGET', dkey, 'admin') or 'active'
+local to, name
+if action == 'pause' then
+  if admin ~= 'active' then return false end
+  to, name = 'paused', 'destination.paused'
+elseif action == 'disable' then
+  if admin == 'disabled' then return false end
+  to, name = 'disabled', 'destination.disabled'
+elseif action == 'resume' then
+  if admin ~= 'paused' then return false end
+  to, name = 'active', 'destination.resumed'
+elseif action == 'enable' then
+  if admin ~= 'disabled' then return false end
+  to, name = 'active', 'destination.enabled'
+  -- Enabling starts afresh: the failure run that disabled it (and its breaker) is over,
+  -- so DISABLE_AFTER does not strike again at the next failure.
+  redis.call('HSET', dkey, 'breaker', 'closed', 'consecutive', '0')
+  redis.call('HDEL', dkey, 'failing_since', 'failing_notified', 'opened_at', 'next_probe_at', 'cooldown',
+             'probe_id', 'probe_deadline')
+else
+  return redis.error_reply('unknown action ' .. action)
+end
+redis.call('HSET', dkey, 'admin', to, 'admin_at', now_s, 'admin_reason', reason)
+if to == 'active' then redis.call('HDEL', dkey, 'admin_reason') end
+local raw = cjson.encode({event = name, destination = dest, at = tonumber(now_s), reason = reason, previous = admin})
+if channel ~= '' then redis.call('PUBLISH', channel, raw) end
+return raw

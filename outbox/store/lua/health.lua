@@ -1,0 +1,220 @@
+-- Record delivery attempt outcomes in each destination's health and run its circuit
+-- breaker (see docs/destinations.md), atomically. Runs in the same pipeline as, and
+-- before, transition.lua: an outcome that opens the breaker is seen by the transition,
+-- which then parks the message instead of charging a retry.
+--
+-- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] Pub/Sub channel ("" = none)
+-- ARGV[4] JSON object destination -> [failures (0 = no breaker), failure rate,
+--         min attempts, window seconds, cool-down, max cool-down, disable after (0 = never)]
+-- ARGV[5] JSON list of outcomes, each [destination, kind ("s" success, "r" retryable
+--         failure, "p" permanent failure), duration ms, status code (0 = none),
+--         error class, error text, retry-after seconds (0 = none), message id]
+-- Returns the events of the state changes made (JSON strings), each also PUBLISHed:
+--   {"event": "destination.<failing|recovered|opened|closed|disabled>",
+--    "destination": ..., "at": now, ...detail}
+local prefix, now_s, channel = ARGV[1], ARGV[2], ARGV[3]
+local now = tonumber(now_s)
+local configs = cjson.decode(ARGV[4])
+local outcomes = cjson.decode(ARGV[5])
+local minute = math.floor(now / 60)
+local hour = math.floor(now / 3600)
+local NB = 16             -- buckets 0..15: latency <= 2^i ms; bucket 16: above 32.768 s
+local FAILING_AFTER = 3   -- consecutive failures before destination.failing
+local FIELDS = {'admin', 'breaker', 'consecutive', 'failing_since', 'failing_notified', 'cooldown',
+                'probe_id', 'blocked_until', 'next_probe_at'}
+
+local events = {}
+local function emit(name, dest, detail)
+  local e = detail or {}
+  e.event, e.destination, e.at = name, dest, now
+  local raw = cjson.encode(e)
+  events[#events + 1] = raw
+  if channel ~= '' then redis.call('PUBLISH', channel, raw) end
+end
+
+local function bucket(ms)
+  local i, bound = 0, 1
+  while ms > bound and i < NB do
+    bound = bound * 2
+    i = i + 1
+  end
+  return i
+end
+
+local function human(seconds)
+  if seconds >= 86400 and seconds % 86400 == 0 then return string.format('%d days', seconds / 86400) end
+  if seconds >= 3600 and seconds % 3600 == 0 then return string.format('%d hours', seconds / 3600) end
+  return string.format('%g s', seconds)
+end
+
+local states, order = {}, {}
+local function state(dest)
+  local st = states[dest]
+  if st then return st end
+  local v = redis.call('HMGET', prefix .. ':dest:' .. dest, unpack(FIELDS))
+  st = {admin = v[1] or 'active', breaker = v[2] or 'closed', consecutive = tonumber(v[3] or '0'),
+        failing_since = v[4] and tonumber(v[4]) or nil, failing_notified = v[5] == '1',
+        cooldown = tonumber(v[6] or '0'), probe_id = v[7] or '', blocked_until = tonumber(v[8] or '0'),
+        next_probe_at = tonumber(v[9] or '0'),
+        set = {}, del = {}, agg = {s = 0, r = 0, p = 0, sum = 0, b = {}}, errors = {}, failed = false}
+  states[dest] = st
+  order[#order + 1] = dest
+  return st
+end
+local function put(st, field, value)
+  st.set[field] = tostring(value)
+  st.del[field] = nil
+end
+local function drop(st, field)
+  st.set[field] = nil
+  st.del[field] = true
+end
+
+local function open(dest, st, cfg, reason, detail)
+  st.breaker = 'open'
+  st.cooldown = cfg[5]
+  st.next_probe_at = now + cfg[5]
+  put(st, 'breaker', 'open')
+  put(st, 'opened_at', now_s)
+  put(st, 'cooldown', st.cooldown)
+  put(st, 'next_probe_at', st.next_probe_at)
+  drop(st, 'probe_id')
+  drop(st, 'probe_deadline')
+  redis.call('ZADD', prefix .. ':probes', st.next_probe_at, dest)
+  detail.reason, detail.next_probe_at = reason, st.next_probe_at
+  emit('destination.opened', dest, detail)
+end
+
+local function disable(dest, st, reason)
+  st.admin = 'disabled'
+  put(st, 'admin', 'disabled')
+  put(st, 'admin_reason', reason)
+  put(st, 'admin_at', now_s)
+  emit('destination.disabled', dest, {reason = reason})
+end
+
+for _, o in ipairs(outcomes) do
+  local dest, kind, ms, code, cls, err, ra, id = o[1], o[2], tonumber(o[3]), tonumber(o[4]), o[5], o[6], tonumber(o[7]), o[8]
+  local st = state(dest)
+  local cfg = configs[dest]
+  local agg = st.agg
+  agg[kind] = agg[kind] + 1
+  agg.sum = agg.sum + ms
+  local b = bucket(ms)
+  agg.b[b] = (agg.b[b] or 0) + 1
+  if kind == 's' then
+    st.consecutive = 0
+    put(st, 'consecutive', 0)
+    put(st, 'last_success_at', now_s)
+    if st.failing_notified then
+      emit('destination.recovered', dest, {failing_since = st.failing_since})
+      st.failing_notified = false
+      drop(st, 'failing_notified')
+    end
+    st.failing_since = nil
+    drop(st, 'failing_since')
+    if st.breaker ~= 'closed' then
+      st.breaker = 'closed'
+      put(st, 'breaker', 'closed')
+      for _, f in ipairs({'opened_at', 'next_probe_at', 'cooldown', 'probe_id', 'probe_deadline'}) do drop(st, f) end
+      -- The wake check unparks what waited (the worker does at once too: belt and braces).
+      redis.call('ZADD', prefix .. ':probes', now, dest)
+      emit('destination.closed', dest, {})
+    end
+  else
+    st.failed = true
+    st.consecutive = st.consecutive + 1
+    put(st, 'consecutive', st.consecutive)
+    put(st, 'last_failure_at', now_s)
+    if not st.failing_since then
+      st.failing_since = now
+      put(st, 'failing_since', now_s)
+    end
+    local gkey = tostring(code) .. '|' .. cls
+    local g = st.errors[gkey] or {n = 0}
+    g.n, g.err = g.n + 1, err
+    st.errors[gkey] = g
+    if ra > 0 and (code == 429 or code == 503) and now + ra > st.blocked_until then
+      st.blocked_until = now + ra
+      put(st, 'blocked_until', st.blocked_until)
+    end
+    local threshold = FAILING_AFTER
+    if cfg and cfg[1] > 0 and cfg[1] < threshold then threshold = cfg[1] end
+    if not st.failing_notified and st.consecutive >= threshold then
+      st.failing_notified = true
+      put(st, 'failing_notified', '1')
+      emit('destination.failing', dest, {failing_since = st.failing_since, consecutive_failures = st.consecutive,
+                                         status_code = code, error_class = cls, error = err})
+    end
+    if code == 410 and st.admin ~= 'disabled' then disable(dest, st, '410 Gone') end
+    if cfg and cfg[1] > 0 then
+      if st.breaker == 'closed' and st.consecutive >= cfg[1] then
+        open(dest, st, cfg, 'consecutive failures', {consecutive_failures = st.consecutive})
+      elseif st.breaker == 'half_open' and id == st.probe_id then
+        -- The probe failed: open again, with twice the cool-down (capped).
+        st.breaker = 'open'
+        st.cooldown = math.min(math.max(st.cooldown, cfg[5]) * 2, cfg[6])
+        st.next_probe_at = now + st.cooldown
+        put(st, 'breaker', 'open')
+        put(st, 'cooldown', st.cooldown)
+        put(st, 'next_probe_at', st.next_probe_at)
+        drop(st, 'probe_id')
+        drop(st, 'probe_deadline')
+        redis.call('ZADD', prefix .. ':probes', st.next_probe_at, dest)
+      end
+    end
+    if cfg and cfg[7] > 0 and st.admin == 'active' and now - st.failing_since >= cfg[7] then
+      disable(dest, st, 'failing for ' .. human(cfg[7]))
+    end
+  end
+end
+
+for _, dest in ipairs(order) do
+  local st = states[dest]
+  local agg = st.agg
+  local hkey = prefix .. ':health:' .. dest .. ':' .. minute
+  local dkey = prefix .. ':dest:' .. dest
+  for _, k in ipairs({'s', 'r', 'p'}) do
+    if agg[k] > 0 then
+      redis.call('HINCRBY', hkey, k, agg[k])
+      redis.call('HINCRBY', dkey, 't_' .. k, agg[k])
+    end
+  end
+  for i, n in pairs(agg.b) do
+    redis.call('HINCRBY', hkey, 'b' .. i, n)
+    redis.call('HINCRBY', dkey, 'lb' .. i, n)
+  end
+  redis.call('HINCRBYFLOAT', dkey, 'lat_sum', agg.sum / 1000)
+  redis.call('EXPIRE', hkey, 7200)
+  if next(st.errors) then
+    local ekey = prefix .. ':errors:' .. dest .. ':' .. hour
+    for g, v in pairs(st.errors) do
+      redis.call('HINCRBY', ekey, 'c:' .. g, v.n)
+      redis.call('HSET', ekey, 't:' .. g, now_s, 'e:' .. g, v.err)
+    end
+    redis.call('EXPIRE', ekey, 90000)
+  end
+  -- The failure rate over the window (whole minutes, this call's attempts included).
+  local cfg = configs[dest]
+  if cfg and cfg[1] > 0 and st.failed and st.breaker == 'closed' then
+    local n, failed = 0, 0
+    for m = minute - math.ceil(cfg[4] / 60) + 1, minute do
+      local v = redis.call('HMGET', prefix .. ':health:' .. dest .. ':' .. m, 's', 'r', 'p')
+      local s, r, p = tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')
+      n, failed = n + s + r + p, failed + r + p
+    end
+    if n >= cfg[3] and failed / n > cfg[2] then
+      open(dest, st, cfg, 'failure rate', {consecutive_failures = st.consecutive, failure_rate = failed / n, attempts = n})
+    end
+  end
+  local fields = {}
+  for f, v in pairs(st.set) do
+    fields[#fields + 1] = f
+    fields[#fields + 1] = v
+  end
+  if #fields > 0 then redis.call('HSET', dkey, unpack(fields)) end
+  local gone = {}
+  for f in pairs(st.del) do gone[#gone + 1] = f end
+  if #gone > 0 then redis.call('HDEL', dkey, unpack(gone)) end
+end
+return events

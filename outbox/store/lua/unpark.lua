@@ -1,0 +1,59 @@
+-- Put parked messages of one destination back in their queue's due index, as far as its
+-- gate allows (docs/destinations.md): all of them (a batch per call) when it is active
+-- and its breaker closed; the oldest one when the breaker is open and a probe is due
+-- (the next claim takes it as the probe); none while paused or disabled. Entries whose
+-- message moved on (no longer pending/retrying) or was deleted are dropped. Keeps the
+-- destination's entry in outbox:probes (when the wake check must look again) true.
+--
+-- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] destination
+-- ARGV[4] most messages to move  ARGV[5] wake flag TTL (ms)
+-- Returns {moved, queues whose wake-up flag this call set, parked left}.
+local prefix, now_s, dest, batch, wake_ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local now = tonumber(now_s)
+local pkey = prefix .. ':parked:' .. dest
+local probes = prefix .. ':probes'
+local v = redis.call('HMGET', prefix .. ':dest:' .. dest, 'admin', 'breaker', 'next_probe_at', 'probe_deadline')
+local admin, breaker = v[1] or 'active', v[2] or 'closed'
+local next_probe, probe_deadline = tonumber(v[3] or '0'), tonumber(v[4] or '0')
+if admin ~= 'active' then
+  redis.call('ZREM', probes, dest)  -- resume/enable unparks
+  return {0, {}, redis.call('ZCARD', pkey)}
+end
+local want = batch
+if breaker ~= 'closed' then
+  local due = (breaker == 'open' and now >= next_probe) or (breaker == 'half_open' and now > probe_deadline)
+  if not due then
+    if breaker == 'open' then redis.call('ZADD', probes, next_probe, dest) else redis.call('ZADD', probes, probe_deadline, dest) end
+    return {0, {}, redis.call('ZCARD', pkey)}
+  end
+  want = 1
+end
+local moved, woken, seen = 0, {}, {}
+local looked = 0
+while moved < want and looked < batch do
+  local rows = redis.call('ZRANGE', pkey, 0, want - moved - 1, 'WITHSCORES')
+  if #rows == 0 then break end
+  for i = 1, #rows, 2 do
+    local id, score = rows[i], rows[i + 1]
+    looked = looked + 1
+    redis.call('ZREM', pkey, id)
+    local cur = redis.call('HMGET', prefix .. ':resend:' .. id, 'status', 'destination', 'queue')
+    if (cur[1] == 'pending' or cur[1] == 'retrying') and cur[2] == dest and cur[3] then
+      redis.call('ZADD', prefix .. ':due:' .. cur[3], score, id)
+      moved = moved + 1
+      if not seen[cur[3]] then
+        seen[cur[3]] = true
+        if redis.call('SET', prefix .. ':wake:' .. cur[3], now_s, 'NX', 'PX', wake_ttl) then woken[#woken + 1] = cur[3] end
+      end
+    end
+  end
+end
+local left = redis.call('ZCARD', pkey)
+if left == 0 then
+  redis.call('ZREM', probes, dest)
+elseif breaker == 'closed' then
+  redis.call('ZADD', probes, now, dest)  -- more to move: the next wake check goes on
+else
+  redis.call('ZADD', probes, now + 5, dest)  -- the claim of the probe moves this to its lease deadline
+end
+return {moved, woken, left}

@@ -1,0 +1,320 @@
+"""Destination health (issue 8): circuit breaker, parking, pause/resume/disable/enable,
+Retry-After, 410 Gone, DISABLE_AFTER, events, and bounded health reads. Real Redis, real
+RQ workers, a real HTTP receiver answering a script of statuses."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from django.core.management import call_command
+
+import outbox
+from outbox import events, health
+from outbox.exceptions import UnknownDestination
+from tests.conftest import assert_index_invariant, hook_settings
+
+BREAKER = {"FAILURES": 3, "COOLDOWN": 60, "MAX_COOLDOWN": 600}
+
+
+def hook(receiver, **destination):
+    """The 'hook' destination at ``receiver``, one attempt in flight at a time (a
+    deterministic order), with the given settings."""
+    return hook_settings(receiver.url, **{"MAX_IN_FLIGHT": 1, "MAX_RETRIES": 5, **destination})
+
+
+def ids_of(receiver) -> list[str]:
+    return [r.headers["webhook-id"] for r in receiver.requests]
+
+
+def dest_hash(repo) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in repo.connection.hgetall(repo.keys.dest("hook")).items()}
+
+
+def test_breaker_opens_after_n_consecutive_failures_and_charges_no_retry_after(receiver, worker, repo):
+    receiver.respond(503)
+    with hook(receiver, BREAKER=BREAKER):
+        sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(10)])
+        worker(simple=True)
+        h = health.get_health("hook")
+    assert len(receiver.requests) == 3  # the third failure opened it: nothing more was attempted
+    assert (h.breaker, h.state, h.consecutive_failures, h.parked) == ("open", "open", 3, 10)
+    assert h.opened_at and h.next_probe_at == pytest.approx(h.opened_at + 60, abs=0.01)
+    got = {m.id: m for m in (outbox.get(s.id) for s in sent)}
+    first, second, third = (got[i] for i in ids_of(receiver))
+    assert first.retry_count == second.retry_count == 1  # charged: the breaker was closed
+    assert (third.status, third.retry_count) == ("pending", 0)  # the attempt that opened it: not charged
+    assert [a.outcome for a in outbox.attempts(third.id)] == ["parked"]
+    assert all(m.retry_count == 0 for m in got.values() if m.id not in (first.id, second.id))
+    assert repo.counts()["pending"] + repo.counts()["retrying"] == 10
+    assert (h.window.retryable, h.window.attempts, h.totals["retryable"]) == (3, 3, 3)
+    assert_index_invariant(repo)
+
+
+def test_probe_after_cooldown_which_doubles_while_probes_fail(receiver, worker, repo):
+    receiver.respond(503)
+    with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 0.4, "MAX_COOLDOWN": 1.0}):
+        m = outbox.send("hook", 1)
+        worker(simple=True)
+        assert len(receiver.requests) == 1 and float(dest_hash(repo)["cooldown"]) == 0.4
+        worker(simple=True)  # before the cool-down: no probe
+        assert len(receiver.requests) == 1
+        cooldowns = []
+        for _ in range(3):
+            time.sleep(max(0.0, float(dest_hash(repo)["next_probe_at"]) - time.time()) + 0.05)
+            worker(simple=True)  # the wake check unparks one message as the probe
+            cooldowns.append(float(dest_hash(repo)["cooldown"]))
+        assert len(receiver.requests) == 4  # one probe per cool-down
+        assert cooldowns == [0.8, 1.0, 1.0]  # doubled, capped at MAX_COOLDOWN
+        got = outbox.get(m.id)
+        assert (got.status, got.retry_count) == ("pending", 0)  # failed probes spend no retry
+        assert health.get_health("hook").breaker == "open"
+    assert_index_invariant(repo)
+
+
+def test_probe_success_closes_and_what_was_parked_is_delivered_oldest_first(receiver, worker, repo):
+    receiver.respond(503, 503, 200)
+    with hook(receiver, BREAKER={"FAILURES": 2, "COOLDOWN": 0.3}):
+        sent = [outbox.send("hook", i) for i in range(6)]
+        worker(simple=True)
+        assert len(receiver.requests) == 2 and health.get_health("hook").parked == 6
+        time.sleep(0.4)
+        worker(simple=True)
+        h = health.get_health("hook")
+    ids = [m.id for m in sent]
+    # m0 failed while closed (retrying, due again at once), m1 opened the breaker; the
+    # probe is the oldest due (m2); closing puts the rest back in due order.
+    assert ids_of(receiver) == [ids[0], ids[1], ids[2], ids[3], ids[4], ids[5], ids[0], ids[1]]
+    assert (h.breaker, h.parked, h.consecutive_failures, h.failing_since) == ("closed", 0, 0, None)
+    assert repo.counts()["succeeded"] == 6
+    assert_index_invariant(repo)
+
+
+def test_retry_after_on_429_blocks_the_whole_destination(receiver, worker, repo):
+    receiver.respond((429, {"Retry-After": "2"}, 0.0), 200)
+    with hook(receiver):
+        sent = [outbox.send("hook", i) for i in range(3)]
+        started = time.time()
+        worker(simple=True)
+        h = health.get_health("hook")
+        assert len(receiver.requests) == 1
+        assert h.blocked_until == pytest.approx(started + 2, abs=1.0)
+        later = [outbox.get(m.id) for m in sent[1:]]
+        assert all(m.retry_count == 0 and m.next_attempt_at >= h.blocked_until - 0.01 for m in later)
+        time.sleep(max(0.0, h.blocked_until - time.time()) + 0.1)
+        worker(simple=True)
+    assert repo.counts()["succeeded"] == 3
+    assert all(r.at >= h.blocked_until - 0.05 for r in receiver.requests[1:])
+    assert_index_invariant(repo)
+
+
+def test_410_gone_disables_the_destination_and_enable_delivers_what_waited(receiver, worker, repo):
+    receiver.respond(410)
+    with hook(receiver):
+        first, second = outbox.send("hook", 1), outbox.send("hook", 2)
+        worker(simple=True)
+        h = health.get_health("hook")
+        assert (h.admin, h.disabled_reason, h.state, h.parked) == ("disabled", "410 Gone", "disabled", 1)
+        assert outbox.get(first.id).status == "failed"  # 410 is permanent for its message
+        assert len(receiver.requests) == 1
+        receiver.respond(200)
+        assert health.enable("hook") == 1
+        worker(simple=True)
+    assert outbox.get(second.id).status == "succeeded"
+    assert health.get_health("hook").admin == "active"
+    assert_index_invariant(repo)
+
+
+def test_pause_delivers_nothing_loses_nothing_and_resume_delivers_all_oldest_first(receiver, worker, repo):
+    with hook(receiver):
+        health.pause("hook", reason="receiver maintenance")
+        sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(5)])
+        worker(simple=True)
+        h = health.get_health("hook")
+        assert receiver.requests == [] and (h.admin, h.disabled_reason, h.parked) == (
+            "paused",
+            "receiver maintenance",
+            5,
+        )
+        assert repo.counts()["pending"] == 5
+        assert_index_invariant(repo)
+        assert health.resume("hook") == 5
+        worker(simple=True)
+    assert ids_of(receiver) == [m.id for m in sent]
+    assert repo.counts()["succeeded"] == 5 and health.get_health("hook").parked == 0
+    assert_index_invariant(repo)
+
+
+def test_in_flight_failure_while_paused_parks_without_a_retry(receiver, worker, repo):
+    from outbox.delivery import claim, decide, write
+
+    with hook(receiver):
+        m = outbox.send("hook", 1)
+        (claimed,) = claim(outbox.get(m.id).queue)
+        health.pause("hook")
+        write([decide(claimed, now=time.time(), ok=False, error="HTTP 503", status_code=503)], time.time())
+        got = outbox.get(m.id)
+        assert (got.status, got.retry_count, health.get_health("hook").parked) == ("pending", 0, 1)
+        assert_index_invariant(repo)
+
+
+def test_unknown_destination_actions_raise():
+    with pytest.raises(UnknownDestination):
+        health.pause("nope")
+    with pytest.raises(UnknownDestination):
+        health.resume("nope")
+
+
+def test_auto_disable_after_failing_continuously_for_disable_after(receiver, worker, repo):
+    receiver.respond(503)
+    with hook(receiver, DISABLE_AFTER=0.5, RETRY=[0.6], MAX_RETRIES=10):
+        m = outbox.send("hook", 1)
+        worker(simple=True)
+        assert health.get_health("hook").admin == "active"
+        time.sleep(0.7)
+        worker(simple=True)
+        h = health.get_health("hook")
+    assert (h.admin, h.disabled_reason) == ("disabled", "failing for 0.5 s")
+    got = outbox.get(m.id)
+    assert (got.status, got.retry_count, h.parked) == ("retrying", 1, 1)  # the second failure: parked
+    assert_index_invariant(repo)
+
+
+def test_events_are_published_once_per_transition_not_per_message(receiver, worker, repo):
+    received: list[str] = []
+
+    def on_opened(sender, event, **kwargs):
+        received.append(event.event)
+
+    events.destination_opened.connect(on_opened)
+    pubsub = repo.connection.pubsub()
+    pubsub.subscribe(repo.events_channel)
+    pubsub.get_message(timeout=1)
+    receiver.respond(503, 503, 200)
+    try:
+        with hook(receiver, BREAKER={"FAILURES": 2, "COOLDOWN": 0.3}):
+            outbox.send_many([{"destination": "hook", "body": i} for i in range(8)])
+            worker(simple=True)
+            time.sleep(0.4)
+            worker(simple=True)
+    finally:
+        events.destination_opened.disconnect(on_opened)
+    names = []
+    while (item := pubsub.get_message(timeout=0.2)) is not None:
+        event = json.loads(item["data"])["event"]
+        if event.startswith("destination."):
+            names.append(event)
+    pubsub.close()
+    assert names == [
+        "destination.failing",
+        "destination.opened",
+        "destination.recovered",
+        "destination.closed",
+    ]
+    assert received == ["destination.opened"]  # the worker handed it to outbox.alerts.notify
+
+
+def test_exhausted_event_when_retries_run_out(receiver, worker, repo):
+    got: list = []
+
+    def on_exhausted(sender, event, **kwargs):
+        got.append(event)
+
+    events.message_exhausted.connect(on_exhausted)
+    receiver.respond(500)
+    try:
+        with hook(receiver, MAX_RETRIES=1):
+            m = outbox.send("hook", 1)
+            worker(simple=True)
+    finally:
+        events.message_exhausted.disconnect(on_exhausted)
+    assert [(e.event, e.detail["id"]) for e in got] == [("message.exhausted", m.id)]
+
+
+def test_cancel_or_delete_of_a_parked_message_leaves_no_entry_that_resurrects_it(receiver, worker, repo):
+    with hook(receiver):
+        health.pause("hook")
+        a, b, c = (outbox.send("hook", i) for i in range(3))
+        worker(simple=True)
+        assert health.get_health("hook").parked == 3
+        outbox.cancel(a.id)
+        outbox.delete(b.id)
+        assert repo.connection.zrange(repo.keys.parked("hook"), 0, -1) == [c.id.encode()]
+        assert_index_invariant(repo)
+        assert health.resume("hook") == 1
+        worker(simple=True)
+    assert ids_of(receiver) == [c.id]
+    assert outbox.get(a.id).status == "cancelled"
+    assert_index_invariant(repo)
+
+
+def test_health_window_latency_errors_timeline_and_bounded_reads(receiver, worker, repo):
+    receiver.respond(200, 200, 500, (404, {}, 0.0), 200)
+    with hook(receiver):
+        for i in range(5):
+            outbox.send("hook", i)
+        worker(simple=True)
+        commands = _commands_for(repo, lambda: health.get_health("hook"))
+        h = health.get_health("hook")
+        groups = health.error_groups("hook")
+        chart = health.timeline("hook", minutes=5)
+        everything = health.timeline(None, minutes=5)
+    assert (h.window.succeeded, h.window.retryable, h.window.permanent) == (4, 1, 1)
+    assert h.window.failure_rate == pytest.approx(2 / 6)
+    assert h.window.p50_ms is not None and 0 < h.window.p50_ms <= h.window.p95_ms
+    assert h.totals == {"succeeded": 4, "retryable": 1, "permanent": 1}
+    assert h.latency_buckets[-1] == (float("inf"), 6) and h.latency_sum_seconds > 0
+    assert sorted((g.status_code, g.error_class, g.count) for g in groups) == [
+        (404, "http", 1),
+        (500, "http", 1),
+    ]
+    assert sum(m.succeeded for m in chart) == 4 and sum(m.succeeded for m in everything) == 4
+    # The same number of commands however many attempts were recorded.
+    repo.record_outcomes([["hook", "s", 5.0, 200, "", "", 0, f"m{i}"] for i in range(500)], "{}", time.time())
+    assert _commands_for(repo, lambda: health.get_health("hook")) == commands <= 8
+
+
+def _commands_for(repo, action) -> int:
+    """Commands the server ran for ``action`` (INFO commandstats, the INFO calls excluded)."""
+
+    def total() -> int:
+        stats = repo.connection.info("commandstats")
+        return sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
+
+    before = total()
+    action()
+    return total() - before
+
+
+def test_status_command_and_actions(receiver, capsys, repo):
+    with hook(receiver):
+        call_command("outbox_destination", "pause", "hook", "--reason", "maintenance")
+        call_command("outbox_destination", "status", "hook")
+        out = capsys.readouterr().out
+        assert "hook: paused" in out and "admin=paused (maintenance)" in out
+        call_command("outbox_destination", "resume", "hook")
+        call_command("outbox_destination", "status")
+        out = capsys.readouterr().out
+        assert "hook: resumed; 0 waiting message(s)" in out and "hook: idle" in out
+
+
+def test_settings_are_validated_with_clear_errors():
+    from django.core.exceptions import ImproperlyConfigured
+
+    from outbox.destinations import get_destination
+
+    for bad, text in [
+        ({"BREAKER": {"FAILURES": 0}}, "['BREAKER']['FAILURES'] must be an integer >= 1"),
+        ({"BREAKER": {"NOPE": 1}}, "unknown key(s) NOPE"),
+        ({"RATE_LIMIT": "fast"}, "['RATE_LIMIT'] must look like '100/s'"),
+        ({"RATE_LIMIT": {"RATE": 0}}, "['RATE_LIMIT']['RATE'] must be a number above 0"),
+        ({"MAX_CONCURRENCY": 0}, "['MAX_CONCURRENCY'] must be None or an integer >= 1"),
+        ({"DISABLE_AFTER": -1}, "['DISABLE_AFTER'] must be None or seconds above 0"),
+    ]:
+        with hook_settings("http://127.0.0.1:9/hook", **bad), pytest.raises(ImproperlyConfigured) as info:
+            get_destination("hook")
+        assert text in str(info.value), str(info.value)
+    with hook_settings("http://127.0.0.1:9/hook", RATE_LIMIT="6000/m", MAX_CONCURRENCY=4, BREAKER=False):
+        d = get_destination("hook")
+        assert (d.rate_limit.interval, d.max_concurrency, d.breaker) == (0.01, 4, None)
