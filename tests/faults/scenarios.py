@@ -959,11 +959,23 @@ def receiver_outage(
         receiver = run.receiver
         repo = get_repository()
         events: list[tuple[float, dict[str, Any]]] = []
-        pubsub = repo.connection.pubsub(ignore_subscribe_messages=True)
+        from redis import Redis
+
+        listener = Redis.from_url(run.redis.url)  # no socket timeout: it waits for events
+        pubsub = listener.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(outbox_settings.EVENTS_CHANNEL)
+        listening = threading.Event()
+        listening.set()
 
         def listen() -> None:
-            for item in pubsub.listen():
+            while listening.is_set():
+                try:
+                    item = pubsub.get_message(timeout=0.5)
+                except Exception:
+                    time.sleep(0.2)
+                    continue
+                if not item:
+                    continue
                 try:
                     data = _json.loads(item["data"])
                 except (TypeError, ValueError):
@@ -1023,7 +1035,10 @@ def receiver_outage(
         found = settle(run, result, acked, first_send, settle_timeout)
         stop.set()
         time.sleep(0.5)  # the last events
+        listening.clear()
+        time.sleep(0.6)
         pubsub.close()
+        listener.close()
 
         kinds = Counter(e["event"] for _, e in events)
         opened = [(t, e) for t, e in events if e["event"] == "destination.opened"]

@@ -101,7 +101,11 @@ OUTBOX = {
             },
             "RETRY": {"strategy": "exponential", "base": 0.5, "factor": 2, "max_delay": 4, "jitter": "equal"},
             "MAX_RETRIES": int(_number("FAULTS_HOOK_RETRIES", 10)),
-            **({"BREAKER": json.loads(os.environ["FAULTS_BREAKER"])} if os.environ.get("FAULTS_BREAKER") else {}),
+            **(
+                {"BREAKER": json.loads(os.environ["FAULTS_BREAKER"])}
+                if os.environ.get("FAULTS_BREAKER")
+                else {}
+            ),
         },
         "poison": {
             "TRANSPORT": "callable",
