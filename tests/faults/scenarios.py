@@ -947,7 +947,6 @@ def receiver_outage(
     import outbox
     from outbox import health
     from outbox.conf import outbox_settings
-    from outbox.connection import get_repository
 
     result = Result(name)
     breaker = {"FAILURES": failures, "COOLDOWN": cooldown, "MAX_COOLDOWN": max_cooldown}
@@ -957,7 +956,6 @@ def receiver_outage(
     with environment(name, settings=settings) as run:
         assert run.receiver is not None
         receiver = run.receiver
-        repo = get_repository()
         events: list[tuple[float, dict[str, Any]]] = []
         from redis import Redis
 
@@ -1032,7 +1030,7 @@ def receiver_outage(
                 acked.append(outbox.send("hook", {"n": i}).id)
             except Exception as exc:
                 send_errors(errors, exc)
-        found = settle(run, result, acked, first_send, settle_timeout)
+        settle(run, result, acked, first_send, settle_timeout)
         stop.set()
         time.sleep(0.5)  # the last events
         listening.clear()
@@ -1087,7 +1085,6 @@ def receiver_outage(
         result.notes.append(f"timeline: {run.log_dir / 'timeline.md'}; events {dict(kinds)}")
         if errors:
             result.notes.append(f"send() exceptions: {dict(errors)}")
-        del found
         worker_notes(result, supervisor)
     return result
 
