@@ -882,3 +882,227 @@ def evicting_redis(
 
 
 register("evicting-redis", evicting_redis, short={"messages": 1000, "maxmemory": "3mb"}, full={})
+
+
+# -- 5. an outage behind the circuit breaker (issue 8) --------------------------------------
+
+
+@dataclass
+class Sample:
+    """One row of the outage timeline."""
+
+    t: float
+    receiver_up: bool
+    sent: int
+    delivered: int
+    attempts: int
+    failed_attempts: int
+    breaker: str
+    state: str
+    parked: int
+    retries_spent: int
+
+
+def _retries_spent(ids: list[str]) -> int:
+    """Sum of ``retry_count`` over ``ids`` (one pipeline)."""
+    from outbox.connection import get_repository
+
+    repo = get_repository()
+    pipe = repo.connection.pipeline(transaction=False)
+    for message_id in ids:
+        pipe.hget(repo.keys.resend(message_id), "retry_count")
+    return sum(int(v or 0) for v in pipe.execute())
+
+
+def receiver_outage(
+    name: str,
+    *,
+    rate: float = 20,
+    duration: float = 150,
+    down_at: float = 30,
+    down_for: float = 60,
+    workers: int = 2,
+    failures: int = 5,
+    cooldown: float = 2,
+    max_cooldown: float = 8,
+    sample_every: float = 5,
+    visibility_timeout: float = 10,
+    recovery_interval: float = 2,
+    settle_timeout: float = 120,
+) -> Result:
+    """A receiver down for a minute under steady traffic, behind the circuit breaker.
+
+    ``rate`` messages/s for ``duration`` s; the receiver refuses connections from
+    ``down_at`` for ``down_for`` s. The ``hook`` destination's breaker opens after
+    ``failures`` consecutive failures and probes after ``cooldown`` s (doubling up to
+    ``max_cooldown``). Expected: the breaker opens within the threshold; no message spends
+    a retry while it is open (the retries spent in all are at most the failures that
+    opened it plus the attempts in flight then); ``destination.opened`` is published once;
+    a probe closes it within ``max_cooldown`` + a few seconds of the receiver's return;
+    everything is delivered, nothing twice. The timeline is written to
+    ``.faults/<name>/timeline.md``.
+    """
+    import json as _json
+
+    import outbox
+    from outbox import health
+    from outbox.conf import outbox_settings
+
+    result = Result(name)
+    breaker = {"FAILURES": failures, "COOLDOWN": cooldown, "MAX_COOLDOWN": max_cooldown}
+    settings = faults_settings(
+        visibility_timeout, recovery_interval, HOOK_RETRIES=10, BREAKER=_json.dumps(breaker)
+    )
+    with environment(name, settings=settings) as run:
+        assert run.receiver is not None
+        receiver = run.receiver
+        events: list[tuple[float, dict[str, Any]]] = []
+        from redis import Redis
+
+        listener = Redis.from_url(run.redis.url)  # no socket timeout: it waits for events
+        pubsub = listener.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(outbox_settings.EVENTS_CHANNEL)
+        listening = threading.Event()
+        listening.set()
+
+        def listen() -> None:
+            while listening.is_set():
+                try:
+                    item = pubsub.get_message(timeout=0.5)
+                except Exception:
+                    time.sleep(0.2)
+                    continue
+                if not item:
+                    continue
+                try:
+                    data = _json.loads(item["data"])
+                except (TypeError, ValueError):
+                    continue
+                if str(data.get("event", "")).startswith("destination."):
+                    events.append((time.monotonic(), data))
+
+        threading.Thread(target=listen, name="events", daemon=True).start()
+        supervisor = run.workers(workers)
+        wait_workers(run, workers)
+        acked: list[str] = []
+        errors: Counter = Counter()
+        samples: list[Sample] = []
+        start = time.monotonic()
+        up_again: list[float] = []
+        stop = threading.Event()
+
+        def fault() -> None:
+            time.sleep(down_at)
+            receiver.set_mode(down=True)
+            time.sleep(down_for)
+            receiver.set_mode(down=False)
+            up_again.append(time.monotonic())
+            run.fault_ended()
+
+        def sample() -> None:
+            while not stop.wait(sample_every):
+                try:
+                    h = health.get_health("hook")
+                    t = time.monotonic() - start
+                    down = down_at <= t < down_at + down_for
+                    samples.append(
+                        Sample(
+                            t=round(t),
+                            receiver_up=not down,
+                            sent=len(acked),
+                            delivered=len(run.delivered()),
+                            attempts=sum(h.totals.values()),
+                            failed_attempts=h.totals.get("retryable", 0) + h.totals.get("permanent", 0),
+                            breaker=h.breaker,
+                            state=h.state,
+                            parked=h.parked,
+                            retries_spent=_retries_spent(list(acked)),
+                        )
+                    )
+                except Exception as exc:  # a sample is an observation; never end the run
+                    result.notes.append(f"sample failed: {type(exc).__name__}: {exc}")
+
+        threading.Thread(target=fault, name="fault", daemon=True).start()
+        threading.Thread(target=sample, name="sampler", daemon=True).start()
+        first_send = time.monotonic()
+        for i in paced(int(rate * duration), rate):
+            try:
+                acked.append(outbox.send("hook", {"n": i}).id)
+            except Exception as exc:
+                send_errors(errors, exc)
+        settle(run, result, acked, first_send, settle_timeout)
+        stop.set()
+        time.sleep(0.5)  # the last events
+        listening.clear()
+        time.sleep(0.6)
+        pubsub.close()
+        listener.close()
+
+        kinds = Counter(e["event"] for _, e in events)
+        opened = [(t, e) for t, e in events if e["event"] == "destination.opened"]
+        closed = [(t, e) for t, e in events if e["event"] == "destination.closed"]
+        spent = _retries_spent(list(acked))
+        in_flight = int(getattr(outbox_settings, "CONCURRENCY", 32)) * workers
+        result.check(
+            "the breaker opened once (one destination.opened event, not one per message)",
+            len(opened) == 1,
+            f"events: {dict(kinds)}",
+        )
+        if opened:
+            first = opened[0][1]
+            result.check(
+                "it opened within the threshold",
+                int(first.get("consecutive_failures", failures)) <= failures + in_flight,
+                f"consecutive failures when opened: {first.get('consecutive_failures')}",
+            )
+        result.check(
+            "no retry spent while open: retries spent in all <= failures that opened it + attempts in flight",
+            spent <= failures + in_flight,
+            f"{spent} retries spent in all ({len(acked)} messages)",
+        )
+        if up_again and closed:
+            after = closed[-1][0] - up_again[0]
+            result.check(
+                "a probe closed it soon after the receiver returned",
+                0 <= after <= max_cooldown + 5,
+                f"closed {after:.1f} s after the receiver returned",
+            )
+        else:
+            result.check("a probe closed it after the receiver returned", False, f"events: {dict(kinds)}")
+        result.check("none failed", result.failed == 0, f"{result.failed} failed")
+        rows = [
+            "| t s | receiver | sent | delivered | attempts | failed attempts | breaker | state | parked | retries spent |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ] + [
+            f"| {s.t:g} | {'up' if s.receiver_up else 'down'} | {s.sent} | {s.delivered} | {s.attempts} | "
+            f"{s.failed_attempts} | {s.breaker} | {s.state} | {s.parked} | {s.retries_spent} |"
+            for s in samples
+        ]
+        event_lines = [f"- {t - start:6.1f} s  {e['event']}" for t, e in events]
+        (run.log_dir / "timeline.md").write_text(
+            "\n".join(rows) + "\n\nEvents (seconds since the first send):\n\n" + "\n".join(event_lines) + "\n"
+        )
+        result.notes.append(f"timeline: {run.log_dir / 'timeline.md'}; events {dict(kinds)}")
+        if errors:
+            result.notes.append(f"send() exceptions: {dict(errors)}")
+        worker_notes(result, supervisor)
+    return result
+
+
+register(
+    "receiver-outage",
+    receiver_outage,
+    short={
+        "rate": 20,
+        "duration": 14,
+        "down_at": 3,
+        "down_for": 6,
+        "workers": 1,
+        "cooldown": 1,
+        "max_cooldown": 2,
+        "sample_every": 1,
+        "settle_timeout": 30,
+    },
+    full={},
+    about="The receiver down for a minute under steady traffic, behind the circuit breaker.",
+)

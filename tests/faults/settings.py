@@ -20,6 +20,8 @@ sets before starting Django and which worker subprocesses inherit:
 ``FAULTS_BATCH_SIZE``          ``OUTBOX["BATCH_SIZE"]`` (100)
 ``FAULTS_BREAKER_COOLDOWN``    ``OUTBOX["BREAKER"]["COOLDOWN"]`` seconds (0.5)
 ``FAULTS_BREAKER_MAX_COOLDOWN`` ``OUTBOX["BREAKER"]["MAX_COOLDOWN"]`` seconds (2)
+``FAULTS_BREAKER``             JSON of the ``hook`` destination's own ``BREAKER`` (default: none,
+                               the global one applies)
 =============================  =================================================================
 
 Destinations: ``hook`` (signed webhook to the receiver, exponential retries from 0.5 s,
@@ -27,6 +29,7 @@ capped at 4 s) and ``poison`` (:func:`tests.faults.targets.deliver`, which kills
 process for messages marked poison).
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -98,6 +101,11 @@ OUTBOX = {
             },
             "RETRY": {"strategy": "exponential", "base": 0.5, "factor": 2, "max_delay": 4, "jitter": "equal"},
             "MAX_RETRIES": int(_number("FAULTS_HOOK_RETRIES", 10)),
+            **(
+                {"BREAKER": json.loads(os.environ["FAULTS_BREAKER"])}
+                if os.environ.get("FAULTS_BREAKER")
+                else {}
+            ),
         },
         "poison": {
             "TRANSPORT": "callable",
