@@ -9,12 +9,13 @@ Options:
 * ``mailer`` (str, Django 6.1+): an alias of Django's ``MAILERS`` setting; the default
   mailer when absent and no ``backend`` is given. Its host, port, credentials and timeout
   come from that ``MAILERS`` entry.
-* ``backend`` (str): dotted path of an email backend class, built by the transport (before
-  Django 6.1 without ``MAILERS``: ``EMAIL_BACKEND`` when absent). The SMTP backend takes its
-  host, port and credentials from Django's ``EMAIL_*`` settings.
+* ``backend`` (str): dotted path of an email backend class, built by the transport; when
+  absent, ``EMAIL_BACKEND``'s class in a project without ``MAILERS``. The SMTP backend
+  takes its host, port and credentials from Django's ``EMAIL_*`` settings.
 * ``timeout`` (seconds): the socket timeout given to an SMTP backend the transport builds;
-  default ``EMAIL_TIMEOUT`` (before Django 6.1), or :data:`DEFAULT_TIMEOUT` (10 s) when that
-  is None (Django's default: no timeout at all). A ``MAILERS`` entry sets its own.
+  default ``EMAIL_TIMEOUT`` (a project without ``MAILERS``), or :data:`DEFAULT_TIMEOUT`
+  (10 s) when that is None (Django's default: no timeout at all). A ``MAILERS`` entry sets
+  its own.
 * ``deadline`` (seconds, default 3 x ``timeout``): the hard limit of one attempt. The
   email is sent from a thread that is given up (a retryable failure) when the deadline
   passes, so a server that answers one byte at a time cannot hold a worker. System
@@ -31,7 +32,10 @@ greylisting's 450/451 on ``RCPT``, and connection or network errors are retried.
 
 from __future__ import annotations
 
+import contextlib
 import smtplib
+import warnings
+from collections.abc import Iterator
 from email.utils import getaddresses
 from typing import Any
 
@@ -56,6 +60,34 @@ DEFAULT_TIMEOUT = 10.0  # seconds of SMTP socket timeout when EMAIL_TIMEOUT is N
 #: (RemovedInDjango2028Warning), so the transport uses them only on older Django.
 MAILERS: Any = getattr(mail, "mailers", None)  # django.core.mail.mailers on Django 6.1+
 HAS_MAILERS = MAILERS is not None
+
+
+def mailers_configured() -> bool:
+    """True when this Django has ``MAILERS`` and the project defines it (Django 6.1+)."""
+    return HAS_MAILERS and hasattr(settings, "MAILERS")
+
+
+@contextlib.contextmanager
+def legacy_mail_api() -> Iterator[None]:
+    """For a project without ``MAILERS``: read its ``EMAIL_*`` settings and build its
+    ``EMAIL_BACKEND`` as Django before 6.1 did. Django 6.1 deprecates both and warns on
+    every use (RemovedInDjango2028Warning, "Migrate to MAILERS"); the project's own
+    settings are what Django asks to migrate, so the transport honours them without a
+    warning per attempt pointing at the outbox. With ``MAILERS`` defined nothing is hidden.
+    """
+    with warnings.catch_warnings():
+        if not mailers_configured():
+            warnings.filterwarnings(
+                "ignore",
+                message=r"(The EMAIL_\w+ setting is deprecated|Directly creating \w+ instances is deprecated)",
+            )
+        yield
+
+
+def legacy_setting(name: str) -> Any:
+    """An ``EMAIL_*`` setting of a project without ``MAILERS`` (see :func:`legacy_mail_api`)."""
+    with legacy_mail_api():
+        return getattr(settings, name, None)
 
 
 def _bad_address(address: Any) -> bool:
@@ -153,7 +185,7 @@ class EmailTransport(Transport):
                 raise ImproperlyConfigured(
                     f"{where}: OPTIONS['mailer'] {self.mailer!r} is not an alias of MAILERS (known: {known})"
                 )
-        legacy_timeout = None if HAS_MAILERS else getattr(settings, "EMAIL_TIMEOUT", None)
+        legacy_timeout = None if mailers_configured() else legacy_setting("EMAIL_TIMEOUT")
         default_timeout = legacy_timeout or DEFAULT_TIMEOUT
         self.timeout = positive_seconds(
             options.get("timeout", default_timeout), f"{where}: OPTIONS['timeout']"
@@ -168,14 +200,16 @@ class EmailTransport(Transport):
 
     def connection(self) -> Any:
         """An email backend instance: the ``backend`` option's class (an SMTP backend, or a
-        subclass, gets ``timeout``), else the ``mailer`` (Django 6.1+: ``mailers[alias]``,
-        the default mailer when no alias is given), else ``EMAIL_BACKEND`` (older Django)."""
-        if self.backend is None and HAS_MAILERS:
+        subclass, gets ``timeout``), else the ``mailer`` (Django 6.1+ with ``MAILERS``:
+        ``mailers[alias]``, the default mailer when no alias is given), else the class of
+        ``EMAIL_BACKEND`` (a project without ``MAILERS``)."""
+        if self.backend is None and (self.mailer or mailers_configured()):
             return MAILERS[self.mailer or "default"]
-        backend_class = import_string(self.backend or settings.EMAIL_BACKEND)
-        if issubclass(backend_class, SMTPBackend):
-            return backend_class(timeout=self.timeout)
-        return backend_class()  # fail_silently defaults to False
+        with legacy_mail_api():
+            backend_class = import_string(self.backend or legacy_setting("EMAIL_BACKEND"))
+            if issubclass(backend_class, SMTPBackend):
+                return backend_class(timeout=self.timeout)
+            return backend_class()  # fail_silently defaults to False
 
     def check_message(self, body: bytes, content_type: str, headers: dict[str, str]) -> None:
         """Refuse, at ``send()`` time, a message that cannot become an email.

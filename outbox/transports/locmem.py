@@ -9,7 +9,8 @@ with ``outbox.clear()``. Options:
 * ``permanent`` (bool, default False): make that failure permanent (failed at once).
 
 Works in RQ's ``SimpleWorker`` or a burst worker in the test process; a forking worker
-appends in its child process, where the test cannot see it.
+appends in its child process, where the test cannot see it. One attempt at a time per
+worker (``max_in_flight = 1``), so :data:`outbox` holds messages in the order they were due.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class LocmemTransport(Transport):
     """
 
     options = ("fail_with", "permanent")
+    max_in_flight = 1  # appends in due order (tests compare the list with what they sent)
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)
