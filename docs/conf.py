@@ -62,7 +62,7 @@ nitpicky = False
 
 # Pages other work adds: named in index.md's toctree, left out until their file exists
 # (docs/_ext/optional_pages.py).
-optional_pages = ["destinations", "metrics", "alerts"]
+optional_pages = ["destinations", "metrics", "alerts", "compatibility"]
 
 html_theme = "furo"
 html_title = f"django-redis-outbox {release}"
