@@ -246,3 +246,19 @@ def settle(worker, ids, *, passes: int = 20) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"not settled: {[outbox.get(i).status for i in ids]}")
+
+
+def settle_due(worker, messages) -> None:
+    """Run burst workers until none of ``messages`` is due within a second (a retry due
+    a few milliseconds after a burst worker stopped waits for the next one)."""
+    import outbox
+
+    for _ in range(10):
+        worker()
+        soon = time.time() + 1
+        if not any(
+            m.status in ("pending", "retrying", "sending") and (m.next_attempt_at or 0) <= soon
+            for m in (outbox.get(x.id) for x in messages)
+        ):
+            return
+        time.sleep(0.05)

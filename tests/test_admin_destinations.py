@@ -17,6 +17,7 @@ from django.contrib.admin.models import LogEntry
 import outbox
 from outbox import health
 
+from .conftest import settle_due
 from .test_admin_actions import batch_links, messages_of
 from .test_admin_support import (  # noqa: F401  (fixtures)
     admin_client,
@@ -33,20 +34,6 @@ from .test_admin_support import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
 
-def settle(worker, messages) -> None:
-    """Run burst workers until none of ``messages`` is due within a second (a retry due
-    a few milliseconds after a burst worker stopped waits for the next one)."""
-    for _ in range(10):
-        worker()
-        soon = time.time() + 1
-        if not any(
-            m.status in ("pending", "retrying", "sending") and (m.next_attempt_at or 0) <= soon
-            for m in (outbox.get(x.id) for x in messages)
-        ):
-            return
-        time.sleep(0.05)
-
-
 def ids(messages) -> set[str]:
     return {m.id for m in messages}
 
@@ -54,7 +41,7 @@ def ids(messages) -> set[str]:
 def deliver(receiver, worker, code: int, n: int, **send) -> list:
     receiver.respond(code)
     sent = outbox.send_many([{"destination": "hook", "body": {"i": i}, **send} for i in range(n)])
-    settle(worker, sent)
+    settle_due(worker, sent)
     return sent
 
 
@@ -166,7 +153,7 @@ def test_pause_needs_confirmation_then_parks_and_resume_puts_back(client, django
 
     response = ops.post(u("destination_action", "mem"), {"action": "resume", "post": "yes"})
     assert "3 parked messages put back" in messages_of(ops.get(response["Location"]))[0]
-    settle(worker, sent)
+    settle_due(worker, sent)
     assert {outbox.get(m.id).status for m in sent} == {"succeeded"}
 
 
@@ -207,7 +194,7 @@ def test_recover_since_requeues_only_the_dead_letters_failed_since(admin_client,
     (link,) = batch_links(response)
     assert set(listed_ids(text_of(admin_client.get(link)))) == ids(newer)
     hook.respond(200)
-    settle(worker, newer)
+    settle_due(worker, newer)
     assert {outbox.get(m.id).status for m in newer} == {"succeeded"}
 
 

@@ -16,7 +16,7 @@ from django.core.management import call_command
 import outbox
 from outbox.store import Change, queries
 
-from .conftest import hook_settings
+from .conftest import hook_settings, settle_due
 from .test_admin_actions import batch_links, messages_of, post
 from .test_admin_support import (  # noqa: F401  (fixtures)
     admin_client,
@@ -32,20 +32,6 @@ from .test_admin_support import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
 
-def settle(worker, messages) -> None:
-    """Run burst workers until none of ``messages`` is due within a second (a retry due
-    a few milliseconds after a burst worker stopped waits for the next one)."""
-    for _ in range(10):
-        worker()
-        soon = time.time() + 1
-        if not any(
-            m.status in ("pending", "retrying", "sending") and (m.next_attempt_at or 0) <= soon
-            for m in (outbox.get(x.id) for x in messages)
-        ):
-            return
-        time.sleep(0.05)
-
-
 def statuses(messages) -> set[str]:
     return {outbox.get(m.id).status for m in messages}
 
@@ -58,7 +44,7 @@ def fail_with(receiver, worker, code: int, n: int) -> list:
     """Send ``n`` messages to 'hook' that the receiver answers with ``code``; run a worker."""
     receiver.respond(code)
     sent = outbox.send_many([{"destination": "hook", "body": {"code": code, "i": i}} for i in range(n)])
-    settle(worker, sent)
+    settle_due(worker, sent)
     return sent
 
 
@@ -68,7 +54,7 @@ def test_list_filters_by_status_code_and_error_class(admin_client, hook, worker)
     unavailable = fail_with(hook, worker, 503, 4)  # retried, then failed
     with hook_settings("http://127.0.0.1:9/hook", OPTIONS={"allow_private_networks": True}):
         refused = outbox.send_many([{"destination": "hook", "body": {"i": i}} for i in range(2)])
-        settle(worker, refused)
+        settle_due(worker, refused)
     assert statuses(bad_request + unavailable + refused) == {"failed"}
 
     base = u("message_list") + "?status=failed&destination=hook"
@@ -116,7 +102,7 @@ def test_requeue_the_503s_not_the_400s(admin_client, hook, worker):
     assert any("5 requeued" in m for m in messages_of(response))
 
     hook.respond(200)
-    settle(worker, unavailable)
+    settle_due(worker, unavailable)
     assert statuses(unavailable) == {"succeeded"}
     assert statuses(bad_request) == {"failed"}
 
@@ -204,7 +190,7 @@ def test_retry_now_all_matching_keeps_the_budget_and_is_due_now(admin_client, re
     assert all(due[m.id.encode()] <= time.time() for m in waiting)
 
     hook.respond(200)
-    settle(worker, waiting)
+    settle_due(worker, waiting)
     assert statuses(waiting) == {"succeeded"}
     assert {outbox.get(m.id).retry_count for m in waiting} == {1}
 

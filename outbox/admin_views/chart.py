@@ -31,23 +31,30 @@ class Bar:
 
 
 @dataclass
-class Chart:
-    """Everything the template needs to draw the chart (SVG user units)."""
+class Plot:
+    """The drawing area of a chart (SVG user units): size and margins."""
 
     width: int
     height: int
     left: int
     top: int
     bottom: int
+
+    @property
+    def baseline(self) -> int:
+        """The y of the x axis."""
+        return self.height - self.bottom
+
+
+@dataclass
+class Chart(Plot):
+    """Everything the template needs to draw the bar chart (SVG user units)."""
+
     peak: int
     bars: list[Bar]
     totals: dict[str, int]
     first: datetime | None
     last: datetime | None
-
-    @property
-    def baseline(self) -> int:
-        return self.height - self.bottom
 
     @property
     def mid_y(self) -> float:
@@ -116,7 +123,7 @@ def outcome_chart(
 
 
 @dataclass
-class LatencyChart:
+class LatencyChart(Plot):
     """Latency percentiles per minute as SVG polylines (``points`` attribute strings).
 
     Attributes:
@@ -125,11 +132,6 @@ class LatencyChart:
         last_p50_ms, last_p95_ms: the newest minute's values with attempts, or None.
     """
 
-    width: int
-    height: int
-    left: int
-    top: int
-    bottom: int
     p50: str
     p95: str
     peak_ms: float
@@ -137,10 +139,6 @@ class LatencyChart:
     last_p95_ms: float | None
     first: datetime | None
     last: datetime | None
-
-    @property
-    def baseline(self) -> int:
-        return self.height - self.bottom
 
     @property
     def p50_points(self) -> list[tuple[str, str]]:
