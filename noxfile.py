@@ -21,7 +21,8 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
-#: (session id, python, Django, RQ, redis-py): pip requirement specifiers.
+#: (session id, python, Django, RQ, redis-py): pip requirement specifiers. The oldest also
+#: pins django-redis and django-rq to their floors (:data:`OLDEST_EXTRA`).
 COMBINATIONS = [
     ("oldest", "3.10", "Django==5.2.*", "rq==2.6.1", "redis==5.0.1"),
     ("py3.11-django5.2-rq2-redis6", "3.11", "Django==5.2.*", "rq>=2.6.1,<3", "redis>=6,<7"),
@@ -30,6 +31,8 @@ COMBINATIONS = [
     ("py3.13-django6.0-rq2-redis8", "3.13", "Django==6.0.*", "rq>=2.6.1,<3", "redis>=8,<9"),
     ("newest", "3.13", "Django==6.1.*", "rq>=3,<4", "redis>=8,<9"),
 ]
+
+OLDEST_EXTRA = ("django-redis==5.4.*", "django-rq==4.1.*")
 
 PYTEST = [
     "-q",
@@ -42,20 +45,28 @@ PYTEST = [
 ]
 
 
-def _run(session: nox.Session, django: str, rq: str, redis: str) -> None:
-    session.install("-e", ".[test,server]", django, rq, redis)
+def _run(session: nox.Session, django: str, rq: str, redis: str, extra: list[str]) -> None:
+    # the docs extra too: a test checks the docs' settings reference with Sphinx's docutils
+    session.install("-e", ".[test,server,docs]", django, rq, redis, *extra)
     session.run(
         "python",
         "-c",
-        "import django, rq, redis, sys; print('versions:', sys.version.split()[0], 'Django', django.__version__, 'RQ', rq.__version__, 'redis-py', redis.__version__)",
+        "import sys; from importlib.metadata import version as v; print('versions: Python', sys.version.split()[0],"
+        " *(f'{p} {v(p)}' for p in ('Django', 'django-redis', 'django-rq', 'rq', 'redis')))",
     )
     session.run("python", "-m", "pytest", *PYTEST, *session.posargs)
 
 
 for _id, _python, _django, _rq, _redis in COMBINATIONS:
 
-    def _session(session: nox.Session, django: str = _django, rq: str = _rq, redis: str = _redis) -> None:
-        _run(session, django, rq, redis)
+    def _session(
+        session: nox.Session,
+        django: str = _django,
+        rq: str = _rq,
+        redis: str = _redis,
+        extra: tuple[str, ...] = OLDEST_EXTRA if _id == "oldest" else (),
+    ) -> None:
+        _run(session, django, rq, redis, list(extra))
 
     _session.__doc__ = f"Python {_python}, {_django}, {_rq}, {_redis}"
     nox.session(name=f"tests-{_id}", python=_python)(_session)
