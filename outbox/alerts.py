@@ -1,6 +1,6 @@
 """Alerts about destination events: Django signals always, and optionally an email to
 ``ADMINS`` and a signed operational webhook, at most once per suppression window
-(``docs/alerts.md``).
+(``docs/destinations.md``, "Alerts").
 
 The worker that made a change hands its events to :func:`notify` (circuit breaker
 opened, destination disabled, a message's retries ran out ...; see

@@ -55,7 +55,7 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        workers (None = no cap).
 ``DISABLE_AFTER``      seconds a destination may fail continuously before it is disabled
                        (3 days; None = never).
-``ALERTS``             alerts about destination events (see ``docs/alerts.md``):
+``ALERTS``             alerts about destination events (see ``docs/destinations.md``, "Alerts"):
                        ``{"SUPPRESS": 900, "EMAIL_ADMINS": None, "WEBHOOK": None,
                        "EVENTS": None}``: seconds between two alerts of one event about
                        one destination, the email destination that mails ``ADMINS``, the
