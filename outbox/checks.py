@@ -197,7 +197,7 @@ def _alert_checks() -> list[CheckMessage]:
             Warning(
                 f"OUTBOX['ALERTS']['EMAIL_ADMINS'] = {config.email_admins!r} but settings.ADMINS is empty: "
                 "no alert email can be sent",
-                hint="set ADMINS = [('Ops', 'ops@example.com')] or EMAIL_ADMINS = None",
+                hint="set ADMINS = ['ops@example.com'] (or ('Ops', 'ops@example.com') pairs before Django 6.0), or EMAIL_ADMINS = None",
                 id="outbox.W008",
             )
         )

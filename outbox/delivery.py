@@ -363,6 +363,7 @@ def health_outcome(outcome: Outcome) -> list[Any]:
         outcome.error[:HEALTH_ERROR_LIMIT],
         outcome.retry_after or 0,
         outcome.message.id,
+        outcome.started_at,
     ]
 
 

@@ -143,6 +143,7 @@ class DestinationHealth:
     last_success_at: float | None
     last_failure_at: float | None
     failing_since: float | None
+    last_failing_since: float | None
     opened_at: float | None
     next_probe_at: float | None
     blocked_until: float | None
@@ -164,11 +165,14 @@ class DestinationHealth:
 
     @property
     def state(self) -> str:
-        """One word for pages: disabled, paused, open, half_open, failing, healthy or idle."""
+        """One word for pages: disabled, paused, open, half_open, blocked (a
+        ``Retry-After`` holds it until :attr:`blocked_until`), failing, healthy or idle."""
         if self.admin in ("disabled", "paused"):
             return self.admin
         if self.breaker in ("open", "half_open"):
             return self.breaker
+        if self.blocked_until:
+            return "blocked"
         if self.failing:
             return "failing"
         return "healthy" if self.window.attempts else "idle"
@@ -302,6 +306,7 @@ def _health(
         last_success_at=_float(dest.get("last_success_at")),
         last_failure_at=_float(dest.get("last_failure_at")),
         failing_since=_float(dest.get("failing_since")),
+        last_failing_since=_float(dest.get("last_failing_since")),
         opened_at=_float(dest.get("opened_at")),
         next_probe_at=_float(dest.get("next_probe_at")) if dest.get("breaker") == "open" else None,
         blocked_until=b if (b := _float(dest.get("blocked_until"))) and b > time.time() else None,

@@ -103,6 +103,10 @@ RETRY_NOW = Operation(
         _("Each retrying message is due now: its backoff wait is skipped and its queue is woken."),
         _("Its retry count is kept: the retries it has left are unchanged (requeue would reset them)."),
         _(
+            "A message of a destination that is paused, disabled, blocked by a Retry-After or "
+            "whose circuit breaker is open still waits until that destination delivers again."
+        ),
+        _(
             "Only retrying messages are affected; with “all matching”, only those whose next "
             "attempt was still to come. Messages in other statuses are skipped."
         ),

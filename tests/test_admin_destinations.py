@@ -213,6 +213,27 @@ def test_recover_since_defaults_to_failing_since(admin_client, repo, hook, worke
     assert any("2 requeued" in m for m in messages_of(response))
 
 
+def test_recover_since_after_recovery_defaults_to_when_the_last_outage_started(
+    admin_client, repo, hook, worker
+):
+    """Once the destination delivers again (failing since cleared), the default still
+    reaches back to the start of the outage, not to its last failure (which would find
+    no dead letter of it)."""
+    older = make(repo, 2, "failed", destination="hook")
+    time.sleep(0.05)
+    outage = deliver(hook, worker, 503, 3, max_retries=0)
+    time.sleep(0.05)
+    deliver(hook, worker, 200, 1)
+    h = health.get_health("hook")
+    assert h.failing_since is None and h.last_failing_since is not None
+    assert "when its last outage started" in text_of(admin_client.get(u("destination", "hook")))
+    html = text_of(admin_client.post(u("destination_recover", "hook"), {}))
+    assert element_text(html, "recover-count") == "3"
+    admin_client.post(u("destination_recover", "hook"), {"post": "yes"})
+    assert {outbox.get(m.id).status for m in outage} == {"pending"}
+    assert {outbox.get(m.id).status for m in older} == {"failed"}
+
+
 def test_recover_needs_the_requeue_permission(client, django_user_model, repo):
     make(repo, 1, "failed", destination="hook")
     ops = manager_client(client, django_user_model)

@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 import outbox
 from outbox import events, health
@@ -101,6 +101,7 @@ def test_retry_after_on_429_blocks_the_whole_destination(receiver, worker, repo)
         h = health.get_health("hook")
         assert len(receiver.requests) == 1
         assert h.blocked_until == pytest.approx(started + 2, abs=1.0)
+        assert h.state == "blocked"  # not "healthy" while a Retry-After holds it
         later = [outbox.get(m.id) for m in sent[1:]]
         assert all(m.retry_count == 0 and m.next_attempt_at >= h.blocked_until - 0.01 for m in later)
         time.sleep(max(0.0, h.blocked_until - time.time()) + 0.1)
@@ -299,6 +300,8 @@ def test_status_command_and_actions(receiver, capsys, repo):
         call_command("outbox_destination", "status")
         out = capsys.readouterr().out
         assert "hook: resumed; 0 waiting message(s)" in out and "hook: idle" in out
+        with pytest.raises(CommandError, match="unknown destination 'hoook'"):
+            call_command("outbox_destination", "status", "hoook")
 
 
 def test_settings_are_validated_with_clear_errors():

@@ -195,8 +195,9 @@ def _error_rows(model_admin: ModelAdmin, name: str, secrets: list[str]) -> list[
 
 
 def _default_since(h: health.DestinationHealth, now: float) -> float:
-    """Recover since: when it started failing, else its last failure, else an hour ago."""
-    return h.failing_since or h.last_failure_at or now - 3600
+    """Recover since: when it started failing; after it recovered, when its last run of
+    failures started; else an hour ago."""
+    return h.failing_since or h.last_failing_since or now - 3600
 
 
 @console_view

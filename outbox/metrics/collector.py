@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("outbox")
 
 #: Values of the ``state`` label of ``outbox_destination_state`` (:attr:`DestinationHealth.state`).
-DESTINATION_STATES = ("healthy", "idle", "failing", "open", "half_open", "paused", "disabled")
+DESTINATION_STATES = ("healthy", "idle", "failing", "blocked", "open", "half_open", "paused", "disabled")
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,12 @@ class Command(BaseCommand):
         from outbox.exceptions import UnknownDestination
 
         if action == "status":
-            names = (
-                [name]
-                if name
-                else sorted(set(outbox_settings.DESTINATIONS) | set(get_repository().destinations()))
-            )
+            known = set(outbox_settings.DESTINATIONS) | set(get_repository().destinations())
+            if name and name not in known:
+                raise CommandError(
+                    f"unknown destination {name!r} (configured or used: {', '.join(sorted(known)) or 'none'})"
+                )
+            names = [name] if name else sorted(known)
             for h in health.get_all_health(names).values():
                 self.stdout.write(health.status_line(h))
             return
@@ -55,7 +56,15 @@ class Command(BaseCommand):
                 self.stdout.write(f"{name}: disabled; its messages wait until 'enable'")
             elif action == "resume":
                 moved = health.resume(name)
-                self.stdout.write(f"{name}: resumed; {moved} waiting message(s) queued again")
+                held = health.get_health(name)
+                self.stdout.write(
+                    f"{name}: resumed; {moved} waiting message(s) queued again"
+                    + (
+                        f"; its circuit breaker is {held.breaker}: {held.parked} more wait for a probe to succeed"
+                        if held.breaker != "closed" and held.parked
+                        else ""
+                    )
+                )
             else:
                 moved = health.enable(name)
                 self.stdout.write(f"{name}: enabled; {moved} waiting message(s) queued again")

@@ -8,7 +8,9 @@
 --         min attempts, window seconds, cool-down, max cool-down, disable after (0 = never)]
 -- ARGV[5] JSON list of outcomes, each [destination, kind ("s" success, "r" retryable
 --         failure, "p" permanent failure), duration ms, status code (0 = none),
---         error class, error text, retry-after seconds (0 = none), message id]
+--         error class, error text, retry-after seconds (0 = none), message id,
+--         when the attempt started (epoch seconds; its failure starts a run of failures
+--         then, before its message's dead-letter time, so "recover since" finds it)]
 -- Returns the events of the state changes made (JSON strings), each also PUBLISHed:
 --   {"event": "destination.<failing|recovered|opened|closed|disabled>",
 --    "destination": ..., "at": now, ...detail}
@@ -111,6 +113,7 @@ for _, o in ipairs(outcomes) do
       st.failing_notified = false
       drop(st, 'failing_notified')
     end
+    if st.failing_since then put(st, 'last_failing_since', st.failing_since) end  -- "recover since" after recovery
     st.failing_since = nil
     drop(st, 'failing_since')
     if st.breaker ~= 'closed' then
@@ -127,8 +130,10 @@ for _, o in ipairs(outcomes) do
     put(st, 'consecutive', st.consecutive)
     put(st, 'last_failure_at', now_s)
     if not st.failing_since then
-      st.failing_since = now
-      put(st, 'failing_since', now_s)
+      local started = tonumber(o[9]) or now
+      if started > now then started = now end
+      st.failing_since = started
+      put(st, 'failing_since', string.format('%.6f', started))
     end
     local gkey = tostring(code) .. '|' .. cls
     local g = st.errors[gkey] or {n = 0}
