@@ -51,6 +51,14 @@ class BreakerConfig:
     cooldown: float = 15.0
     max_cooldown: float = 600.0
 
+    def __str__(self) -> str:
+        """For pages: when it opens and how long it waits, in words."""
+        return (
+            f"opens after {self.failures} consecutive failures, or over {self.failure_rate:.0%} of "
+            f"at least {self.min_attempts} attempts in {self.window:g} s; probes after "
+            f"{self.cooldown:g} s, doubling up to {self.max_cooldown:g} s"
+        )
+
     @classmethod
     def parse(cls, value: Any, default: Any, where: str) -> BreakerConfig | None:
         """A :class:`BreakerConfig` from a ``BREAKER`` setting over the global default.
@@ -112,6 +120,10 @@ class RateLimit:
     rate: float
     per: float = 1.0
     burst: int = 1
+
+    def __str__(self) -> str:
+        """For pages: ``100 per 1 s (burst 10)``."""
+        return f"{self.rate:g} per {self.per:g} s" + (f" (burst {self.burst})" if self.burst > 1 else "")
 
     @property
     def interval(self) -> float:

@@ -41,6 +41,7 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from ..batches import BatchRecorder
 from ..connection import get_repository
@@ -206,7 +207,8 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
             '{} <a href="{}" class="outbox-batch-link">{}</a>',
             text,
             batch_url(model_admin, recorder.token),
-            _("Show the %(n)s messages %(past)s") % {"n": f"{result.acted:,}", "past": op.past},
+            ngettext("Show the %(n)s message %(past)s", "Show the %(n)s messages %(past)s", result.acted)
+            % {"n": f"{result.acted:,}", "past": op.past},
         )
     (messages.success if result.acted else messages.warning)(request, shown)
     return HttpResponseRedirect(next_url)

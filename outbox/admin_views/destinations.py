@@ -395,7 +395,8 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
                 '{} <a href="{}" class="outbox-batch-link">{}</a>',
                 text,
                 batch_url(model_admin, recorder.token),
-                _("Show the %(n)s messages requeued") % {"n": f"{result.acted:,}"},
+                ngettext("Show the %(n)s message requeued", "Show the %(n)s messages requeued", result.acted)
+                % {"n": f"{result.acted:,}"},
             ),
         )
     else:
