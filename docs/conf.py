@@ -35,7 +35,6 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "outbox_settings",
-    "optional_pages",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
@@ -60,9 +59,6 @@ autodoc_default_options = {"show-inheritance": True}
 # library without intersphinx, which would need the network) are not link targets.
 nitpicky = False
 
-# Pages other work adds: named in index.md's toctree, left out until their file exists
-# (docs/_ext/optional_pages.py).
-optional_pages = ["destinations", "metrics", "alerts", "compatibility"]
 
 html_theme = "furo"
 html_title = f"django-redis-outbox {release}"
