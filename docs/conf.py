@@ -19,7 +19,7 @@ ROOT = DOCS.parent
 sys.path[:0] = [str(ROOT), str(DOCS / "_ext"), str(DOCS)]
 
 # autodoc imports the modules, and Django models and settings need a configured Django.
-os.environ["DJANGO_SETTINGS_MODULE"] = "_settings"
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.import_settings"
 django.setup()
 
 from outbox.version import __version__  # noqa: E402
@@ -39,7 +39,7 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "_ext", "_settings.py", "snippets"]
+exclude_patterns = ["_build", "_ext", "snippets"]
 templates_path: list[str] = []
 
 # MyST: ``:::{note}`` fences, ``{ref}`` roles, anchors for the headings of every page
