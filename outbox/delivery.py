@@ -47,7 +47,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import dispatch, health, tracing
 from .conf import outbox_settings
 from .connection import get_repository
-from .destinations import get_destination, get_transport
+from .destinations import get_transport, usable_destinations
 from .events import event_payload, send_exhausted_signal, send_signal
 from .exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
 from .records import Attempt, Message, Status
@@ -444,13 +444,7 @@ class RunReport:
 def _in_flight_limits() -> dict[str, int]:
     """``MAX_IN_FLIGHT`` of each configured destination (a broken one is left uncapped:
     its attempts fail at once)."""
-    limits = {}
-    for name in outbox_settings.DESTINATIONS:
-        try:
-            limits[name] = get_destination(name).max_in_flight
-        except Exception:
-            continue
-    return limits
+    return {name: d.max_in_flight for name, d in usable_destinations().items()}
 
 
 class _Run:
@@ -471,7 +465,6 @@ class _Run:
         self.next_due: float | None = None
         self.held = 0
         self.limits = _in_flight_limits()
-        self.outcomes: list[list[Any]] = []  # for destination health, written with the next exchange
         self.health_config = health.health_config_json()
         self.rate_limits = health.limits_json()
 
@@ -484,7 +477,7 @@ class _Run:
         retried with backoff while Redis is unreachable (up to the earliest lease of the
         outcomes being written, so a decided outcome is not given up lightly)."""
         changes = [d.change for d in self.decided]
-        outcomes = list(self.outcomes)
+        outcomes = [health_outcome(d.outcome) for d in self.decided if d.outcome is not None]
         give_up_at = time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
         delay, logged = 0.1, False
         while True:
@@ -518,7 +511,6 @@ class _Run:
                         self.repo.release(lease, deadline, time.time())
         if logged:
             logger.warning("outbox: Redis reachable again; %d outcome(s) written", len(changes))
-        self.outcomes.clear()
         announce(self.decided, results)
         for d, r in zip(self.decided, results, strict=True):
             written = ("parked" if r.parked else d.change.to) if r.applied else "stale"
@@ -564,7 +556,6 @@ class _Run:
             message = self.in_flight.pop(future)
             self.per_destination[message.destination] -= 1
             outcome = future.result()
-            self.outcomes.append(health_outcome(outcome))
             decision = decide_outcome(outcome, time.time())
             decision.outcome = outcome
             self.decided.append(decision)

@@ -176,6 +176,18 @@ def get_destination(name: str) -> Destination:
     return _build(name, destinations[name])
 
 
+def usable_destinations() -> dict[str, Destination]:
+    """Every configured destination that builds, by name. A broken entry is left out: its
+    attempts fail at once (permanently) and the system checks report it."""
+    found = {}
+    for name in outbox_settings.DESTINATIONS:
+        try:
+            found[name] = get_destination(name)
+        except Exception:
+            continue
+    return found
+
+
 def configuration_errors() -> list[str]:
     """Every problem with ``OUTBOX["DESTINATIONS"]``, as messages (for system checks)."""
     errors = []

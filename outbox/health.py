@@ -36,6 +36,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .conf import outbox_settings
+from .destinations import usable_destinations
 from .exceptions import UnknownDestination
 
 logger = logging.getLogger("outbox")
@@ -179,24 +180,12 @@ class DestinationHealth:
 
 
 # -- settings as the scripts take them ------------------------------------------------------
-def _destinations() -> dict[str, Any]:
-    from .destinations import get_destination
-
-    found = {}
-    for name in outbox_settings.DESTINATIONS:
-        try:
-            found[name] = get_destination(name)
-        except Exception:  # a broken entry: its attempts fail at once, checks report it
-            continue
-    return found
-
-
 @cache
 def health_config_json() -> str:
     """JSON destination -> ``[failures (0 = no breaker), failure rate, min attempts, window,
     cool-down, max cool-down, disable after (0 = never)]`` for ``lua/health.lua``."""
     config = {}
-    for name, d in _destinations().items():
+    for name, d in usable_destinations().items():
         b = d.breaker
         config[name] = [
             b.failures if b else 0,
@@ -215,7 +204,7 @@ def limits_json() -> str:
     """JSON destination -> ``[emission interval T, tolerance tau, max concurrency]``
     (0 = none) for ``lua/claim.lua``; only destinations with a limit."""
     config = {}
-    for name, d in _destinations().items():
+    for name, d in usable_destinations().items():
         if d.rate_limit or d.max_concurrency:
             rl = d.rate_limit
             config[name] = [rl.interval if rl else 0, rl.tolerance if rl else 0, d.max_concurrency or 0]

@@ -48,8 +48,7 @@ def _outbox_redis_server() -> Iterator[Any]:
 def outbox_redis(_outbox_redis_server: Any, settings: Any) -> Iterator[Any]:
     """The private Redis (a ``redis.Redis`` client), empty, with the outbox and django-rq on it."""
     from outbox.conf import outbox_settings
-    from outbox.connection import get_connection, get_repository
-    from outbox.destinations import close_transports
+    from outbox.testing.state import empty_outbox
 
     url = _outbox_redis_server.url
     alias = outbox_settings.REDIS_ALIAS
@@ -68,14 +67,8 @@ def outbox_redis(_outbox_redis_server: Any, settings: Any) -> Iterator[Any]:
         }
         for name in [*queues, *(q for q in outbox_settings.queue_names if q not in queues)]
     }
-    outbox_settings.reload()
-    get_repository.cache_clear()
-    close_transports()
-    connection = get_connection()
-    connection.flushdb()
-    yield connection
-    close_transports()
-    get_repository.cache_clear()
+    with empty_outbox() as connection:
+        yield connection
 
 
 @pytest.fixture

@@ -18,18 +18,10 @@ from django.test import override_settings
 @pytest.fixture(autouse=True)
 def redis(settings):
     """The private test Redis, emptied before each test; outbox caches reset."""
-    from outbox.conf import outbox_settings
-    from outbox.connection import get_connection, get_repository
-    from outbox.destinations import close_transports
+    from outbox.testing.state import empty_outbox
 
-    outbox_settings.reload()
-    get_repository.cache_clear()
-    close_transports()
-    conn = get_connection()
-    conn.flushdb()
-    yield conn
-    close_transports()
-    get_repository.cache_clear()
+    with empty_outbox() as conn:
+        yield conn
 
 
 @pytest.fixture
