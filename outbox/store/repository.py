@@ -307,24 +307,25 @@ class MessageRepository:
             len(messages),
         ]
         for m in messages:
+            idem = m.idempotency_key
             mfields = m.message_fields()
             rfields = m.resend_fields()
             args += [
                 m.id,
-                self.keys.idempotency_scope(m.destination, m.idempotency_key) if m.idempotency_key else "",
-                m.fingerprint(),
+                self.keys.idempotency_scope(m.destination, idem) if idem else "",
+                m.fingerprint() if idem else "",
                 m.destination,
                 m.queue,
                 m.status,
                 repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at),
                 repr(m.created_at),
                 len(mfields),
+                len(rfields),
             ]
-            for k, v in mfields.items():
-                args += [k, v]
-            args.append(len(rfields))
-            for k, v in rfields.items():
-                args += [k, v]
+            for pair in mfields.items():
+                args += pair
+            for pair in rfields.items():
+                args += pair
         return args
 
     def create(

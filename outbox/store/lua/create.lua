@@ -11,8 +11,11 @@
 --         messages, which the fast path and the relay may both make), "0" for new ids
 -- ARGV[7] number of messages N, then per message:
 --   id, idempotency key name ("" = none; already scoped by destination),
---   fingerprint (of body and content type), destination, queue, status, status score,
---   created_at, n_message_fields, message field/value pairs..., n_resend_fields, resend pairs...
+--   fingerprint (of body and content type; "" without a key), destination, queue,
+--   status, status score, created_at, n_message_fields, n_resend_fields, then the
+--   message record's field/value pairs (n_message_fields of them, the body included,
+--   as bytes) and the resend record's pairs (n_resend_fields).
+-- The pairs go to HSET as ranges of ARGV (unpack, in C): the script never walks them.
 -- Returns {results, woken}: results has per message {standing id, code} where code is
 -- "new", "exists" (this id was already written), "duplicate" (the key names another
 -- message with the same fingerprint: its id stands) or "conflict" (the key names
@@ -34,15 +37,11 @@ for i = 1, n do
   local m = {}
   m.id, m.idem, m.fp, m.dest, m.queue, m.status, m.score, m.created =
     ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3], ARGV[pos + 4], ARGV[pos + 5], ARGV[pos + 6], ARGV[pos + 7]
-  pos = pos + 8
-  local nm = tonumber(ARGV[pos]); pos = pos + 1
-  m.mfields = {}
-  for j = 1, nm * 2 do m.mfields[j] = ARGV[pos + j - 1] end
-  pos = pos + nm * 2
-  local nr = tonumber(ARGV[pos]); pos = pos + 1
-  m.rfields = {}
-  for j = 1, nr * 2 do m.rfields[j] = ARGV[pos + j - 1] end
-  pos = pos + nr * 2
+  local nm, nr = tonumber(ARGV[pos + 8]) * 2, tonumber(ARGV[pos + 9]) * 2
+  m.mfirst = pos + 10
+  m.rfirst = m.mfirst + nm
+  pos = m.rfirst + nr
+  m.mlast, m.rlast = m.rfirst - 1, pos - 1
   -- First pass: what would happen to each message.
   m.code, m.standing = 'new', m.id
   if check_exists and redis.call('EXISTS', prefix .. ':message:' .. m.id) == 1 then
@@ -74,8 +73,8 @@ for i, m in ipairs(msgs) do
         redis.call('SET', ikey, id .. '|' .. m.fp)
       end
     end
-    redis.call('HSET', prefix .. ':message:' .. id, unpack(m.mfields))
-    redis.call('HSET', prefix .. ':resend:' .. id, unpack(m.rfields))
+    redis.call('HSET', prefix .. ':message:' .. id, unpack(ARGV, m.mfirst, m.mlast))
+    redis.call('HSET', prefix .. ':resend:' .. id, unpack(ARGV, m.rfirst, m.rlast))
     redis.call('ZADD', prefix .. ':status:' .. status, score, id)
     redis.call('ZADD', prefix .. ':status:' .. status .. ':dest:' .. dest, score, id)
     redis.call('ZADD', prefix .. ':due:' .. queue, score, id)
