@@ -153,6 +153,8 @@ def channel_problems(config: AlertSettings) -> list[str]:
     """What is wrong with the destinations ``config`` names: not configured, or not of the
     transport its channel needs (an email transport for ``EMAIL_ADMINS``, a webhook
     transport for ``WEBHOOK``; subclasses count). Empty when all is well."""
+    if config.email_admins is None and config.webhook is None:
+        return []  # no channel: nothing to check (and no transport module to import)
     from .transports import transport_class
     from .transports.email import EmailTransport
     from .transports.webhook import WebhookTransport

@@ -167,6 +167,26 @@ def test_events_are_published_only_when_applied(repo):
     pubsub.close()
 
 
+def test_outcome_events_are_skipped_without_a_subscriber_and_reach_a_pattern_subscriber(repo):
+    def publishes() -> int:
+        return int(repo.connection.info("commandstats").get("cmdstat_publish", {}).get("calls", 0))
+
+    a, b = make(repo, 2)
+    now = time.time()
+    before = publishes()
+    change = Change(id=a.id, from_statuses=("pending",), to="cancelled", score=now, event='{"event":"a"}')
+    assert repo.transition([change], now)[0].applied
+    assert publishes() == before  # nobody listens: no PUBLISH at all
+    pubsub = repo.connection.pubsub()
+    pubsub.psubscribe(repo.events_channel[:-2] + "*")
+    pubsub.get_message(timeout=1)  # the psubscribe confirmation
+    change = Change(id=b.id, from_statuses=("pending",), to="cancelled", score=now, event='{"event":"b"}')
+    repo.transition([change], now)
+    message = pubsub.get_message(timeout=2)
+    assert json.loads(message["data"]) == {"event": "b"}
+    pubsub.close()
+
+
 def test_filter_count_and_pagination(repo):
     messages = make(repo, 25)
     ids = [m.id for m in messages]

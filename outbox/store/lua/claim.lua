@@ -28,7 +28,8 @@
 -- ARGV[10] JSON object destination -> [emission interval T (0 = no rate limit),
 --          tolerance tau, max concurrency (0 = none)]; "{}" = no limits
 -- Returns {claimed, next_due, held}: claimed is a flat list of message HGETALL, resend
--- HGETALL per claimed message; next_due is the score of the earliest entry left in the
+-- HGETALL (read before the claim, the claim's own fields appended: later pairs win) per
+-- claimed message; next_due is the score of the earliest entry left in the
 -- due index (a string), or false when it is empty; held counts messages rescheduled by
 -- a limit (the caller may wait for them rather than end its run).
 local prefix, now_s, queue, lease, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -65,16 +66,30 @@ local function reschedule(id, status, dest, at)
   held = held + 1
 end
 
-local function take(id, rkey, status, dest)
+local function take(id, rkey, record, status, dest)
   redis.call('ZREM', due_key, id)
   redis.call('ZREM', prefix .. ':status:' .. status, id)
   redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
   redis.call('ZADD', prefix .. ':status:sending', deadline, id)
   redis.call('ZADD', prefix .. ':status:sending:dest:' .. dest, deadline, id)
-  redis.call('HSET', rkey, 'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s)
+  local claimed = {'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s}
+  redis.call('HSET', rkey, unpack(claimed))
   out[#out + 1] = redis.call('HGETALL', prefix .. ':message:' .. id)
-  out[#out + 1] = redis.call('HGETALL', rkey)
+  -- The resend record as read before the HSET, with the claim's fields appended: a later
+  -- pair wins when the caller makes the flat list a mapping (one HGETALL fewer).
+  for _, v in ipairs(claimed) do record[#record + 1] = v end
+  out[#out + 1] = record
   taken = taken + 1
+end
+
+-- status and destination from a flat HGETALL reply
+local function status_and_destination(record)
+  local status, dest
+  for i = 1, #record, 2 do
+    local f = record[i]
+    if f == 'status' then status = record[i + 1] elseif f == 'destination' then dest = record[i + 1] end
+  end
+  return status, dest
 end
 
 if limit > 0 then
@@ -83,8 +98,8 @@ if limit > 0 then
     if taken >= limit then break end
     local id, score = rows[i], rows[i + 1]
     local rkey = prefix .. ':resend:' .. id
-    local cur = redis.call('HMGET', rkey, 'status', 'destination')
-    local status, dest = cur[1], cur[2]
+    local record = redis.call('HGETALL', rkey)
+    local status, dest = status_and_destination(record)
     if status == 'pending' or status == 'retrying' then
       local g = gate(dest)
       local probe = false
@@ -100,7 +115,7 @@ if limit > 0 then
         redis.call('ZREM', due_key, id)
         redis.call('ZADD', prefix .. ':parked:' .. dest, score, id)
       elseif probe then
-        take(id, rkey, status, dest)
+        take(id, rkey, record, status, dest)
         g.breaker, g.probe_deadline = 'half_open', tonumber(deadline)
         redis.call('HSET', prefix .. ':dest:' .. dest, 'breaker', 'half_open', 'probe_id', id, 'probe_deadline', deadline)
         redis.call('ZADD', prefix .. ':probes', deadline, dest)
@@ -126,7 +141,7 @@ if limit > 0 then
                          'PX', math.ceil((g.tat - now) * 1000) + 1000)
             end
             if cap ~= nil then caps[dest] = cap - 1 end
-            take(id, rkey, status, dest)
+            take(id, rkey, record, status, dest)
           end
         end
       end

@@ -6,7 +6,8 @@
 -- ARGV[1] prefix
 -- ARGV[2] now (epoch seconds, string)
 -- ARGV[3] attempts kept per message
--- ARGV[4] Pub/Sub channel for events ("" = publish nothing)
+-- ARGV[4] Pub/Sub channel for events ("" = publish nothing; nothing is published either
+--         while the channel has no subscriber, PUBSUB NUMSUB, and no pattern subscription)
 -- ARGV[5] JSON list of changes, each:
 --   {"id": str, "from": [statuses], "to": status, "score": str,
 --    "set": {field: str}, "unset": [field], "lease": str (must match),
@@ -26,6 +27,9 @@ local prefix = ARGV[1]
 local now = tonumber(ARGV[2])
 local kept = tonumber(ARGV[3])
 local channel = ARGV[4]
+if channel ~= '' and redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0 and redis.call('PUBSUB', 'NUMPAT') == 0 then
+  channel = ''  -- nobody listens: Pub/Sub keeps nothing, so a PUBLISH would change nothing
+end
 local changes = cjson.decode(ARGV[5])
 local minute = math.floor(now / 60)
 local out = {}
@@ -85,8 +89,7 @@ for i, c in ipairs(changes) do
       if c.unset and #c.unset > 0 then redis.call('HDEL', rkey, unpack(c.unset)) end
       if c.attempt then
         local akey = prefix .. ':attempts:' .. c.id
-        redis.call('LPUSH', akey, c.attempt)
-        redis.call('LTRIM', akey, 0, kept - 1)
+        if redis.call('LPUSH', akey, c.attempt) > kept then redis.call('LTRIM', akey, 0, kept - 1) end
       end
       if c.stat then stats[c.stat] = (stats[c.stat] or 0) + 1 end
       if c.event and channel ~= '' then redis.call('PUBLISH', channel, c.event) end
