@@ -48,6 +48,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -56,7 +57,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .conf import outbox_settings
-from .events import DESTINATION_SIGNALS
+from .events import send_destination_signal
+from .validation import MAX_IDEMPOTENCY_KEY
 
 if TYPE_CHECKING:
     from .health import DestinationEvent
@@ -66,7 +68,6 @@ logger = logging.getLogger("outbox")
 EXHAUSTED = "message.exhausted"
 ALERT_KEYS = ("SUPPRESS", "EMAIL_ADMINS", "WEBHOOK", "EVENTS")
 DEFAULT_SUPPRESS = 900.0  # seconds
-MAX_IDEMPOTENCY_KEY = 255
 SUBJECTS = {
     "destination.failing": "{d} is failing",
     "destination.recovered": "{d} recovered",
@@ -185,32 +186,29 @@ def channel_problems(config: AlertSettings) -> list[str]:
     return problems
 
 
-_settings_cache: dict[str, AlertSettings] = {}
-
-
+@cache
 def alert_settings() -> AlertSettings:
-    """``OUTBOX["ALERTS"]`` checked, cached until the setting changes.
+    """``OUTBOX["ALERTS"]`` checked, cached until the setting changes (an invalid value
+    is not cached: it raises again).
 
     Raises:
         ImproperlyConfigured: the value is invalid or names wrong destinations
             (``manage.py check`` reports the same as ``outbox.E007``).
     """
-    if "value" not in _settings_cache:
-        try:
-            config = parse_alert_settings(outbox_settings.ALERTS)
-        except ValueError as exc:
-            raise ImproperlyConfigured(str(exc)) from exc
-        problems = channel_problems(config)
-        if problems:
-            raise ImproperlyConfigured("; ".join(problems))
-        _settings_cache["value"] = config
-    return _settings_cache["value"]
+    try:
+        config = parse_alert_settings(outbox_settings.ALERTS)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    problems = channel_problems(config)
+    if problems:
+        raise ImproperlyConfigured("; ".join(problems))
+    return config
 
 
 @receiver(setting_changed)
 def _reset_settings(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("OUTBOX", "ADMINS"):
-        _settings_cache.clear()
+    if setting == "OUTBOX":  # ADMINS is read when an email alert is sent, not cached
+        alert_settings.cache_clear()
 
 
 # -- notify ------------------------------------------------------------------------------
@@ -229,7 +227,7 @@ def notify(events: Sequence[DestinationEvent]) -> None:
 
 def _notify(events: Sequence[DestinationEvent]) -> None:
     for event in events:
-        _send_signal(event)
+        send_destination_signal(event)
     try:
         config = alert_settings()
     except Exception:
@@ -281,20 +279,6 @@ def flush_due(now: float | None = None) -> int:
         _alert(config, event, destination, add=0, since=now, at=now, last=None)
         for event, destination in pairs
     )
-
-
-def _send_signal(event: DestinationEvent) -> None:
-    signal = DESTINATION_SIGNALS.get(event.event)
-    if signal is None:
-        return
-    try:
-        for receiver_, result in signal.send_robust(sender=type(event), event=event):
-            if isinstance(result, Exception):
-                logger.error(
-                    "outbox signal receiver %r failed for %s", receiver_, event.event, exc_info=result
-                )
-    except Exception:
-        logger.exception("outbox: sending the %s signal failed", event.event)
 
 
 def _alert(

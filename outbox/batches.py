@@ -13,8 +13,12 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .store import MessageRepository
+
+if TYPE_CHECKING:
+    from .operations import Operation
 
 #: Seconds a batch is kept after its operation's last write (24 hours).
 TTL = 24 * 3600
@@ -58,6 +62,7 @@ class BatchRecorder:
         self.count += len(ids)
 
 
-def batch_size(repo: MessageRepository, token: str) -> int:
-    """How many messages a batch holds (0 when it expired or never existed)."""
-    return repo.connection.zcard(repo.keys.batch(token))
+def recorder_for(repo: MessageRepository, op: Operation) -> BatchRecorder | None:
+    """The recorder of the batch of an operation's messages, or None for a delete (the
+    deleted messages are gone: there is nothing to list)."""
+    return BatchRecorder(repo) if op.name != "delete" else None

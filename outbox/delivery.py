@@ -27,7 +27,7 @@ attempt charged), and then re-raises.
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import logging
 import os
 import socket
@@ -153,7 +153,7 @@ class Decision:
     change: Change
     attempt: Attempt
     message: Message
-    exhausted: bool = False
+    exhausted: health.DestinationEvent | None = None  # its message.exhausted event, if its retries ran out
     outcome: Outcome | None = None  # the attempt's result, logged once the decision is written
 
 
@@ -264,29 +264,25 @@ def decide(
         ),
         stat=status,
     )
-    exhausted = (
+    exhausted = None
+    if (
         not ok
         and not permanent
         and status == Status.FAILED.value
         and message.retry_count >= message.max_retries
-    )
+    ):
+        exhausted = health.DestinationEvent(
+            "message.exhausted",
+            message.destination,
+            now,
+            {"id": message.id, "retry_count": retry_count, "status_code": status_code, "error": error},
+        )
     park = None
     if not ok and not permanent:
         park = _park_change(message, now, record, fields, unset, error)
     change.park = park
-    if exhausted:
-        change.also = json.dumps(
-            {
-                "event": "message.exhausted",
-                "destination": message.destination,
-                "at": now,
-                "id": message.id,
-                "retry_count": retry_count,
-                "status_code": status_code,
-                "error": error,
-            },
-            separators=(",", ":"),
-        )
+    if exhausted is not None:
+        change.also = exhausted.to_json()
     message.status, message.retry_count, message.next_attempt_at = (
         status,
         retry_count,
@@ -305,16 +301,16 @@ def _park_change(
     to = Status.RETRYING.value if message.retry_count > 0 else Status.PENDING.value
     set_fields = {k: v for k, v in fields.items() if k not in ("retry_count", "next_attempt_at")}
     set_fields["next_attempt_at"] = repr(now)
-    parked = Attempt(**{**record.__dict__, "outcome": "parked", "retry_count": message.retry_count})
-    event = json.loads(event_payload(to, message, at=now, retry_count=message.retry_count, error=error))
-    event["event"] = "message.parked"
+    parked = dataclasses.replace(record, outcome="parked", retry_count=message.retry_count)
     return {
         "to": to,
         "score": repr(now),
         "set": set_fields,
         "unset": [f for f in unset if f != "next_attempt_at"] or ["lease"],
         "attempt": parked.to_json(),
-        "event": json.dumps(event, separators=(",", ":")),
+        "event": event_payload(
+            to, message, at=now, retry_count=message.retry_count, error=error, event="message.parked"
+        ),
     }
 
 
@@ -344,9 +340,9 @@ def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> 
     for d, r in zip(decisions, results, strict=True):
         if r.applied and not r.parked:
             send_signal(d.change.to, d.message, d.attempt)
-            if d.exhausted and d.change.also:
-                exhausted.append(health.DestinationEvent.from_json(d.change.also))
-                send_exhausted_signal(d.message, d.attempt, exhausted[-1])
+            if d.exhausted is not None:
+                exhausted.append(d.exhausted)
+                send_exhausted_signal(d.message, d.attempt, d.exhausted)
     health.notify(exhausted)
 
 

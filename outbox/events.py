@@ -45,11 +45,14 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.dispatch import Signal
 
 from .records import Attempt, Message
+
+if TYPE_CHECKING:
+    from .health import DestinationEvent
 
 logger = logging.getLogger("outbox")
 
@@ -113,11 +116,13 @@ def event_payload(
     status_code: int | None = None,
     error: str = "",
     next_attempt_at: float | None = None,
+    event: str | None = None,
 ) -> str:
-    """The Pub/Sub JSON for a message entering ``status``."""
+    """The Pub/Sub JSON for a message entering ``status`` (``event``: the event name,
+    ``message.<status>`` by default)."""
     return json.dumps(
         {
-            "event": f"message.{status}",
+            "event": f"message.{status}" if event is None else event,
             "id": message.id,
             "destination": message.destination,
             "status": status,
@@ -140,17 +145,32 @@ def send_signal(status: str, message: Message, attempt: Attempt | None = None) -
     signal = SIGNALS.get(status)
     if signal is None:
         return
-    for receiver, result in signal.send_robust(sender=Message, message=message, attempt=attempt):
-        if isinstance(result, Exception):
-            logger.error("outbox signal receiver %r failed for %s", receiver, message.id, exc_info=result)
+    _send_robust(signal, message.id, sender=Message, message=message, attempt=attempt)
 
 
-def send_exhausted_signal(message: Message, attempt: Attempt | None, event: Any) -> None:
+def send_exhausted_signal(message: Message, attempt: Attempt | None, event: DestinationEvent) -> None:
     """Send :data:`message_exhausted` for a dead letter whose retries ran out (``event``:
     its ``message.exhausted`` :class:`~outbox.health.DestinationEvent`); receiver errors
     are logged."""
-    for receiver, result in message_exhausted.send_robust(
-        sender=Message, message=message, attempt=attempt, event=event
-    ):
+    _send_robust(message_exhausted, message.id, sender=Message, message=message, attempt=attempt, event=event)
+
+
+def send_destination_signal(event: DestinationEvent) -> None:
+    """Send the signal of a ``destination.*`` event (:data:`DESTINATION_SIGNALS`; none for
+    other events; ``sender`` is the event's class). Never raises: receiver errors, and
+    any error of the sending itself, are logged."""
+    signal = DESTINATION_SIGNALS.get(event.event)
+    if signal is None:
+        return
+    try:
+        _send_robust(signal, event.event, sender=type(event), event=event)
+    except Exception:
+        logger.exception("outbox: sending the %s signal failed", event.event)
+
+
+def _send_robust(signal: Signal, about: str, **kwargs: Any) -> None:
+    """``signal.send_robust(**kwargs)``, logging each receiver that raised (``about``:
+    what the signal is about, for the log line)."""
+    for receiver, result in signal.send_robust(**kwargs):
         if isinstance(result, Exception):
-            logger.error("outbox signal receiver %r failed for %s", receiver, message.id, exc_info=result)
+            logger.error("outbox signal receiver %r failed for %s", receiver, about, exc_info=result)

@@ -97,10 +97,10 @@ class DeliveryError(OutboxError):
         if self.status_code is not None:
             return "http"
         cause = self.__cause__
-        if cause is not None and not isinstance(cause, DeliveryError):
-            return type(cause).__name__[:64]
         if isinstance(cause, DeliveryError):
             return cause.error_class
+        if cause is not None:
+            return type(cause).__name__[:64]
         return "error"
 
 

@@ -338,16 +338,27 @@ def get_health(name: str, now: float | None = None) -> DestinationHealth:
     return get_all_health([name], now)[name]
 
 
-def timeline(name: str | None, minutes: int = 60, now: float | None = None) -> list[MinuteStats]:
+def known_destinations() -> list[str]:
+    """Every destination configured or ever sent to, sorted (one SMEMBERS)."""
+    from .connection import get_repository
+
+    return sorted(set(outbox_settings.DESTINATIONS) | set(get_repository().destinations()))
+
+
+def timeline(
+    name: str | None, minutes: int = 60, now: float | None = None, *, names: Sequence[str] | None = None
+) -> list[MinuteStats]:
     """Attempts per minute for the last ``minutes`` minutes (at most 120: kept 2 h), oldest
-    first; ``name`` None sums every destination (configured or seen). One round trip."""
+    first; ``name`` None sums the destinations ``names`` (default: every destination
+    configured or seen, :func:`known_destinations`). One round trip."""
     from .connection import get_repository
 
     repo = get_repository()
     minutes = max(1, min(int(minutes), 120))
-    names = (
-        [name] if name is not None else sorted(set(outbox_settings.DESTINATIONS) | set(repo.destinations()))
-    )
+    if name is not None:
+        names = [name]
+    elif names is None:
+        names = known_destinations()
     span = _minutes(time.time() if now is None else now, minutes)
     pipe = repo.connection.pipeline(transaction=False)
     for n in names:

@@ -49,5 +49,7 @@ def deliver(queue: str | Sequence[str]) -> dict[str, object]:
 
     warn_without_housekeeping()
     queues = [queue] if isinstance(queue, str) else outbox_settings.queue_names
-    summaries = {name: run(name).as_dict() for name in queues}
-    return dict(summaries) if len(queues) > 1 else summaries[queues[0]]
+    if len(queues) > 1:
+        summaries: dict[str, object] = {name: run(name).as_dict() for name in queues}
+        return summaries
+    return run(queues[0]).as_dict()

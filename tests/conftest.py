@@ -178,6 +178,19 @@ def hook_settings(url: str, **destination) -> override_settings:
     return with_destinations("webhook", hook={**destination, "OPTIONS": options})
 
 
+def redis_down() -> override_settings:
+    """override_settings: CACHES pointing the outbox's alias at a port where nothing listens."""
+    from django.conf import settings
+
+    from outbox.testing import free_port
+
+    caches = {
+        **settings.CACHES,
+        "default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"},
+    }
+    return override_settings(CACHES=caches)
+
+
 @pytest.fixture
 def hook(receiver):
     """The 'hook' destination pointed at the ``receiver`` fixture for the test."""

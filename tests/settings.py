@@ -110,7 +110,7 @@ OUTBOX = {
             },
             "RETRY": [0],
             "MAX_RETRIES": 3,
-            # Worker subprocesses of tests/test_destination_health.py get limits this way.
+            # Worker subprocesses of tests/test_rate_limits.py get limits this way.
             **json.loads(os.environ.get("OUTBOX_TEST_HOOK_EXTRA", "{}")),
         },
         "mem": {"TRANSPORT": "locmem", "RETRY": [0], "MAX_RETRIES": 2},

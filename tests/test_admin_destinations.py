@@ -21,7 +21,9 @@ from .conftest import settle_due
 from .test_admin_actions import batch_links, messages_of
 from .test_admin_support import (  # noqa: F401  (fixtures)
     admin_client,
+    deliver,
     element_text,
+    ids,
     listed_ids,
     make,
     staff,
@@ -32,17 +34,6 @@ from .test_admin_support import (  # noqa: F401  (fixtures)
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
-
-
-def ids(messages) -> set[str]:
-    return {m.id for m in messages}
-
-
-def deliver(receiver, worker, code: int, n: int, **send) -> list:
-    receiver.respond(code)
-    sent = outbox.send_many([{"destination": "hook", "body": {"i": i}, **send} for i in range(n)])
-    settle_due(worker, sent)
-    return sent
 
 
 def row_of(html: str, name: str) -> str:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import outbox
 from outbox.admin_views.filters import FILTER_PARAMS, LIST_PARAMS, parse_as_of, parse_time
-from outbox.testing import free_port
+from tests.conftest import redis_down
 
 from .test_admin_support import admin_client, make, superuser, u  # noqa: F401  (fixtures)
 
@@ -105,15 +105,6 @@ def test_an_idempotency_key_with_surrounding_spaces_can_be_found(admin_client, r
 
 
 # -- item 9: Redis down ------------------------------------------------------------------------------
-
-
-def redis_down() -> override_settings:
-    """CACHES pointing the outbox's alias at a port where nothing listens."""
-    caches = {
-        **settings.CACHES,
-        "default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"},
-    }
-    return override_settings(CACHES=caches)
 
 
 @pytest.mark.parametrize("page", ["dashboard", "message_list", "detail", "body", "status"])

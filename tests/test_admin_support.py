@@ -17,6 +17,8 @@ import outbox
 from outbox.records import Message, Status
 from outbox.store import Change
 
+from .conftest import settle_due
+
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
 PERMISSIONS = ("view_message", "requeue_message", "cancel_message", "delete_message", "manage_destination")
@@ -48,6 +50,26 @@ def make(repo, n: int, status: str = "pending", destination: str = "mem", **send
     results = repo.transition(changes, now)
     assert all(r.applied for r in results)
     return messages
+
+
+def deliver(receiver, worker, code: int, n: int, **send) -> list[Message]:
+    """Send ``n`` messages to 'hook' that the receiver answers with ``code`` (``send``:
+    more arguments of each message); run workers until none is due within a second."""
+    receiver.respond(code)
+    sent = outbox.send_many(
+        [{"destination": "hook", "body": {"code": code, "i": i}, **send} for i in range(n)]
+    )
+    settle_due(worker, sent)
+    return sent
+
+
+def statuses(messages) -> set[str]:
+    """The current status of each of ``messages``."""
+    return {outbox.get(m.id).status for m in messages}
+
+
+def ids(messages) -> set[str]:
+    return {m.id for m in messages}
 
 
 def staff(django_user_model, username: str, *codenames: str):

@@ -20,9 +20,12 @@ from .conftest import hook_settings, settle_due
 from .test_admin_actions import batch_links, messages_of, post
 from .test_admin_support import (  # noqa: F401  (fixtures)
     admin_client,
+    deliver,
     element_text,
+    ids,
     listed_ids,
     make,
+    statuses,
     superuser,
     text_of,
     u,
@@ -32,27 +35,11 @@ from .test_admin_support import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
 
-def statuses(messages) -> set[str]:
-    return {outbox.get(m.id).status for m in messages}
-
-
-def ids(messages) -> set[str]:
-    return {m.id for m in messages}
-
-
-def fail_with(receiver, worker, code: int, n: int) -> list:
-    """Send ``n`` messages to 'hook' that the receiver answers with ``code``; run a worker."""
-    receiver.respond(code)
-    sent = outbox.send_many([{"destination": "hook", "body": {"code": code, "i": i}} for i in range(n)])
-    settle_due(worker, sent)
-    return sent
-
-
 # -- 1. filters by HTTP status code and error class ----------------------------------
 def test_list_filters_by_status_code_and_error_class(admin_client, hook, worker):
-    bad_request = fail_with(hook, worker, 400, 3)  # permanent: failed at once
-    unavailable = fail_with(hook, worker, 503, 4)  # retried, then failed
-    with hook_settings("http://127.0.0.1:9/hook", OPTIONS={"allow_private_networks": True}):
+    bad_request = deliver(hook, worker, 400, 3)  # permanent: failed at once
+    unavailable = deliver(hook, worker, 503, 4)  # retried, then failed
+    with hook_settings("http://127.0.0.1:9/hook"):
         refused = outbox.send_many([{"destination": "hook", "body": {"i": i}} for i in range(2)])
         settle_due(worker, refused)
     assert statuses(bad_request + unavailable + refused) == {"failed"}
@@ -85,8 +72,8 @@ def test_a_bad_status_code_is_a_bad_request(admin_client, repo):
 
 
 def test_requeue_the_503s_not_the_400s(admin_client, hook, worker):
-    bad_request = fail_with(hook, worker, 400, 3)
-    unavailable = fail_with(hook, worker, 503, 5)
+    bad_request = deliver(hook, worker, 400, 3)
+    unavailable = deliver(hook, worker, 503, 5)
     data = {
         "action": "requeue",
         "select_across": "1",
@@ -124,8 +111,8 @@ def test_a_page_scans_a_bounded_number_and_says_so(admin_client, repo, monkeypat
 
 
 def test_bulk_command_filters_by_status_code(repo, hook, worker):
-    bad_request = fail_with(hook, worker, 400, 2)
-    unavailable = fail_with(hook, worker, 503, 3)
+    bad_request = deliver(hook, worker, 400, 2)
+    unavailable = deliver(hook, worker, 503, 3)
     out = io.StringIO()
     call_command("outbox_requeue", "--status-code", "503", "--yes", stdout=out, stderr=io.StringIO())
     assert "3 message(s) match: status failed, status code 503." in out.getvalue()
@@ -310,7 +297,7 @@ def test_background_action_links_its_batch(admin_client, repo, monkeypatch, work
 # -- 6. the host each attempt went to ---------------------------------------------------------
 def test_detail_names_the_host_of_each_attempt(admin_client, hook, worker):
     host = hook.url.split("/")[2]  # 127.0.0.1:<port>
-    (m,) = fail_with(hook, worker, 503, 1)
+    (m,) = deliver(hook, worker, 503, 1)
     attempts = outbox.attempts(m.id)
     assert len(attempts) == 4 and {a.host for a in attempts} == {host}
     assert outbox.get(m.id).last_error.endswith(f"(host {host})")
@@ -322,7 +309,7 @@ def test_detail_names_the_host_of_each_attempt(admin_client, hook, worker):
 
 
 def test_a_connection_error_names_the_host(admin_client, worker):
-    with hook_settings("http://127.0.0.1:9/hook", OPTIONS={"allow_private_networks": True}):
+    with hook_settings("http://127.0.0.1:9/hook"):
         m = outbox.send("hook", {"x": 1}, max_retries=0)
         worker()
     got = outbox.get(m.id)

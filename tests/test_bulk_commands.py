@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 
 import outbox
 
-from .test_admin_support import make
+from .test_admin_support import make, statuses
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
@@ -20,10 +20,6 @@ def run(name: str, *args: str) -> tuple[str, str]:
     out, err = io.StringIO(), io.StringIO()
     call_command(name, *args, stdout=out, stderr=err)
     return out.getvalue(), err.getvalue()
-
-
-def statuses(messages) -> set[str]:
-    return {outbox.get(m.id).status for m in messages}
 
 
 def test_requeue_dry_run_counts_and_changes_nothing(repo):

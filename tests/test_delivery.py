@@ -7,6 +7,7 @@ import pytest
 
 import outbox
 from outbox import events
+from outbox.testing import free_port
 from tests.conftest import assert_index_invariant, hook_settings
 
 
@@ -257,13 +258,9 @@ def test_attempt_log_levels_follow_the_outcome(hook, worker, repo, caplog):
     assert outbox.get(ok.id).status == "succeeded" and outbox.get(dead.id).status == "failed"
 
 
-def test_each_failure_records_its_error_class(hook, worker, repo, settings):
+def test_each_failure_records_its_error_class(hook, worker, repo):
     """A response is "http" (with its status); a refused connection is named by its
     exception; success clears the class (issue 8: errors grouped and filtered by class)."""
-    import socket
-
-    from tests.conftest import hook_settings
-
     hook.respond(503)
     m = outbox.send("hook", {"order": 9}, max_retries=0)
     worker()
@@ -275,10 +272,7 @@ def test_each_failure_records_its_error_class(hook, worker, repo, settings):
     assert [a.error_class for a in outbox.attempts(m.id)] == ["", "http"]
     assert outbox.get(m.id).last_error_class == ""
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
-    with hook_settings(f"http://127.0.0.1:{closed}/"):
+    with hook_settings(f"http://127.0.0.1:{free_port()}/"):  # a port nobody listens on
         refused = outbox.send("hook", {"order": 10}, max_retries=0)
         worker()
     got = outbox.get(refused.id)

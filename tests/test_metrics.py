@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.test import override_settings
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,8 +17,7 @@ from outbox import health, intake
 from outbox.api import build_message
 from outbox.metrics import METRICS, OutboxCollector, register, unregister
 from outbox.metrics.collector import DESTINATION_STATES
-from outbox.testing import free_port
-from tests.conftest import settle, with_destinations
+from tests.conftest import redis_down, settle, with_destinations
 
 pytestmark = pytest.mark.urls("tests.metrics_urls")
 
@@ -140,12 +138,8 @@ def test_a_destination_no_longer_configured_is_still_counted(scraper):
     assert samples["outbox_messages"][(("destination", "gone"), ("status", "pending"))] == 1
 
 
-def test_redis_unreachable_is_outbox_up_0_not_an_error(scraper, settings):
-    caches = {
-        **settings.CACHES,
-        "default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"},
-    }
-    with override_settings(CACHES=caches):
+def test_redis_unreachable_is_outbox_up_0_not_an_error(scraper):
+    with redis_down():
         text = scrape(scraper)
     samples = parse(text)
     assert samples["outbox_up"] == {(): 0}
@@ -195,13 +189,9 @@ def test_only_get_and_head(scraper):
     assert scraper.post("/outbox/metrics").status_code == 405
 
 
-def test_register_is_idempotent_and_reads_nothing_until_scraped(settings, caplog):
+def test_register_is_idempotent_and_reads_nothing_until_scraped(caplog):
     registry = CollectorRegistry(auto_describe=True)  # as prometheus_client.REGISTRY
-    caches = {
-        **settings.CACHES,
-        "default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"},
-    }
-    with override_settings(CACHES=caches):  # registering must not read Redis
+    with redis_down():  # registering must not read Redis
         first = register(registry)
     assert not [r for r in caplog.records if "outbox metrics" in r.getMessage()]
     assert register(registry) is first and isinstance(first, OutboxCollector)

@@ -9,7 +9,6 @@ from django.test import override_settings
 
 import outbox
 from outbox.testing import SentMessages, deliver_all
-from tests.conftest import hook_settings
 
 LATER = {"strategy": "schedule", "delays": [60]}  # a retry a minute later: not due within the test
 
@@ -79,44 +78,40 @@ def test_sent_messages_assertions(hook):
     seen.assert_nothing_sent()
 
 
-def test_eager_delivers_inside_send(receiver):
-    with hook_settings(receiver.url), override_settings(OUTBOX={**_outbox(), "EAGER": True}):
+def test_eager_delivers_inside_send(hook):
+    with override_settings(OUTBOX={**_outbox(), "EAGER": True}):
         m = outbox.send("hook", {"n": 1})
         assert outbox.get(m.id).status == "succeeded"
-        assert len(receiver.requests) == 1
+        assert len(hook.requests) == 1
         many = outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(3)])
         assert {outbox.get(x.id).status for x in many} == {"succeeded"}
 
 
-def test_eager_records_a_failure_and_leaves_the_retry_waiting(receiver):
-    receiver.respond(503)
-    with hook_settings(receiver.url), override_settings(OUTBOX={**_outbox(), "EAGER": True}):
+def test_eager_records_a_failure_and_leaves_the_retry_waiting(hook):
+    hook.respond(503)
+    with override_settings(OUTBOX={**_outbox(), "EAGER": True}):
         m = outbox.send("hook", {"n": 1}, retry=LATER)
         got = outbox.get(m.id)
         assert (got.status, got.retry_count, got.last_status_code) == ("retrying", 1, 503)
-        assert len(receiver.requests) == 1
+        assert len(hook.requests) == 1
 
 
 @pytest.mark.django_db
-def test_eager_inside_a_transaction_delivers_at_send_time(receiver):
-    with (
-        hook_settings(receiver.url),
-        override_settings(OUTBOX={**_outbox(), "EAGER": True}),
-        transaction.atomic(),
-    ):
+def test_eager_inside_a_transaction_delivers_at_send_time(hook):
+    with override_settings(OUTBOX={**_outbox(), "EAGER": True}), transaction.atomic():
         m = outbox.send("hook", {"n": 1})
         assert outbox.get(m.id).status == "succeeded"
 
 
-def test_rq_async_false_delivers_inside_send(receiver, settings):
+def test_rq_async_false_delivers_inside_send(hook, settings):
     """RQ runs a job inside enqueue when its queue has ASYNC=False: the wake-up job then
     delivers what is due, so send() returns with the message delivered (each time)."""
     queues = {name: {**conf, "ASYNC": False} for name, conf in settings.RQ_QUEUES.items()}
-    with hook_settings(receiver.url), override_settings(RQ_QUEUES=queues):
+    with override_settings(RQ_QUEUES=queues):
         for n in range(3):
             m = outbox.send("hook", {"n": n})
             assert outbox.get(m.id).status == "succeeded"
-    assert len(receiver.requests) == 3
+    assert len(hook.requests) == 3
 
 
 def _outbox():

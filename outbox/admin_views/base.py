@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
@@ -37,6 +38,13 @@ def url(model_admin: ModelAdmin, name: str, *args: Any) -> str:
     """The URL of a console page, e.g. ``url(ma, "message_detail", message_id)``
     for the URL named ``admin:outbox_message_detail``."""
     return reverse(f"{model_admin.admin_site.name}:outbox_{name}", args=args)
+
+
+def list_url(model_admin: ModelAdmin, **params: Any) -> str:
+    """The URL of the message list filtered by ``params`` (those None or "" left out),
+    e.g. ``list_url(ma, status="failed", destination=name)`` or ``list_url(ma, batch=token)``."""
+    kept = {k: v for k, v in params.items() if v is not None and v != ""}
+    return url(model_admin, "message_list") + ("?" + urlencode(kept) if kept else "")
 
 
 def user_id(request: HttpRequest) -> int:

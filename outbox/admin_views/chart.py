@@ -7,6 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from ..health import OUTCOME_KINDS
+
+if TYPE_CHECKING:
+    from ..health import MinuteStats
+
+#: Minutes shown on the console's attempt charts (the dashboard, a destination's page).
+CHART_MINUTES = 60
 
 
 @dataclass
@@ -119,6 +128,15 @@ def outcome_chart(
         totals,
         bars[0].minute if bars else None,
         bars[-1].minute if bars else None,
+    )
+
+
+def attempt_chart(minutes: Sequence[MinuteStats]) -> Chart:
+    """The chart of attempts per minute by outcome (from :func:`outbox.health.timeline`),
+    stacked bottom up as :data:`outbox.health.OUTCOME_KINDS`: succeeded, retryable,
+    permanent (retries included)."""
+    return outcome_chart(
+        [m.minute for m in minutes], {s: [getattr(m, s) for m in minutes] for s in OUTCOME_KINDS}
     )
 
 

@@ -38,16 +38,18 @@ from django.http import (
     QueryDict,
 )
 from django.template.response import TemplateResponse
+from django.utils.functional import Promise
 from django.utils.html import format_html
-from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from ..batches import BatchRecorder
+from ..batches import recorder_for
 from ..connection import get_repository
 from ..operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
 from . import tasks
-from .base import TEMPLATES, BadRequest, console_view, context, require_view, url, user_id
+from .base import TEMPLATES, BadRequest, console_view, context, list_url, require_view, url, user_id
 from .filters import FILTER_PARAMS, SEARCH_PARAM, describe, parse_as_of, parse_filter, search_ids, search_text
 from .history import record
 
@@ -184,7 +186,7 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
             ),
         )
 
-    recorder = BatchRecorder(repo) if op.name != "delete" else None
+    recorder = recorder_for(repo, op)
     if background:
         job_id = tasks.start(
             op, selection, user_id(request), count.n, batch=recorder.token if recorder else None
@@ -203,20 +205,23 @@ def message_action(model_admin: ModelAdmin, request: HttpRequest) -> HttpRespons
     record(user_id(request), op, text, object_id=single)
     shown: str = text
     if recorder is not None and result.acted:
-        shown = format_html(
-            '{} <a href="{}" class="outbox-batch-link">{}</a>',
-            text,
-            batch_url(model_admin, recorder.token),
-            ngettext("Show the %(n)s message %(past)s", "Show the %(n)s messages %(past)s", result.acted)
-            % {"n": f"{result.acted:,}", "past": op.past},
-        )
+        shown = batch_report(model_admin, text, recorder.token, result.acted, op.past)
     (messages.success if result.acted else messages.warning)(request, shown)
     return HttpResponseRedirect(next_url)
 
 
-def batch_url(model_admin: ModelAdmin, token: str) -> str:
-    """The message list of exactly the messages of one batch."""
-    return url(model_admin, "message_list") + "?" + urlencode({"batch": token})
+def batch_report(
+    model_admin: ModelAdmin, text: str, token: str, acted: int, past: str | Promise
+) -> SafeString:
+    """A report ``text`` followed by a link to the message list of exactly the ``acted``
+    messages of batch ``token`` ("Show the 137 messages requeued")."""
+    return format_html(
+        '{} <a href="{}" class="outbox-batch-link">{}</a>',
+        text,
+        list_url(model_admin, batch=token),
+        ngettext("Show the %(n)s message %(past)s", "Show the %(n)s messages %(past)s", acted)
+        % {"n": f"{acted:,}", "past": past},
+    )
 
 
 @console_view
@@ -240,6 +245,6 @@ def action_status(model_admin: ModelAdmin, request: HttpRequest, job_id: str) ->
             request,
             _("%(label)s in progress") % {"label": OPERATIONS[task.operation].label},
             task=task,
-            batch_url=batch_url(model_admin, task.batch) if task.batch and task.acted else "",
+            batch_url=list_url(model_admin, batch=task.batch) if task.batch and task.acted else "",
         ),
     )

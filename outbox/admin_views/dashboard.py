@@ -25,18 +25,13 @@ from ..conf import outbox_settings
 from ..connection import get_repository
 from ..records import STATUSES, Status
 from ..store.queries import counts_by_destination, created_at_of
-from .base import TEMPLATES, console_view, context, require_view, url
-from .chart import outcome_chart
+from .base import TEMPLATES, console_view, context, list_url, require_view, url
+from .chart import CHART_MINUTES, attempt_chart
 from .formatting import duration, moment
 from .rq_stats import queue_stats
 
 if TYPE_CHECKING:
     from .base import ModelAdmin
-
-#: Minutes shown on the outcomes chart.
-CHART_MINUTES = 60
-#: Outcomes of attempts drawn on the chart, bottom up (retries included).
-CHART_SERIES = ("succeeded", "retryable", "permanent")
 
 
 @dataclass
@@ -79,10 +74,6 @@ class Oldest:
     age: str  # how long since it was created
 
 
-def _list_url(model_admin: ModelAdmin, **params: str) -> str:
-    return url(model_admin, "message_list") + ("?" + urlencode(params) if params else "")
-
-
 def _oldest(model_admin: ModelAdmin, status: str, now: float) -> Oldest | None:
     found = get_repository().oldest(status)
     if found is None:
@@ -101,10 +92,14 @@ def _oldest(model_admin: ModelAdmin, status: str, now: float) -> Oldest | None:
     )
 
 
-def destination_rows(model_admin: ModelAdmin, now: float) -> list[DestinationRow]:
-    """Per destination (configured or ever used): counts and health (two pipelines)."""
+def destination_rows(
+    model_admin: ModelAdmin, now: float, names: list[str] | None = None
+) -> list[DestinationRow]:
+    """Per destination (``names``; default: configured or ever used): counts and health
+    (two pipelines)."""
     repo = get_repository()
-    names = sorted(set(repo.destinations()) | set(outbox_settings.DESTINATIONS))
+    if names is None:
+        names = health.known_destinations()
     healths = health.get_all_health(names)
     rows = []
     for name, counts in counts_by_destination(repo, names).items():
@@ -113,7 +108,7 @@ def destination_rows(model_admin: ModelAdmin, now: float) -> list[DestinationRow
             DestinationRow(
                 name=name,
                 counts=[
-                    StatusCount(s, counts[s], _list_url(model_admin, status=s, destination=name))
+                    StatusCount(s, counts[s], list_url(model_admin, status=s, destination=name))
                     for s in STATUSES
                 ],
                 total=sum(counts.values()),
@@ -123,7 +118,7 @@ def destination_rows(model_admin: ModelAdmin, now: float) -> list[DestinationRow
                 failing_since=moment(h.failing_since),
                 failing_for=duration(now - h.failing_since) if h.failing_since else "",
                 parked=h.parked,
-                url=_list_url(model_admin, destination=name),
+                url=list_url(model_admin, destination=name),
                 page_url=url(model_admin, "destination", name),
                 chart_url=url(model_admin, "dashboard") + "?" + urlencode({"chart": name}) + "#chart-heading",
             )
@@ -139,14 +134,12 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     now = time.time()
     counts = repo.counts()
     queues, workers = queue_stats(outbox_settings.queue_names)
-    destinations = destination_rows(model_admin, now)
+    names = health.known_destinations()
+    destinations = destination_rows(model_admin, now, names)
     chart_destination = (request.GET.get("chart") or "").strip() or None
-    if chart_destination is not None and chart_destination not in {d.name for d in destinations}:
+    if chart_destination is not None and chart_destination not in names:
         chart_destination = None
-    minutes = health.timeline(chart_destination, CHART_MINUTES, now)
-    chart = outcome_chart(
-        [m.minute for m in minutes], {s: [getattr(m, s) for m in minutes] for s in CHART_SERIES}
-    )
+    chart = attempt_chart(health.timeline(chart_destination, CHART_MINUTES, now, names=names))
     return TemplateResponse(
         request,
         f"{TEMPLATES}/dashboard.html",
@@ -154,7 +147,7 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             model_admin,
             request,
             _("Outbox dashboard"),
-            status_counts=[StatusCount(s, counts[s], _list_url(model_admin, status=s)) for s in STATUSES],
+            status_counts=[StatusCount(s, counts[s], list_url(model_admin, status=s)) for s in STATUSES],
             total=sum(counts.values()),
             destinations=destinations,
             chart_destination=chart_destination,

@@ -26,8 +26,6 @@ from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.utils.functional import Promise
-from django.utils.html import format_html
-from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
@@ -37,13 +35,12 @@ from ..conf import outbox_settings
 from ..connection import get_repository
 from ..destinations import get_destination, get_transport
 from ..exceptions import UnknownDestination
-from ..operations import REQUEUE, recover_selection, recover_since, report
+from ..operations import REQUEUE, execute, recover_selection, report
 from ..redaction import destination_options, redact, secrets_for
-from ..store.queries import count_matching
 from ..times import parse_time
-from .base import TEMPLATES, BadRequest, console_view, context, require_view, url, user_id
-from .chart import latency_chart, outcome_chart
-from .confirm import batch_url
+from .base import TEMPLATES, BadRequest, console_view, context, list_url, require_view, url, user_id
+from .chart import CHART_MINUTES, attempt_chart, latency_chart
+from .confirm import batch_report
 from .formatting import duration, moment
 from .history import record_change
 
@@ -52,12 +49,8 @@ if TYPE_CHECKING:
 
 #: The permission for pause, resume, disable and enable.
 MANAGE_PERMISSION = "outbox.manage_destination"
-#: Minutes of the destination page's charts.
-CHART_MINUTES = 60
 #: Error groups listed.
 ERROR_GROUPS = 10
-#: Outcomes of attempts, bottom up on the charts.
-ATTEMPT_SERIES = ("succeeded", "retryable", "permanent")
 
 
 @dataclass(frozen=True)
@@ -120,21 +113,12 @@ class ErrorRow:
     url: str
 
 
-def destination_url(model_admin: ModelAdmin, name: str) -> str:
-    return url(model_admin, "destination", name)
-
-
-def _list_url(model_admin: ModelAdmin, **params: Any) -> str:
-    kept = {k: v for k, v in params.items() if v is not None and v != ""}
-    return url(model_admin, "message_list") + ("?" + urlencode(kept) if kept else "")
-
-
 def _known(name: str) -> bool:
     """True for a configured destination or one messages were ever sent to."""
     return name in outbox_settings.DESTINATIONS or name in get_repository().destinations()
 
 
-def allowed_state_actions(state: str, admin: str) -> list[StateAction]:
+def allowed_state_actions(admin: str) -> list[StateAction]:
     """The actions that make sense in a destination's current admin state."""
     if admin == "disabled":
         return [STATE_ACTIONS["enable"]]
@@ -167,11 +151,10 @@ def _settings(name: str) -> dict[str, Any]:
         ("max concurrency (all workers)", "max_concurrency"),
         ("disable after failing for", "disable_after"),
     ):
-        if hasattr(dest, attr):
-            value = getattr(dest, attr)
-            if attr == "disable_after" and value:
-                value = duration(value)
-            limits.append((label, "none" if value in (None, False) else value))
+        value = getattr(dest, attr)
+        if attr == "disable_after" and value:
+            value = duration(value)
+        limits.append((label, "none" if value in (None, False) else value))
     out["limits"] = limits
     return out
 
@@ -186,9 +169,7 @@ def _error_rows(model_admin: ModelAdmin, name: str, secrets: list[str]) -> list[
                 g.count,
                 moment(g.last_at) if g.last_at else None,
                 redact(g.last_error or "", secrets=secrets),
-                _list_url(
-                    model_admin, destination=name, status_code=g.status_code, error_class=g.error_class
-                ),
+                list_url(model_admin, destination=name, status_code=g.status_code, error_class=g.error_class),
             )
         )
     return rows
@@ -210,9 +191,7 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
     now = time.time()
     h = health.get_health(name)
     minutes = health.timeline(name, CHART_MINUTES)
-    chart = outcome_chart(
-        [m.minute for m in minutes], {s: [getattr(m, s) for m in minutes] for s in ATTEMPT_SERIES}
-    )
+    chart = attempt_chart(minutes)
     latency = latency_chart(
         [m.minute for m in minutes], [m.p50_ms for m in minutes], [m.p95_ms for m in minutes]
     )
@@ -245,14 +224,13 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
             chart=chart,
             latency=latency,
             errors=_error_rows(model_admin, name, secrets),
-            state_actions=allowed_state_actions(h.state, h.admin)
+            state_actions=allowed_state_actions(h.admin)
             if can_manage and name in outbox_settings.DESTINATIONS
             else [],
-            can_manage=can_manage,
             can_recover=can_recover and name in outbox_settings.DESTINATIONS,
             since=moment(since),
             status_links=[
-                (s, n, _list_url(model_admin, destination=name, status=s)) for s, n in counts.items()
+                (s, n, list_url(model_admin, destination=name, status=s)) for s, n in counts.items()
             ],
             action_url=url(model_admin, "destination_action", name),
             recover_url=url(model_admin, "destination_recover", name),
@@ -279,7 +257,7 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
     if action is None:
         raise BadRequest(_("Unknown destination action; expected pause, resume, disable or enable."))
     reason = (request.POST.get("reason") or "").strip()[:200]
-    back = destination_url(model_admin, name)
+    back = url(model_admin, "destination", name)
     if request.POST.get("post") != "yes":
         return TemplateResponse(
             request,
@@ -314,15 +292,15 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
     return HttpResponseRedirect(back)
 
 
-def _parse_since(raw: str | None, default: float, now: float) -> float:
+def _parse_since(raw: str | None, now: float) -> float | None:
     """The "since" of a recovery: a time as the list's filters take it (epoch seconds,
-    a date-time, ``2h`` ago ...), not in the future.
+    a date-time, ``2h`` ago ...), not in the future; None when none is given.
 
     Raises:
         BadRequest: it cannot be read.
     """
     if raw is None or raw.strip() == "":
-        return default
+        return None
     try:
         since = parse_time(raw.strip(), now)
     except ValueError as exc:
@@ -347,12 +325,13 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
     if name not in outbox_settings.DESTINATIONS:
         raise Http404(_("No such destination (only configured destinations can be recovered)."))
     now = time.time()
-    since = _parse_since(request.POST.get("since"), _default_since(health.get_health(name), now), now)
+    since = _parse_since(request.POST.get("since"), now)
+    if since is None:
+        since = _default_since(health.get_health(name), now)
     repo = get_repository()
-    back = destination_url(model_admin, name)
+    back = url(model_admin, "destination", name)
     if request.POST.get("post") != "yes":
-        selection = recover_selection(name, since, now)
-        count = count_matching(repo, selection.filter, ["failed"])
+        count = recover_selection(name, since, now).count(repo, REQUEUE)
         return TemplateResponse(
             request,
             f"{TEMPLATES}/destination_confirm.html",
@@ -372,7 +351,7 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
                 recover=True,
                 count=count.n,
                 since=moment(since),
-                list_url_since=_list_url(
+                list_url_since=list_url(
                     model_admin, status="failed", destination=name, updated_from=repr(since)
                 ),
                 hidden_fields=[("since", repr(since)), ("as_of", repr(now))],
@@ -385,20 +364,12 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
     except ValueError:
         raise BadRequest(_("as_of must be epoch seconds; nothing was changed.")) from None
     recorder = BatchRecorder(repo)
-    result = recover_since(repo, name, since, as_of=as_of, applied=recorder)
-    text = report(REQUEUE, result, recover_selection(name, since, as_of).description)
+    selection = recover_selection(name, since, as_of)
+    result = execute(repo, REQUEUE, selection, applied=recorder)  # what recover_since() does
+    text = report(REQUEUE, result, selection.description)
     record_change(user_id(request), text, f"destination {name}")
     if result.acted:
-        messages.success(
-            request,
-            format_html(
-                '{} <a href="{}" class="outbox-batch-link">{}</a>',
-                text,
-                batch_url(model_admin, recorder.token),
-                ngettext("Show the %(n)s message requeued", "Show the %(n)s messages requeued", result.acted)
-                % {"n": f"{result.acted:,}"},
-            ),
-        )
+        messages.success(request, batch_report(model_admin, text, recorder.token, result.acted, REQUEUE.past))
     else:
         messages.warning(request, text)
     return HttpResponseRedirect(back)

@@ -37,12 +37,12 @@ from redis.exceptions import RedisError
 
 from ..actions import ActionResult
 from ..batches import TTL as BATCH_TTL
-from ..batches import BatchRecorder
+from ..batches import recorder_for
 from ..connection import get_repository, redis_location
 from ..destinations import get_destination
 from ..exceptions import UnknownDestination
 from ..operations import Operation, Selection, execute
-from ..store.queries import Count, MessageFilter, TimeRange
+from ..store.queries import Count, MessageFilter, TimeRange, count_matching
 from ..store.repository import MessageRepository
 from ..times import parse_time
 
@@ -196,11 +196,9 @@ class BulkCommand(BaseCommand):
             error_class=options.get("error_class") or None,
         )
         as_of = time.time()
-        total = Count()
-        for status in statuses:
-            part = Selection(filter=flt.with_status(status), as_of=as_of).count(repo, op)
-            total.n += part.n
-            total.exact = total.exact and part.exact
+        # What Selection(filter=flt.with_status(s), as_of=as_of).count(repo, op) sums over
+        # the statuses (each one of op.statuses, checked above).
+        total = count_matching(repo, Selection(filter=flt, as_of=as_of).filter_for(op), statuses)
         what = self.describe(statuses, options)
         about = "" if total.exact else "at least "
         self.stdout.write(f"{about}{total.n:,} message(s) match: {what}.")
@@ -214,7 +212,7 @@ class BulkCommand(BaseCommand):
             raise CommandError("Cancelled: nothing changed.")
         progress = Progress(self.stderr, op, total)
         result = ActionResult()
-        recorder = BatchRecorder(repo) if op.name != "delete" else None
+        recorder = recorder_for(repo, op)
         for status in statuses:
             selection = Selection(filter=flt.with_status(status), as_of=as_of)
             result.add(execute(repo, op, selection, progress, applied=recorder))

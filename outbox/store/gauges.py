@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from redis.client import Pipeline
 
 from ..records import STATUSES
+from .queries import counts_by_destination
 from .repository import MessageRepository
 
 
@@ -89,16 +90,14 @@ def read_gauges(
         oldest = first[0][1] if first and first[0][1] <= now else None
         depths.append(QueueDepth(queue, int(due), int(scheduled), oldest))
     counts = replies[3 * len(queues) :]
-    others = sorted({raw.decode() for raw in known} - set(names))
-    if others:
-        pipe = repo.connection.pipeline(transaction=False)
-        _count_statuses(pipe, repo, others)
-        counts += pipe.execute()
     n = len(STATUSES)
     messages = {
         d: dict(zip(STATUSES, (int(c) for c in counts[i * n : (i + 1) * n]), strict=True))
-        for i, d in enumerate(names + others)
+        for i, d in enumerate(names)
     }
+    others = sorted({raw.decode() for raw in known} - set(names))
+    if others:
+        messages.update(counts_by_destination(repo, others))
     return Gauges(now, messages, depths)
 
 

@@ -45,9 +45,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from ..records import STATUSES, Message, Status
-from .repository import MessageRepository, score_bound
+from .repository import Members, MessageRepository, score_bound
 
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000
@@ -294,10 +295,10 @@ def scan(
 def _checks_json(p: Plan, created: bool = False) -> str:
     """The plan's per-record checks as ``lua/filter.lua`` takes them (only those that
     apply; the created range too when ``created``, else it was checked from the ids)."""
-    checks: dict[str, object] = {}
+    checks: list[tuple[str, object]] = []
     if created:
-        checks.update({"created_lo": p.check_created.start, "created_hi": p.check_created.end})
-    for name, value in (
+        checks += [("created_lo", p.check_created.start), ("created_hi", p.check_created.end)]
+    checks += [
         ("status", p.check_status),
         ("queue", p.check_queue),
         ("code", None if p.check_code is None else str(p.check_code)),
@@ -307,10 +308,8 @@ def _checks_json(p: Plan, created: bool = False) -> str:
         ("updated_hi", p.check_updated.end),
         ("due_lo", p.check_due.start),
         ("due_hi", p.check_due.end),
-    ):
-        if value is not None:
-            checks[name] = value
-    return json.dumps({k: v for k, v in checks.items() if v is not None})
+    ]
+    return json.dumps({name: value for name, value in checks if value is not None})
 
 
 def count_range(repo: MessageRepository, p: Plan) -> int:
@@ -432,7 +431,7 @@ def iter_matching(
         p = replace(p, hi=hi, check_created=TimeRange(created.start, end))
         if p.score_field == "batch":
             updated = p.check_updated  # a batch has no status score: bound finished ones by hand
-            if status in FINISHED:
+            if score_field(status) == "updated":  # a finished status
                 p = replace(p, check_updated=TimeRange(updated.start, min(updated.end or as_of, as_of)))
             walk = _walk_by_rank(repo, p.key, batch)
         else:
@@ -443,15 +442,12 @@ def iter_matching(
                 yield kept
 
 
-#: Statuses whose index is scored by the time the message entered them.
-FINISHED = tuple(s for s in STATUSES if score_field(s) == "updated")
-
-
 def _walk_by_rank(repo: MessageRepository, key: str, batch: int) -> Iterator[list[str]]:
-    """Every member of a sorted set that does not change meanwhile (a batch), by rank."""
+    """Every member of a sorted set that does not change meanwhile (a batch), by rank
+    (one ZRANGE per ``batch`` members)."""
     start = 0
-    while True:
-        ids = repo.range_by_rank(key, None, None, offset=start, limit=batch, descending=False)
+    while batch > 0:
+        ids = [raw.decode() for raw in cast(Members, repo.connection.zrange(key, start, start + batch - 1))]
         if not ids:
             return
         yield ids

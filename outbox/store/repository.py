@@ -29,8 +29,9 @@ ScoredMembers = list[tuple[bytes, float]]
 # Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
 #: create.lua: ([standing id, code] per message, queues woken).
 CreateReply = tuple[list[tuple[bytes, bytes]], list[bytes]]
-#: claim.lua: (message HGETALL, resend HGETALL, ... per claimed message; next due score or None).
-ClaimReply = tuple[list[list[bytes]], bytes | None]
+#: claim.lua: (message HGETALL, resend HGETALL, ... per claimed message; next due score or
+#: None; messages a limit rescheduled).
+ClaimReply = tuple[list[list[bytes]], bytes | None, int]
 #: transition.lua, per change: (applied 0|1, status after[, message HGETALL, resend HGETALL]).
 TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[bytes], list[bytes]]
 #: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
@@ -404,9 +405,9 @@ class MessageRepository:
     @staticmethod
     def parse_claim(reply: ClaimReply) -> Claim:
         """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
-        flat, next_due = reply[0], reply[1]
+        flat, next_due, held = reply
         messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-        return Claim(messages, float(next_due) if next_due else None, int(reply[2]) if len(reply) > 2 else 0)
+        return Claim(messages, float(next_due) if next_due else None, int(held))
 
     def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:
         """ARGV of ``lua/transition.lua`` (see :meth:`transition`)."""

@@ -117,16 +117,13 @@ def _bring_forward(queues: Iterable[str]) -> int:
         ids = [i.decode() for i in raw]
         if not ids:
             continue
-        pipe = repo.connection.pipeline(transaction=False)
-        for message_id in ids:
-            pipe.hget(repo.keys.resend(message_id), "status")
-        for message_id, status in zip(ids, pipe.execute(), strict=True):
-            if status in (b"pending", b"retrying"):
+        for message_id, status in zip(ids, repo.resend_field(ids, "status"), strict=True):
+            if status in (Status.PENDING.value, Status.RETRYING.value):
                 changes.append(
                     Change(
                         id=message_id,
-                        from_statuses=(status.decode(),),
-                        to=status.decode(),
+                        from_statuses=(status,),
+                        to=status,
                         score=now,
                         set={"next_attempt_at": repr(now)},
                     )

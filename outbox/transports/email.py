@@ -272,9 +272,7 @@ class EmailTransport(Transport):
             )
         except smtplib.SMTPException as exc:
             error = _smtp_error(exc)
-            raise DeliveryError(
-                redact(str(error), secrets=secrets), permanent=error.permanent, error_class=type(exc).__name__
-            ) from exc
+            raise DeliveryError(redact(str(error), secrets=secrets), permanent=error.permanent) from exc
         except DeliveryError:
             raise
         except OSError as exc:

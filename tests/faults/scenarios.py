@@ -14,6 +14,7 @@ change here.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -942,8 +943,6 @@ def receiver_outage(
     everything is delivered, nothing twice. The timeline is written to
     ``.faults/<name>/timeline.md``.
     """
-    import json as _json
-
     import outbox
     from outbox import health
     from outbox.conf import outbox_settings
@@ -951,7 +950,7 @@ def receiver_outage(
     result = Result(name)
     breaker = {"FAILURES": failures, "COOLDOWN": cooldown, "MAX_COOLDOWN": max_cooldown}
     settings = faults_settings(
-        visibility_timeout, recovery_interval, HOOK_RETRIES=10, BREAKER=_json.dumps(breaker)
+        visibility_timeout, recovery_interval, HOOK_RETRIES=10, BREAKER=json.dumps(breaker)
     )
     with environment(name, settings=settings) as run:
         assert run.receiver is not None
@@ -975,7 +974,7 @@ def receiver_outage(
                 if not item:
                     continue
                 try:
-                    data = _json.loads(item["data"])
+                    data = json.loads(item["data"])
                 except (TypeError, ValueError):
                     continue
                 if str(data.get("event", "")).startswith("destination."):
@@ -1042,7 +1041,7 @@ def receiver_outage(
         opened = [(t, e) for t, e in events if e["event"] == "destination.opened"]
         closed = [(t, e) for t, e in events if e["event"] == "destination.closed"]
         spent = _retries_spent(list(acked))
-        in_flight = int(getattr(outbox_settings, "CONCURRENCY", 32)) * workers
+        in_flight = int(outbox_settings.CONCURRENCY) * workers
         result.check(
             "the breaker opened once (one destination.opened event, not one per message)",
             len(opened) == 1,

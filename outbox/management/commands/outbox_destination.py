@@ -31,17 +31,15 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, action: str, name: str | None, reason: str, **options: Any) -> None:
         from outbox import health
-        from outbox.conf import outbox_settings
-        from outbox.connection import get_repository
         from outbox.exceptions import UnknownDestination
 
         if action == "status":
-            known = set(outbox_settings.DESTINATIONS) | set(get_repository().destinations())
+            known = health.known_destinations()
             if name and name not in known:
                 raise CommandError(
-                    f"unknown destination {name!r} (configured or used: {', '.join(sorted(known)) or 'none'})"
+                    f"unknown destination {name!r} (configured or used: {', '.join(known) or 'none'})"
                 )
-            names = [name] if name else sorted(known)
+            names = [name] if name else known
             for h in health.get_all_health(names).values():
                 self.stdout.write(health.status_line(h))
             return

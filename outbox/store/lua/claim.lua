@@ -2,7 +2,10 @@
 -- lease (the visibility timeout), in due order. This compare-and-set is the lock: a
 -- message is claimed by one worker at a time.
 --
--- Each destination's gate is read once per call (docs/destinations.md):
+-- Each destination's gate is read once per call (docs/destinations.md), with the ZCARD of
+-- its sending index if it has a MAX_CONCURRENCY and its GCRA TAT if it has a RATE_LIMIT:
+-- only this call's claims change those while the script runs, so it counts them in
+-- memory, and writes a TAT it moved back once, after the loop:
 -- * paused or disabled, or its circuit breaker open before the next probe time: the
 --   message is parked (due index -> outbox:parked:<destination>, same score; its status
 --   stays pending/retrying) until resume/enable/close puts it back (unpark.lua);
@@ -42,6 +45,7 @@ local due_key = prefix .. ':due:' .. queue
 local out = {}
 local taken, held = 0, 0
 local gates = {}
+local tat_changed = {}  -- destinations whose TAT this call moved, in first-changed order
 
 local function gate(dest)
   local g = gates[dest]
@@ -50,6 +54,9 @@ local function gate(dest)
                        'probe_deadline', 'blocked_until')
   g = {admin = v[1] or 'active', breaker = v[2] or 'closed', next_probe = tonumber(v[3] or '0'),
        probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = limits[dest], spaced = 0}
+  if g.lim and g.lim[3] > 0 then
+    g.sending = redis.call('ZCARD', prefix .. ':status:sending:dest:' .. dest)
+  end
   if g.lim and g.lim[1] > 0 then
     g.tat = tonumber(redis.call('GET', prefix .. ':gcra:' .. dest) or '0')
   end
@@ -67,6 +74,8 @@ local function reschedule(id, status, dest, at)
 end
 
 local function take(id, rkey, record, status, dest)
+  local g = gates[dest]
+  if g.sending then g.sending = g.sending + 1 end
   redis.call('ZREM', due_key, id)
   redis.call('ZREM', prefix .. ':status:' .. status, id)
   redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
@@ -126,7 +135,7 @@ if limit > 0 then
         local cap = caps[dest]
         if cap == nil or cap > 0 then
           local lim = g.lim
-          if lim and lim[3] > 0 and redis.call('ZCARD', prefix .. ':status:sending:dest:' .. dest) >= lim[3] then
+          if lim and lim[3] > 0 and g.sending >= lim[3] then
             g.spaced = g.spaced + 1
             reschedule(id, status, dest, now + CONCURRENCY_DELAY + g.spaced * 1e-3)
           elseif lim and lim[1] > 0 and now < math.max(g.tat, now) - lim[2] then
@@ -136,9 +145,11 @@ if limit > 0 then
             reschedule(id, status, dest, at)
           else
             if lim and lim[1] > 0 then
+              if not g.tat_changed then
+                g.tat_changed = true
+                tat_changed[#tat_changed + 1] = dest
+              end
               g.tat = math.max(g.tat, now) + lim[1]
-              redis.call('SET', prefix .. ':gcra:' .. dest, string.format('%.6f', g.tat),
-                         'PX', math.ceil((g.tat - now) * 1000) + 1000)
             end
             if cap ~= nil then caps[dest] = cap - 1 end
             take(id, rkey, record, status, dest)
@@ -150,6 +161,10 @@ if limit > 0 then
       redis.call('ZREM', due_key, id)
     end
   end
+end
+for _, dest in ipairs(tat_changed) do
+  local tat = gates[dest].tat
+  redis.call('SET', prefix .. ':gcra:' .. dest, string.format('%.6f', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
 end
 local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local next_due = false

@@ -113,9 +113,11 @@ for _, o in ipairs(outcomes) do
       st.failing_notified = false
       drop(st, 'failing_notified')
     end
-    if st.failing_since then put(st, 'last_failing_since', st.failing_since) end  -- "recover since" after recovery
-    st.failing_since = nil
-    drop(st, 'failing_since')
+    if st.failing_since then
+      put(st, 'last_failing_since', st.failing_since)  -- "recover since" after recovery
+      st.failing_since = nil
+      drop(st, 'failing_since')
+    end
     if st.breaker ~= 'closed' then
       st.breaker = 'closed'
       put(st, 'breaker', 'closed')
