@@ -7,10 +7,13 @@ one cycle until nothing is due (or its time budget is spent):
    status change, event: ``lua/transition.lua``, a compare-and-set on the lease) and
    claims as many due messages as there are free slots (``lua/claim.lua``:
    ``pending``/``retrying`` -> ``sending`` with a lease of ``VISIBILITY_TIMEOUT``);
-2. the claimed messages start on a thread pool of ``CONCURRENCY`` slots, at most
+2. the claimed messages start in attempt threads, ``CONCURRENCY`` at a time, at most
    ``MAX_IN_FLIGHT`` per destination (the claim skips a destination at its cap);
 3. it waits until an attempt finishes and decides its outcome (success, retry with
-   backoff, or dead letter).
+   backoff, or dead letter). An attempt still running ``WATCH_GRACE`` after its
+   transport's deadline (``Transport.longest_attempt()``) is given up: a retryable
+   ``deadline`` failure, its thread left to finish on its own (a callable or an email
+   runs directly in the attempt thread, watched: see :mod:`outbox.deadlines`).
 
 No attempt starts while an outcome decided before it is unwritten, and outcomes are
 written as soon as they are decided (the next cycle starts at once). So a process that
@@ -28,15 +31,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +47,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import dispatch, health, tracing
+from . import deadlines, dispatch, health, tracing
 from .conf import outbox_settings
 from .connection import get_repository
 from .destinations import get_transport, usable_destinations
@@ -66,6 +69,7 @@ LEASE_BUDGET = 0.5  # share of VISIBILITY_TIMEOUT after which a run claims nothi
 RUN_BUDGET = 10.0  # seconds a wake-up job keeps claiming before it hands over to a new job
 IDLE_POLL = 0.1  # seconds between claims while slots are free and attempts are in flight
 FAILSAFE_WAIT = 5.0  # seconds an interrupted run waits for attempts in flight
+WATCH_GRACE = 0.2  # seconds past its transport's deadline after which a run gives an attempt up
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
 
 
@@ -396,22 +400,19 @@ def claim(queue: str, now: float | None = None, limit: int | None = None) -> lis
 
 
 # -- the run ------------------------------------------------------------------------------
-_pool: tuple[int, int, ThreadPoolExecutor] | None = None
-_pool_lock = threading.Lock()
+def _deadline_of(destination: str) -> float | None:
+    """The deadline of one attempt to ``destination`` (its transport's
+    ``longest_attempt()``, seconds), or None (no deadline, or no usable transport)."""
+    try:
+        return get_transport(destination).longest_attempt()
+    except (UnknownDestination, ImproperlyConfigured):
+        return None
 
 
-def attempt_pool() -> ThreadPoolExecutor:
-    """This process's pool of ``CONCURRENCY`` attempt threads (made anew after a fork)."""
-    global _pool
-    size = max(1, int(outbox_settings.CONCURRENCY))
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid() or _pool[1] != size:
-            _pool = (
-                os.getpid(),
-                size,
-                ThreadPoolExecutor(max_workers=size, thread_name_prefix="outbox-attempt"),
-            )
-        return _pool[2]
+def _watched_attempt(message: Message, seconds: float | None) -> Outcome:
+    """:func:`attempt` in an attempt thread whose deadline the run watches."""
+    with deadlines.watching(seconds):
+        return attempt(message)
 
 
 @dataclass
@@ -449,12 +450,13 @@ class _Run:
     def __init__(self, queue: str, repo: MessageRepository, budget: float) -> None:
         self.queue = queue
         self.repo = repo
-        self.pool = attempt_pool()
         self.concurrency = max(1, int(outbox_settings.CONCURRENCY))
         self.started = time.time()
         lease_budget = outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET
         self.claim_until = self.started + min(budget, lease_budget)
         self.in_flight: dict[Future[Outcome], Message] = {}
+        self.give_up_at: dict[Future[Outcome], tuple[float, float, float]] = {}  # (when, deadline, started)
+        self.deadlines: dict[str, float | None] = {}  # destination -> its attempts' deadline
         self.per_destination: Counter[str] = Counter()
         self.decided: list[Decision] = []
         self.report = RunReport()
@@ -536,25 +538,66 @@ class _Run:
 
     def start(self, messages: Sequence[Message]) -> None:
         for index, message in enumerate(messages):
+            dest = message.destination
+            if dest not in self.deadlines:
+                self.deadlines[dest] = _deadline_of(dest)
+            seconds = self.deadlines[dest]
             try:
-                future = self.pool.submit(attempt, message)
+                started = time.time()
+                future = deadlines.attempt_threads.submit(
+                    functools.partial(_watched_attempt, message, seconds)
+                )
             except BaseException:
                 self.release_unstarted(messages[index:])
                 raise
+            if seconds is not None:
+                self.give_up_at[future] = (started + seconds + WATCH_GRACE, seconds, started)
             self.in_flight[future] = message
             self.per_destination[message.destination] += 1
             self.report.claimed.append(message.id)
 
     def collect(self, timeout: float, return_when: str = FIRST_COMPLETED) -> None:
-        """Wait up to ``timeout`` seconds for attempts to finish; decide each finished one."""
+        """Wait up to ``timeout`` seconds for attempts to finish; decide each finished one,
+        and each one given up at its deadline (see :data:`WATCH_GRACE`)."""
+        if self.give_up_at:
+            timeout = max(0.0, min(timeout, min(g[0] for g in self.give_up_at.values()) - time.time()))
         done, _ = wait(list(self.in_flight), timeout=timeout, return_when=return_when)
-        for future in done:
+        now = time.time()
+        for future in list(self.in_flight):
+            if future in done:
+                outcome = future.result()
+            else:
+                given = self.give_up_at.get(future)
+                if given is None or now < given[0]:
+                    continue
+                outcome = self.given_up(self.in_flight[future], given[1], given[2], now)
             message = self.in_flight.pop(future)
+            self.give_up_at.pop(future, None)
             self.per_destination[message.destination] -= 1
-            outcome = future.result()
             decision = decide_outcome(outcome, time.time())
             decision.outcome = outcome
             self.decided.append(decision)
+
+    @staticmethod
+    def given_up(message: Message, seconds: float, started: float, now: float) -> Outcome:
+        """The outcome of an attempt still running past its deadline: a retryable
+        ``deadline`` failure. Its thread is left to finish; what it returns is ignored."""
+        logger.warning(
+            "outbox attempt id=%s destination=%s still running %.1f s after it started: given up "
+            "at its %gs deadline (it may still complete in the background)",
+            message.id,
+            message.destination,
+            now - started,
+            seconds,
+        )
+        error = deadlines.deadline_error(f"the attempt to {message.destination!r}", seconds)
+        return Outcome(
+            message,
+            started,
+            (now - started) * 1000,
+            error=str(error),
+            error_class=error.error_class,
+        )
 
     def release_unstarted(self, messages: Sequence[Message]) -> None:
         by_lease: dict[str, list[Message]] = {}

@@ -119,6 +119,52 @@ def test_a_callable_that_hangs_is_given_up_at_its_deadline(worker):
     assert elapsed < 3, elapsed
 
 
+class Stuck(Transport):
+    """A transport that declares a deadline and does not keep it."""
+
+    def deliver(self, message):
+        release.wait(10)
+
+    def longest_attempt(self):
+        return 0.3
+
+
+def test_the_run_gives_up_an_attempt_its_transport_does_not_end_at_its_deadline(worker):
+    stuck = {"TRANSPORT": f"{__name__}.Stuck"}
+    with with_destinations(max_retries=1, retry=(60,), stuck=stuck):
+        m = outbox.send("stuck", {"a": 1})
+        started = time.monotonic()
+        worker(simple=True, max_jobs=1)
+        elapsed = time.monotonic() - started
+    release.set()
+    got = outbox.get(m.id)
+    assert got.status == "retrying", got.status
+    assert "'stuck' did not finish within its 0.3s deadline" in got.last_error
+    assert outbox.attempts(m.id)[0].error_class == "deadline"
+    assert elapsed < 3, elapsed
+
+
+threads_seen: list[str] = []
+
+
+def where(message):
+    threads_seen.append(threading.current_thread().name)
+
+
+def test_a_worker_runs_a_callable_in_its_attempt_thread_not_a_helper(worker):
+    """Watched by the run, the callable needs no helper thread (two thread wake-ups
+    fewer per attempt); called outside a run, it still gets one."""
+    threads_seen.clear()
+    fn = {"OPTIONS": {"path": f"{__name__}.where"}}
+    with with_destinations("callable", fn=fn):
+        m = outbox.send("fn", {"a": 1})
+        worker(simple=True, max_jobs=1)
+        assert outbox.get(m.id).status == "succeeded"
+        CallableTransport("fn", path=f"{__name__}.where").deliver(email_message())
+    assert threads_seen[0].startswith("outbox-attempt"), threads_seen
+    assert threads_seen[1].startswith("outbox-deadline"), threads_seen
+
+
 def test_a_callable_within_its_deadline_delivers():
     transport = CallableTransport("fn", path=f"{__name__}.quick")
     assert transport.longest_attempt() == DEFAULT_DEADLINE

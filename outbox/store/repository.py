@@ -77,34 +77,33 @@ class Change:
     also: str | None = None
     park: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "id": self.id,
-            "from": list(self.from_statuses),
-            "to": self.to,
-            "score": repr(self.score),
-        }
-        if self.set:
-            data["set"] = self.set
-        if self.unset:
-            data["unset"] = list(self.unset)
-        if self.lease is not None:
-            data["lease"] = self.lease
-        if self.due_by is not None:
-            data["due_by"] = repr(self.due_by)
-        if self.attempt is not None:
-            data["attempt"] = self.attempt.to_json()
-        if self.event is not None:
-            data["event"] = self.event
-        if self.stat is not None:
-            data["stat"] = self.stat
-        if self.load:
-            data["load"] = True
-        if self.also is not None:
-            data["also"] = self.also
-        if self.park is not None:
-            data["park"] = self.park
-        return data
+    def args(self) -> list[Any]:
+        """This change as ``lua/transition.lua`` reads it: 14 fixed values (id, from
+        statuses joined by commas, to, score, lease, due_by, attempt JSON, event JSON,
+        stat, load "1", also, park JSON; "" where absent), the number of ``set`` pairs and
+        of ``unset`` fields, then the pairs and the fields. Flat strings, not one JSON
+        document: the script passes them to ``HSET``/``HDEL`` as ranges of its arguments
+        and decodes nothing but a ``park`` alternative, and only when it applies."""
+        args: list[Any] = [
+            self.id,
+            ",".join(self.from_statuses),
+            self.to,
+            repr(self.score),
+            "" if self.lease is None else self.lease,
+            "" if self.due_by is None else repr(self.due_by),
+            "" if self.attempt is None else self.attempt.to_json(),
+            self.event or "",
+            self.stat or "",
+            "1" if self.load else "",
+            self.also or "",
+            "" if self.park is None else json.dumps(self.park, separators=(",", ":")),
+            len(self.set),
+            len(self.unset),
+        ]
+        for pair in self.set.items():
+            args += pair
+        args += self.unset
+        return args
 
 
 @dataclass
@@ -410,14 +409,11 @@ class MessageRepository:
         return Claim(messages, float(next_due) if next_due else None, int(held))
 
     def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:
-        """ARGV of ``lua/transition.lua`` (see :meth:`transition`)."""
-        return [
-            self.keys.prefix,
-            repr(now),
-            self.attempts_kept,
-            self.events_channel,
-            json.dumps([c.to_json() for c in changes], separators=(",", ":")),
-        ]
+        """ARGV of ``lua/transition.lua`` (see :meth:`transition` and :meth:`Change.args`)."""
+        args: list[Any] = [self.keys.prefix, repr(now), self.attempts_kept, self.events_channel, len(changes)]
+        for change in changes:
+            args += change.args()
+        return args
 
     def transition(self, changes: Sequence[Change], now: float) -> list[ChangeResult]:
         """Apply compare-and-set status changes atomically (one script call).

@@ -8,18 +8,18 @@
 -- ARGV[3] attempts kept per message
 -- ARGV[4] Pub/Sub channel for events ("" = publish nothing; nothing is published either
 --         while the channel has no subscriber, PUBSUB NUMSUB, and no pattern subscription)
--- ARGV[5] JSON list of changes, each:
---   {"id": str, "from": [statuses], "to": status, "score": str,
---    "set": {field: str}, "unset": [field], "lease": str (must match),
---    "due_by": str (next_attempt_at must be <= this epoch time),
---    "attempt": str (JSON pushed on the attempts list), "event": str (published),
---    "stat": str (outcome counted per minute), "load": bool (return both records),
---    "also": str (a second event published, e.g. message.exhausted),
---    "park": {"to", "score", "set", "unset", "attempt", "event"}: applied instead of
---    the fields above when the message's destination is paused, disabled or its
---    circuit breaker not closed (health.lua, run just before, may have opened it): the
---    message waits in outbox:parked:<destination> (not its due index) with no retry
---    charged (docs/destinations.md)}
+-- ARGV[5] number of changes; from ARGV[6], each change as flat strings ("" = absent):
+--   id, from (statuses joined by ","), to, score, lease (must match), due_by
+--   (next_attempt_at must be <= this epoch time), attempt (JSON pushed on the attempts
+--   list), event (JSON published), stat (outcome counted per minute), load ("1": return
+--   both records), also (a second event published, e.g. message.exhausted), park (JSON
+--   {"to", "score", "set", "unset", "attempt", "event"}: applied instead of the fields
+--   above when the message's destination is paused, disabled or its circuit breaker
+--   not closed (health.lua, run just before, may have opened it): the message waits in
+--   outbox:parked:<destination> (not its due index) with no retry charged,
+--   docs/destinations.md), n_set, n_unset, then n_set field/value pairs to HSET and
+--   n_unset fields to HDEL (passed as ranges of ARGV, in C: the script decodes no JSON
+--   but a park alternative that applies).
 -- A message that leaves pending|retrying leaves the parked set of its destination too.
 -- Returns, per change: {applied 0|1 (2: applied as its park alternative), status after ("" if no such message)
 --                       [, message HGETALL, resend HGETALL when load and applied]}
@@ -30,7 +30,7 @@ local channel = ARGV[4]
 if channel ~= '' and redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0 and redis.call('PUBSUB', 'NUMPAT') == 0 then
   channel = ''  -- nobody listens: Pub/Sub keeps nothing, so a PUBLISH would change nothing
 end
-local changes = cjson.decode(ARGV[5])
+local n = tonumber(ARGV[5])
 local minute = math.floor(now / 60)
 local out = {}
 local stats = {}  -- outcome -> count, written once per call
@@ -42,65 +42,83 @@ local function holds(dest)
   end
   return held[dest]
 end
-for i, c in ipairs(changes) do
-  local rkey = prefix .. ':resend:' .. c.id
+local function opt(v) if v == '' then return nil end return v end
+local pos = 6
+for i = 1, n do
+  local id, from, to, score = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3]
+  local lease, due_by, attempt, event = opt(ARGV[pos + 4]), opt(ARGV[pos + 5]), opt(ARGV[pos + 6]), opt(ARGV[pos + 7])
+  local stat, load, also, park = opt(ARGV[pos + 8]), ARGV[pos + 9] == '1', opt(ARGV[pos + 10]), opt(ARGV[pos + 11])
+  local nset, nunset = tonumber(ARGV[pos + 12]), tonumber(ARGV[pos + 13])
+  local set_first = pos + 14
+  local unset_first = set_first + 2 * nset
+  pos = unset_first + nunset
+  local rkey = prefix .. ':resend:' .. id
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease', 'queue')
   local status = cur[1]
   local applied = 0
   if status then
-    local allowed = false
-    for _, s in ipairs(c.from) do
-      if s == status then allowed = true end
-    end
-    if allowed and c.due_by and cur[3] and tonumber(cur[3]) > tonumber(c.due_by) then allowed = false end
-    if allowed and c.lease and c.lease ~= cur[4] then allowed = false end
+    local allowed = string.find(',' .. from .. ',', ',' .. status .. ',', 1, true) ~= nil
+    if allowed and due_by and cur[3] and tonumber(cur[3]) > tonumber(due_by) then allowed = false end
+    if allowed and lease and lease ~= cur[4] then allowed = false end
     local dest = cur[2] or ''
     local parking = false
-    if allowed and c.park and holds(dest) then
+    local fields = {'status', to, 'updated_at', ARGV[2]}
+    local unset = nil
+    if allowed and park and holds(dest) then
+      -- the park alternative replaces the outcome's fields (decoded only here)
       parking = true
-      for k, v in pairs(c.park) do c[k] = v end
-      if c.park.unset == nil then c.unset = nil end
-      c.stat = 'parked'
-    end
-    if allowed then
-      applied = 1
-      redis.call('ZREM', prefix .. ':status:' .. status, c.id)
-      redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, c.id)
-      redis.call('ZADD', prefix .. ':status:' .. c.to, c.score, c.id)
-      redis.call('ZADD', prefix .. ':status:' .. c.to .. ':dest:' .. dest, c.score, c.id)
-      -- The due index of the message's queue holds exactly its pending|retrying messages.
-      local due_key = prefix .. ':due:' .. (cur[5] or '')
-      if status == 'pending' or status == 'retrying' then redis.call('ZREM', prefix .. ':parked:' .. dest, c.id) end
-      if parking then
-        redis.call('ZADD', prefix .. ':parked:' .. dest, c.score, c.id)
-      elseif c.to == 'pending' or c.to == 'retrying' then
-        redis.call('ZADD', due_key, c.score, c.id)
-      elseif status == 'pending' or status == 'retrying' then
-        redis.call('ZREM', due_key, c.id)
-      end
-      local fields = {'status', c.to, 'updated_at', ARGV[2]}
-      if c.set then
-        for k, v in pairs(c.set) do
+      park = cjson.decode(park)
+      to, score = park.to or to, park.score or score
+      attempt, event, stat = park.attempt or attempt, park.event or event, 'parked'
+      fields[2] = to
+      if park.set then
+        for k, v in pairs(park.set) do
           fields[#fields + 1] = k
           fields[#fields + 1] = v
         end
+      else
+        for j = set_first, unset_first - 1 do fields[#fields + 1] = ARGV[j] end
+      end
+      unset = park.unset
+    elseif allowed then
+      for j = set_first, unset_first - 1 do fields[#fields + 1] = ARGV[j] end
+    end
+    if allowed then
+      applied = 1
+      redis.call('ZREM', prefix .. ':status:' .. status, id)
+      redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
+      redis.call('ZADD', prefix .. ':status:' .. to, score, id)
+      redis.call('ZADD', prefix .. ':status:' .. to .. ':dest:' .. dest, score, id)
+      -- The due index of the message's queue holds exactly its pending|retrying messages.
+      local due_key = prefix .. ':due:' .. (cur[5] or '')
+      if status == 'pending' or status == 'retrying' then redis.call('ZREM', prefix .. ':parked:' .. dest, id) end
+      if parking then
+        redis.call('ZADD', prefix .. ':parked:' .. dest, score, id)
+      elseif to == 'pending' or to == 'retrying' then
+        redis.call('ZADD', due_key, score, id)
+      elseif status == 'pending' or status == 'retrying' then
+        redis.call('ZREM', due_key, id)
       end
       redis.call('HSET', rkey, unpack(fields))
-      if c.unset and #c.unset > 0 then redis.call('HDEL', rkey, unpack(c.unset)) end
-      if c.attempt then
-        local akey = prefix .. ':attempts:' .. c.id
-        if redis.call('LPUSH', akey, c.attempt) > kept then redis.call('LTRIM', akey, 0, kept - 1) end
+      if parking then
+        if unset and #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end
+      elseif nunset > 0 then
+        redis.call('HDEL', rkey, unpack(ARGV, unset_first, pos - 1))
       end
-      if c.stat then stats[c.stat] = (stats[c.stat] or 0) + 1 end
-      if c.event and channel ~= '' then redis.call('PUBLISH', channel, c.event) end
-      if c.also and not parking and channel ~= '' then redis.call('PUBLISH', channel, c.also) end
-      status = c.to
+      if attempt then
+        local akey = prefix .. ':attempts:' .. id
+        if redis.call('LPUSH', akey, attempt) > kept then redis.call('LTRIM', akey, 0, kept - 1) end
+      end
+      if stat then stats[stat] = (stats[stat] or 0) + 1 end
+      if event and channel ~= '' then redis.call('PUBLISH', channel, event) end
+      if also and not parking and channel ~= '' then redis.call('PUBLISH', channel, also) end
+      status = to
       if parking then applied = 2 end
     end
   end
   local row = {applied, status or ''}
-  if applied > 0 and c.load then
-    row[3] = redis.call('HGETALL', prefix .. ':message:' .. c.id)
+  if applied > 0 and load then
+    row[3] = redis.call('HGETALL', prefix .. ':message:' .. id)
     row[4] = redis.call('HGETALL', rkey)
   end
   out[i] = row
