@@ -208,15 +208,22 @@ class Message:
 
     # -- Redis hash encoding ------------------------------------------------------
     def message_fields(self) -> dict[str, bytes | str]:
-        """The message record as a flat hash mapping."""
+        """The message record as a flat hash mapping.
+
+        The id is the key's own suffix and is not repeated in the hash; ``headers`` and
+        ``idempotency_key`` are left out when empty (records written before 0.2 have
+        ``id`` and ``headers: "{}"``; readers accept both). Every field left out saves
+        about 70 bytes of Redis memory per message in this hash's encoding (the body
+        makes it a hashtable: ``hash-max-listpack-value`` is 64 bytes).
+        """
         fields: dict[str, bytes | str] = {
-            "id": self.id,
             "destination": self.destination,
             "body": self.body,
             "content_type": self.content_type,
-            "headers": json.dumps(self.headers, separators=(",", ":")) if self.headers else "{}",
             "created_at": repr(self.created_at),
         }
+        if self.headers:
+            fields["headers"] = json.dumps(self.headers, separators=(",", ":"))
         if self.idempotency_key:
             fields["idempotency_key"] = self.idempotency_key
         return fields
@@ -241,12 +248,17 @@ class Message:
         return {k: v for k, v in fields.items() if v != ""}
 
     @classmethod
-    def from_hashes(cls, message: dict[bytes, bytes], resend: dict[bytes, bytes]) -> Message:
-        """Build a message from the two hashes as redis-py returns them (bytes keys)."""
+    def from_hashes(
+        cls, message: dict[bytes, bytes], resend: dict[bytes, bytes], message_id: str | None = None
+    ) -> Message:
+        """Build a message from the two hashes as redis-py returns them (bytes keys).
+
+        ``message_id``: the id (the hash holds it only in records written before 0.2).
+        """
         m = {k.decode(): v for k, v in message.items()}
         r = {k.decode(): v.decode() for k, v in resend.items()}
         return cls(
-            id=m["id"].decode(),
+            id=message_id if message_id is not None else m["id"].decode(),
             destination=m["destination"].decode(),
             body=m.get("body", b""),
             content_type=m.get("content_type", b"").decode(),

@@ -3,6 +3,7 @@ with half the lease (issue 11). The webhook's is tested in test_webhook_hardenin
 
 from __future__ import annotations
 
+import contextvars
 import socketserver
 import threading
 import time
@@ -163,6 +164,26 @@ def test_a_worker_runs_a_callable_in_its_attempt_thread_not_a_helper(worker):
         CallableTransport("fn", path=f"{__name__}.where").deliver(email_message())
     assert threads_seen[0].startswith("outbox-attempt"), threads_seen
     assert threads_seen[1].startswith("outbox-deadline"), threads_seen
+
+
+seen_var = contextvars.ContextVar("seen_var", default="unset")
+seen_values: list[str] = []
+
+
+def sets_a_context_var(message):
+    seen_values.append(seen_var.get())
+    seen_var.set(message.id)
+
+
+def test_context_variables_a_callable_sets_do_not_carry_over_to_the_next_attempt(worker, settings):
+    seen_values.clear()
+    settings.OUTBOX = {**settings.OUTBOX, "CONCURRENCY": 1}
+    fn = {"OPTIONS": {"path": f"{__name__}.sets_a_context_var"}}
+    with with_destinations("callable", fn=fn):
+        outbox.send("fn", {"a": 1})
+        outbox.send("fn", {"a": 2})
+        worker(simple=True, max_jobs=1)
+    assert seen_values == ["unset", "unset"]
 
 
 def test_a_callable_within_its_deadline_delivers():

@@ -57,7 +57,7 @@ CHUNK = 1000
 #: Sort keys of the message list.
 SORT_FIELDS = ("created", "updated", "next_attempt")
 #: Message-record fields a list row needs (everything but the body).
-SUMMARY_FIELDS = ("id", "destination", "content_type", "headers", "created_at", "idempotency_key")
+SUMMARY_FIELDS = ("destination", "content_type", "headers", "created_at", "idempotency_key")
 
 
 @dataclass(frozen=True)
@@ -491,7 +491,9 @@ def summaries(repo: MessageRepository, ids: Sequence[str]) -> list[Message | Non
     for i in range(len(ids)):
         values, resend = replies[2 * i], replies[2 * i + 1]
         record = {name.encode(): v for name, v in zip(SUMMARY_FIELDS, values, strict=True) if v is not None}
-        out.append(Message.from_hashes(record, resend) if record.get(b"id") and resend else None)
+        out.append(
+            Message.from_hashes(record, resend, ids[i]) if record.get(b"destination") and resend else None
+        )
     return out
 
 

@@ -708,7 +708,7 @@ class MessageRepository:
         out: list[Message | None] = []
         for i in range(len(ids)):
             message, resend = replies[2 * i], replies[2 * i + 1]
-            out.append(Message.from_hashes(message, resend) if message and resend else None)
+            out.append(Message.from_hashes(message, resend, ids[i]) if message and resend else None)
         return out
 
     def ids_for_idempotency_keys(self, keys: Sequence[tuple[str, str]]) -> list[str | None]:

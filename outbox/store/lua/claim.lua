@@ -30,8 +30,8 @@
 -- ARGV[9] due slack (seconds): messages due by now + slack are taken
 -- ARGV[10] JSON object destination -> [emission interval T (0 = no rate limit),
 --          tolerance tau, max concurrency (0 = none)]; "{}" = no limits
--- Returns {claimed, next_due, held}: claimed is a flat list of message HGETALL, resend
--- HGETALL (read before the claim, the claim's own fields appended: later pairs win) per
+-- Returns {claimed, next_due, held}: claimed is a flat list of message HGETALL (with
+-- 'id', id appended), resend HGETALL (read before the claim, the claim's own fields appended: later pairs win) per
 -- claimed message; next_due is the score of the earliest entry left in the
 -- due index (a string), or false when it is empty; held counts messages rescheduled by
 -- a limit (the caller may wait for them rather than end its run).
@@ -83,7 +83,10 @@ local function take(id, rkey, record, status, dest)
   redis.call('ZADD', prefix .. ':status:sending:dest:' .. dest, deadline, id)
   local claimed = {'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s}
   redis.call('HSET', rkey, unpack(claimed))
-  out[#out + 1] = redis.call('HGETALL', prefix .. ':message:' .. id)
+  local message = redis.call('HGETALL', prefix .. ':message:' .. id)
+  message[#message + 1] = 'id'  -- the id is the key's suffix, not a field of the record
+  message[#message + 1] = id
+  out[#out + 1] = message
   -- The resend record as read before the HSET, with the claim's fields appended: a later
   -- pair wins when the caller makes the flat list a mapping (one HGETALL fewer).
   for _, v in ipairs(claimed) do record[#record + 1] = v end

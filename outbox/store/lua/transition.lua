@@ -119,6 +119,8 @@ for i = 1, n do
   local row = {applied, status or ''}
   if applied > 0 and load then
     row[3] = redis.call('HGETALL', prefix .. ':message:' .. id)
+    row[3][#row[3] + 1] = 'id'  -- the id is the key's suffix, not a field of the record
+    row[3][#row[3] + 1] = id
     row[4] = redis.call('HGETALL', rkey)
   end
   out[i] = row
