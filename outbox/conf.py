@@ -38,7 +38,8 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        messages captured in the database that did not reach Redis (1).
 ``RELAY_AFTER``        seconds a captured message is left to the on-commit fast path
                        before the relay pushes it (5).
-``ATTEMPTS_KEPT``      attempt records kept per message, newest first (50).
+``ATTEMPTS_KEPT``      attempt records kept per message on its list, newest first (50);
+                       the first success is kept in the resend record besides.
 ``EVENTS_CHANNEL``     Redis Pub/Sub channel for outcome events (``"<prefix>:events"``),
                        or None to publish nothing.
 ``RETENTION``          status -> seconds a finished message is kept before the recovery

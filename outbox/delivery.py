@@ -260,6 +260,7 @@ def decide(
         unset=unset,
         lease=message.lease,
         attempt=record,
+        inline=record.inline_fields(),
         event=event_payload(
             status,
             message,

@@ -24,6 +24,44 @@ def test_delivered_on_first_try(hook, worker, repo):
     assert_index_invariant(repo)
 
 
+def test_a_first_success_is_kept_in_the_resend_record_not_on_an_attempts_list(hook, worker, repo):
+    """No attempts list for a message delivered at its first attempt (about 340 bytes of
+    Redis memory); its resend record stays in the compact listpack encoding. A later
+    success (after a requeue) goes on the list, and the history reads newest first."""
+    m = outbox.send("hook", {"order": 1})
+    worker()
+    assert not repo.connection.exists(repo.keys.attempts(m.id))
+    assert repo.connection.object("encoding", repo.keys.resend(m.id)) == b"listpack"
+    (first,) = outbox.attempts(m.id)
+    assert (first.outcome, first.status_code, first.retry_count) == ("succeeded", 200, 0)
+    assert first.worker and first.host.startswith("127.0.0.1") and first.duration_ms > 0
+    outbox.requeue(m.id)
+    worker()
+    assert repo.connection.llen(repo.keys.attempts(m.id)) == 1
+    second, again = outbox.attempts(m.id)
+    assert again == first and second.outcome == "succeeded" and second.started_at > first.started_at
+    assert_index_invariant(repo)
+
+
+def returns_a_long_detail(message):
+    from outbox.transports import DeliveryResult
+
+    return DeliveryResult(detail="x" * 100)
+
+
+def test_a_success_whose_fields_would_not_stay_compact_goes_on_the_attempts_list(worker, repo):
+    from tests.conftest import with_destinations
+
+    fn = {"OPTIONS": {"path": f"{__name__}.returns_a_long_detail"}}
+    with with_destinations("callable", fn=fn):
+        m = outbox.send("fn", {"a": 1})
+        worker()
+    assert repo.connection.llen(repo.keys.attempts(m.id)) == 1
+    assert not repo.connection.hexists(repo.keys.resend(m.id), "ok_at")
+    (attempt,) = outbox.attempts(m.id)
+    assert attempt.outcome == "succeeded" and attempt.detail == "x" * 100
+
+
 def test_retry_until_success(hook, worker, repo):
     hook.respond(500, 503, 200)
     m = outbox.send("hook", {"order": 2})

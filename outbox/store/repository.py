@@ -15,7 +15,7 @@ from redis import Redis
 from redis.exceptions import NoScriptError
 
 from ..exceptions import MessageNotFound
-from ..records import STATUSES, Attempt, Message
+from ..records import INLINE_ATTEMPT_FIELDS, STATUSES, Attempt, Message
 from .keys import Keys
 from .scripts import names, sha, source
 
@@ -53,6 +53,9 @@ class Change:
         lease: if given, the record's current lease must equal it.
         due_by: if given, next_attempt_at must be <= this epoch time (seconds).
         attempt: an attempt record to push on the capped attempts list.
+        inline: the attempt as resend-record fields (a success:
+            :meth:`~outbox.records.Attempt.inline_fields`), written instead of pushing
+            ``attempt`` when the record holds no inline success yet.
         event: a JSON event to publish on the events channel.
         stat: an outcome name counted in the per-minute statistics.
         load: return both records when applied (saves a round trip on claim).
@@ -71,6 +74,7 @@ class Change:
     lease: str | None = None
     due_by: float | None = None
     attempt: Attempt | None = None
+    inline: dict[str, str] | None = None
     event: str | None = None
     stat: str | None = None
     load: bool = False
@@ -78,10 +82,11 @@ class Change:
     park: dict[str, Any] | None = None
 
     def args(self) -> list[Any]:
-        """This change as ``lua/transition.lua`` reads it: 14 fixed values (id, from
+        """This change as ``lua/transition.lua`` reads it: 12 fixed values (id, from
         statuses joined by commas, to, score, lease, due_by, attempt JSON, event JSON,
-        stat, load "1", also, park JSON; "" where absent), the number of ``set`` pairs and
-        of ``unset`` fields, then the pairs and the fields. Flat strings, not one JSON
+        stat, load "1", also, park JSON; "" where absent), the number of ``set`` pairs, of
+        ``unset`` fields and of ``inline`` pairs, then the pairs, the fields and the
+        inline pairs. Flat strings, not one JSON
         document: the script passes them to ``HSET``/``HDEL`` as ranges of its arguments
         and decodes nothing but a ``park`` alternative, and only when it applies."""
         args: list[Any] = [
@@ -99,10 +104,13 @@ class Change:
             "" if self.park is None else json.dumps(self.park, separators=(",", ":")),
             len(self.set),
             len(self.unset),
+            len(self.inline or ()),
         ]
         for pair in self.set.items():
             args += pair
         args += self.unset
+        for pair in (self.inline or {}).items():
+            args += pair
         return args
 
 
@@ -730,11 +738,25 @@ class MessageRepository:
         return [v.decode() if v else "" for v in values]
 
     def attempts(self, message_id: str, limit: int | None = None) -> list[Attempt]:
-        """The message's attempt records, newest first (at most ``attempts_kept``)."""
-        end = -1 if limit is None else limit - 1
-        return [
-            Attempt.from_json(raw) for raw in self.connection.lrange(self.keys.attempts(message_id), 0, end)
-        ]
+        """The message's attempt records, newest first: those on its attempts list (at
+        most ``attempts_kept``) and the success kept in its resend record, if any (see
+        :meth:`~outbox.records.Attempt.inline_fields`). One round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.lrange(self.keys.attempts(message_id), 0, -1 if limit is None else limit - 1)
+        pipe.hmget(self.keys.resend(message_id), INLINE_ATTEMPT_FIELDS)
+        listed, inline_values = pipe.execute()  # LRANGE, HMGET
+        found = [Attempt.from_json(raw) for raw in listed]
+        inline = Attempt.from_inline(
+            {
+                k: v.decode()
+                for k, v in zip(INLINE_ATTEMPT_FIELDS, inline_values, strict=True)
+                if v is not None
+            }
+        )
+        if inline is not None:
+            found.append(inline)
+            found.sort(key=lambda a: a.started_at or 0.0, reverse=True)
+        return found if limit is None else found[:limit]
 
     def index_key(self, status: str | None = None, destination: str | None = None) -> str:
         """The sorted set listing messages with this status and/or destination.
