@@ -9,12 +9,14 @@ one cycle until nothing is due (or its time budget is spent):
    ``pending``/``retrying`` -> ``sending`` with a lease of ``VISIBILITY_TIMEOUT``);
 2. the claimed messages start in attempt threads, ``CONCURRENCY`` at a time, at most
    ``MAX_IN_FLIGHT`` per destination (the claim skips a destination at its cap);
-3. it waits until an attempt finishes (and, when fewer than half of those in flight
-   have, ``GATHER_WAIT`` more for others, so quick attempts share one write) and
-   decides its outcome (success, retry with backoff, or dead letter). An attempt still running ``WATCH_GRACE`` after its
-   transport's deadline (``Transport.longest_attempt()``) is given up: a retryable
-   ``deadline`` failure, its thread left to finish on its own (a callable or an email
-   runs directly in the attempt thread, watched: see :mod:`outbox.deadlines`).
+3. it waits until an attempt finishes (and, when that attempt took under
+   ``GATHER_WAIT`` and fewer than half of those in flight have finished, ``GATHER_WAIT``
+   more for the others, so quick attempts share one write) and decides its outcome
+   (success, retry with backoff, or dead letter). An attempt still running
+   ``WATCH_GRACE`` after its transport's deadline (``Transport.longest_attempt()``) is
+   given up: a retryable ``deadline`` failure, its thread left to finish on its own (a
+   callable or an email runs directly in the attempt thread, watched: see
+   :mod:`outbox.deadlines`).
 
 No attempt starts while an outcome decided before it is unwritten, and outcomes are
 written as soon as they are decided (the next cycle starts at once). So a process that
@@ -72,7 +74,7 @@ RUN_BUDGET = 10.0  # seconds a wake-up job keeps claiming before it hands over t
 IDLE_POLL = 0.1  # seconds between claims while slots are free and attempts are in flight
 FAILSAFE_WAIT = 5.0  # seconds an interrupted run waits for attempts in flight
 WATCH_GRACE = 0.2  # seconds past its transport's deadline after which a run gives an attempt up
-GATHER_WAIT = 0.001  # seconds a run waits for more attempts to finish when fewer than half have
+GATHER_WAIT = 0.001  # seconds a run waits for more quick attempts to finish when fewer than half have
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
 
 
@@ -413,6 +415,11 @@ def _deadline_of(destination: str) -> float | None:
         return None
 
 
+def _quick(done: set[Future[Outcome]]) -> bool:
+    """True when an attempt among ``done`` took less than :data:`GATHER_WAIT`."""
+    return any(f.exception() is None and f.result().duration_ms < GATHER_WAIT * 1000 for f in done)
+
+
 def _watched_attempt(message: Message, seconds: float | None) -> Outcome:
     """:func:`attempt` in an attempt thread whose deadline the run watches, in a copy of
     the thread's context (context variables a transport or a callable sets do not carry
@@ -568,9 +575,10 @@ class _Run:
         if self.give_up_at:
             timeout = max(0.0, min(timeout, min(g[0] for g in self.give_up_at.values()) - time.time()))
         done, _ = wait(list(self.in_flight), timeout=timeout, return_when=return_when)
-        if done and return_when == FIRST_COMPLETED and len(done) * 2 < len(self.in_flight):
-            # Fast attempts finish together: a moment more gathers them into one write
-            # and one claim (fewer round trips and script calls per message).
+        if done and return_when == FIRST_COMPLETED and len(done) * 2 < len(self.in_flight) and _quick(done):
+            # Quick attempts finish together: a moment more gathers them into one write
+            # and one claim (fewer round trips and script calls per message). Slow ones
+            # (a webhook) finish apart, and waiting would only delay their outcomes.
             others = [f for f in self.in_flight if f not in done]
             more, _ = wait(others, timeout=GATHER_WAIT, return_when=ALL_COMPLETED)
             done |= more
