@@ -107,15 +107,21 @@ def test_a_dripping_smtp_server_is_given_up_at_the_deadline():
     assert elapsed < 1.5, elapsed
 
 
-def test_a_callable_that_hangs_is_given_up_at_its_deadline(worker):
-    fn = {"OPTIONS": {"path": f"{__name__}.hangs", "deadline": 0.5}}
-    with with_destinations("callable", max_retries=1, retry=(60,), fn=fn):
-        m = outbox.send("fn", {"a": 1})
+def one_hung_attempt(worker, destination: str, transport: str | None = None, **entry):
+    """Send one message to ``destination`` (which hangs until ``release``), let a worker
+    run one job, and return the message as stored and the seconds the job took."""
+    with with_destinations(transport, max_retries=1, retry=(60,), **{destination: entry}):
+        m = outbox.send(destination, {"a": 1})
         started = time.monotonic()
         worker(simple=True, max_jobs=1)
         elapsed = time.monotonic() - started
     release.set()
-    got = outbox.get(m.id)
+    return outbox.get(m.id), elapsed
+
+
+def test_a_callable_that_hangs_is_given_up_at_its_deadline(worker):
+    options = {"path": f"{__name__}.hangs", "deadline": 0.5}
+    got, elapsed = one_hung_attempt(worker, "fn", "callable", OPTIONS=options)
     assert got.status == "retrying" and "0.5s deadline" in got.last_error
     assert elapsed < 3, elapsed
 
@@ -131,17 +137,10 @@ class Stuck(Transport):
 
 
 def test_the_run_gives_up_an_attempt_its_transport_does_not_end_at_its_deadline(worker):
-    stuck = {"TRANSPORT": f"{__name__}.Stuck"}
-    with with_destinations(max_retries=1, retry=(60,), stuck=stuck):
-        m = outbox.send("stuck", {"a": 1})
-        started = time.monotonic()
-        worker(simple=True, max_jobs=1)
-        elapsed = time.monotonic() - started
-    release.set()
-    got = outbox.get(m.id)
+    got, elapsed = one_hung_attempt(worker, "stuck", TRANSPORT=f"{__name__}.Stuck")
     assert got.status == "retrying", got.status
     assert "'stuck' did not finish within its 0.3s deadline" in got.last_error
-    assert outbox.attempts(m.id)[0].error_class == "deadline"
+    assert outbox.attempts(got.id)[0].error_class == "deadline"
     assert elapsed < 3, elapsed
 
 
