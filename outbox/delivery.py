@@ -469,7 +469,6 @@ class _Run:
         self.claim_until = self.started + min(budget, lease_budget)
         self.in_flight: dict[Future[Outcome], Message] = {}
         self.give_up_at: dict[Future[Outcome], tuple[float, float, float]] = {}  # (when, deadline, started)
-        self.deadlines: dict[str, float | None] = {}  # destination -> its attempts' deadline
         self.per_destination: Counter[str] = Counter()
         self.decided: list[Decision] = []
         self.report = RunReport()
@@ -551,10 +550,7 @@ class _Run:
 
     def start(self, messages: Sequence[Message]) -> None:
         for index, message in enumerate(messages):
-            dest = message.destination
-            if dest not in self.deadlines:
-                self.deadlines[dest] = _deadline_of(dest)
-            seconds = self.deadlines[dest]
+            seconds = _deadline_of(message.destination)  # transports are built once and kept
             try:
                 started = time.time()
                 future = deadlines.attempt_threads.submit(

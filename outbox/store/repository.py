@@ -86,9 +86,9 @@ class Change:
         statuses joined by commas, to, score, lease, due_by, attempt JSON, event JSON,
         stat, load "1", also, park JSON; "" where absent), the number of ``set`` pairs, of
         ``unset`` fields and of ``inline`` pairs, then the pairs, the fields and the
-        inline pairs. Flat strings, not one JSON
-        document: the script passes them to ``HSET``/``HDEL`` as ranges of its arguments
-        and decodes nothing but a ``park`` alternative, and only when it applies."""
+        inline pairs. Flat strings, not one JSON document: the script passes them to
+        ``HSET``/``HDEL`` as ranges of its arguments and decodes nothing but a ``park``
+        alternative (which gives all of its fields), and only when it applies."""
         args: list[Any] = [
             self.id,
             ",".join(self.from_statuses),

@@ -104,10 +104,11 @@ class Transport:
         time left; email and callable: the work runs in a thread that is given up at the
         deadline). A worker also watches every attempt: one still running
         ``outbox.delivery.WATCH_GRACE`` (0.2 s) after this deadline is given up as a
-        retryable ``deadline`` failure, its thread left to finish. System check ``outbox.W003`` warns when it is over half of
-        ``OUTBOX["VISIBILITY_TIMEOUT"]``, or None: an attempt that outlives its lease lets
-        the recovery sweep hand the message to another worker while the first is still
-        delivering it (a duplicate delivery). Override it in your own transports.
+        retryable ``deadline`` failure, its thread left to finish. System check
+        ``outbox.W003`` warns when it is over half of ``OUTBOX["VISIBILITY_TIMEOUT"]``, or
+        None: an attempt that outlives its lease lets the recovery sweep hand the message
+        to another worker while the first is still delivering it (a duplicate delivery).
+        Override it in your own transports.
         """
         return None
 

@@ -13,9 +13,9 @@
 --   (next_attempt_at must be <= this epoch time), attempt (JSON pushed on the attempts
 --   list), event (JSON published), stat (outcome counted per minute), load ("1": return
 --   both records), also (a second event published, e.g. message.exhausted), park (JSON
---   {"to", "score", "set", "unset", "attempt", "event"}: applied instead of the fields
---   above when the message's destination is paused, disabled or its circuit breaker
---   not closed (health.lua, run just before, may have opened it): the message waits in
+--   {"to", "score", "set", "unset", "attempt", "event"}, all given: applied instead of
+--   the fields above when the message's destination is paused, disabled or its circuit
+--   breaker not closed (health.lua, run just before, may have opened it): the message waits in
 --   outbox:parked:<destination> (not its due index) with no retry charged,
 --   docs/destinations.md), n_set, n_unset, n_inline, then n_set field/value pairs to
 --   HSET, n_unset fields to HDEL (passed as ranges of ARGV, in C: the script decodes no
@@ -72,16 +72,11 @@ for i = 1, n do
       -- the park alternative replaces the outcome's fields (decoded only here)
       parking = true
       park = cjson.decode(park)
-      to, score = park.to or to, park.score or score
-      attempt, event, stat = park.attempt or attempt, park.event or event, 'parked'
+      to, score, attempt, event, stat = park.to, park.score, park.attempt, park.event, 'parked'
       fields[2] = to
-      if park.set then
-        for k, v in pairs(park.set) do
-          fields[#fields + 1] = k
-          fields[#fields + 1] = v
-        end
-      else
-        for j = set_first, unset_first - 1 do fields[#fields + 1] = ARGV[j] end
+      for k, v in pairs(park.set) do
+        fields[#fields + 1] = k
+        fields[#fields + 1] = v
       end
       unset = park.unset
     elseif allowed then
