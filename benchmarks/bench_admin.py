@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     pages = measure_pages(client, repo, max(20, args.requests))
 
-    scored = conn.zrange(repo.index_key("failed"), 0, -1, withscores=True)
+    scored = [row for key in repo.index("failed").keys for row in conn.zrange(key, 0, -1, withscores=True)]
     n_failed = len(scored)
     api_runs, console_runs, bare_runs = [], [], []
     for round_number in range(1, args.rounds + 1):

@@ -256,37 +256,42 @@ class Message:
         digest.update(self.body)
         return digest.hexdigest()[:32]
 
-    # -- Redis hash encoding ------------------------------------------------------
-    def message_fields(self) -> dict[str, bytes | str]:
-        """The message record as a flat hash mapping.
+    # -- Redis encoding -------------------------------------------------------------
+    def message_value(self) -> bytes:
+        """The message record as Redis keeps it: one string (``SET``), its small fields as
+        a JSON object on the first line, then the body's bytes as they are.
 
-        The id is the key's own suffix and is not repeated in the hash; ``headers`` and
-        ``idempotency_key`` are left out when empty (records written before 0.2 have
-        ``id`` and ``headers: "{}"``; readers accept both). Every field left out saves
-        about 70 bytes of Redis memory per message in this hash's encoding (the body
-        makes it a hashtable: ``hash-max-listpack-value`` is 64 bytes).
+        JSON escapes every newline inside a string, so the first ``b"\\n"`` ends the
+        header whatever the body holds. The id is the key's own suffix and is not
+        repeated; ``headers`` and ``idempotency_key`` are left out when empty.
+
+        A string, not a hash: a hash holding a value over ``hash-max-listpack-value``
+        (64 bytes by default, redis.conf) is a hashtable, about 250 bytes more per message
+        than this string. Records written by older versions (0.1, and 0.2 snapshots before schema 3) are hashes (with ``id`` and
+        ``headers: "{}"`` before 0.2); every reader accepts both (:meth:`from_redis`).
         """
-        fields: dict[str, bytes | str] = {
+        header: dict[str, Any] = {
             "destination": self.destination,
-            "body": self.body,
             "content_type": self.content_type,
-            "created_at": repr(self.created_at),
+            "created_at": self.created_at,
         }
         if self.headers:
-            fields["headers"] = json.dumps(self.headers, separators=(",", ":"))
+            header["headers"] = self.headers
         if self.idempotency_key:
-            fields["idempotency_key"] = self.idempotency_key
-        return fields
+            header["idempotency_key"] = self.idempotency_key
+        return json.dumps(header, separators=(",", ":")).encode() + b"\n" + self.body
 
     def resend_fields(self) -> dict[str, str]:
-        """The resend record as a flat hash mapping (None fields left out)."""
+        """The resend record as a flat hash mapping (None fields left out, and
+        ``send_time`` when it is ``created_at``, a message sent without a delay: about 30
+        bytes)."""
         fields = {
             "status": self.status,
             "destination": self.destination,
             "retry_count": str(self.retry_count),
             "max_retries": str(self.max_retries),
             "retry_policy": pack_policy(self.retry_policy),
-            "send_time": repr(self.send_time),
+            "send_time": "" if self.send_time == self.created_at else repr(self.send_time),
             "next_attempt_at": _opt(self.next_attempt_at),
             "last_attempt_at": _opt(self.last_attempt_at),
             "last_error": self.last_error,
@@ -298,28 +303,39 @@ class Message:
         return {k: v for k, v in fields.items() if v != ""}
 
     @classmethod
-    def from_hashes(
-        cls, message: dict[bytes, bytes], resend: dict[bytes, bytes], message_id: str | None = None
+    def from_redis(
+        cls,
+        message: bytes | dict[bytes, bytes],
+        resend: dict[bytes, bytes],
+        message_id: str | None = None,
     ) -> Message:
-        """Build a message from the two hashes as redis-py returns them (bytes keys).
+        """Build a message from its two records as redis-py returns them.
 
-        ``message_id``: the id (the hash holds it only in records written before 0.2).
+        Args:
+            message: the message record: the string of :meth:`message_value` (or only
+                its start, through the header line: the body is then b""), or the hash
+                of a record written by an older version (bytes keys).
+            resend: the resend record's hash (bytes keys).
+            message_id: the id (a hash holds it only in records written before 0.2).
+
+        Raises:
+            ValueError: a string record without its header line.
         """
-        m = {k.decode(): v for k, v in message.items()}
+        m = message_header(message)
         r = {k.decode(): v.decode() for k, v in resend.items()}
         return cls(
-            id=message_id if message_id is not None else m["id"].decode(),
-            destination=m["destination"].decode(),
+            id=message_id if message_id is not None else m["id"],
+            destination=m["destination"],
             body=m.get("body", b""),
-            content_type=m.get("content_type", b"").decode(),
-            headers=json.loads(m.get("headers", b"{}")),
-            created_at=float(m.get("created_at", b"0")),
-            idempotency_key=m["idempotency_key"].decode() if m.get("idempotency_key") else None,
+            content_type=m.get("content_type", ""),
+            headers=m.get("headers") or {},
+            created_at=float(m.get("created_at", 0.0)),
+            idempotency_key=m.get("idempotency_key") or None,
             status=r.get("status", ""),
             retry_count=int(r.get("retry_count", "0")),
             max_retries=int(r.get("max_retries", "0")),
             retry_policy=unpack_policy(r.get("retry_policy", "{}")),
-            send_time=float(r.get("send_time", "0")),
+            send_time=float(r["send_time"]) if r.get("send_time") else float(m.get("created_at", 0.0)),
             next_attempt_at=_float(r.get("next_attempt_at")),
             last_attempt_at=_float(r.get("last_attempt_at")),
             last_error=r.get("last_error", ""),
@@ -344,9 +360,33 @@ class Message:
         return cls(body=bytes(body), **{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_flat(cls, message: list[bytes], resend: list[bytes]) -> Message:
-        """Build a message from two flat ``HGETALL`` replies as a Lua script returns them."""
-        return cls.from_hashes(_pairs(message), _pairs(resend))
+    def from_flat(cls, message: list[Any], resend: list[bytes]) -> Message:
+        """Build a message from a Lua script's reply: ``message`` is ``{id, record}`` (the
+        string, or an older version's hash as a flat ``HGETALL``) and ``resend`` a flat ``HGETALL``."""
+        message_id, record = message
+        stored = record if isinstance(record, bytes) else _pairs(record)
+        return cls.from_redis(stored, _pairs(resend), message_id.decode())
+
+
+def message_header(message: bytes | dict[bytes, bytes]) -> dict[str, Any]:
+    """The message record's fields as plain values (``body`` as bytes, ``headers`` a
+    dict, ``created_at`` a float): from :meth:`Message.message_value`'s string (or its
+    start, through the header line, without the body), or a hash written by an older version.
+
+    Raises:
+        ValueError: a string without a complete header line.
+    """
+    if isinstance(message, bytes):
+        header, newline, body = message.partition(b"\n")
+        if not newline:
+            raise ValueError("a message record without its header line")
+        fields: dict[str, Any] = json.loads(header)
+        fields["body"] = body
+        return fields
+    fields = {k.decode(): v.decode() for k, v in message.items() if k != b"body"}
+    fields["body"] = message.get(b"body", b"")
+    fields["headers"] = json.loads(fields.get("headers") or "{}")
+    return fields
 
 
 _EXPONENTIAL = ("base", "factor", "max_delay", "jitter")

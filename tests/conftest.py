@@ -199,17 +199,23 @@ def hook(receiver):
 
 
 def assert_index_invariant(repo) -> None:
-    """Every message id is in exactly one status index, the one its resend record names."""
+    """Every message id is in exactly one status index, the one its resend record names,
+    of its own destination, and in that destination's created index; no index across
+    destinations (kept before 0.3) is written."""
     from outbox.records import STATUSES
 
     conn = repo.connection
+    assert not conn.exists(*repo.keys.legacy_indexes(STATUSES)), "an index across destinations was written"
     seen: dict[str, str] = {}
-    for status in STATUSES:
-        for raw in conn.zrange(repo.keys.status(status), 0, -1):
-            message_id = raw.decode()
-            assert message_id not in seen, f"{message_id} in both {seen[message_id]} and {status}"
-            seen[message_id] = status
-    all_ids = {r.decode() for r in conn.zrange(repo.keys.created(), 0, -1)}
+    all_ids: set[str] = set()
+    for destination in repo.destinations():
+        for status in STATUSES:
+            for raw in conn.zrange(repo.keys.status(status, destination), 0, -1):
+                message_id = raw.decode()
+                assert message_id not in seen, f"{message_id} in both {seen[message_id]} and {status}"
+                seen[message_id] = status
+                assert conn.hget(repo.keys.resend(message_id), "destination").decode() == destination
+        all_ids |= {r.decode() for r in conn.zrange(repo.keys.created(destination), 0, -1)}
     assert set(seen) == all_ids, "status indexes and the created index disagree"
     for message_id, status in seen.items():
         assert conn.hget(repo.keys.resend(message_id), "status").decode() == status

@@ -15,6 +15,7 @@ from outbox.admin_views.formatting import duration, mask_headers, preview_body, 
 from outbox.operations import REQUEUE, Selection
 from outbox.store import queries
 from outbox.store.queries import MessageFilter, TimeRange
+from outbox.store.repository import Index
 
 from .test_admin_support import make
 
@@ -44,24 +45,60 @@ def test_plan_serves_what_the_index_scores(repo, status, field, served_range):
     flt = MessageFilter(status=status, created=TimeRange(1, 2), updated=TimeRange(3, 4), queue="q")
     p = queries.plan(repo, flt)
     assert p.score_field == field
-    assert p.key == repo.index_key(status)
+    assert p.index == repo.index(status)
     assert (p.lo, p.hi) == {"created": (1, 2), "updated": (3, 4), None: (None, None)}[served_range]
     assert bool(p.check_created) == (served_range != "created")
     assert bool(p.check_updated) == (served_range != "updated")
     assert p.check_queue == "q" and not p.exact
 
 
+def test_an_index_across_destinations_reads_as_one_sorted_set(repo):
+    """Pages, counts and checked scans of several sorted sets (one per destination) merged
+    in Redis give exactly what one sorted set holding them all would: score order, ties
+    by id, both directions, any offset, score bounds inclusive or exclusive."""
+    import random
+
+    rng = random.Random(7)
+    keys = [f"outbox:test:merge:{d}" for d in "abcd"]
+    union = "outbox:test:merge:all"
+    for n, key in enumerate(keys):
+        members = {
+            f"m{n}{i:03d}": float(rng.choice([1, 2, 2, 3, 5, 8, 8, 8, 13]) + rng.random() * (i % 3 == 0))
+            for i in range(40 + 25 * n)
+        }
+        repo.connection.zadd(key, members)
+        repo.connection.zadd(union, members)
+    index = Index(tuple(keys))
+    for lo, hi in [(None, None), (2, 8), (2.5, None), (None, 1)]:
+        p = queries.Plan(filter=MessageFilter(), index=index, score_field="created", lo=lo, hi=hi)
+        one = queries.Plan(filter=MessageFilter(), index=Index((union,)), score_field="created", lo=lo, hi=hi)
+        assert queries.count_range(repo, p) == queries.count_range(repo, one)
+        for descending in (False, True):
+            for offset, limit in [(0, 10), (7, 30), (95, 50), (0, 500), (400, 5)]:
+                merged = queries.range_ids(repo, p, offset=offset, limit=limit, descending=descending)
+                assert merged == queries.range_ids(
+                    repo, one, offset=offset, limit=limit, descending=descending
+                )
+                assert queries.scan(repo, p, offset=offset, count=limit, descending=descending)[0] == merged
+    assert (
+        queries.range_ids(
+            repo, queries.Plan(MessageFilter(), Index(()), "created"), offset=0, limit=5, descending=True
+        )
+        == []
+    )
+
+
 def test_range_ids_reads_by_rank_within_bounds(repo):
     key = "outbox:test:index"
     repo.connection.zadd(key, {f"m{i:03d}": i for i in range(100)})
-    p = queries.Plan(filter=MessageFilter(), key=key, score_field="created", lo=10, hi=59)
+    p = queries.Plan(filter=MessageFilter(), index=Index((key,)), score_field="created", lo=10, hi=59)
     assert queries.count_range(repo, p) == 50
     assert queries.range_ids(repo, p, offset=0, limit=3, descending=False) == ["m010", "m011", "m012"]
     assert queries.range_ids(repo, p, offset=0, limit=3, descending=True) == ["m059", "m058", "m057"]
     assert queries.range_ids(repo, p, offset=48, limit=5, descending=False) == ["m058", "m059"]
     assert queries.range_ids(repo, p, offset=48, limit=5, descending=True) == ["m011", "m010"]
     assert queries.range_ids(repo, p, offset=50, limit=5, descending=True) == []
-    unbounded = queries.Plan(filter=MessageFilter(), key=key, score_field="created")
+    unbounded = queries.Plan(filter=MessageFilter(), index=Index((key,)), score_field="created")
     assert queries.range_ids(repo, unbounded, offset=98, limit=5, descending=False) == ["m098", "m099"]
     assert queries.range_ids(repo, unbounded, offset=0, limit=2, descending=True) == ["m099", "m098"]
 

@@ -12,6 +12,7 @@ from django.test import override_settings
 
 import outbox
 from outbox.delivery import claim
+from outbox.records import STATUSES
 from outbox.recovery import recover
 from outbox.worker import Housekeeper
 from tests.conftest import assert_index_invariant, hook_settings
@@ -254,20 +255,46 @@ def test_retention_deletes_old_finished_messages_but_keeps_dead_letters(repo, se
     assert_index_invariant(repo)
 
 
+def as_before_0_3(repo, messages, schema: int) -> None:
+    """Make ``messages`` (pending) look written by an older version: listed in the indexes
+    across destinations that older versions kept, at schema ``schema``."""
+    created, pending = repo.keys.legacy_indexes(["pending"])
+    repo.connection.zadd(created, {m.id: m.created_at for m in messages})
+    repo.connection.zadd(pending, {m.id: m.created_at for m in messages})
+    repo.connection.set(f"{repo.keys.prefix}:schema", schema)
+
+
 def test_messages_written_by_version_0_1_are_claimed_after_an_upgrade(hook, worker, repo):
     # Version 0.1 kept pending/retrying messages only in the status indexes.
     old = outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
+    as_before_0_3(repo, old, schema=0)
     repo.connection.delete(repo.keys.due("outbox"), f"{repo.keys.prefix}:schema")
     worker(simple=True)  # its housekeeping pass runs the sweep, which upgrades
     assert {outbox.get(m.id).status for m in old} == {"succeeded"}
     assert repo.upgrade() == 0  # once
+    assert_index_invariant(repo)  # the indexes across destinations are gone
 
 
 def test_an_upgrade_of_a_new_redis_reports_nothing_put_back(hook, repo):
     """On a Redis whose schema key is missing but whose messages are all in their due
     index (a new install), the upgrade counts what it put back: none."""
-    outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
+    sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
     repo.connection.delete(f"{repo.keys.prefix}:schema")
     assert repo.upgrade() == 0
-    repo.connection.delete(repo.keys.due("outbox"), f"{repo.keys.prefix}:schema")
+    as_before_0_3(repo, sent, schema=0)
+    repo.connection.delete(repo.keys.due("outbox"))
     assert repo.upgrade() == 3
+
+
+def test_an_upgrade_from_0_2_drops_the_indexes_across_destinations(hook, worker, repo):
+    """Older versions (schema < 3) also listed every message in ``outbox:created`` and
+    ``outbox:status:<status>``; each is in its destination's indexes too, so the upgrade
+    deletes them, and lists, counts and delivery read the same."""
+    sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
+    as_before_0_3(repo, sent, schema=2)
+    assert repo.upgrade() == 0
+    assert not repo.connection.exists(*repo.keys.legacy_indexes(STATUSES))
+    assert repo.count("pending") == 3 and set(repo.filter()) == {m.id for m in sent}
+    worker(simple=True)
+    assert {outbox.get(m.id).status for m in sent} == {"succeeded"}
+    assert_index_invariant(repo)

@@ -38,37 +38,77 @@ def test_records_round_trip(repo):
     assert got.created_at == pytest.approx(time.time(), abs=5)
     assert got.next_attempt_at == pytest.approx(got.created_at)
     assert got.queue == "outbox"
-    raw = repo.connection.hgetall(repo.keys.message(sent.id))
-    assert set(raw) == {
-        b"body",
-        b"content_type",
-        b"headers",
-        b"destination",
-        b"created_at",
-        b"idempotency_key",
+    raw = repo.connection.get(repo.keys.message(sent.id))
+    header, _, body = raw.partition(b"\n")
+    assert set(json.loads(header)) == {
+        "content_type",
+        "headers",
+        "destination",
+        "created_at",
+        "idempotency_key",
     }
+    assert json.loads(body) == {"order": 1, "name": "Zoë"}
     resend = repo.connection.hgetall(repo.keys.resend(sent.id))
     assert resend[b"status"] == b"pending" and resend[b"retry_count"] == b"0"
     assert_index_invariant(repo)
 
 
-def test_the_message_record_holds_no_id_and_no_empty_fields_and_older_records_still_read(repo):
-    """The id is the key's suffix; empty headers and no idempotency key write nothing
-    (memory: each field is ~70 bytes in this hash). A record written before 0.2 (with
-    ``id`` and ``headers: "{}"``) reads the same."""
-    sent = outbox.send("mem", {"a": 1})
+def test_the_message_record_is_one_string_and_older_hash_records_still_read(repo):
+    """The message record is one string: its small fields as a JSON object on the first
+    line, then the body (a hash holding a body over 64 bytes is a hashtable, about 250
+    bytes more per message). The id is the key's suffix; empty headers and no idempotency
+    key write nothing. A record written by an older version (a hash, with ``id`` and ``headers:
+    "{}"`` before 0.2) reads the same through every reader: get, list rows, claim,
+    transition and delete (which also drops its idempotency key)."""
+    sent = outbox.send("mem", {"a": 1}, idempotency_key="k-old")
+    plain = outbox.send("mem", b"x" * 300)
     key = repo.keys.message(sent.id)
-    assert set(repo.connection.hgetall(key)) == {b"body", b"content_type", b"destination", b"created_at"}
+    assert repo.connection.type(key) == b"string"
+    header, _, body = repo.connection.get(repo.keys.message(plain.id)).partition(b"\n")
+    assert set(json.loads(header)) == {"content_type", "destination", "created_at"} and body == b"x" * 300
+    # send_time is created_at unless the message was delayed: kept only then
+    assert b"send_time" not in repo.connection.hgetall(repo.keys.resend(plain.id))
+    assert repo.get(plain.id).send_time == plain.created_at
+    delayed = outbox.send("mem", "later", delay=60)
+    assert repo.get(delayed.id).send_time == pytest.approx(delayed.created_at + 60)
+    repo.connection.delete(key)
+    repo.connection.hset(
+        key,
+        mapping={
+            "id": sent.id,
+            "destination": "mem",
+            "body": b'{"a": 1}',
+            "content_type": "application/json",
+            "created_at": repr(sent.created_at),
+            "headers": "{}",
+            "idempotency_key": "k-old",
+        },
+    )  # an older layout
     got = repo.get(sent.id)
-    assert (got.id, got.headers, got.idempotency_key) == (sent.id, {}, None)
-    [claimed] = delivery.claim("outbox")
-    assert claimed.id == sent.id and claimed.json() == {"a": 1}
-    repo.connection.hset(key, mapping={"id": sent.id, "headers": "{}"})  # the older layout
-    assert repo.get(sent.id).id == sent.id and repo.get(sent.id).headers == {}
+    assert (got.id, got.headers, got.idempotency_key, got.json()) == (sent.id, {}, "k-old", {"a": 1})
     from outbox.store.queries import summaries
 
-    [row] = summaries(repo, [sent.id])
-    assert row is not None and row.id == sent.id and row.destination == "mem"
+    rows = summaries(repo, [sent.id, plain.id])
+    assert [(r.id, r.destination, r.idempotency_key) for r in rows if r] == [
+        (sent.id, "mem", "k-old"),
+        (plain.id, "mem", None),
+    ]
+    claimed = {m.id: m for m in delivery.claim("outbox")}
+    assert claimed[sent.id].json() == {"a": 1} and claimed[plain.id].body == b"x" * 300
+    assert claimed[sent.id].created_at == sent.created_at
+    results = repo.transition(
+        [
+            Change(m.id, ("sending",), "pending", m.created_at, lease=m.lease, load=True)
+            for m in claimed.values()
+        ],
+        time.time(),
+    )
+    assert sorted((r.message.id, r.message.body) for r in results if r.message) == sorted(
+        [(sent.id, b'{"a": 1}'), (plain.id, b"x" * 300)]
+    )
+    assert repo.delete([sent.id, plain.id], statuses=("pending",)) == [True, True]
+    assert not repo.connection.exists(key, repo.keys.idempotency("mem", "k-old"))
+    assert outbox.send("mem", {"a": 2}, idempotency_key="k-old").id != sent.id
 
 
 def test_binary_body_round_trips_exactly(repo):
@@ -250,7 +290,7 @@ def test_delete_removes_everything_but_refuses_sending(repo):
     assert_index_invariant(repo)
 
 
-def test_message_from_hashes_ignores_unknown_fields(repo):
+def test_message_from_redis_ignores_unknown_fields(repo):
     (m,) = make(repo)
     repo.connection.hset(repo.keys.resend(m.id), "future_field", "x")
     assert isinstance(repo.get(m.id), Message)
@@ -261,7 +301,9 @@ def test_bulk_changes_give_every_message_its_own_score(repo):
     ids = [m.id for m in make(repo, 3000)]
     assert outbox.cancel(ids).acted == 3000
     scores = [
-        score for _, score in repo.connection.zrange(repo.keys.status("cancelled"), 0, -1, withscores=True)
+        score
+        for key in repo.index("cancelled").keys
+        for _, score in repo.connection.zrange(key, 0, -1, withscores=True)
     ]
     assert len(set(scores)) == 3000
 

@@ -5,14 +5,15 @@ Layout, for prefix ``outbox`` (see ``docs/architecture.md``):
 ==================================  ===========  ============================================
 key                                 type         holds
 ==================================  ===========  ============================================
-``outbox:message:<id>``             hash         the message record
+``outbox:message:<id>``             string       the message record: a JSON header line, then
+                                                 the body (older versions: a hash)
 ``outbox:resend:<id>``              hash         the resend record (delivery state)
 ``outbox:attempts:<id>``            list         attempt records, newest first, capped
-``outbox:status:<status>``          sorted set   ids in that status (score: see below)
-``outbox:status:<status>:dest:<d>`` sorted set   the same, for one destination
-``outbox:created``                  sorted set   every id, scored by created_at
-``outbox:created:dest:<d>``         sorted set   every id of one destination, by created_at
-``outbox:destinations``             set          destination names ever used
+``outbox:status:<status>:dest:<d>`` sorted set   ids of destination ``d`` in that status
+                                                 (score: see below)
+``outbox:created:dest:<d>``         sorted set   every id of destination ``d``, by created_at
+``outbox:destinations``             set          destination names ever used: the indexes
+                                                 across destinations are the union of theirs
 ``outbox:due:<queue>``              sorted set   pending and retrying ids of a queue, by due
                                                  time: what workers claim from
 ``outbox:wake:<queue>``             string       set while a wake-up job for the queue waits
@@ -45,6 +46,11 @@ key                                 type         holds
                                                  order (expires; see ``outbox.batches``)
 ==================================  ===========  ============================================
 
+There is no index across destinations (older versions: ``outbox:status:<status>`` and
+``outbox:created``): a list or count over every destination reads the destinations'
+indexes together (:class:`~outbox.store.repository.Index`), so a status change moves a
+message in two sorted sets, not four, and a finished message has two index entries.
+
 Status index scores: ``pending`` and ``retrying`` by next_attempt_at (so due messages
 are a range query), ``sending`` by lease deadline (claim time + visibility timeout),
 the others by the time they entered the status.
@@ -55,6 +61,7 @@ Multi-key scripts that build names make the outbox unsuitable for Redis Cluster.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -73,15 +80,16 @@ class Keys:
     def attempts(self, message_id: str) -> str:
         return f"{self.prefix}:attempts:{message_id}"
 
-    def status(self, status: str, destination: str | None = None) -> str:
-        if destination is None:
-            return f"{self.prefix}:status:{status}"
+    def status(self, status: str, destination: str) -> str:
         return f"{self.prefix}:status:{status}:dest:{destination}"
 
-    def created(self, destination: str | None = None) -> str:
-        if destination is None:
-            return f"{self.prefix}:created"
+    def created(self, destination: str) -> str:
         return f"{self.prefix}:created:dest:{destination}"
+
+    def legacy_indexes(self, statuses: Iterable[str]) -> list[str]:
+        """The indexes across destinations that older versions kept (``outbox:created``
+        and ``outbox:status:<status>``): read by the 0.1 upgrade, deleted by the schema 3 one."""
+        return [f"{self.prefix}:created", *(f"{self.prefix}:status:{s}" for s in statuses)]
 
     @property
     def destinations(self) -> str:

@@ -3,10 +3,12 @@
 Each query reads one sorted set of :class:`~outbox.store.MessageRepository` (see
 :mod:`outbox.store.keys`) and never loads every id:
 
-* the index is the status index when a status is given, else the created index; the
-  destination picks the per-destination variant;
+* the index is the status index when a status is given, else the created index, of
+  the destination given, or of every destination read together (merged in Redis in
+  score order, :meth:`~outbox.store.MessageRepository.range_by_rank`);
 * a time range on the field the index is scored by becomes a score range
-  (ZCOUNT/ZRANGE, exact and O(log N));
+  (ZCOUNT/ZRANGE, exact and O(log N) per destination; a page across destinations
+  reads offset + limit entries of each);
 * other conditions (a queue; a created range on a status index; an updated range on
   a ``pending``/``retrying``/``sending`` index; the last HTTP status code or error
   class) are checked id by id. For a page that
@@ -37,7 +39,7 @@ that index whole. Narrowing by status and destination keeps that index small. (A
 index per code would cost every attempt more writes in ``transition.lua``, the hot
 path, for a filter operators use during incidents on lists that are already narrowed.)
 
-Keys are built only through ``repo.keys`` and ``repo.index_key``.
+Keys are built only through ``repo.keys`` and ``repo.index``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from ..records import STATUSES, Message, Status
-from .repository import Members, MessageRepository, score_bound
+from .repository import Index, Members, MessageRepository
 
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000
@@ -56,8 +58,10 @@ SCAN_LIMIT = 5_000
 CHUNK = 1000
 #: Sort keys of the message list.
 SORT_FIELDS = ("created", "updated", "next_attempt")
-#: Message-record fields a list row needs (everything but the body).
+#: Message-record fields a list row needs (everything but the body), in a hash written by an older version.
 SUMMARY_FIELDS = ("destination", "content_type", "headers", "created_at", "idempotency_key")
+#: Bytes read from the start of a message record for a list row: its header line.
+SUMMARY_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ class Plan:
 
     Attributes:
         filter: the filter planned.
-        key: the sorted set read.
+        index: the sorted sets read (one per destination; a batch's own sorted set).
         score_field: what its score means (see :func:`score_field`).
         lo, hi: inclusive score bounds (None = unbounded).
         check_created: created range checked per id (from the id, no read).
@@ -145,7 +149,7 @@ class Plan:
     """
 
     filter: MessageFilter
-    key: str
+    index: Index
     score_field: str
     lo: float | None = None
     hi: float | None = None
@@ -214,7 +218,7 @@ def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
     if flt.batch is not None:
         return Plan(
             filter=flt,
-            key=repo.keys.batch(flt.batch),
+            index=Index((repo.keys.batch(flt.batch),)),
             score_field="batch",
             check_created=flt.created,
             check_updated=flt.updated,
@@ -225,14 +229,14 @@ def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
             check_code=flt.status_code,
             check_class=flt.error_class,
         )
-    key = repo.index_key(flt.status, flt.destination)
+    index = repo.index(flt.status, flt.destination)
     scored = score_field(flt.status)
     served = {"created": flt.created, "updated": flt.updated, "next_attempt": flt.due}.get(
         scored, TimeRange()
     )
     return Plan(
         filter=flt,
-        key=key,
+        index=index,
         score_field=scored,
         lo=served.start,
         hi=served.end,
@@ -271,25 +275,19 @@ def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
 def scan(
     repo: MessageRepository, p: Plan, *, offset: int, count: int, descending: bool
 ) -> tuple[list[str], int]:
-    """Check a slice of the plan's index (by rank within its score range) in Redis, in
-    one round trip (``lua/filter.lua``, read only): (the ids that pass, in order; how
-    many entries were examined, fewer than ``count`` at the end of the range)."""
-    lo, hi = score_bound(p.lo, "-inf"), score_bound(p.hi, "+inf")
-    matched, examined = repo.run_script(
-        "filter",
-        [
-            repo.keys.prefix,
-            _checks_json(p, created=True),
-            "range",
-            p.key,
-            lo,
-            hi,
-            offset,
-            count,
-            int(descending),
-        ],
+    """Check a slice of the plan's index (by rank within its score range, its sorted sets
+    merged) in Redis, in one round trip (``lua/filter.lua``, read only): (the ids that
+    pass, in order; how many entries were examined, fewer than ``count`` at the end of the
+    range)."""
+    return repo.merged_range(
+        p.index,
+        p.lo,
+        p.hi,
+        offset=offset,
+        count=count,
+        descending=descending,
+        checks=_checks_json(p, created=True),
     )
-    return [raw.decode() for raw in matched], int(examined)
 
 
 def _checks_json(p: Plan, created: bool = False) -> str:
@@ -313,13 +311,14 @@ def _checks_json(p: Plan, created: bool = False) -> str:
 
 
 def count_range(repo: MessageRepository, p: Plan) -> int:
-    """Entries of the plan's index within its score range (ZCARD or ZCOUNT, O(log N))."""
-    return repo.count_range(p.key, p.lo, p.hi)
+    """Entries of the plan's index within its score range (ZCARD or ZCOUNT per sorted set, O(log N))."""
+    return repo.count_range(p.index, p.lo, p.hi)
 
 
 def range_ids(repo: MessageRepository, p: Plan, *, offset: int, limit: int, descending: bool) -> list[str]:
-    """A slice of the plan's index within its score range, by rank (O(log N) per page)."""
-    return repo.range_by_rank(p.key, p.lo, p.hi, offset=offset, limit=limit, descending=descending)
+    """A slice of the plan's index within its score range, by rank (see
+    :meth:`~outbox.store.MessageRepository.range_by_rank`)."""
+    return repo.range_by_rank(p.index, p.lo, p.hi, offset=offset, limit=limit, descending=descending)
 
 
 @dataclass
@@ -355,7 +354,8 @@ def page(
 ) -> Page:
     """A page of the ids matching ``flt``, in the order of the index that serves it.
 
-    Served filters cost a few O(log N) commands whatever the page. Others scan at most
+    Served filters cost a few O(log N) commands per destination (and, across
+    destinations, offset + limit entries of each). Others scan at most
     ``scan_limit`` (default :data:`SCAN_LIMIT`) index entries from the start, in the
     requested direction.
     """
@@ -433,7 +433,7 @@ def iter_matching(
             updated = p.check_updated  # a batch has no status score: bound finished ones by hand
             if score_field(status) == "updated":  # a finished status
                 p = replace(p, check_updated=TimeRange(updated.start, min(updated.end or as_of, as_of)))
-            walk = _walk_by_rank(repo, p.key, batch)
+            walk = _walk_by_rank(repo, p.index.keys[0], batch)
         else:
             walk = repo.iter_ids(status, flt.destination, batch=batch, min_score=p.lo, max_score=p.hi)
         for ids in walk:
@@ -477,23 +477,36 @@ def find(repo: MessageRepository, text: str) -> list[str]:
 def summaries(repo: MessageRepository, ids: Sequence[str]) -> list[Message | None]:
     """The messages with these ids without their bodies (``body`` is b""), for list rows.
 
-    One round trip (HMGET of the message record's small fields, HGETALL of the resend
-    record); None where an id has no message.
+    One round trip: the start of each message record (``GETRANGE`` of
+    :data:`SUMMARY_BYTES`: its header line, not the body) and the resend record
+    (HGETALL); None where an id has no message. A header longer than that, or a record
+    written by an older version (a hash: HMGET of its small fields), costs one more.
     """
     if not ids:
         return []
     pipe = repo.connection.pipeline(transaction=False)
     for message_id in ids:
-        pipe.hmget(repo.keys.message(message_id), SUMMARY_FIELDS)
+        pipe.getrange(repo.keys.message(message_id), 0, SUMMARY_BYTES - 1)
         pipe.hgetall(repo.keys.resend(message_id))
-    replies = pipe.execute()
+    replies = pipe.execute(raise_on_error=False)
+    starts = repo.resolve_older_records(ids, replies[::2], lambda key, pipe: pipe.hmget(key, SUMMARY_FIELDS))
+    long = [i for i, start in enumerate(starts) if isinstance(start, bytes) and b"\n" not in start and start]
+    if long:  # a header over SUMMARY_BYTES: read the whole record
+        for i, whole in zip(
+            long, repo.connection.mget([repo.keys.message(ids[i]) for i in long]), strict=True
+        ):
+            starts[i] = whole
     out: list[Message | None] = []
-    for i in range(len(ids)):
-        values, resend = replies[2 * i], replies[2 * i + 1]
-        record = {name.encode(): v for name, v in zip(SUMMARY_FIELDS, values, strict=True) if v is not None}
-        out.append(
-            Message.from_hashes(record, resend, ids[i]) if record.get(b"destination") and resend else None
-        )
+    for i, start in enumerate(starts):
+        resend = replies[2 * i + 1]
+        if isinstance(start, list):  # HMGET of a hash written by an older version
+            start = {name.encode(): v for name, v in zip(SUMMARY_FIELDS, start, strict=True) if v is not None}
+        if not start or not resend:
+            out.append(None)
+            continue
+        message = Message.from_redis(start, resend, ids[i])
+        message.body = b""  # a list row has no body (GETRANGE may have read its start)
+        out.append(message)
     return out
 
 
@@ -503,7 +516,7 @@ def counts_by_destination(repo: MessageRepository, destinations: Iterable[str]) 
     pipe = repo.connection.pipeline(transaction=False)
     for destination in destinations:
         for status in STATUSES:
-            pipe.zcard(repo.index_key(status, destination))
+            pipe.zcard(repo.keys.status(status, destination))
     values = pipe.execute()
     n = len(STATUSES)
     return {

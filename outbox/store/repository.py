@@ -7,12 +7,12 @@ status transitions (compare-and-set Lua scripts, see ``lua/transition.lua``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ..exceptions import MessageNotFound
 from ..records import INLINE_ATTEMPT_FIELDS, STATUSES, Attempt, Message
@@ -29,14 +29,28 @@ ScoredMembers = list[tuple[bytes, float]]
 # Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
 #: create.lua: ([standing id, code] per message, queues woken).
 CreateReply = tuple[list[tuple[bytes, bytes]], list[bytes]]
-#: claim.lua: (message HGETALL, resend HGETALL, ... per claimed message; next due score or
-#: None; messages a limit rescheduled).
-ClaimReply = tuple[list[list[bytes]], bytes | None, int]
-#: transition.lua, per change: (applied 0|1, status after[, message HGETALL, resend HGETALL]).
-TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[bytes], list[bytes]]
+#: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
+#: resend HGETALL, ... per claimed message; next due score or None; messages a limit
+#: rescheduled).
+ClaimReply = tuple[list[list[Any]], bytes | None, int]
+#: transition.lua, per change: (applied 0|1, status after[, message record, resend HGETALL]).
+TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[Any], list[bytes]]
 #: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
 BulkReply = tuple[list[int], list[bytes]]
 ReleaseReply = tuple[list[bytes], list[bytes]]
+
+
+@dataclass(frozen=True)
+class Index:
+    """A list of messages read as one sorted set: the sorted sets of one destination, or
+    of several, with the same kind of score (see :mod:`outbox.store.keys`); their union
+    is the list, in score order (ties by id, as Redis orders one sorted set).
+
+    Attributes:
+        keys: the sorted sets, one per destination.
+    """
+
+    keys: tuple[str, ...]
 
 
 @dataclass
@@ -316,7 +330,6 @@ class MessageRepository:
         ]
         for m in messages:
             idem = m.idempotency_key
-            mfields = m.message_fields()
             rfields = m.resend_fields()
             args += [
                 m.id,
@@ -327,11 +340,9 @@ class MessageRepository:
                 m.status,
                 repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at),
                 repr(m.created_at),
-                len(mfields),
                 len(rfields),
+                m.message_value(),
             ]
-            for pair in mfields.items():
-                args += pair
             for pair in rfields.items():
                 args += pair
         return args
@@ -705,18 +716,40 @@ class MessageRepository:
         return message
 
     def get_many(self, ids: Sequence[str]) -> list[Message | None]:
-        """The messages with these ids, in order; None where an id has no message. One round trip."""
+        """The messages with these ids, in order; None where an id has no message.
+
+        One round trip (a second one only for records written by an older version, hashes)."""
         if not ids:
             return []
         pipe = self.connection.pipeline(transaction=False)
         for message_id in ids:
-            pipe.hgetall(self.keys.message(message_id))
+            pipe.get(self.keys.message(message_id))
             pipe.hgetall(self.keys.resend(message_id))
-        replies: list[dict[bytes, bytes]] = pipe.execute()  # HGETALL, HGETALL per id
+        replies = pipe.execute(raise_on_error=False)  # GET, HGETALL per id
+        records = self.resolve_older_records(ids, replies[::2], lambda key, pipe: pipe.hgetall(key))
         out: list[Message | None] = []
-        for i in range(len(ids)):
-            message, resend = replies[2 * i], replies[2 * i + 1]
-            out.append(Message.from_hashes(message, resend, ids[i]) if message and resend else None)
+        for i, record in enumerate(records):
+            resend = replies[2 * i + 1]
+            out.append(Message.from_redis(record, resend, ids[i]) if record and resend else None)
+        return out
+
+    def resolve_older_records(
+        self, ids: Sequence[str], replies: Sequence[Any], read: Callable[[str, Any], Any]
+    ) -> list[Any]:
+        """``replies`` to GET (or GETRANGE) of the message records, with each ``WRONGTYPE``
+        error (a hash, written by an older version) replaced by ``read(key, pipeline)``'s reply
+        (one more round trip, only if there is one). Other errors are raised."""
+        out = list(replies)
+        older = [i for i, reply in enumerate(out) if isinstance(reply, ResponseError)]
+        for i in older:
+            if not str(out[i]).startswith("WRONGTYPE"):
+                raise out[i]
+        if older:
+            pipe = self.connection.pipeline(transaction=False)
+            for i in older:
+                read(self.keys.message(ids[i]), pipe)
+            for i, reply in zip(older, pipe.execute(), strict=True):
+                out[i] = reply
         return out
 
     def ids_for_idempotency_keys(self, keys: Sequence[tuple[str, str]]) -> list[str | None]:
@@ -758,17 +791,20 @@ class MessageRepository:
             found.sort(key=lambda a: a.started_at or 0.0, reverse=True)
         return found if limit is None else found[:limit]
 
-    def index_key(self, status: str | None = None, destination: str | None = None) -> str:
-        """The sorted set listing messages with this status and/or destination.
+    def index(self, status: str | None = None, destination: str | None = None) -> Index:
+        """The index listing messages with this status and/or destination: the status
+        index (or, without a status, the created index) of that destination, or of every
+        destination ever used when ``destination`` is None (one ``SMEMBERS``).
 
         Raises:
             ValueError: an unknown status.
         """
-        if status is None:
-            return self.keys.created(destination)
-        if status not in STATUSES:
+        if status is not None and status not in STATUSES:
             raise ValueError(f"unknown status {status!r}; expected one of {STATUSES}")
-        return self.keys.status(status, destination)
+        names = [destination] if destination is not None else self.destinations()
+        if status is None:
+            return Index(tuple(self.keys.created(d) for d in names))
+        return Index(tuple(self.keys.status(status, d) for d in names))
 
     def filter(
         self,
@@ -785,10 +821,10 @@ class MessageRepository:
 
         Ordered by the index score (see :mod:`outbox.store.keys`): created_at when no
         status is given. ``min_score``/``max_score`` bound the score (epoch seconds).
-        Deep pages cost O(log N) (see :meth:`range_by_rank`).
+        See :meth:`range_by_rank` for what a deep page costs.
         """
         return self.range_by_rank(
-            self.index_key(status, destination),
+            self.index(status, destination),
             min_score,
             max_score,
             offset=offset,
@@ -797,16 +833,22 @@ class MessageRepository:
         )
 
     def range_by_rank(
-        self, key: str, lo: float | None, hi: float | None, *, offset: int, limit: int, descending: bool
+        self, index: Index, lo: float | None, hi: float | None, *, offset: int, limit: int, descending: bool
     ) -> list[str]:
-        """A page of a sorted set within a score range, read by rank.
+        """A page of an index within a score range, read by rank.
 
-        Unlike ``ZRANGEBYSCORE ... LIMIT offset`` (which walks ``offset`` entries), this
-        finds the rank where the range starts with ZCOUNT and reads by rank, so a deep
-        page costs O(log N) too. Two round trips.
+        One sorted set (one destination): unlike ``ZRANGEBYSCORE ... LIMIT offset`` (which
+        walks ``offset`` entries), this finds the rank where the range starts with ZCOUNT
+        and reads by rank, so a deep page costs O(log N) too; two round trips. Several
+        (every destination): ``lua/filter.lua`` merges them in Redis in one round trip,
+        reading ``offset + limit`` entries of each (O(destinations x (offset + limit))).
         """
-        if limit <= 0:
+        if limit <= 0 or not index.keys:
             return []
+        if len(index.keys) > 1:
+            ids, _ = self.merged_range(index, lo, hi, offset=offset, count=limit, descending=descending)
+            return ids
+        key = index.keys[0]
         pipe = self.connection.pipeline(transaction=False)
         pipe.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
         if descending:
@@ -823,6 +865,38 @@ class MessageRepository:
         read = self.connection.zrevrange if descending else self.connection.zrange
         return [raw.decode() for raw in cast(Members, read(key, before + offset, before + end - 1))]
 
+    def merged_range(
+        self,
+        index: Index,
+        lo: float | None,
+        hi: float | None,
+        *,
+        offset: int,
+        count: int,
+        descending: bool,
+        checks: str = "{}",
+    ) -> tuple[list[str], int]:
+        """Entries ``offset`` to ``offset + count`` (by rank, in score order) of an index
+        within a score range, its sorted sets merged in Redis as if they were one, that
+        pass ``checks`` (the JSON of ``lua/filter.lua``'s per-record checks; none by
+        default). One round trip, read only. Returns (the ids that pass, in order; how many
+        entries were examined: fewer than ``count`` at the end of the range)."""
+        matched, examined = self.run_script(
+            "filter",
+            [
+                self.keys.prefix,
+                checks,
+                "range",
+                score_bound(lo, "-inf"),
+                score_bound(hi, "+inf"),
+                offset,
+                count,
+                int(descending),
+                *index.keys,
+            ],
+        )
+        return [raw.decode() for raw in matched], int(examined)
+
     def count(
         self,
         status: str | None = None,
@@ -831,31 +905,44 @@ class MessageRepository:
         min_score: float | None = None,
         max_score: float | None = None,
     ) -> int:
-        """How many messages have this status and/or destination (ZCARD, or ZCOUNT with bounds)."""
-        return self.count_range(self.index_key(status, destination), min_score, max_score)
+        """How many messages have this status and/or destination (ZCARD, or ZCOUNT with
+        bounds, per destination: O(log N) each)."""
+        return self.count_range(self.index(status, destination), min_score, max_score)
 
-    def count_range(self, key: str, lo: float | None = None, hi: float | None = None) -> int:
-        """Entries of a sorted set within a score range: ZCARD without bounds, else ZCOUNT (O(log N))."""
-        if lo is None and hi is None:
-            return self.connection.zcard(key)
-        return self.connection.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
+    def count_range(self, index: Index, lo: float | None = None, hi: float | None = None) -> int:
+        """Entries of an index within a score range: ZCARD without bounds, else ZCOUNT
+        (O(log N)), per sorted set, in one round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        for key in index.keys:
+            if lo is None and hi is None:
+                pipe.zcard(key)
+            else:
+                pipe.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
+        counts: list[int] = pipe.execute()  # ZCARD or ZCOUNT per sorted set
+        return sum(counts)
 
     def counts(self, destination: str | None = None) -> dict[str, int]:
-        """Message count per status (one pipelined ZCARD each, O(1))."""
+        """Message count per status, of one destination or all (one pipelined ZCARD per
+        status and destination, O(1) each)."""
+        names = [destination] if destination is not None else self.destinations()
         pipe = self.connection.pipeline(transaction=False)
         for status in STATUSES:
-            pipe.zcard(self.keys.status(status, destination))
-        cards: list[int] = pipe.execute()  # ZCARD per status
-        return dict(zip(STATUSES, cards, strict=True))
+            for name in names:
+                pipe.zcard(self.keys.status(status, name))
+        cards: list[int] = pipe.execute()  # ZCARD per status and destination
+        n = len(names)
+        return {status: sum(cards[i * n : (i + 1) * n]) for i, status in enumerate(STATUSES)}
 
     def count_past_retention(self, retention: dict[str, float | None], now: float) -> int:
         """Messages kept longer than ``retention`` (status -> seconds, None = for ever)
-        allows: the purge backlog. One ZCOUNT per status (O(log N))."""
+        allows: the purge backlog. One ZCOUNT per status and destination (O(log N))."""
+        names = self.destinations()
         pipe = self.connection.pipeline(transaction=False)
         for status, seconds in retention.items():
             if seconds is not None:
-                pipe.zcount(self.keys.status(status), "-inf", repr(now - seconds))
-        counts: list[int] = pipe.execute()  # ZCOUNT per status with a retention
+                for name in names:
+                    pipe.zcount(self.keys.status(status, name), "-inf", repr(now - seconds))
+        counts: list[int] = pipe.execute()  # ZCOUNT per status with a retention and destination
         return sum(counts)
 
     def destinations(self) -> list[str]:
@@ -866,11 +953,14 @@ class MessageRepository:
 
     def oldest(self, status: str, destination: str | None = None) -> tuple[str, float] | None:
         """The (id, score) with the lowest score in a status index, or None if empty."""
-        rows = cast(
-            ScoredMembers,
-            self.connection.zrange(self.keys.status(status, destination), 0, 0, withscores=True),
-        )
-        return (rows[0][0].decode(), rows[0][1]) if rows else None
+        pipe = self.connection.pipeline(transaction=False)
+        for key in self.index(status, destination).keys:
+            pipe.zrange(key, 0, 0, withscores=True)
+        firsts = [rows[0] for rows in cast(list[ScoredMembers], pipe.execute()) if rows]
+        if not firsts:
+            return None
+        raw, score = min(firsts, key=lambda row: (row[1], row[0]))
+        return raw.decode(), score
 
     def iter_ids(
         self,
@@ -881,12 +971,18 @@ class MessageRepository:
         min_score: float | None = None,
         max_score: float | None = None,
     ) -> Iterator[list[str]]:
-        """Yield every matching id, ``batch`` at a time, oldest score first.
+        """Yield every matching id, ``batch`` at a time: one destination after another
+        (sorted by name), oldest score first within each.
 
-        Walks the index by score with an exclusive lower bound, so ids that leave the
+        Walks each index by score with an exclusive lower bound, so ids that leave the
         index meanwhile (a bulk action moving them) do not make it skip others.
         """
-        key = self.index_key(status, destination)
+        for key in self.index(status, destination).keys:
+            yield from self._walk_by_score(key, batch, min_score, max_score)
+
+    def _walk_by_score(
+        self, key: str, batch: int, min_score: float | None, max_score: float | None
+    ) -> Iterator[list[str]]:
         lo, hi = score_bound(min_score, "-inf"), score_bound(max_score, "+inf")
         seen_at_score: set[str] = set()
         last_score: float | None = None
@@ -914,14 +1010,14 @@ class MessageRepository:
             lo = repr(last_score)
 
     def due(self, status: str, before: float, limit: int = 1000) -> list[tuple[str, float]]:
-        """Up to ``limit`` (id, score) pairs in a status index with score <= ``before``."""
-        rows = cast(
-            ScoredMembers,
-            self.connection.zrangebyscore(
-                self.keys.status(status), "-inf", repr(before), start=0, num=limit, withscores=True
-            ),
-        )
-        return [(raw.decode(), score) for raw, score in rows]
+        """Up to ``limit`` (id, score) pairs in a status index (every destination) with
+        score <= ``before``, lowest score first. One round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        for key in self.index(status).keys:
+            pipe.zrangebyscore(key, "-inf", repr(before), start=0, num=limit, withscores=True)
+        rows = [row for found in cast(list[ScoredMembers], pipe.execute()) for row in found]
+        rows.sort(key=lambda row: (row[1], row[0]))
+        return [(raw.decode(), score) for raw, score in rows[:limit]]
 
     def stats(self, outcomes: Iterable[str], minutes: Sequence[int]) -> dict[str, list[int]]:
         """Per-minute outcome counters: outcome -> counts for each minute (epoch // 60)."""
@@ -937,35 +1033,47 @@ class MessageRepository:
             out[outcome] = [int(v) if v else 0 for v in row]
         return out
 
-    SCHEMA = 2  # 2: per-queue due indexes (version 0.2)
+    SCHEMA = 3  # 2: per-queue due indexes; 3: no index across destinations, message record a string
 
     def upgrade(self, batch: int = 1000) -> int:
         """Bring records written by an older version up to :attr:`SCHEMA` (idempotent).
 
         Version 0.1 kept no due index: its ``pending`` and ``retrying`` messages are put
-        in their queue's due index (``lua/backfill.lua``). Returns how many were put there
-        (0 when every one already was, as on a new Redis).
+        in their queue's due index (``lua/backfill.lua``). Older versions (schema < 3)
+        also kept indexes across destinations (``outbox:created``,
+        ``outbox:status:<status>``): every id in them is in its destination's index too,
+        so they are deleted (``UNLINK``: freed in the background). Message records
+        written as hashes by older versions stay as they are: every reader accepts them.
+        Returns how many messages were put in a due index (0 when every one already was,
+        as on a new Redis).
         """
         key = f"{self.keys.prefix}:schema"
-        if int(self.connection.get(key) or 0) >= self.SCHEMA:
+        schema = int(self.connection.get(key) or 0)
+        if schema >= self.SCHEMA:
             return 0
         added = 0
-        for status in ("pending", "retrying"):
-            first = 0
-            while True:
-                read, put = (
-                    int(x) for x in self.run_script("backfill", [self.keys.prefix, status, first, batch])
-                )
-                added += put
-                first += batch
-                if read < batch:
-                    break
+        if schema < 2:
+            for status in ("pending", "retrying"):
+                first = 0
+                while True:
+                    read, put = (
+                        int(x) for x in self.run_script("backfill", [self.keys.prefix, status, first, batch])
+                    )
+                    added += put
+                    first += batch
+                    if read < batch:
+                        break
+        self.connection.unlink(*self.keys.legacy_indexes(STATUSES))
         self.connection.set(key, self.SCHEMA)
         return added
 
     def drop_index_entry(self, status: str, message_id: str) -> None:
-        """Remove an id from a status index (repairing an entry without a record)."""
-        self.connection.zrem(self.keys.status(status), message_id)
+        """Remove an id from a status index of every destination (repairing an entry
+        without a record, whose destination is no longer known)."""
+        pipe = self.connection.pipeline(transaction=False)
+        for key in self.index(status).keys:
+            pipe.zrem(key, message_id)
+        pipe.execute()
 
     def acquire_lock(self, name: str, token: str, ttl: float) -> bool:
         """Take a short lock (``SET NX PX``); True if this caller holds it now."""

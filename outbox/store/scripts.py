@@ -6,6 +6,9 @@ They are called by SHA1 with ``EVALSHA`` (see
 ``NOSCRIPT`` half-way (which would run a later script before an earlier one), and again
 after Redis answers ``NOSCRIPT`` (after a restart, or ``SCRIPT FLUSH``); Redis caches a
 compiled script by the SHA1 of its source (Redis docs, "Scripting with Lua").
+
+A line ``--! include <name>`` in a script is replaced by ``lua/lib/<name>.lua``: code
+that several scripts share is written once.
 """
 
 from __future__ import annotations
@@ -14,11 +17,21 @@ import hashlib
 from functools import cache
 from importlib import resources
 
+INCLUDE = "--! include "
+
 
 @cache
 def source(name: str) -> str:
-    """The text of ``lua/<name>.lua``."""
-    return resources.files("outbox.store").joinpath("lua").joinpath(f"{name}.lua").read_text()
+    """The text of ``lua/<name>.lua``, its ``--! include`` lines replaced by the library
+    files they name."""
+    folder = resources.files("outbox.store").joinpath("lua")
+    lines = folder.joinpath(f"{name}.lua").read_text().splitlines(keepends=True)
+    return "".join(
+        folder.joinpath("lib").joinpath(f"{line[len(INCLUDE) :].strip()}.lua").read_text()
+        if line.startswith(INCLUDE)
+        else line
+        for line in lines
+    )
 
 
 @cache

@@ -38,8 +38,10 @@ class SentMessages:
         from ..connection import get_repository
 
         repo = get_repository()
-        raw = cast(Members, repo.connection.zrangebyscore(repo.keys.created(), self.since - 0.001, "+inf"))
-        ids = [i.decode() for i in raw]
+        pipe = repo.connection.pipeline(transaction=False)
+        for key in repo.index().keys:
+            pipe.zrangebyscore(key, self.since - 0.001, "+inf")
+        ids = [i.decode() for raw in cast(list[Members], pipe.execute()) for i in raw]
         found: dict[str, Message] = {m.id: m for m in repo.get_many(ids) if m is not None}
         for message in _captured_since(self.since):
             found.setdefault(message.id, message)

@@ -1,6 +1,7 @@
 -- Upgrade from records written before the due index existed (version 0.1): put a range
 -- of a status index's ids (pending or retrying) into their queue's due index, scored by
--- next_attempt_at, unless they are there already.
+-- next_attempt_at, unless they are there already. It reads outbox:status:<status>, the
+-- index across destinations that older versions kept (0.1 records have it).
 --
 -- ARGV[1] prefix  ARGV[2] status  ARGV[3] first rank  ARGV[4] how many
 -- Returns {ids read (fewer than asked: the index is done), ids added to a due index}.

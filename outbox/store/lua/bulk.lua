@@ -36,7 +36,6 @@ local wake_ttl = tonumber(ARGV[pos + 3])
 local ngroups = tonumber(ARGV[pos + 4])
 pos = pos + 5
 local woken, woken_set = {}, {}
-local to_key = prefix .. ':status:' .. to
 local out, acted, k = {}, {}, 0
 for _ = 1, ngroups do
   local job, n = ARGV[pos], tonumber(ARGV[pos + 1])
@@ -52,10 +51,8 @@ for _ = 1, ngroups do
     if status and allowed[status] then
       local us = base_us + (k - 1) * step_us
       local s = string.format('%d.%06d', math.floor(us / 1e6), us % 1e6)
-      redis.call('ZREM', prefix .. ':status:' .. status, id)
       redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-      redis.call('ZADD', to_key, s, id)
-      redis.call('ZADD', to_key .. ':dest:' .. dest, s, id)
+      redis.call('ZADD', prefix .. ':status:' .. to .. ':dest:' .. dest, s, id)
       if to == 'pending' or to == 'retrying' then
         redis.call('ZADD', due_key, s, id)
         if not woken_set[cur[3]] then

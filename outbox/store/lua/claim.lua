@@ -30,11 +30,12 @@
 -- ARGV[9] due slack (seconds): messages due by now + slack are taken
 -- ARGV[10] JSON object destination -> [emission interval T (0 = no rate limit),
 --          tolerance tau, max concurrency (0 = none)]; "{}" = no limits
--- Returns {claimed, next_due, held}: claimed is a flat list of message HGETALL (with
--- 'id', id appended) and resend HGETALL (read before the claim, the claim's own fields
+-- Returns {claimed, next_due, held}: claimed is a flat list of the message record
+-- ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's own fields
 -- appended: later pairs win) per claimed message; next_due is the score of the earliest
 -- entry left in the due index (a string), or false when it is empty; held counts
 -- messages rescheduled by a limit (the caller may wait for them rather than end its run).
+--! include message
 local prefix, now_s, queue, lease, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = tonumber(now_s)
 local limit, scan = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -67,7 +68,6 @@ end
 local function reschedule(id, status, dest, at)
   local s = string.format('%.6f', at)
   redis.call('ZADD', due_key, s, id)
-  redis.call('ZADD', prefix .. ':status:' .. status, s, id)
   redis.call('ZADD', prefix .. ':status:' .. status .. ':dest:' .. dest, s, id)
   redis.call('HSET', prefix .. ':resend:' .. id, 'next_attempt_at', s)
   held = held + 1
@@ -77,16 +77,11 @@ local function take(id, rkey, record, status, dest)
   local g = gates[dest]
   if g.sending then g.sending = g.sending + 1 end
   redis.call('ZREM', due_key, id)
-  redis.call('ZREM', prefix .. ':status:' .. status, id)
   redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-  redis.call('ZADD', prefix .. ':status:sending', deadline, id)
   redis.call('ZADD', prefix .. ':status:sending:dest:' .. dest, deadline, id)
   local claimed = {'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s}
   redis.call('HSET', rkey, unpack(claimed))
-  local message = redis.call('HGETALL', prefix .. ':message:' .. id)
-  message[#message + 1] = 'id'  -- the id is the key's suffix, not a field of the record
-  message[#message + 1] = id
-  out[#out + 1] = message
+  out[#out + 1] = message_record(prefix, id)
   -- The resend record as read before the HSET, with the claim's fields appended: a later
   -- pair wins when the caller makes the flat list a mapping (one HGETALL fewer).
   for _, v in ipairs(claimed) do record[#record + 1] = v end

@@ -1,4 +1,5 @@
--- Create messages: message record, resend record, status, due and creation indexes,
+-- Create messages: message record, resend record, the destination's status and creation
+-- indexes, the queue's due index,
 -- idempotency key, and the wake-up flag of each queue that has work due now.
 -- Atomic per call. Idempotent on the message id: a message whose record exists is
 -- left as it is (the on-commit fast path and the relay may both push it).
@@ -12,10 +13,10 @@
 -- ARGV[7] number of messages N, then per message:
 --   id, idempotency key name ("" = none; already scoped by destination),
 --   fingerprint (of body and content type; "" without a key), destination, queue,
---   status, status score, created_at, n_message_fields, n_resend_fields, then the
---   message record's field/value pairs (n_message_fields of them, the body included,
---   as bytes) and the resend record's pairs (n_resend_fields).
--- The pairs go to HSET as ranges of ARGV (unpack, in C): the script never walks them.
+--   status, status score, created_at, n_resend_fields, the message record (one
+--   string: its header line and the body, outbox.records.Message.message_value), then
+--   the resend record's field/value pairs (n_resend_fields of them).
+-- The pairs go to HSET as a range of ARGV (unpack, in C): the script never walks them.
 -- Returns {results, woken}: results has per message {standing id, code} where code is
 -- "new", "exists" (this id was already written), "duplicate" (the key names another
 -- message with the same fingerprint: its id stands) or "conflict" (the key names
@@ -37,11 +38,11 @@ for i = 1, n do
   local m = {}
   m.id, m.idem, m.fp, m.dest, m.queue, m.status, m.score, m.created =
     ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3], ARGV[pos + 4], ARGV[pos + 5], ARGV[pos + 6], ARGV[pos + 7]
-  local nm, nr = tonumber(ARGV[pos + 8]) * 2, tonumber(ARGV[pos + 9]) * 2
-  m.mfirst = pos + 10
-  m.rfirst = m.mfirst + nm
+  local nr = tonumber(ARGV[pos + 8]) * 2
+  m.record = pos + 9
+  m.rfirst = pos + 10
   pos = m.rfirst + nr
-  m.mlast, m.rlast = m.rfirst - 1, pos - 1
+  m.rlast = pos - 1
   -- First pass: what would happen to each message.
   m.code, m.standing = 'new', m.id
   if check_exists and redis.call('EXISTS', prefix .. ':message:' .. m.id) == 1 then
@@ -73,12 +74,10 @@ for i, m in ipairs(msgs) do
         redis.call('SET', ikey, id .. '|' .. m.fp)
       end
     end
-    redis.call('HSET', prefix .. ':message:' .. id, unpack(ARGV, m.mfirst, m.mlast))
+    redis.call('SET', prefix .. ':message:' .. id, ARGV[m.record])
     redis.call('HSET', prefix .. ':resend:' .. id, unpack(ARGV, m.rfirst, m.rlast))
-    redis.call('ZADD', prefix .. ':status:' .. status, score, id)
     redis.call('ZADD', prefix .. ':status:' .. status .. ':dest:' .. dest, score, id)
     redis.call('ZADD', prefix .. ':due:' .. queue, score, id)
-    redis.call('ZADD', prefix .. ':created', m.created, id)
     redis.call('ZADD', prefix .. ':created:dest:' .. dest, m.created, id)
     if not dests[dest] then
       dests[dest] = true

@@ -14,7 +14,21 @@ for i = 3, #ARGV do
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue')
   local status, dest = cur[1], cur[2]
   if status and allowed[status] then
-    local idem = redis.call('HGET', mkey, 'idempotency_key')
+    local idem
+    local head = redis.pcall('GETRANGE', mkey, 0, 4095)  -- the header line of the record's string
+    if type(head) == 'table' and head.err then
+      idem = redis.call('HGET', mkey, 'idempotency_key')  -- a hash: written by an older version
+    elseif head then
+      local nl = string.find(head, '\n', 1, true)
+      if not nl then
+        head = redis.call('GET', mkey)
+        nl = string.find(head, '\n', 1, true)
+      end
+      if nl then
+        idem = cjson.decode(string.sub(head, 1, nl - 1)).idempotency_key
+        if type(idem) ~= 'string' then idem = nil end
+      end
+    end
     if idem then
       local ikey = prefix .. ':idempotency:' .. string.len(dest) .. ':' .. dest .. ':' .. idem
       local held = redis.call('GET', ikey)
@@ -22,9 +36,7 @@ for i = 3, #ARGV do
     end
     redis.call('ZREM', prefix .. ':due:' .. (cur[3] or ''), id)
     redis.call('ZREM', prefix .. ':parked:' .. dest, id)
-    redis.call('ZREM', prefix .. ':status:' .. status, id)
     redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-    redis.call('ZREM', prefix .. ':created', id)
     redis.call('ZREM', prefix .. ':created:dest:' .. dest, id)
     redis.call('DEL', rkey, mkey, prefix .. ':attempts:' .. id)
     out[#out + 1] = 1

@@ -9,21 +9,21 @@
 --    "created_lo": x, "created_hi": x, "updated_lo": x, "updated_hi": x,
 --    "due_lo": x, "due_hi": x}
 -- ARGV[3] "ids": ARGV[4..] are the message ids, in order
---         "range": ARGV[4] a sorted set, ARGV[5] min score, ARGV[6] max score (as
---         ZRANGEBYSCORE takes them), ARGV[7] offset, ARGV[8] count, ARGV[9] "1" for
---         highest scores first: the ids are that slice of the sorted set
+--         "range": ARGV[4] min score, ARGV[5] max score (as ZRANGEBYSCORE takes them),
+--         ARGV[6] offset, ARGV[7] count, ARGV[8] "1" for highest scores first,
+--         ARGV[9..] the sorted sets of an index (one per destination): the ids are
+--         that slice of their union (lib/merge.lua)
 -- Returns {ids that pass, in order; how many ids were examined}.
 -- A message that is gone never passes. Created times come from the ids
 -- (msg_ + 12 hex digits of epoch milliseconds, see outbox.records.new_message_id).
+--! include merge
 local prefix = ARGV[1]
 local c = cjson.decode(ARGV[2])
 local ids
 if ARGV[3] == 'range' then
-  if ARGV[9] == '1' then
-    ids = redis.call('ZREVRANGEBYSCORE', ARGV[4], ARGV[6], ARGV[5], 'LIMIT', ARGV[7], ARGV[8])
-  else
-    ids = redis.call('ZRANGEBYSCORE', ARGV[4], ARGV[5], ARGV[6], 'LIMIT', ARGV[7], ARGV[8])
-  end
+  local keys = {}
+  for i = 9, #ARGV do keys[#keys + 1] = ARGV[i] end
+  ids = merged_range(keys, ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1')
 else
   ids = {}
   for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end

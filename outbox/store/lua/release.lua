@@ -3,8 +3,8 @@
 -- Only messages still held under the given lease are released.
 --
 -- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] lease token
--- ARGV[4] lease deadline: when no ids follow, every id in the sending index with this
---         exact score is a candidate (a claim whose reply was lost)
+-- ARGV[4] lease deadline: when no ids follow, every id in a sending index (of any
+--         destination) with this exact score is a candidate (a claim whose reply was lost)
 -- ARGV[5] wake flag TTL (ms)  ARGV[6..] ids (optional)
 -- Returns {ids released, queues whose wake-up flag this call set}.
 local prefix, now_s, lease, deadline, wake_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
@@ -12,7 +12,11 @@ local ids = {}
 if #ARGV > 5 then
   for i = 6, #ARGV do ids[#ids + 1] = ARGV[i] end
 else
-  ids = redis.call('ZRANGEBYSCORE', prefix .. ':status:sending', deadline, deadline)
+  for _, dest in ipairs(redis.call('SMEMBERS', prefix .. ':destinations')) do
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', prefix .. ':status:sending:dest:' .. dest, deadline, deadline)) do
+      ids[#ids + 1] = id
+    end
+  end
 end
 local released, woken, seen = {}, {}, {}
 for _, id in ipairs(ids) do
@@ -22,9 +26,7 @@ for _, id in ipairs(ids) do
     local dest, queue = cur[2], cur[3] or ''
     local to = 'pending'
     if tonumber(cur[5] or '0') > 0 then to = 'retrying' end
-    redis.call('ZREM', prefix .. ':status:sending', id)
     redis.call('ZREM', prefix .. ':status:sending:dest:' .. dest, id)
-    redis.call('ZADD', prefix .. ':status:' .. to, now_s, id)
     redis.call('ZADD', prefix .. ':status:' .. to .. ':dest:' .. dest, now_s, id)
     redis.call('ZADD', prefix .. ':due:' .. queue, now_s, id)
     redis.call('HSET', rkey, 'status', to, 'next_attempt_at', now_s, 'updated_at', now_s)

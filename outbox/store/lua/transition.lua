@@ -1,7 +1,8 @@
 -- Compare-and-set status transitions, many messages per call. This is the lock
 -- against double processing: a change applies only if the message is in one of the
 -- expected statuses (and, if asked, its lease matches and it is due). It keeps the
--- status indexes and the queue's due index (pending|retrying, by due time) in step.
+-- destination's status indexes and the queue's due index (pending|retrying, by due
+-- time) in step.
 --
 -- ARGV[1] prefix
 -- ARGV[2] now (epoch seconds, string)
@@ -25,7 +26,9 @@
 --   at its first attempt gets no attempts list (about 340 bytes less).
 -- A message that leaves pending|retrying leaves the parked set of its destination too.
 -- Returns, per change: {applied 0|1 (2: applied as its park alternative), status after ("" if no such message)
---                       [, message HGETALL, resend HGETALL when load and applied]}
+--                       [, message record ({id, record}: lib/message.lua), resend
+--                       HGETALL when load and applied]}
+--! include message
 local prefix = ARGV[1]
 local now = tonumber(ARGV[2])
 local kept = tonumber(ARGV[3])
@@ -88,9 +91,7 @@ for i = 1, n do
     end
     if allowed then
       applied = 1
-      redis.call('ZREM', prefix .. ':status:' .. status, id)
       redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-      redis.call('ZADD', prefix .. ':status:' .. to, score, id)
       redis.call('ZADD', prefix .. ':status:' .. to .. ':dest:' .. dest, score, id)
       -- The due index of the message's queue holds exactly its pending|retrying messages.
       local due_key = prefix .. ':due:' .. (cur[5] or '')
@@ -121,9 +122,7 @@ for i = 1, n do
   end
   local row = {applied, status or ''}
   if applied > 0 and load then
-    row[3] = redis.call('HGETALL', prefix .. ':message:' .. id)
-    row[3][#row[3] + 1] = 'id'  -- the id is the key's suffix, not a field of the record
-    row[3][#row[3] + 1] = id
+    row[3] = message_record(prefix, id)
     row[4] = redis.call('HGETALL', rkey)
   end
   out[i] = row
