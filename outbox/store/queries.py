@@ -1,7 +1,7 @@
 """Read-only queries for the admin console and the bulk commands, over a repository.
 
-Each query reads one sorted set of :class:`~outbox.store.MessageRepository` (see
-:mod:`outbox.store.keys`) and never loads every id:
+Each query reads one index of :class:`~outbox.store.MessageRepository` (one sorted set
+per destination, see :mod:`outbox.store.keys`) and never loads every id:
 
 * the index is the status index when a status is given, else the created index, of
   the destination given, or of every destination read together (merged in Redis in
