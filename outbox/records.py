@@ -267,8 +267,9 @@ class Message:
 
         A string, not a hash: a hash holding a value over ``hash-max-listpack-value``
         (64 bytes by default, redis.conf) is a hashtable, about 250 bytes more per message
-        than this string. Records written by older versions (0.1, and 0.2 snapshots before schema 3) are hashes (with ``id`` and
-        ``headers: "{}"`` before 0.2); every reader accepts both (:meth:`from_redis`).
+        than this string. Records written by older versions (0.1, and 0.2 snapshots
+        before schema 3) are hashes of the same fields (0.1's also hold ``id`` and
+        ``headers: "{}"``); every reader accepts both (:meth:`from_redis`).
         """
         header: dict[str, Any] = {
             "destination": self.destination,
@@ -316,7 +317,7 @@ class Message:
                 its start, through the header line: the body is then b""), or the hash
                 of a record written by an older version (bytes keys).
             resend: the resend record's hash (bytes keys).
-            message_id: the id (a hash holds it only in records written before 0.2).
+            message_id: the id (only 0.1's hash holds it).
 
         Raises:
             ValueError: a string record without its header line.
@@ -362,7 +363,8 @@ class Message:
     @classmethod
     def from_flat(cls, message: list[Any], resend: list[bytes]) -> Message:
         """Build a message from a Lua script's reply: ``message`` is ``{id, record}`` (the
-        string, or an older version's hash as a flat ``HGETALL``) and ``resend`` a flat ``HGETALL``."""
+        string, or an older version's hash as a flat ``HGETALL``) and ``resend`` a flat
+        ``HGETALL``."""
         message_id, record = message
         stored = record if isinstance(record, bytes) else _pairs(record)
         return cls.from_redis(stored, _pairs(resend), message_id.decode())
@@ -371,7 +373,8 @@ class Message:
 def message_header(message: bytes | dict[bytes, bytes]) -> dict[str, Any]:
     """The message record's fields as plain values (``body`` as bytes, ``headers`` a
     dict, ``created_at`` a float): from :meth:`Message.message_value`'s string (or its
-    start, through the header line, without the body), or a hash written by an older version.
+    start, through the header line, without the body), or a hash written by an older
+    version.
 
     Raises:
         ValueError: a string without a complete header line.

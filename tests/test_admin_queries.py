@@ -80,6 +80,16 @@ def test_an_index_across_destinations_reads_as_one_sorted_set(repo):
                     repo, one, offset=offset, limit=limit, descending=descending
                 )
                 assert queries.scan(repo, p, offset=offset, count=limit, descending=descending)[0] == merged
+            # a walk in chunks, each going on right after the last one's end, reads it all once
+            walked, after = [], None
+            while True:
+                found, examined, after = queries.scan(
+                    repo, p, offset=0, count=7, descending=descending, after=after
+                )
+                walked += found
+                if examined < 7:
+                    break
+            assert walked == queries.range_ids(repo, one, offset=0, limit=10_000, descending=descending)
     assert (
         queries.range_ids(
             repo, queries.Plan(MessageFilter(), Index(()), "created"), offset=0, limit=5, descending=True

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from ..records import STATUSES, Message, Status
-from .repository import Index, Members, MessageRepository
+from .repository import Cursor, Index, Members, MessageRepository
 
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000
@@ -268,17 +268,24 @@ def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
     out = [i for i in ids if p.check_created.contains(created_at_of(i))] if p.check_created else list(ids)
     if not out or not p.reads_records:
         return out
-    matched, _ = repo.run_script("filter", [repo.keys.prefix, _checks_json(p), "ids", *out])
+    matched = repo.run_script("filter", [repo.keys.prefix, _checks_json(p), "ids", *out])[0]
     return [raw.decode() for raw in matched]
 
 
 def scan(
-    repo: MessageRepository, p: Plan, *, offset: int, count: int, descending: bool
-) -> tuple[list[str], int]:
+    repo: MessageRepository,
+    p: Plan,
+    *,
+    offset: int,
+    count: int,
+    descending: bool,
+    after: Cursor | None = None,
+) -> tuple[list[str], int, Cursor | None]:
     """Check a slice of the plan's index (by rank within its score range, its sorted sets
-    merged) in Redis, in one round trip (``lua/filter.lua``, read only): (the ids that
-    pass, in order; how many entries were examined, fewer than ``count`` at the end of the
-    range)."""
+    merged; or the ``count`` entries right after ``after``) in Redis, in one round trip
+    (``lua/filter.lua``, read only): (the ids that pass, in order; how many entries were
+    examined, fewer than ``count`` at the end of the range; where the next slice starts
+    after, when the index has several sorted sets)."""
     return repo.merged_range(
         p.index,
         p.lo,
@@ -287,6 +294,7 @@ def scan(
         count=count,
         descending=descending,
         checks=_checks_json(p, created=True),
+        after=after,
     )
 
 
@@ -367,9 +375,13 @@ def page(
         return Page(ids, index_total, True, 0, index_total, p)
     matches: list[str] = []
     scanned = 0
+    after: Cursor | None = None  # across destinations, each chunk goes on from the last one's end
     while scanned < min(scan_limit, index_total):
         count = min(CHUNK, scan_limit - scanned)
-        found, examined = scan(repo, p, offset=scanned, count=count, descending=descending)
+        offset_in = 0 if after is not None else scanned
+        found, examined, after = scan(
+            repo, p, offset=offset_in, count=count, descending=descending, after=after
+        )
         scanned += examined
         matches += found
         if examined < count:

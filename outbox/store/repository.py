@@ -40,6 +40,10 @@ BulkReply = tuple[list[int], list[bytes]]
 ReleaseReply = tuple[list[bytes], list[bytes]]
 
 
+#: Where a walk over an index stopped: (score as Redis wrote it, id) of the last entry read.
+Cursor = tuple[bytes, bytes]
+
+
 @dataclass(frozen=True)
 class Index:
     """A list of messages read as one sorted set: the sorted sets of one destination, or
@@ -846,8 +850,7 @@ class MessageRepository:
         if limit <= 0 or not index.keys:
             return []
         if len(index.keys) > 1:
-            ids, _ = self.merged_range(index, lo, hi, offset=offset, count=limit, descending=descending)
-            return ids
+            return self.merged_range(index, lo, hi, offset=offset, count=limit, descending=descending)[0]
         key = index.keys[0]
         pipe = self.connection.pipeline(transaction=False)
         pipe.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
@@ -875,13 +878,21 @@ class MessageRepository:
         count: int,
         descending: bool,
         checks: str = "{}",
-    ) -> tuple[list[str], int]:
+        after: Cursor | None = None,
+    ) -> tuple[list[str], int, Cursor | None]:
         """Entries ``offset`` to ``offset + count`` (by rank, in score order) of an index
         within a score range, its sorted sets merged in Redis as if they were one, that
         pass ``checks`` (the JSON of ``lua/filter.lua``'s per-record checks; none by
-        default). One round trip, read only. Returns (the ids that pass, in order; how many
-        entries were examined: fewer than ``count`` at the end of the range)."""
-        matched, examined = self.run_script(
+        default). One round trip, read only.
+
+        ``after``: start right after this entry (the cursor a previous call returned)
+        instead of at ``offset``: a walk in chunks then reads ``count`` entries of each
+        sorted set per chunk instead of ``offset + count``.
+
+        Returns (the ids that pass, in order; how many entries were examined: fewer than
+        ``count`` at the end of the range; the cursor of the last entry examined, or None
+        when none was or the index is one sorted set read without ``after``)."""
+        matched, examined, last_score, last_id = self.run_script(
             "filter",
             [
                 self.keys.prefix,
@@ -892,10 +903,13 @@ class MessageRepository:
                 offset,
                 count,
                 int(descending),
+                after[0] if after else "",
+                after[1] if after else "",
                 *index.keys,
             ],
         )
-        return [raw.decode() for raw in matched], int(examined)
+        cursor = (last_score, last_id) if last_score is not None else None
+        return [raw.decode() for raw in matched], int(examined), cursor
 
     def count(
         self,

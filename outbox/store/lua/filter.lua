@@ -11,19 +11,26 @@
 -- ARGV[3] "ids": ARGV[4..] are the message ids, in order
 --         "range": ARGV[4] min score, ARGV[5] max score (as ZRANGEBYSCORE takes them),
 --         ARGV[6] offset, ARGV[7] count, ARGV[8] "1" for highest scores first,
---         ARGV[9..] the sorted sets of an index (one per destination): the ids are
+--         ARGV[9] and ARGV[10]: the score and id of the entry the slice starts right
+--         after ("" and "": the start of the range; a walk's next chunk),
+--         ARGV[11..] the sorted sets of an index (one per destination): the ids are
 --         that slice of their union (lib/merge.lua)
--- Returns {ids that pass, in order; how many ids were examined}.
+-- Returns {ids that pass, in order; how many ids were examined; in "range" mode the score
+-- and id of the last entry examined (false when none or one sorted set without ARGV[9])}.
 -- A message that is gone never passes. Created times come from the ids
 -- (msg_ + 12 hex digits of epoch milliseconds, see outbox.records.new_message_id).
 --! include merge
 local prefix = ARGV[1]
 local c = cjson.decode(ARGV[2])
 local ids
+local last = {false, false}
 if ARGV[3] == 'range' then
   local keys = {}
-  for i = 9, #ARGV do keys[#keys + 1] = ARGV[i] end
-  ids = merged_range(keys, ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1')
+  for i = 11, #ARGV do keys[#keys + 1] = ARGV[i] end
+  local after = nil
+  if ARGV[9] ~= '' then after = {ARGV[9], ARGV[10]} end
+  local slice = merged_range(keys, ARGV[4], ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1', after)
+  ids, last = slice[1], {slice[2], slice[3]}
 else
   ids = {}
   for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
@@ -59,4 +66,4 @@ for _, id in ipairs(ids) do
   end
   if ok then out[#out + 1] = id end
 end
-return {out, #ids}
+return {out, #ids, last[1], last[2]}

@@ -4,28 +4,45 @@
 -- paged by Redis itself; several are merged here, reading offset + count entries of each
 -- (O(#keys x (offset + count))).
 -- keys: the sorted sets; lo, hi: score bounds as ZRANGEBYSCORE takes them ("-inf", "(1.5").
-local function merged_range(keys, lo, hi, offset, count, descending)
-  if #keys == 1 then
-    if descending then return redis.call('ZREVRANGEBYSCORE', keys[1], hi, lo, 'LIMIT', offset, count) end
-    return redis.call('ZRANGEBYSCORE', keys[1], lo, hi, 'LIMIT', offset, count)
+-- after: nil, or {score (string, as Redis returned it), member}: start right after that
+--   entry instead of at the start of the range (a walk that goes on where its last call
+--   stopped, reading count entries of each set instead of offset + count).
+-- Returns {members, score of the last entry read or false, that member or false}.
+local function merged_range(keys, lo, hi, offset, count, descending, after)
+  if #keys == 1 and not after then
+    if descending then return {redis.call('ZREVRANGEBYSCORE', keys[1], hi, lo, 'LIMIT', offset, count), false, false} end
+    return {redis.call('ZRANGEBYSCORE', keys[1], lo, hi, 'LIMIT', offset, count), false, false}
   end
   local want = offset + count
-  local lists, scores, pos = {}, {}, {}
+  local after_score, after_member
+  if after then
+    after_score, after_member = tonumber(after[1]), after[2]
+    if descending then hi = after[1] else lo = after[1] end
+  end
+  local lists, scores, raw, pos = {}, {}, {}, {}
   for i, key in ipairs(keys) do
+    local ties = 0  -- entries at the cursor's own score, read again and skipped below
+    if after then ties = redis.call('ZCOUNT', key, after[1], after[1]) end
     local rows
     if descending then
-      rows = redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'WITHSCORES', 'LIMIT', 0, want)
+      rows = redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'WITHSCORES', 'LIMIT', 0, want + ties)
     else
-      rows = redis.call('ZRANGEBYSCORE', key, lo, hi, 'WITHSCORES', 'LIMIT', 0, want)
+      rows = redis.call('ZRANGEBYSCORE', key, lo, hi, 'WITHSCORES', 'LIMIT', 0, want + ties)
     end
-    local members, values = {}, {}
+    local members, values, texts = {}, {}, {}
     for j = 1, #rows, 2 do
-      members[#members + 1] = rows[j]
-      values[#values + 1] = tonumber(rows[j + 1])
+      local member, score = rows[j], tonumber(rows[j + 1])
+      local seen = after and score == after_score and ((member <= after_member) ~= descending or member == after_member)
+      if not seen then
+        members[#members + 1] = member
+        values[#values + 1] = score
+        texts[#texts + 1] = rows[j + 1]
+      end
     end
-    lists[i], scores[i], pos[i] = members, values, 1
+    lists[i], scores[i], raw[i], pos[i] = members, values, texts, 1
   end
   local out, taken = {}, 0
+  local last_score, last_member = false, false
   while taken < want do
     local best, best_score, best_member
     for i = 1, #lists do
@@ -46,7 +63,8 @@ local function merged_range(keys, lo, hi, offset, count, descending)
     if not best then break end
     taken = taken + 1
     if taken > offset then out[#out + 1] = best_member end
+    last_score, last_member = raw[best][pos[best]], best_member
     pos[best] = pos[best] + 1
   end
-  return out
+  return {out, last_score, last_member}
 end
