@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MUST_CARRY = (
     "outbox/store/lua/claim.lua",
+    "outbox/store/lua/lib/message.lua",
     "outbox/templates/",
     "outbox/static/",
     "outbox/migrations/0001",
@@ -91,7 +92,7 @@ def check_contents(wheel: Path, sdist: Path) -> None:
         if missing:
             fail(f"the {label} lacks {missing}")
     lua = sorted(n for n in wheel_names if n.endswith(".lua"))
-    source_lua = sorted(f"outbox/store/lua/{p.name}" for p in (ROOT / "outbox/store/lua").glob("*.lua"))
+    source_lua = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "outbox/store/lua").rglob("*.lua"))
     if lua != source_lua:
         fail(f"the wheel's Lua scripts {lua} are not the source's {source_lua}")
     step(

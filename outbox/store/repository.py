@@ -46,9 +46,10 @@ Cursor = tuple[bytes, bytes]
 
 @dataclass(frozen=True)
 class Index:
-    """A list of messages read as one sorted set: the sorted sets of one destination, or
-    of several, with the same kind of score (see :mod:`outbox.store.keys`); their union
-    is the list, in score order (ties by id, as Redis orders one sorted set).
+    """A list of messages read as one sorted set: one sorted set per destination (of one
+    destination, or of every one), all with the same kind of score (see
+    :mod:`outbox.store.keys`); their union is the list, in score order (ties by id, as
+    Redis orders one sorted set).
 
     Attributes:
         keys: the sorted sets, one per destination.
