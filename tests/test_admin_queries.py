@@ -188,7 +188,7 @@ def test_summaries_leave_the_body_out(repo):
 def test_counts_by_destination(repo):
     make(repo, 2, "failed", destination="hook")
     make(repo, 1, destination="mem")
-    counts = queries.counts_by_destination(repo, repo.destinations())
+    counts = repo.counts_by_destination(repo.destinations())
     assert counts["hook"]["failed"] == 2 and counts["mem"]["pending"] == 1 and counts["mem"]["failed"] == 0
 
 

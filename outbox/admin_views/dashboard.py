@@ -24,7 +24,8 @@ from .. import health
 from ..conf import outbox_settings
 from ..connection import get_repository
 from ..records import STATUSES, Status
-from ..store.queries import counts_by_destination, created_at_of
+from ..store.queries import created_at_of
+from ..store.repository import sum_counts
 from .base import TEMPLATES, console_view, context, list_url, require_view, url
 from .chart import CHART_MINUTES, attempt_chart
 from .formatting import duration, moment
@@ -102,7 +103,7 @@ def destination_rows(
         names = health.known_destinations()
     healths = health.get_all_health(names)
     rows = []
-    for name, counts in counts_by_destination(repo, names).items():
+    for name, counts in repo.counts_by_destination(names).items():
         h = healths[name]
         rows.append(
             DestinationRow(
@@ -132,10 +133,11 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     require_view(model_admin, request)
     repo = get_repository()
     now = time.time()
-    counts = repo.counts()
     queues, workers = queue_stats(outbox_settings.queue_names)
     names = health.known_destinations()
     destinations = destination_rows(model_admin, now, names)
+    # every destination with messages has a row: the totals are theirs, added up
+    counts = sum_counts({c.status: c.count for c in row.counts} for row in destinations)
     chart_destination = (request.GET.get("chart") or "").strip() or None
     if chart_destination is not None and chart_destination not in names:
         chart_destination = None

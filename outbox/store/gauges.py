@@ -13,10 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from redis.client import Pipeline
-
-from ..records import STATUSES
-from .queries import counts_by_destination
 from .repository import MessageRepository
 
 
@@ -81,7 +77,7 @@ def read_gauges(
         pipe.zcount(key, "-inf", repr(now))
         pipe.zcount(key, f"({now!r}", "+inf")
         pipe.zrange(key, 0, 0, withscores=True)
-    _count_statuses(pipe, repo, names)
+    repo.queue_status_counts(pipe, names)
     replies = pipe.execute()
     known, replies = replies[0], replies[1:]
     depths = []
@@ -89,19 +85,8 @@ def read_gauges(
         due, scheduled, first = replies[3 * i : 3 * i + 3]
         oldest = first[0][1] if first and first[0][1] <= now else None
         depths.append(QueueDepth(queue, int(due), int(scheduled), oldest))
-    counts = replies[3 * len(queues) :]
-    n = len(STATUSES)
-    messages = {
-        d: dict(zip(STATUSES, (int(c) for c in counts[i * n : (i + 1) * n]), strict=True))
-        for i, d in enumerate(names)
-    }
+    messages = repo.parse_status_counts(names, replies[3 * len(queues) :])
     others = sorted({raw.decode() for raw in known} - set(names))
     if others:
-        messages.update(counts_by_destination(repo, others))
+        messages.update(repo.counts_by_destination(others))
     return Gauges(now, messages, depths)
-
-
-def _count_statuses(pipe: Pipeline, repo: MessageRepository, destinations: Sequence[str]) -> None:
-    for destination in destinations:
-        for status in STATUSES:
-            pipe.zcard(repo.keys.status(status, destination))

@@ -45,7 +45,7 @@ Keys are built only through ``repo.keys`` and ``repo.index``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -520,17 +520,3 @@ def summaries(repo: MessageRepository, ids: Sequence[str]) -> list[Message | Non
         message.body = b""  # a list row has no body (GETRANGE may have read its start)
         out.append(message)
     return out
-
-
-def counts_by_destination(repo: MessageRepository, destinations: Iterable[str]) -> dict[str, dict[str, int]]:
-    """Per destination, the message count per status: one pipeline of O(1) ZCARDs."""
-    destinations = list(destinations)
-    pipe = repo.connection.pipeline(transaction=False)
-    for destination in destinations:
-        for status in STATUSES:
-            pipe.zcard(repo.keys.status(status, destination))
-    values = pipe.execute()
-    n = len(STATUSES)
-    return {
-        d: dict(zip(STATUSES, values[i * n : (i + 1) * n], strict=True)) for i, d in enumerate(destinations)
-    }

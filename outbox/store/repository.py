@@ -940,13 +940,30 @@ class MessageRepository:
         """Message count per status, of one destination or all (one pipelined ZCARD per
         status and destination, O(1) each)."""
         names = [destination] if destination is not None else self.destinations()
+        return sum_counts(self.counts_by_destination(names).values())
+
+    def counts_by_destination(self, destinations: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Per destination, the message count per status: one pipeline of O(1) ZCARDs."""
+        names = list(destinations)
         pipe = self.connection.pipeline(transaction=False)
-        for status in STATUSES:
-            for name in names:
-                pipe.zcard(self.keys.status(status, name))
-        cards: list[int] = pipe.execute()  # ZCARD per status and destination
-        n = len(names)
-        return {status: sum(cards[i * n : (i + 1) * n]) for i, status in enumerate(STATUSES)}
+        self.queue_status_counts(pipe, names)
+        return self.parse_status_counts(names, pipe.execute())
+
+    def queue_status_counts(self, pipe: Any, destinations: Sequence[str]) -> None:
+        """Add to ``pipe`` one ZCARD per destination and status (in that order), for
+        :meth:`parse_status_counts`: a caller that reads more in the same round trip."""
+        for destination in destinations:
+            for status in STATUSES:
+                pipe.zcard(self.keys.status(status, destination))
+
+    @staticmethod
+    def parse_status_counts(destinations: Sequence[str], cards: Sequence[int]) -> dict[str, dict[str, int]]:
+        """The replies of :meth:`queue_status_counts` as destination -> status -> count."""
+        n = len(STATUSES)
+        return {
+            d: dict(zip(STATUSES, (int(c) for c in cards[i * n : (i + 1) * n]), strict=True))
+            for i, d in enumerate(destinations)
+        }
 
     def count_past_retention(self, retention: dict[str, float | None], now: float) -> int:
         """Messages kept longer than ``retention`` (status -> seconds, None = for ever)
@@ -1093,6 +1110,15 @@ class MessageRepository:
     def acquire_lock(self, name: str, token: str, ttl: float) -> bool:
         """Take a short lock (``SET NX PX``); True if this caller holds it now."""
         return bool(self.connection.set(self.keys.lock(name), token, nx=True, px=max(1, int(ttl * 1000))))
+
+
+def sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts per status (of several destinations) added up, status by status."""
+    total = dict.fromkeys(STATUSES, 0)
+    for one in counts:
+        for status, n in one.items():
+            total[status] += n
+    return total
 
 
 def score_bound(value: float | None, default: str, exclusive: bool = False) -> str:

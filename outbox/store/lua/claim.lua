@@ -31,10 +31,11 @@
 -- ARGV[10] JSON object destination -> [emission interval T (0 = no rate limit),
 --          tolerance tau, max concurrency (0 = none)]; "{}" = no limits
 -- Returns {claimed, next_due, held}: claimed is a flat list of the message record
--- ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's own fields
--- appended: later pairs win) per claimed message; next_due is the score of the earliest
--- entry left in the due index (a string), or false when it is empty; held counts
--- messages rescheduled by a limit (the caller may wait for them rather than end its run).
+-- ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's
+-- own fields appended: later pairs win) per claimed message; next_due is the score of
+-- the earliest entry left in the due index (a string), or false when it is empty; held
+-- counts messages rescheduled by a limit (the caller may wait for them rather than end
+-- its run).
 --! include message
 local prefix, now_s, queue, lease, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = tonumber(now_s)
