@@ -227,8 +227,9 @@ def _prepare_requeue(ids: list[str]) -> Execute:
         from_statuses=REQUEUEABLE_STATUSES,
         to=Status.PENDING.value,
         now=now,
-        set={"retry_count": "0", "next_attempt_at": repr(now)},
-        unset=("last_error", "last_error_class", "last_status_code", "lease"),
+        set={"next_attempt_at": repr(now)},
+        # retry_count back to 0: a field at its default is left out of the record
+        unset=("retry_count", "last_error", "last_error_class", "last_status_code", "lease"),
     )
 
 

@@ -185,10 +185,13 @@ class OutboxSettings:
             ValueError: the priority is not one of ``high``, ``default``, ``low``.
         """
         priority = priority or "default"
-        if priority not in PRIORITIES:
-            raise ValueError(f"priority must be one of {PRIORITIES}, not {priority!r}")
-        name: str = self.QUEUES[priority]
-        return name
+        names: dict[str, str] | None = self._cache.get("_queue_names")
+        if names is None:
+            names = self._cache["_queue_names"] = {p: self.QUEUES[p] for p in PRIORITIES}
+        try:
+            return names[priority]
+        except KeyError:
+            raise ValueError(f"priority must be one of {PRIORITIES}, not {priority!r}") from None
 
     @property
     def queue_names(self) -> list[str]:

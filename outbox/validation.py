@@ -6,7 +6,6 @@ with the argument's name in ``field``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from datetime import timedelta
@@ -38,6 +37,11 @@ def shown(value: Any, limit: int = 80) -> str:
     return f"a {type(value).__name__}"
 
 
+#: One encoder for every body (stateless between calls, so shared by threads): json.dumps
+#: with these options would build a new one per call.
+_BODY_JSON = DjangoJSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
     """Encode a body for storage.
 
@@ -65,7 +69,7 @@ def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
         default_type = "text/plain; charset=utf-8"
     else:
         try:
-            data = json.dumps(body, cls=DjangoJSONEncoder, separators=(",", ":"), allow_nan=False).encode()
+            data = _BODY_JSON.encode(body).encode()
         except RecursionError as exc:  # nested deeper than the interpreter's recursion limit
             raise InvalidMessage("body is nested too deeply to be serialized as JSON", field="body") from exc
         except (TypeError, ValueError, OverflowError) as exc:

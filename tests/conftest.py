@@ -201,7 +201,7 @@ def hook(receiver):
 def assert_index_invariant(repo) -> None:
     """Every message id is in exactly one status index, the one its resend record names,
     of its own destination, and in that destination's created index; no index across
-    destinations (kept before 0.3) is written."""
+    destinations (kept by 0.1) is written."""
     from outbox.records import STATUSES
 
     conn = repo.connection

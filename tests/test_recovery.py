@@ -212,7 +212,7 @@ def test_a_message_with_an_unusable_retry_policy_is_failed_and_recovery_goes_on(
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     bad, good = outbox.send_many([{"destination": "hook", "body": i} for i in range(2)])
     repo.connection.hset(
-        repo.keys.resend(bad.id), "retry_policy", '{"strategy": "exponential", "jitter": "bogus"}'
+        repo.keys.resend(bad.id), "retry", '[3, {"strategy": "exponential", "jitter": "bogus"}]'
     )
     claimed = claim("outbox", time.time())
     assert {m.id for m in claimed} == {bad.id, good.id}

@@ -49,8 +49,31 @@ def test_records_round_trip(repo):
     }
     assert json.loads(body) == {"order": 1, "name": "Zoë"}
     resend = repo.connection.hgetall(repo.keys.resend(sent.id))
-    assert resend[b"status"] == b"pending" and resend[b"retry_count"] == b"0"
+    assert resend[b"status"] == b"pending"
+    # Fields at their default are left out (retry_count 0); the retry budget and policy
+    # share one field.
+    assert b"retry_count" not in resend and b"max_retries" not in resend and b"retry_policy" not in resend
+    assert json.loads(resend[b"retry"]) == [7, ["s", [1, 2], "equal"]]
     assert_index_invariant(repo)
+
+
+def test_older_resend_records_with_max_retries_and_retry_policy_still_read(repo):
+    (m,) = make(repo)
+    key = repo.keys.resend(m.id)
+    repo.connection.hdel(key, "retry")
+    repo.connection.hset(
+        key,
+        mapping={"retry_count": "2", "max_retries": "9", "retry_policy": '["e",10,2,21600,"full"]'},
+    )
+    got = repo.get(m.id)
+    assert (got.retry_count, got.max_retries) == (2, 9)
+    assert got.retry_policy == {
+        "strategy": "exponential",
+        "base": 10,
+        "factor": 2,
+        "max_delay": 21600,
+        "jitter": "full",
+    }
 
 
 def test_the_message_record_is_one_string_and_older_hash_records_still_read(repo):
@@ -349,3 +372,83 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     )
     assert results[0].applied
     assert [x.id for x in next_claim.messages] == [m.id]
+
+
+def server_commands(conn, action):
+    """Commands Redis ran for ``action()`` (INFO commandstats, Lua's included), less the
+    INFO and CONFIG calls of the measurement itself."""
+    conn.config_resetstat()
+    action()
+    return sum(
+        int(v["calls"])
+        for name, v in conn.info("commandstats").items()
+        if not name.startswith(("cmdstat_info", "cmdstat_config"))
+    )
+
+
+def test_a_batch_writes_each_index_once_not_once_per_message(repo):
+    """Scripts gather their index writes (lib/writes.lua): a batch of N messages of two
+    destinations costs about one command per message to create, two to claim (the
+    resend record's HGETALL and HSET) and three to complete (HMGET, HSET, HDEL), plus a
+    few per call, instead of one per index entry and record."""
+    conn, n = repo.connection, 60
+    batch = [{"destination": ("mem", "hook")[i % 2], "body": {"n": i}} for i in range(n)]
+    messages = []
+    created = server_commands(conn, lambda: messages.extend(outbox.send_many(batch)))
+    assert created <= n + 30, created  # the wake-up job's enqueue (RQ) is about 20 of the rest
+    now = time.time()
+    claimed = []
+    claim = lambda: claimed.extend(  # noqa: E731
+        repo.claim(messages[0].queue, now, lease="L", deadline=now + 30, limit=n).messages
+    )
+    assert server_commands(conn, claim) <= 2 * n + 15
+    assert sorted(m.id for m in claimed) == sorted(m.id for m in messages)
+    assert {m.body for m in claimed} == {m.body for m in messages}
+    done = [
+        Change(id=m.id, from_statuses=("sending",), to="succeeded", score=now, lease="L", unset=("lease",))
+        for m in claimed
+    ]
+    assert server_commands(conn, lambda: repo.transition(done, now)) <= 3 * n + 15
+    assert repo.count("succeeded") == n and repo.count("sending") == 0
+    assert_index_invariant(repo)
+
+
+def test_a_message_changed_twice_in_one_call_keeps_the_order_of_its_index_writes(repo):
+    a, b = make(repo, 2)
+    now = time.time()
+    changes = [
+        Change(id=a.id, from_statuses=("pending",), to="cancelled", score=now),
+        Change(id=b.id, from_statuses=("pending",), to="cancelled", score=now),
+        Change(id=a.id, from_statuses=("cancelled",), to="pending", score=now + 1),
+        Change(id=a.id, from_statuses=("pending",), to="pending", score=now + 2),
+    ]
+    assert [r.applied for r in repo.transition(changes, now)] == [True] * 4
+    assert repo.get(a.id).status == "pending" and repo.get(b.id).status == "cancelled"
+    assert repo.connection.zscore(repo.keys.due(a.queue), a.id) == pytest.approx(now + 2)
+    assert_index_invariant(repo)
+    # the same id twice in one bulk action: acted on once, indexes in step
+    assert outbox.cancel([a.id, a.id, b.id]).acted == 1
+    assert outbox.requeue([b.id, b.id]).acted == 1
+    assert_index_invariant(repo)
+
+
+def test_a_claim_reads_older_hash_records_among_string_ones(repo):
+    """The claim reads its messages' records with one MGET; a record an older version
+    wrote (a hash, which MGET answers as nil) is read on its own."""
+    messages = make(repo, 3)
+    old = messages[1]
+    key = repo.keys.message(old.id)
+    conn = repo.connection
+    conn.delete(key)
+    conn.hset(
+        key,
+        mapping={
+            "destination": "mem",
+            "content_type": "application/json",
+            "created_at": repr(old.created_at),
+            "body": old.body,
+        },
+    )
+    now = time.time()
+    claimed = repo.claim(old.queue, now, lease="L", deadline=now + 30, limit=10).messages
+    assert {m.id: m.body for m in claimed} == {m.id: m.body for m in messages}

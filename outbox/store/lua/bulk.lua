@@ -11,8 +11,11 @@
 --       first index score, score step between messages (distinct scores, no ties),
 --       wake flag TTL (ms), number of groups G, then per group: job id ("" = none;
 --       else written as job_id), number of ids, the ids.
+-- Index writes are made once per index for the whole call (lib/writes.lua).
 -- Returns {per id in order: 1 changed, 0 skipped (other status, or no such message),
 --          queues whose wake-up flag this call set (when messages became due)}.
+--! include writes
+--! include move
 local prefix, now_s, channel, action, to = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local allowed = {}
 for s in string.gmatch(ARGV[6], '[^,]+') do allowed[s] = true end
@@ -47,22 +50,14 @@ for _ = 1, ngroups do
     local rkey = prefix .. ':resend:' .. id
     local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue')
     local status, dest = cur[1], cur[2]
-    local due_key = prefix .. ':due:' .. (cur[3] or '')
     if status and allowed[status] then
       local us = base_us + (k - 1) * step_us
       local s = string.format('%d.%06d', math.floor(us / 1e6), us % 1e6)
-      redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-      redis.call('ZADD', prefix .. ':status:' .. to .. ':dest:' .. dest, s, id)
-      if to == 'pending' or to == 'retrying' then
-        redis.call('ZADD', due_key, s, id)
-        if not woken_set[cur[3]] then
-          woken_set[cur[3]] = true
-          if redis.call('SET', prefix .. ':wake:' .. cur[3], now_s, 'NX', 'PX', wake_ttl) then woken[#woken + 1] = cur[3] end
-        end
-      elseif status == 'pending' or status == 'retrying' then
-        redis.call('ZREM', due_key, id)
+      move_indexes(prefix, id, dest, cur[3] or '', status, to, s, false)
+      if waiting(to) and not woken_set[cur[3]] then
+        woken_set[cur[3]] = true
+        if redis.call('SET', prefix .. ':wake:' .. cur[3], now_s, 'NX', 'PX', wake_ttl) then woken[#woken + 1] = cur[3] end
       end
-      if status == 'pending' or status == 'retrying' then redis.call('ZREM', prefix .. ':parked:' .. dest, id) end
       redis.call('HSET', rkey, unpack(fields))
       if job ~= '' then redis.call('HSET', rkey, 'job_id', job) end
       if #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end
@@ -73,6 +68,7 @@ for _ = 1, ngroups do
     end
   end
 end
+flush_writes()
 if channel ~= '' and #acted > 0 then
   redis.call('PUBLISH', channel, cjson.encode({event = 'messages.' .. action, ids = acted, at = tonumber(now_s)}))
 end

@@ -36,7 +36,11 @@
 -- the earliest entry left in the due index (a string), or false when it is empty; held
 -- counts messages rescheduled by a limit (the caller may wait for them rather than end
 -- its run).
+-- Index writes and the message reads are made once per index for the whole call
+-- (lib/writes.lua, MGET): a claim of N messages costs two commands per message (the
+-- resend record's HGETALL and HSET) and a few per call.
 --! include message
+--! include writes
 local prefix, now_s, queue, lease, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local now = tonumber(now_s)
 local limit, scan = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -45,6 +49,7 @@ local limits = cjson.decode(ARGV[10] or '{}')
 local CONCURRENCY_DELAY = 0.2  -- seconds a message over MAX_CONCURRENCY waits before it is looked at again
 local due_key = prefix .. ':due:' .. queue
 local out = {}
+local taken_ids = {}  -- positions in out of the claimed ids, whose records are read at the end
 local taken, held = 0, 0
 local gates = {}
 local tat_changed = {}  -- destinations whose TAT this call moved, in first-changed order
@@ -68,8 +73,8 @@ end
 
 local function reschedule(id, status, dest, at)
   local s = string.format('%.6f', at)
-  redis.call('ZADD', due_key, s, id)
-  redis.call('ZADD', prefix .. ':status:' .. status .. ':dest:' .. dest, s, id)
+  zadd_later(due_key, s, id)
+  zadd_later(prefix .. ':status:' .. status .. ':dest:' .. dest, s, id)
   redis.call('HSET', prefix .. ':resend:' .. id, 'next_attempt_at', s)
   held = held + 1
 end
@@ -77,12 +82,13 @@ end
 local function take(id, rkey, record, status, dest)
   local g = gates[dest]
   if g.sending then g.sending = g.sending + 1 end
-  redis.call('ZREM', due_key, id)
-  redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-  redis.call('ZADD', prefix .. ':status:sending:dest:' .. dest, deadline, id)
+  zrem_later(due_key, id)
+  zrem_later(prefix .. ':status:' .. status .. ':dest:' .. dest, id)
+  zadd_later(prefix .. ':status:sending:dest:' .. dest, deadline, id)
   local claimed = {'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s}
   redis.call('HSET', rkey, unpack(claimed))
-  out[#out + 1] = message_record(prefix, id)
+  out[#out + 1] = id  -- replaced by the message record after the loop (one MGET)
+  taken_ids[#taken_ids + 1] = #out
   -- The resend record as read before the HSET, with the claim's fields appended: a later
   -- pair wins when the caller makes the flat list a mapping (one HGETALL fewer).
   for _, v in ipairs(claimed) do record[#record + 1] = v end
@@ -102,6 +108,7 @@ end
 
 if limit > 0 then
   local rows = redis.call('ZRANGEBYSCORE', due_key, '-inf', now + tonumber(ARGV[9]), 'WITHSCORES', 'LIMIT', 0, scan)
+  write_at_once(#rows == 2)
   for i = 1, #rows, 2 do
     if taken >= limit then break end
     local id, score = rows[i], rows[i + 1]
@@ -120,8 +127,8 @@ if limit > 0 then
         end
       end
       if park then
-        redis.call('ZREM', due_key, id)
-        redis.call('ZADD', prefix .. ':parked:' .. dest, score, id)
+        zrem_later(due_key, id)
+        zadd_later(prefix .. ':parked:' .. dest, score, id)
       elseif probe then
         take(id, rkey, record, status, dest)
         g.breaker, g.probe_deadline = 'half_open', tonumber(deadline)
@@ -157,13 +164,25 @@ if limit > 0 then
       end
     else
       -- A stale entry (the message moved on or was deleted): repair the index.
-      redis.call('ZREM', due_key, id)
+      zrem_later(due_key, id)
     end
   end
 end
 for _, dest in ipairs(tat_changed) do
   local tat = gates[dest].tat
   redis.call('SET', prefix .. ':gcra:' .. dest, string.format('%.6f', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+end
+flush_writes()
+for first = 1, #taken_ids, WRITE_CHUNK do
+  local last = math.min(first + WRITE_CHUNK - 1, #taken_ids)
+  local mkeys = {}
+  for i = first, last do mkeys[#mkeys + 1] = prefix .. ':message:' .. out[taken_ids[i]] end
+  local raws = redis.call('MGET', unpack(mkeys))
+  for i = first, last do
+    local pos, raw = taken_ids[i], raws[i - first + 1]
+    -- false: no such key, or an older version's hash (MGET answers nil for another type)
+    if raw then out[pos] = {out[pos], raw} else out[pos] = message_record(prefix, out[pos]) end
+  end
 end
 local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local next_due = false

@@ -24,6 +24,9 @@
 -- written because another message of the call is a conflict: a call with a conflict
 -- writes nothing);
 -- woken lists the queues whose wake-up flag this call set (the caller enqueues their job).
+-- The message records and index entries are written once per key for the whole call
+-- (lib/writes.lua: one MSET, one ZADD per index).
+--! include writes
 local prefix = ARGV[1]
 local idem_ttl = tonumber(ARGV[2])
 local wake_ttl = tonumber(ARGV[3])
@@ -31,6 +34,7 @@ local now = tonumber(ARGV[4])
 local due_by = now + tonumber(ARGV[5])
 local check_exists = ARGV[6] == '1'
 local n = tonumber(ARGV[7])
+write_at_once(n == 1)
 local pos = 8
 local msgs = {}
 local conflict = false
@@ -74,11 +78,11 @@ for i, m in ipairs(msgs) do
         redis.call('SET', ikey, id .. '|' .. m.fp)
       end
     end
-    redis.call('SET', prefix .. ':message:' .. id, ARGV[m.record])
+    mset_later(prefix .. ':message:' .. id, ARGV[m.record])
     redis.call('HSET', prefix .. ':resend:' .. id, unpack(ARGV, m.rfirst, m.rlast))
-    redis.call('ZADD', prefix .. ':status:' .. status .. ':dest:' .. dest, score, id)
-    redis.call('ZADD', prefix .. ':due:' .. queue, score, id)
-    redis.call('ZADD', prefix .. ':created:dest:' .. dest, m.created, id)
+    zadd_later(prefix .. ':status:' .. status .. ':dest:' .. dest, score, id)
+    zadd_later(prefix .. ':due:' .. queue, score, id)
+    zadd_later(prefix .. ':created:dest:' .. dest, m.created, id)
     if not dests[dest] then
       dests[dest] = true
       redis.call('SADD', prefix .. ':destinations', dest)
@@ -94,4 +98,5 @@ for i, m in ipairs(msgs) do
   end
   out[i] = {m.standing, m.code}
 end
+flush_writes()
 return {out, woken}

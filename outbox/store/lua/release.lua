@@ -7,6 +7,9 @@
 --         destination) with this exact score is a candidate (a claim whose reply was lost)
 -- ARGV[5] wake flag TTL (ms)  ARGV[6..] ids (optional)
 -- Returns {ids released, queues whose wake-up flag this call set}.
+-- Index writes are made once per index for the whole call (lib/writes.lua, lib/move.lua).
+--! include writes
+--! include move
 local prefix, now_s, lease, deadline, wake_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local ids = {}
 if #ARGV > 5 then
@@ -26,9 +29,7 @@ for _, id in ipairs(ids) do
     local dest, queue = cur[2], cur[3] or ''
     local to = 'pending'
     if tonumber(cur[5] or '0') > 0 then to = 'retrying' end
-    redis.call('ZREM', prefix .. ':status:sending:dest:' .. dest, id)
-    redis.call('ZADD', prefix .. ':status:' .. to .. ':dest:' .. dest, now_s, id)
-    redis.call('ZADD', prefix .. ':due:' .. queue, now_s, id)
+    move_indexes(prefix, id, dest, queue, 'sending', to, now_s, false)
     redis.call('HSET', rkey, 'status', to, 'next_attempt_at', now_s, 'updated_at', now_s)
     redis.call('HDEL', rkey, 'lease')
     released[#released + 1] = id
@@ -38,4 +39,5 @@ for _, id in ipairs(ids) do
     end
   end
 end
+flush_writes()
 return {released, woken}

@@ -28,7 +28,11 @@
 -- Returns, per change: {applied 0|1 (2: applied as its park alternative), status after ("" if no such message)
 --                       [, message record ({id, record}: lib/message.lua), resend
 --                       HGETALL when load and applied]}
+-- Index writes are gathered and made once per index for the whole call
+-- (lib/writes.lua).
 --! include message
+--! include writes
+--! include move
 local prefix = ARGV[1]
 local now = tonumber(ARGV[2])
 local kept = tonumber(ARGV[3])
@@ -37,6 +41,7 @@ if channel ~= '' and redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0 and redis.c
   channel = ''  -- nobody listens: Pub/Sub keeps nothing, so a PUBLISH would change nothing
 end
 local n = tonumber(ARGV[5])
+write_at_once(n == 1)
 local minute = math.floor(now / 60)
 local out = {}
 local stats = {}  -- outcome -> count, written once per call
@@ -91,18 +96,7 @@ for i = 1, n do
     end
     if allowed then
       applied = 1
-      redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-      redis.call('ZADD', prefix .. ':status:' .. to .. ':dest:' .. dest, score, id)
-      -- The due index of the message's queue holds exactly its pending|retrying messages.
-      local due_key = prefix .. ':due:' .. (cur[5] or '')
-      if status == 'pending' or status == 'retrying' then redis.call('ZREM', prefix .. ':parked:' .. dest, id) end
-      if parking then
-        redis.call('ZADD', prefix .. ':parked:' .. dest, score, id)
-      elseif to == 'pending' or to == 'retrying' then
-        redis.call('ZADD', due_key, score, id)
-      elseif status == 'pending' or status == 'retrying' then
-        redis.call('ZREM', due_key, id)
-      end
+      move_indexes(prefix, id, dest, cur[5] or '', status, to, score, parking)
       redis.call('HSET', rkey, unpack(fields))
       if parking then
         if unset and #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end
@@ -127,6 +121,7 @@ for i = 1, n do
   end
   out[i] = row
 end
+flush_writes()
 for stat, n in pairs(stats) do
   local skey = prefix .. ':stats:' .. stat .. ':' .. minute
   redis.call('INCRBY', skey, n)
