@@ -84,5 +84,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups find it without calling this function (PEP 562)
+        return value
     raise AttributeError(f"module 'outbox' has no attribute {name!r}")

@@ -291,21 +291,28 @@ class Message:
         is ``created_at``, a message sent without a delay (about 30 bytes). Every reader
         takes an absent ``retry_count`` as 0. ``retry`` holds ``max_retries`` and the
         retry policy (:func:`pack_retry`)."""
-        fields = {
-            "status": self.status,
-            "destination": self.destination,
-            "retry_count": str(self.retry_count) if self.retry_count else "",
-            "retry": pack_retry(self.retry_policy, self.max_retries),
-            "send_time": "" if self.send_time == self.created_at else repr(self.send_time),
-            "next_attempt_at": _opt(self.next_attempt_at),
-            "last_attempt_at": _opt(self.last_attempt_at),
-            "last_error": self.last_error,
-            "last_status_code": _opt(self.last_status_code),
-            "last_error_class": self.last_error_class,
-            "queue": self.queue,
-            "updated_at": repr(self.updated_at),
-        }
-        return {k: v for k, v in fields.items() if v != ""}
+        # Built field by field (not a full dict filtered afterwards): send() builds one
+        # per message, so this is on its fast path.
+        fields = {"status": self.status, "destination": self.destination}
+        if self.retry_count:
+            fields["retry_count"] = str(self.retry_count)
+        fields["retry"] = pack_retry(self.retry_policy, self.max_retries)
+        if self.send_time != self.created_at:
+            fields["send_time"] = repr(self.send_time)
+        if self.next_attempt_at is not None:
+            fields["next_attempt_at"] = repr(self.next_attempt_at)
+        if self.last_attempt_at is not None:
+            fields["last_attempt_at"] = repr(self.last_attempt_at)
+        if self.last_error != "":
+            fields["last_error"] = self.last_error
+        if self.last_status_code is not None:
+            fields["last_status_code"] = repr(self.last_status_code)
+        if self.last_error_class != "":
+            fields["last_error_class"] = self.last_error_class
+        if self.queue != "":
+            fields["queue"] = self.queue
+        fields["updated_at"] = repr(self.updated_at)
+        return fields
 
     @classmethod
     def from_redis(
@@ -416,8 +423,12 @@ def pack_retry(policy: dict[str, Any], max_retries: int) -> str:
     distinct policies).
     """
     try:
-        key = (max_retries, *((k, tuple(v) if isinstance(v, list) else v) for k, v in policy.items()))
-        cached = _packed.get(key)
+        try:  # most policies (exponential) hold only scalars: no conversion needed
+            key: tuple[Any, ...] = (max_retries, *policy.items())
+            cached = _packed.get(key)
+        except TypeError:  # a schedule's list of delays
+            key = (max_retries, *((k, tuple(v) if isinstance(v, list) else v) for k, v in policy.items()))
+            cached = _packed.get(key)
     except TypeError:  # an unhashable value: pack without the cache
         key, cached = (), None
     if cached is not None:
@@ -469,10 +480,6 @@ def _unpack_policy(value: Any) -> dict[str, Any]:
 
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _opt(value: float | int | None) -> str:
-    return "" if value is None else repr(value)
 
 
 def _float(value: str | None) -> float | None:

@@ -57,6 +57,60 @@ def test_records_round_trip(repo):
     assert_index_invariant(repo)
 
 
+def test_one_create_call_answers_each_message_by_its_position(repo):
+    """create.lua answers only the messages it did not write as new, by position: a
+    repeated push ("exists"), a key already used with the same body ("duplicate"), with
+    another body ("conflict"), and the rest of a call that holds a conflict ("refused")."""
+    from outbox.api import build_message
+
+    first = outbox.send("mem", {"n": 1}, idempotency_key="k-dup")
+    other = outbox.send("mem", {"n": 2}, idempotency_key="k-conflict")
+    pushed = build_message("mem", {"n": 3})
+    assert [c.code for c in repo.create([pushed], time.time()).created] == ["new"]
+
+    fresh = build_message("mem", {"n": 4}, delay=30)
+    dup = build_message("mem", {"n": 1}, idempotency_key="k-dup")
+    result = repo.create([fresh, pushed, dup], time.time())
+    assert [(c.id, c.standing_id, c.code) for c in result.created] == [
+        (fresh.id, fresh.id, "new"),
+        (pushed.id, pushed.id, "exists"),
+        (dup.id, first.id, "duplicate"),
+    ]
+    assert result.woken == []  # the fresh message is delayed; the others wrote nothing
+
+    refused = build_message("mem", {"n": 5})
+    clash = build_message("mem", {"n": 6}, idempotency_key="k-conflict")
+    result = repo.create([refused, clash], time.time())
+    assert [(c.standing_id, c.code) for c in result.created] == [
+        (refused.id, "refused"),
+        (other.id, "conflict"),
+    ]
+    assert not repo.connection.exists(repo.keys.message(refused.id), repo.keys.resend(refused.id))
+
+    # The script writes the resend fields that repeat its own arguments (status,
+    # destination, queue, next_attempt_at); the call sends the others.
+    resend = repo.connection.hgetall(repo.keys.resend(fresh.id))
+    assert set(resend) == {
+        b"status",
+        b"destination",
+        b"queue",
+        b"next_attempt_at",
+        b"retry",
+        b"send_time",
+        b"updated_at",
+    }
+    assert (resend[b"status"], resend[b"destination"], resend[b"queue"]) == (b"pending", b"mem", b"outbox")
+    assert float(resend[b"next_attempt_at"]) == float(resend[b"send_time"]) == fresh.send_time
+    got = repo.get(fresh.id)
+    assert (got.status, got.next_attempt_at, got.send_time, got.created_at) == (
+        "pending",
+        fresh.send_time,
+        fresh.send_time,
+        fresh.created_at,
+    )
+    assert_index_invariant(repo)
+
+
 def test_older_resend_records_with_max_retries_and_retry_policy_still_read(repo):
     (m,) = make(repo)
     key = repo.keys.resend(m.id)

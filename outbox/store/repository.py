@@ -28,7 +28,7 @@ ScoredMembers = list[tuple[bytes, float]]
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
 # Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
 #: create.lua: ([standing id, code] per message, queues woken).
-CreateReply = tuple[list[tuple[bytes, bytes]], list[bytes]]
+CreateReply = list[Any]  # lua/create.lua's flat reply: int, then bytes and ints
 #: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
 #: rescheduled).
@@ -335,7 +335,11 @@ class MessageRepository:
         ]
         for m in messages:
             idem = m.idempotency_key
+            score = repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at)
+            # The script writes these four resend fields from the arguments before them.
             rfields = m.resend_fields()
+            del rfields["status"], rfields["destination"], rfields["queue"]
+            rfields.pop("next_attempt_at", None)
             args += [
                 m.id,
                 self.keys.idempotency_scope(m.destination, idem) if idem else "",
@@ -343,10 +347,10 @@ class MessageRepository:
                 m.destination,
                 m.queue,
                 m.status,
-                repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at),
+                score,
                 repr(m.created_at),
-                len(rfields),
                 m.message_value(),
+                len(rfields),
             ]
             for pair in rfields.items():
                 args += pair
@@ -372,13 +376,17 @@ class MessageRepository:
 
     @staticmethod
     def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
-        """Turn ``lua/create.lua``'s raw reply into a :class:`CreateResult`."""
-        rows, woken = reply
-        created = [
-            Created(m.id, standing.decode(), code.decode())
-            for m, (standing, code) in zip(messages, rows, strict=True)
-        ]
-        return CreateResult(created, [q.decode() for q in woken])
+        """Turn ``lua/create.lua``'s flat reply into a :class:`CreateResult`: the woken
+        queues first, then (position, standing id, code) for each message not written
+        as new."""
+        n_woken = int(reply[0])
+        woken = [q.decode() for q in reply[1 : 1 + n_woken]]
+        created = [Created(m.id, m.id, "new") for m in messages]
+        rest = reply[1 + n_woken :]
+        for at in range(0, len(rest), 3):
+            index = int(rest[at]) - 1
+            created[index] = Created(messages[index].id, rest[at + 1].decode(), rest[at + 2].decode())
+        return CreateResult(created, woken)
 
     def claim_args(
         self,

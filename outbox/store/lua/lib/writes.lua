@@ -47,9 +47,12 @@ end
 
 -- key '' = a command without a key of its own (MSET); value nil = ZREM (member only)
 local function gather(cmd, key, member, value)
-  local prior = table_at(gathered_by, key)[member]
-  if prior and prior ~= cmd then flush_writes() end
   local by = table_at(gathered_by, key)
+  local prior = by[member]
+  if prior and prior ~= cmd then
+    flush_writes()
+    by = table_at(gathered_by, key)
+  end
   local per_key = table_at(gathered, cmd)
   local args = per_key[key]
   if not args then
