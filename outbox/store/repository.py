@@ -27,8 +27,9 @@ ScoredMembers = list[tuple[bytes, float]]
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
 # Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
-#: create.lua: ([standing id, code] per message, queues woken).
-CreateReply = list[Any]  # lua/create.lua's flat reply: int, then bytes and ints
+#: create.lua: [number of queues woken, their names..., then (position, standing id,
+#: code) for each message not written as new].
+CreateReply = list[Any]
 #: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
 #: rescheduled).
@@ -338,8 +339,8 @@ class MessageRepository:
             score = repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at)
             # The script writes these four resend fields from the arguments before them.
             rfields = m.resend_fields()
-            del rfields["status"], rfields["destination"], rfields["queue"]
-            rfields.pop("next_attempt_at", None)
+            for name in ("status", "destination", "queue", "next_attempt_at"):
+                rfields.pop(name, None)
             args += [
                 m.id,
                 self.keys.idempotency_scope(m.destination, idem) if idem else "",
