@@ -453,7 +453,7 @@ def pack_policy(policy: dict[str, Any]) -> str:
         packed = ["s", [_compact(d) for d in policy["delays"]], policy["jitter"]]
     else:
         packed = policy
-    return json.dumps(packed, separators=(",", ":"))
+    return _COMPACT_JSON.encode(packed)
 
 
 def unpack_retry(resend: dict[str, str]) -> tuple[int, dict[str, Any]]:

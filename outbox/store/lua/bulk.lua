@@ -16,6 +16,7 @@
 --          queues whose wake-up flag this call set (when messages became due)}.
 --! include writes
 --! include move
+--! include wakeup
 local prefix, now_s, channel, action, to = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local allowed = {}
 for s in string.gmatch(ARGV[6], '[^,]+') do allowed[s] = true end
@@ -38,7 +39,6 @@ local step_us = math.max(1, math.floor(tonumber(ARGV[pos + 2]) * 1e6 + 0.5))
 local wake_ttl = tonumber(ARGV[pos + 3])
 local ngroups = tonumber(ARGV[pos + 4])
 pos = pos + 5
-local woken, woken_set = {}, {}
 local out, acted, k = {}, {}, 0
 for _ = 1, ngroups do
   local job, n = ARGV[pos], tonumber(ARGV[pos + 1])
@@ -54,10 +54,7 @@ for _ = 1, ngroups do
       local us = base_us + (k - 1) * step_us
       local s = string.format('%d.%06d', math.floor(us / 1e6), us % 1e6)
       move_indexes(prefix, id, dest, cur[3] or '', status, to, s, false)
-      if waiting(to) and not woken_set[cur[3]] then
-        woken_set[cur[3]] = true
-        if redis.call('SET', prefix .. ':wake:' .. cur[3], now_s, 'NX', 'PX', wake_ttl) then woken[#woken + 1] = cur[3] end
-      end
+      if waiting(to) then wake_queue(prefix, cur[3], now_s, wake_ttl) end
       redis.call('HSET', rkey, unpack(fields))
       if job ~= '' then redis.call('HSET', rkey, 'job_id', job) end
       if #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end

@@ -31,6 +31,7 @@
 -- The message records and index entries are written once per key for the whole call
 -- (lib/writes.lua: one MSET, one ZADD per index).
 --! include writes
+--! include wakeup
 local prefix = ARGV[1]
 local idem_ttl = tonumber(ARGV[2])
 local wake_ttl = tonumber(ARGV[3])
@@ -68,7 +69,7 @@ for i = 1, n do
   end
   msgs[i] = m
 end
-local woken, seen, dests = {}, {}, {}
+local dests = {}
 local others = {}
 for i, m in ipairs(msgs) do
   -- Second pass: write, unless a conflict refuses the whole call (nothing half-written).
@@ -92,12 +93,7 @@ for i, m in ipairs(msgs) do
       dests[dest] = true
       redis.call('SADD', prefix .. ':destinations', dest)
     end
-    if tonumber(score) <= due_by and not seen[queue] then
-      seen[queue] = true
-      if redis.call('SET', prefix .. ':wake:' .. queue, ARGV[4], 'NX', 'PX', wake_ttl) then
-        woken[#woken + 1] = queue
-      end
-    end
+    if tonumber(score) <= due_by then wake_queue(prefix, queue, ARGV[4], wake_ttl) end
   else
     if m.code == 'new' then m.code = 'refused' end
     others[#others + 1] = {i, m.standing, m.code}

@@ -10,6 +10,7 @@
 -- Index writes are made once per index for the whole call (lib/writes.lua, lib/move.lua).
 --! include writes
 --! include move
+--! include wakeup
 local prefix, now_s, lease, deadline, wake_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local ids = {}
 if #ARGV > 5 then
@@ -21,7 +22,7 @@ else
     end
   end
 end
-local released, woken, seen = {}, {}, {}
+local released = {}
 for _, id in ipairs(ids) do
   local rkey = prefix .. ':resend:' .. id
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'lease', 'retry_count')
@@ -33,10 +34,7 @@ for _, id in ipairs(ids) do
     redis.call('HSET', rkey, 'status', to, 'next_attempt_at', now_s, 'updated_at', now_s)
     redis.call('HDEL', rkey, 'lease')
     released[#released + 1] = id
-    if not seen[queue] then
-      seen[queue] = true
-      if redis.call('SET', prefix .. ':wake:' .. queue, now_s, 'NX', 'PX', wake_ttl) then woken[#woken + 1] = queue end
-    end
+    wake_queue(prefix, queue, now_s, wake_ttl)
   end
 end
 flush_writes()

@@ -8,6 +8,7 @@
 -- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] destination
 -- ARGV[4] most messages to move  ARGV[5] wake flag TTL (ms)
 -- Returns {moved, queues whose wake-up flag this call set, parked left}.
+--! include wakeup
 local prefix, now_s, dest, batch, wake_ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = tonumber(now_s)
 local pkey = prefix .. ':parked:' .. dest
@@ -28,7 +29,7 @@ if breaker ~= 'closed' then
   end
   want = 1
 end
-local moved, woken, seen = 0, {}, {}
+local moved = 0
 local looked = 0
 while moved < want and looked < batch do
   local rows = redis.call('ZRANGE', pkey, 0, want - moved - 1, 'WITHSCORES')
@@ -41,10 +42,7 @@ while moved < want and looked < batch do
     if (cur[1] == 'pending' or cur[1] == 'retrying') and cur[2] == dest and cur[3] then
       redis.call('ZADD', prefix .. ':due:' .. cur[3], score, id)
       moved = moved + 1
-      if not seen[cur[3]] then
-        seen[cur[3]] = true
-        if redis.call('SET', prefix .. ':wake:' .. cur[3], now_s, 'NX', 'PX', wake_ttl) then woken[#woken + 1] = cur[3] end
-      end
+      wake_queue(prefix, cur[3], now_s, wake_ttl)
     end
   end
 end
