@@ -111,6 +111,32 @@ def test_one_create_call_answers_each_message_by_its_position(repo):
     assert_index_invariant(repo)
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_create_call_run_again_never_undoes_what_a_worker_did(repo, n):
+    """redis-py's Retry runs a command again after a ConnectionError or TimeoutError, also
+    when the first run reached Redis and only its reply was lost. A send() whose create
+    call ran twice must not put a message a worker already claimed or delivered back to
+    pending: that would deliver it twice."""
+    from outbox.api import build_message
+
+    messages = [build_message("mem", {"n": i}) for i in range(n)]
+    now = time.time()
+    assert [c.code for c in repo.create(messages, now, repeat=False).created] == ["new"] * n
+    repo.transition([claim_change(messages[0].id, "A")], now)
+    for m in messages[1:]:
+        repo.transition([claim_change(m.id, "B")], now)
+        done = Change(id=m.id, from_statuses=("sending",), to="succeeded", score=now, lease="B")
+        assert repo.transition([done], now)[0].applied
+
+    again = repo.create(messages, now, repeat=False)
+    assert [c.code for c in again.created] == ["exists"] * n
+    assert again.woken == []
+    assert [repo.get(m.id).status for m in messages] == ["sending"] + ["succeeded"] * (n - 1)
+    assert repo.count("pending") == 0 and repo.count("sending") == 1
+    assert repo.connection.zcard(repo.keys.due(messages[0].queue)) == 0
+    assert_index_invariant(repo)
+
+
 def test_older_resend_records_with_max_retries_and_retry_policy_still_read(repo):
     (m,) = make(repo)
     key = repo.keys.resend(m.id)

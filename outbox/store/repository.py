@@ -18,6 +18,7 @@ from ..exceptions import MessageNotFound
 from ..records import INLINE_ATTEMPT_FIELDS, STATUSES, Attempt, Message
 from .keys import Keys
 from .scripts import names, sha, source
+from .thread_client import ThreadClients
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
 # redis-py's own types also allow str (``decode_responses=True``) and give one type to
@@ -250,6 +251,8 @@ class MessageRepository:
         wake_ttl: float = 60.0,
     ) -> None:
         self.connection = connection
+        #: send()'s client: one connection held per thread (see :mod:`.thread_client`).
+        self.thread_clients = ThreadClients(connection)
         self.keys = Keys(prefix)
         self.attempts_kept = attempts_kept
         self.events_channel = events_channel or ""
@@ -309,16 +312,18 @@ class MessageRepository:
                 raise reply
         return replies
 
-    def run_script(self, name: str, args: Sequence[Any]) -> Any:
+    def run_script(self, name: str, args: Sequence[Any], client: Redis | None = None) -> Any:
         """Run one Lua script by SHA1 (loading the scripts first, and after ``NOSCRIPT``)
-        and return its reply."""
+        and return its reply. ``client``: the redis-py client to run it on (default: the
+        repository's pooled one)."""
+        client = client or self.connection
         if not self.scripts_loaded:
             self.load_scripts()
         try:
-            return self.connection.evalsha(sha(name), 0, *args)
+            return client.evalsha(sha(name), 0, *args)
         except NoScriptError:
             self.load_scripts()
-            return self.connection.evalsha(sha(name), 0, *args)
+            return client.evalsha(sha(name), 0, *args)
 
     # -- writing ------------------------------------------------------------------
     def create_args(
@@ -368,11 +373,13 @@ class MessageRepository:
         message whose idempotency key (scoped to its destination) already names another
         message is not written (see :class:`Created`). Each queue that gets a message due
         by ``now + due_slack`` and has no wake-up flag gets one, and is listed in
-        :attr:`CreateResult.woken`.
+        :attr:`CreateResult.woken`. The call runs on this thread's own connection
+        (:mod:`.thread_client`): ``send()`` is the hottest path there is.
         """
         if not messages:
             return CreateResult([], [])
-        reply = self.run_script("create", self.create_args(messages, now, due_slack, repeat))
+        args = self.create_args(messages, now, due_slack, repeat)
+        reply = self.thread_clients.run(lambda client: self.run_script("create", args, client))
         return self.parse_create(messages, reply)
 
     @staticmethod

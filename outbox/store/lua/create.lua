@@ -10,6 +10,7 @@
 -- ARGV[4] now (epoch seconds), ARGV[5] due slack (seconds): a message due by now+slack wakes its queue
 -- ARGV[6] "1" to check whether each id was already written (a push of captured
 --         messages, which the fast path and the relay may both make), "0" for new ids
+--         (the call itself may still run twice: see "guarded" below)
 -- ARGV[7] number of messages N, then per message:
 --   id, idempotency key name ("" = none; already scoped by destination),
 --   fingerprint (of body and content type; "" without a key), destination, queue,
@@ -69,6 +70,26 @@ for i = 1, n do
   end
   msgs[i] = m
 end
+-- A call for fresh ids (ARGV[6] "0") that runs again (redis-py's Retry resends a command
+-- after a ConnectionError or TimeoutError, also when the first run reached Redis and only
+-- its reply was lost) must not write anything again: a worker may have claimed or
+-- delivered the messages meanwhile. The call is atomic, so its first new message's record
+-- tells whether it ran: that record is written first, with SET NX (no extra command).
+local guarded = nil
+if not check_exists and not conflict then
+  for _, m in ipairs(msgs) do
+    if m.code == 'new' then
+      if redis.call('SET', prefix .. ':message:' .. m.id, ARGV[m.record], 'NX') then
+        guarded = m
+      else
+        for _, again in ipairs(msgs) do
+          if again.code == 'new' then again.code = 'exists' end
+        end
+      end
+      break
+    end
+  end
+end
 local dests = {}
 local others = {}
 for i, m in ipairs(msgs) do
@@ -83,7 +104,7 @@ for i, m in ipairs(msgs) do
         redis.call('SET', ikey, id .. '|' .. m.fp)
       end
     end
-    mset_later(prefix .. ':message:' .. id, ARGV[m.record])
+    if m ~= guarded then mset_later(prefix .. ':message:' .. id, ARGV[m.record]) end
     redis.call('HSET', prefix .. ':resend:' .. id, 'status', status, 'destination', dest, 'queue', queue,
       'next_attempt_at', score, unpack(ARGV, m.rfirst, m.rlast))
     zadd_later(prefix .. ':status:' .. status .. ':dest:' .. dest, score, id)
