@@ -34,18 +34,23 @@ def done(sent_at: float | None = None) -> None:
         expect = int(os.environ.get("BENCH_EXPECT", "0") or 0)
         if expect and _count >= expect and not _written:
             _written = True
-            out = os.environ["BENCH_OUT"]
-            with open(out + ".tmp", "w") as f:
-                json.dump(
-                    {
-                        "done_at": time.perf_counter(),
-                        "first_at": _first,
-                        "count": _count,
-                        "latencies_ms": _latencies,
-                    },
-                    f,
-                )
-            os.replace(out + ".tmp", out)
+            write_json(
+                os.environ["BENCH_OUT"],
+                {
+                    "done_at": time.perf_counter(),
+                    "first_at": _first,
+                    "count": _count,
+                    "latencies_ms": _latencies,
+                },
+            )
+
+
+def write_json(path: str, data: dict) -> None:
+    """Write ``data`` as JSON to ``path`` at once (a temporary file, then ``os.replace``):
+    the measuring process polls for the file and must never read it half-written."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)
 
 
 def noop(message) -> None:
