@@ -55,7 +55,7 @@ def test_a_held_connection_the_server_closed_is_made_again(repo):
     old_id = repo.thread_clients.get().client_id()
     killed = repo.connection.client_kill_filter(_type="normal", skipme=True)
     assert killed >= 1
-    after = outbox.send("mem", "after")  # redis-py's Retry reconnects and runs it again
+    after = outbox.send("mem", "after")  # ThreadClients.run: once more, on a new connection
     assert [repo.get(m.id).body for m in (first, after)] == [b"before", b"after"]
     assert repo.thread_clients.get().client_id() != old_id
     assert repo.count("pending") == 2
