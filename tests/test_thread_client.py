@@ -30,6 +30,7 @@ def test_each_sending_thread_holds_one_connection_and_gives_it_back_when_it_ends
     in_use = set(pool._in_use_connections)  # this thread's own, if an earlier test sent
     seen: list[int] = []
     lock = threading.Lock()
+    alive = threading.Barrier(4)  # no thread ends (giving its connection back) too soon
 
     def send_three():
         for i in range(3):
@@ -39,6 +40,7 @@ def test_each_sending_thread_holds_one_connection_and_gives_it_back_when_it_ends
         with lock:
             seen.append(held.client_id())
             seen_clients.append(weakref.ref(held))
+        alive.wait(30)
 
     seen_clients: list = []
     in_threads(4, send_three)
