@@ -178,6 +178,22 @@ def steady(done: dict) -> float:
     return (done["count"] - 1) / (done["done_at"] - done["first_at"])
 
 
+def outbox_warmed(body: dict):
+    """Send one message (scripts loaded, queues known, this thread's connection made),
+    then empty Redis as a running deployment would find it; returns the connection."""
+    import outbox
+    from outbox.connection import get_connection, get_repository
+
+    conn = get_connection()
+    outbox.send("noop", body)
+    conn.flushdb()
+    # A deployment's first worker upgrades the records once (`outbox:schema`); the flush
+    # above removed that mark, which would make a worker scan every pending message for
+    # a 0.1 upgrade that a running system does not repeat.
+    get_repository().upgrade()
+    return conn
+
+
 def outbox_burst(n: int, env: dict | None = None) -> dict:
     """Run one outbox worker process in burst mode until nothing is due; adds the
     steady rate seen by the no-op transport (``steady``) when it delivered n."""
@@ -199,16 +215,10 @@ def case_outbox(n: int, many: bool) -> dict:
     try:
         setup_django()
         import outbox
-        from outbox.connection import get_connection, get_repository
+        from outbox.connection import get_repository
 
-        conn = get_connection()
         body = body_200()
-        outbox.send("noop", body)  # warm-up: scripts loaded, queues known
-        conn.flushdb()
-        # A deployment's first worker upgrades the records once (`outbox:schema`); the
-        # flush above removed that mark, which would make this worker scan every pending
-        # message for a 0.1 upgrade that a running system does not repeat.
-        get_repository().upgrade()
+        conn = outbox_warmed(body)
         mem0 = used_memory(conn)
         t0 = time.perf_counter()
         if many:
@@ -483,13 +493,10 @@ def case_send_alternating(n: int, block: int = 200) -> dict:
         setup_django()
         import outbox
         from benchmarks import dramatiq_peer as dp
-        from outbox.connection import get_connection, get_repository
 
         body = body_200()
-        outbox.send("noop", body)  # warm-up: scripts loaded, connections made
-        dp.noop_actor.send(body)
-        get_connection().flushdb()
-        get_repository().upgrade()
+        dp.noop_actor.send(body)  # warm-up: its script loaded, its connection made
+        outbox_warmed(body)
 
         def timed(send) -> float:
             t0 = time.perf_counter()
