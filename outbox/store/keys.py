@@ -44,6 +44,10 @@ key                                 type         holds
                                                  the counted occurrences must be reported
 ``outbox:batch:<token>``            sorted set   ids one bulk action acted on, scored by
                                                  order (expires; see ``outbox.batches``)
+``outbox:task:<job id>``            string       a background action the console started:
+                                                 JSON (operation, state, progress, report);
+                                                 expires 7 days after its last write (see
+                                                 ``outbox.store.tasks``)
 ==================================  ===========  ============================================
 
 There is no index across destinations (older versions: ``outbox:status:<status>`` and
@@ -118,6 +122,10 @@ class Keys:
 
     def batch(self, token: str) -> str:
         return f"{self.prefix}:batch:{token}"
+
+    def task(self, job_id: str) -> str:
+        """The registry entry of a background action the console started (RQ job id)."""
+        return f"{self.prefix}:task:{job_id}"
 
     def stats(self, outcome: str, minute: int) -> str:
         return f"{self.prefix}:stats:{outcome}:{minute}"
