@@ -11,12 +11,27 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from redis import Redis
+from redis.exceptions import ClusterDownError, ReadOnlyError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .conf import outbox_settings
 from .store import MessageRepository
 
 IDEMPOTENCY_TTL = 24 * 3600  # seconds; as long as Stripe keeps idempotency keys
 WAKE_TTL = 60.0  # seconds a queue's wake-up flag lives if no job clears it
+
+#: The Redis errors that mean Redis is not serving now: unreachable, timed out, still
+#: loading its data, or failing over (a cluster without its master, a replica not yet
+#: promoted). Every other ``redis.exceptions.RedisError`` (a ``ResponseError`` about an
+#: argument, a script error...) is a bug of the caller, not an outage, and is never
+#: reported as one.
+REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
+    RedisConnectionError,  # includes BusyLoadingError (LOADING) and AuthenticationError
+    RedisTimeoutError,
+    ClusterDownError,  # includes MasterDownError
+    ReadOnlyError,
+)
 
 
 def get_connection() -> Redis:

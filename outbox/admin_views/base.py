@@ -1,6 +1,7 @@
 """What every console page shares: the admin context, URLs, permission checks, and the
 answer when a page cannot be served (:func:`console_view`: Redis unreachable -> 503,
-:class:`BadRequest` -> 400, with a page that says what to check)."""
+:class:`BadRequest` -> 400, with a page that says what to check; any other error, a
+Redis ``ResponseError`` included, is a bug: Django's 500, logged by ``django.request``)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
-from redis.exceptions import RedisError
 
-from ..connection import redis_location
+from ..connection import REDIS_UNAVAILABLE, redis_location
 from ..operations import OPERATIONS, Operation
 
 if TYPE_CHECKING:
@@ -123,8 +123,11 @@ def problem_page(
 
 
 def console_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Decorate a console view: render it now, and answer 503 (Redis unreachable, with
-    what to check) or 400 (:class:`BadRequest`) instead of a bare 500."""
+    """Decorate a console view: render it now, and answer 503 when Redis is not serving
+    (:data:`~outbox.connection.REDIS_UNAVAILABLE`: unreachable, timed out, loading,
+    failing over; with what to check) or 400 (:class:`BadRequest`). Any other exception,
+    a Redis ``ResponseError`` included, is a bug in the console, not an outage: it
+    propagates to Django (a 500, logged with its traceback by ``django.request``)."""
 
     @functools.wraps(view)
     def wrapped(model_admin: ModelAdmin, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -133,7 +136,7 @@ def console_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
             if isinstance(response, TemplateResponse) and not response.is_rendered:
                 response.render()  # templates read lazily: a Redis error must surface here
             return response
-        except RedisError as exc:
+        except REDIS_UNAVAILABLE as exc:
             logger.warning("outbox console: Redis unavailable: %s: %s", type(exc).__name__, exc)
             return problem_page(
                 model_admin,

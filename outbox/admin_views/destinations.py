@@ -41,6 +41,7 @@ from ..times import parse_time
 from .base import TEMPLATES, BadRequest, console_view, context, list_url, require_view, url, user_id
 from .chart import CHART_MINUTES, attempt_chart, latency_chart
 from .confirm import batch_report
+from .filters import parse_as_of
 from .formatting import duration, moment
 from .history import record_change
 
@@ -294,7 +295,9 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
 
 def _parse_since(raw: str | None, now: float) -> float | None:
     """The "since" of a recovery: a time as the list's filters take it (epoch seconds,
-    a date-time, ``2h`` ago ...), not in the future; None when none is given.
+    a date-time, ``2h`` ago ...), not in the future and not before 1970 (no message
+    failed earlier; the page can show any time from then in every time zone); None when
+    none is given.
 
     Raises:
         BadRequest: it cannot be read.
@@ -305,7 +308,7 @@ def _parse_since(raw: str | None, now: float) -> float | None:
         since = parse_time(raw.strip(), now)
     except ValueError as exc:
         raise BadRequest(_("Recover since: %(error)s; nothing was changed.") % {"error": exc}) from None
-    return min(since, now)
+    return min(max(since, 0.0), now)
 
 
 @console_view
@@ -360,9 +363,9 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
             ),
         )
     try:
-        as_of = min(float(request.POST.get("as_of") or now), now)
-    except ValueError:
-        raise BadRequest(_("as_of must be epoch seconds; nothing was changed.")) from None
+        as_of = parse_as_of(request.POST.get("as_of"), now)
+    except ValueError as exc:
+        raise BadRequest(_("%(error)s; nothing was changed.") % {"error": exc}) from None
     recorder = BatchRecorder(repo)
     selection = recover_selection(name, since, as_of)
     result = execute(repo, REQUEUE, selection, applied=recorder)  # what recover_since() does

@@ -192,8 +192,9 @@ def _columns(query: ListQuery, sort: str, descending: bool) -> list[Column]:
 def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """GET: the message list (``admin:outbox_message_list``). Needs ``outbox.view_message``.
 
-    A parameter that cannot be used (a status that does not exist, ``created_from=nan``...)
-    is ignored with a note, and the page is answered with status 400."""
+    A parameter that cannot be used (a status that does not exist, ``created_from=nan``,
+    ``p=abc``...) is ignored with a note, and the page is answered with status 400; a
+    page number past the last page shows the last page, with a note."""
     require_view(model_admin, request)
     repo = get_repository()
     query = parse_list_query(request.GET)
@@ -234,6 +235,14 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     else:
         current = query.page
         result = page(repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending)
+        last = max(1, -(-result.total // per_page))
+        if current > last:  # past the end (?p=10000000000000000000): the last page instead
+            notes.append(_("There is no such page; this is the last page, %(last)s.") % {"last": f"{last:,}"})
+            current = last
+            if result.total:
+                result = page(
+                    repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending
+                )
         ids, total, exact, scanned = result.ids, result.total, result.exact, result.scanned
         if not exact:
             notes.append(

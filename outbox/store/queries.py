@@ -366,10 +366,15 @@ def page(
     destinations, offset + limit entries of each). Others scan at most
     ``scan_limit`` (default :data:`SCAN_LIMIT`) index entries from the start, in the
     requested direction.
+
+    ``offset`` (entries, from 0) and ``limit`` may be any non-negative integer: an
+    offset past the end gives an empty page (Redis is never asked for a rank past the
+    index's size, so a page number of 10**30 cannot reach it as an out-of-range integer).
     """
     scan_limit = SCAN_LIMIT if scan_limit is None else scan_limit
     p = plan(repo, flt)
     index_total = count_range(repo, p)
+    offset, limit = min(max(offset, 0), index_total), min(max(limit, 0), index_total)
     if p.exact:
         ids = range_ids(repo, p, offset=offset, limit=limit, descending=descending)
         return Page(ids, index_total, True, 0, index_total, p)
