@@ -155,28 +155,93 @@ class DestinationHealth:
     latency_sum_seconds: float
 
     @property
-    def failing(self) -> bool:
-        """Failing now: the breaker is not closed, or ``FAILING_CONSECUTIVE`` failures in a
-        row, or at least half of at least ``FAILING_MIN_ATTEMPTS`` attempts in the window failed."""
-        return (
-            self.breaker != "closed"
-            or self.consecutive_failures >= FAILING_CONSECUTIVE
-            or (self.window.attempts >= FAILING_MIN_ATTEMPTS and self.window.failure_rate >= FAILING_RATE)
-        )
+    def state(self) -> str:
+        """Its one state (:func:`destination_state`), one of :data:`STATES`."""
+        return destination_state(self).name
 
     @property
-    def state(self) -> str:
-        """One word for pages: disabled, paused, open, half_open, blocked (a
-        ``Retry-After`` holds it until :attr:`blocked_until`), failing, healthy or idle."""
-        if self.admin in ("disabled", "paused"):
-            return self.admin
-        if self.breaker in ("open", "half_open"):
-            return self.breaker
-        if self.blocked_until:
-            return "blocked"
-        if self.failing:
-            return "failing"
-        return "healthy" if self.window.attempts else "idle"
+    def state_reason(self) -> str:
+        """Why it is in that state, one sentence (:func:`destination_state`)."""
+        return destination_state(self).reason
+
+    @property
+    def failing(self) -> bool:
+        """Its state is one of :data:`TROUBLE_STATES`: its deliveries fail, or are held
+        because they failed (the dashboard's red rows)."""
+        return self.state in TROUBLE_STATES
+
+
+#: Every state a destination can be in, the first that applies winning (see
+#: :func:`destination_state`): the operator's hold, the circuit breaker, a Retry-After,
+#: then what its attempts did lately.
+STATES = ("disabled", "paused", "open", "half_open", "blocked", "failing", "degraded", "healthy", "idle")
+#: States in which its deliveries fail or are held because they failed (an operator's
+#: pause is not one).
+TROUBLE_STATES = frozenset({"disabled", "open", "half_open", "blocked", "failing"})
+
+
+@dataclass(frozen=True)
+class DestinationState:
+    """A destination's state and why: ``name`` one of :data:`STATES`, ``reason`` one
+    sentence in English (no times: pages and the command show those beside it)."""
+
+    name: str
+    reason: str
+
+
+def destination_state(h: DestinationHealth) -> DestinationState:
+    """The one state of a destination, from its health; every page, the
+    ``outbox_destination`` command and the ``outbox_destination_state`` metric show this.
+
+    The first that applies, in the order of :data:`STATES`:
+
+    * ``disabled`` / ``paused``: the operator's (or an automatic) hold: nothing is sent;
+    * ``open``: its circuit breaker is open (messages park; a probe goes after the cool-down);
+    * ``half_open``: one probe is in flight;
+    * ``blocked``: a ``Retry-After`` holds it until :attr:`DestinationHealth.blocked_until`;
+    * ``failing``: its last ``FAILING_CONSECUTIVE`` (3) or more attempts failed (the
+      ``destination.failing`` event's threshold), or its last attempt failed and at least
+      half of at least ``FAILING_MIN_ATTEMPTS`` (10) attempts of the window failed;
+    * ``degraded``: its last attempt failed (a run of 1 or 2: ``failing_since`` is set),
+      or it succeeded but at least half of the window's attempts (10 or more) failed;
+    * ``healthy``: its last attempt succeeded and most of the window's did;
+    * ``idle``: no attempt in the window (and its last one did not fail).
+    """
+    w = h.window
+    run = h.consecutive_failures
+    mostly_failed = w.attempts >= FAILING_MIN_ATTEMPTS and w.failure_rate >= FAILING_RATE
+    in_a_row = f"{run} failure{'' if run == 1 else 's'} in a row"
+    if h.admin == "disabled":
+        return DestinationState("disabled", f"disabled ({h.disabled_reason or 'by hand'}): nothing is sent")
+    if h.admin == "paused":
+        why = f" ({h.disabled_reason})" if h.disabled_reason else ""
+        return DestinationState("paused", f"paused{why}: nothing is sent; its messages wait")
+    if h.breaker == "open":
+        return DestinationState("open", f"circuit breaker open ({in_a_row}): messages wait for a probe")
+    if h.breaker == "half_open":
+        return DestinationState("half_open", "circuit breaker half-open: one probe is in flight")
+    if h.blocked_until:
+        return DestinationState(
+            "blocked", "the receiver asked to wait (Retry-After): messages wait until then"
+        )
+    if run >= FAILING_CONSECUTIVE or (run and mostly_failed):
+        most = (
+            f"; {w.failure_rate:.0%} of {w.attempts} attempts in {w.seconds // 60} min failed"
+            if mostly_failed
+            else ""
+        )
+        return DestinationState("failing", f"its last attempts failed: {in_a_row}{most}")
+    if run or h.failing_since:
+        return DestinationState("degraded", f"its last attempt failed ({in_a_row})")
+    if mostly_failed:
+        return DestinationState(
+            "degraded",
+            f"its last attempt succeeded, but {w.failure_rate:.0%} of {w.attempts} attempts "
+            f"in {w.seconds // 60} min failed",
+        )
+    if w.attempts:
+        return DestinationState("healthy", "its last attempt succeeded")
+    return DestinationState("idle", f"no attempt in the last {w.seconds // 60} min")
 
 
 # -- settings as the scripts take them ------------------------------------------------------
@@ -525,7 +590,7 @@ def status_line(h: DestinationHealth) -> str:
 
     w = h.window
     parts = [
-        f"{h.name}: {h.state}",
+        f"{h.name}: {h.state} ({h.state_reason})",
         f"admin={h.admin}" + (f" ({h.disabled_reason})" if h.disabled_reason else ""),
         f"breaker={h.breaker}",
         f"parked={h.parked}",

@@ -44,14 +44,16 @@ class StatusCount:
 
 @dataclass
 class DestinationRow:
-    """One destination's counts and health (``failing`` and ``state`` from
-    :class:`outbox.health.DestinationHealth`: its recent attempts, not all-time totals)."""
+    """One destination's counts and health (``state``, ``state_reason`` and ``failing``
+    from :func:`outbox.health.destination_state`: its holds and recent attempts, not
+    all-time totals)."""
 
     name: str
     counts: list[StatusCount]
     total: int
     failing: bool
     state: str
+    state_reason: str
     last_success: datetime | None
     failing_since: datetime | None
     failing_for: str
@@ -115,6 +117,7 @@ def destination_rows(
                 total=sum(counts.values()),
                 failing=h.failing,
                 state=h.state,
+                state_reason=h.state_reason,
                 last_success=moment(h.last_success_at),
                 failing_since=moment(h.failing_since),
                 failing_for=duration(now - h.failing_since) if h.failing_since else "",

@@ -26,6 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _float_to_go_string
 
+from ..health import STATES
+
 #: prometheus_client's own rendering of a bucket bound ("+Inf", "0.25"); its function is unannotated.
 floatToGoString: Callable[[float], str] = _float_to_go_string
 
@@ -34,8 +36,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("outbox")
 
-#: Values of the ``state`` label of ``outbox_destination_state`` (:attr:`DestinationHealth.state`).
-DESTINATION_STATES = ("healthy", "idle", "failing", "blocked", "open", "half_open", "paused", "disabled")
+#: Values of the ``state`` label of ``outbox_destination_state``: :data:`outbox.health.STATES`.
+DESTINATION_STATES = STATES
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,8 @@ METRICS: dict[str, MetricSpec] = {
             "outbox_destination_state",
             "gauge",
             ("destination", "state"),
-            "1 for the destination's current state, 0 for the others: healthy, idle, failing, open, "
-            "half_open, paused, disabled.",
+            "1 for the destination's one state (the console's and outbox_destination's), 0 for the "
+            "others: " + ", ".join(STATES) + ".",
         ),
         MetricSpec(
             "outbox_destination_parked",
