@@ -141,7 +141,9 @@ def send(
 
     Returns:
         The :class:`Message`, status ``pending``. With an idempotency key already
-        used, the earlier message as it is now.
+        used, the earlier message as it is now. With ``OUTBOX["EAGER"]``, the message
+        as its attempt inside the call left it (``succeeded``, or ``retrying`` /
+        ``failed`` with that attempt counted; ``pending`` if it was not due yet).
 
     Raises:
         InvalidMessage: bad input (``UnknownDestination``, ``MessageTooLarge``,
@@ -221,14 +223,16 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     for index, (message, c) in enumerate(zip(messages, created, strict=True)):
         if c.code == "conflict":
             raise intake.conflict(message, c.standing_id, None if single else index)
-    duplicates = [c.standing_id for c in created if c.code == "duplicate"]
-    if not duplicates:
-        return messages
-    found = {m.id: m for m in get_repository().get_many(duplicates) if m is not None}
-    return [
-        found.get(c.standing_id, m) if c.code == "duplicate" else m
-        for m, c in zip(messages, created, strict=True)
+    standing = [
+        c.standing_id if c.code == "duplicate" else m.id for m, c in zip(messages, created, strict=True)
     ]
+    # Read back the duplicates (the earlier message as it is now) and, in eager mode,
+    # every message as its attempt left it (succeeded, retrying, failed).
+    reread = standing if outbox_settings.EAGER else [c.standing_id for c in created if c.code == "duplicate"]
+    if not reread:
+        return messages
+    found = {m.id: m for m in get_repository().get_many(reread) if m is not None}
+    return [found.get(i, m) for m, i in zip(messages, standing, strict=True)]
 
 
 def get(message_id: str) -> Message:
