@@ -38,6 +38,13 @@ OUTBOX = {
         },
     },
 }
+if os.environ.get("BENCH_PROFILE") == "defaults":
+    # Out of the box: no destination sets MAX_IN_FLIGHT, so each gets its transport's
+    # default (a callable's) or OUTBOX["MAX_IN_FLIGHT"] (a webhook's): what a user who
+    # copies the README's settings runs. benchmarks.compare measures this beside the
+    # tuned rows and says which is which.
+    for _entry in OUTBOX["DESTINATIONS"].values():
+        _entry.pop("MAX_IN_FLIGHT", None)
 if os.environ.get("BENCH_MAX_IN_FLIGHT"):  # diagnostics only: the table uses the default (16)
     OUTBOX["MAX_IN_FLIGHT"] = int(os.environ["BENCH_MAX_IN_FLIGHT"])
 LOGGING = {

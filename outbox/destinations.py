@@ -7,7 +7,7 @@ Each entry::
         "OPTIONS": {"url": "https://...", "secret": "whsec_..."},
         "MAX_RETRIES": 5,                       # optional; else OUTBOX["MAX_RETRIES"]
         "RETRY": {"base": 2, "max_delay": 600}, # optional; over OUTBOX["RETRY"]
-        "MAX_IN_FLIGHT": 8,                     # optional; else OUTBOX["MAX_IN_FLIGHT"]
+        "MAX_IN_FLIGHT": 8,                     # optional; else OUTBOX["MAX_IN_FLIGHT"] (a callable: CONCURRENCY)
         "BREAKER": {"FAILURES": 5},             # optional; over OUTBOX["BREAKER"]; False = none
         "RATE_LIMIT": "100/s",                  # optional; across all workers (GCRA)
         "MAX_CONCURRENCY": 4,                   # optional; attempts in flight across all workers
@@ -118,7 +118,8 @@ def _build(name: str, config: Any) -> Destination:
     if not isinstance(options, dict):
         raise ImproperlyConfigured(f"{where}['OPTIONS'] must be a dict")
     try:
-        transport_default = transport_class(config["TRANSPORT"]).max_in_flight
+        cls = transport_class(config["TRANSPORT"])
+        transport_default = cls.max_in_flight or (outbox_settings.CONCURRENCY if cls.in_process else None)
     except Exception:  # reported below by build_transport
         transport_default = None
     max_in_flight = config.get("MAX_IN_FLIGHT", transport_default or outbox_settings.MAX_IN_FLIGHT)

@@ -178,6 +178,9 @@ STATES = ("disabled", "paused", "open", "half_open", "blocked", "failing", "degr
 #: States in which its deliveries fail or are held because they failed (an operator's
 #: pause is not one).
 TROUBLE_STATES = frozenset({"disabled", "open", "half_open", "blocked", "failing"})
+#: States in which its due messages wait instead of going: parked (paused, disabled,
+#: breaker open or half-open) or rescheduled (a Retry-After). They are not overdue.
+HELD_STATES = frozenset({"disabled", "paused", "open", "half_open", "blocked"})
 
 
 @dataclass(frozen=True)

@@ -111,3 +111,27 @@ def test_every_state_is_listed_once_and_the_metric_offers_them_all():
         "disabled",
         "idle",
     } == set(health.STATES)
+
+
+# -- (b) parked messages are not overdue ------------------------------------------------
+def cell(html: str, element_id: str) -> str:
+    return html.split(f'id="{element_id}"')[1].split("</td>")[0]
+
+
+def test_parked_messages_are_not_counted_as_overdue_but_shown_apart(admin_client, hook, worker):
+    health.pause("hook", reason="receiver maintenance")
+    held = outbox.send("hook", {"n": 1})
+    worker(simple=True)  # the claim parks it: its destination is paused
+    assert health.get_health("hook").parked == 1
+    assert outbox.get(held.id).status == "pending"
+    html = text_of(admin_client.get(u("dashboard")))
+    pending = cell(html, "oldest-pending-wait")
+    assert "due" not in pending and "none" in pending, pending  # not "due 0 s ago", not late
+    parked = cell(html, "oldest-parked")
+    assert 'data-count="1"' in parked and held.id in parked, parked
+    assert "late" not in parked
+
+    due = outbox.send("mem", {"n": 2}, delay=60)  # another destination's message: counted as before
+    html = text_of(admin_client.get(u("dashboard")))
+    assert due.id in cell(html, "oldest-pending-wait") and "next due in" in cell(html, "oldest-pending-wait")
+    assert held.id not in cell(html, "oldest-pending-wait")

@@ -1,11 +1,13 @@
 """The dashboard: counts per status and destination with each destination's health
 (failing from its recent attempts, last success, failing since), queues and workers,
 delivery attempts per minute by outcome over the last hour (all destinations, or one:
-``?chart=<destination>``), and how long the oldest due messages have waited.
+``?chart=<destination>``), how long the oldest due messages have waited (of the
+destinations that deliver: messages their destination holds are counted apart, as
+parked), and the parked messages.
 
 Cost: a handful of round trips whatever the number of messages (ZCARDs in pipelines,
-one pipeline of small health hashes, one for the chart's minutes, two ZRANGEs for the
-oldest entries).
+one pipeline of small health hashes, one for the chart's minutes, three pipelines of
+one-entry ZRANGEs for the oldest entries).
 """
 
 from __future__ import annotations
@@ -77,8 +79,18 @@ class Oldest:
     age: str  # how long since it was created
 
 
-def _oldest(model_admin: ModelAdmin, status: str, now: float) -> Oldest | None:
-    found = get_repository().oldest(status)
+@dataclass
+class Parked:
+    """Messages parked by their destination (paused, disabled, breaker open): how many,
+    by how many destinations, and the one due first (not overdue: held on purpose)."""
+
+    count: int
+    destinations: list[str]
+    oldest: Oldest | None
+
+
+def _oldest(model_admin: ModelAdmin, found: tuple[str, float] | None, now: float) -> Oldest | None:
+    """What the page shows of ``found``, an (id, due score) read from an index (None: none)."""
     if found is None:
         return None
     message_id, score = found
@@ -145,6 +157,15 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     if chart_destination is not None and chart_destination not in names:
         chart_destination = None
     chart = attempt_chart(health.timeline(chart_destination, CHART_MINUTES, now, names=names))
+    # Messages of a destination that holds them (paused, breaker open, Retry-After ...)
+    # wait on purpose: they are shown apart, never as overdue.
+    delivering = [row.name for row in destinations if row.state not in health.HELD_STATES]
+    parking = [row.name for row in destinations if row.parked]
+    parked = Parked(
+        sum(row.parked for row in destinations),
+        parking,
+        _oldest(model_admin, repo.oldest_parked(parking), now),
+    )
     return TemplateResponse(
         request,
         f"{TEMPLATES}/dashboard.html",
@@ -159,8 +180,9 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             queues=queues,
             workers=workers,
             chart=chart,
-            oldest_pending=_oldest(model_admin, Status.PENDING.value, now),
-            oldest_retry=_oldest(model_admin, Status.RETRYING.value, now),
+            oldest_pending=_oldest(model_admin, repo.oldest(Status.PENDING.value, among=delivering), now),
+            oldest_retry=_oldest(model_admin, repo.oldest(Status.RETRYING.value, among=delivering), now),
+            parked=parked,
             purge_backlog=repo.count_past_retention(outbox_settings.RETENTION or {}, now),
             statuses=STATUSES,
             refresh_seconds=15,

@@ -33,8 +33,8 @@ ScoredMembers = list[tuple[bytes, float]]
 CreateReply = list[Any]
 #: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
-#: rescheduled).
-ClaimReply = tuple[list[list[Any]], bytes | None, int]
+#: rescheduled; destinations skipped at their cap).
+ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes]]
 #: transition.lua, per change: (applied 0|1, status after[, message record, resend HGETALL]).
 TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[Any], list[bytes]]
 #: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
@@ -195,12 +195,15 @@ class Claim:
             limit (rate, concurrency, ``Retry-After``): due again soon.
         events: destination events (JSON strings, see ``lua/health.lua``) caused by the
             outcomes written in the same round trip (:meth:`MessageRepository.outcomes_and_claim`).
+        capped: destinations whose due messages the claim skipped because their cap
+            (``caps``) was reached: they stay due at the head of the queue.
     """
 
     messages: list[Message]
     next_due: float | None
     held: int = 0
     events: list[str] = field(default_factory=list)
+    capped: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -444,9 +447,11 @@ class MessageRepository:
     @staticmethod
     def parse_claim(reply: ClaimReply) -> Claim:
         """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
-        flat, next_due, held = reply
+        flat, next_due, held, capped = reply
         messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-        return Claim(messages, float(next_due) if next_due else None, int(held))
+        return Claim(
+            messages, float(next_due) if next_due else None, int(held), capped=[d.decode() for d in capped]
+        )
 
     def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:
         """ARGV of ``lua/transition.lua`` (see :meth:`transition` and :meth:`Change.args`)."""
@@ -999,10 +1004,31 @@ class MessageRepository:
             d.decode() for d in cast("set[bytes]", self.connection.smembers(self.keys.destinations))
         )
 
-    def oldest(self, status: str, destination: str | None = None) -> tuple[str, float] | None:
-        """The (id, score) with the lowest score in a status index, or None if empty."""
+    def oldest(
+        self, status: str, destination: str | None = None, *, among: Iterable[str] | None = None
+    ) -> tuple[str, float] | None:
+        """The (id, score) with the lowest score in a status index (of ``destination``,
+        of the destinations ``among``, or of every one), or None if empty. One round trip
+        (one ``ZRANGE`` of one entry per destination)."""
+        keys = (
+            self.index(status, destination).keys
+            if among is None
+            else tuple(self.keys.status(status, d) for d in among)
+        )
+        return self._lowest(keys)
+
+    def oldest_parked(self, destinations: Iterable[str]) -> tuple[str, float] | None:
+        """The (id, due score) of the parked message due first among ``destinations``
+        (held while paused, disabled or its breaker is open), or None when none is
+        parked. One round trip (one ``ZRANGE`` of one entry per destination)."""
+        return self._lowest(tuple(self.keys.parked(d) for d in destinations))
+
+    def _lowest(self, keys: Sequence[str]) -> tuple[str, float] | None:
+        """The (member, score) with the lowest score over the sorted sets ``keys``."""
+        if not keys:
+            return None
         pipe = self.connection.pipeline(transaction=False)
-        for key in self.index(status, destination).keys:
+        for key in keys:
             pipe.zrange(key, 0, 0, withscores=True)
         firsts = [rows[0] for rows in cast(list[ScoredMembers], pipe.execute()) if rows]
         if not firsts:

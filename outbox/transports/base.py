@@ -68,6 +68,14 @@ class Transport:
     #: ``deliver()`` is called from a pool of threads; a transport that is not safe to
     #: call concurrently says 1.
     max_in_flight: int | None = None
+    #: The transport does its work in the worker's own process (a callable): there is no
+    #: receiver for a per-worker cap to shield, so when neither the destination nor
+    #: ``max_in_flight`` sets a cap its attempts may take every slot of the worker
+    #: (``OUTBOX["CONCURRENCY"]``) instead of ``OUTBOX["MAX_IN_FLIGHT"]``. A cap below the
+    #: pool makes each round trip (outcomes written, next messages claimed) carry fewer
+    #: messages: one busy no-op callable drained at about 1,400/s with a cap of 1 and
+    #: about 8,400/s with 32 (issue 20, item 13).
+    in_process: bool = False
     #: The host (``name`` or ``name:port``) this transport sends to, recorded on each
     #: attempt and named in the console; "" when it has none to name (a callable...).
     host: str = ""

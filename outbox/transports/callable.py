@@ -47,9 +47,10 @@ class CallableTransport(Transport):
     """
 
     options = ("path", "deadline")
-    max_in_flight = (
-        1  # your function may not be thread-safe: set the destination's MAX_IN_FLIGHT to run it concurrently
-    )
+    # In the worker's own process: with no MAX_IN_FLIGHT, attempts may use every slot of
+    # the worker (CONCURRENCY), see Transport.in_process. A function that is not
+    # thread-safe sets its destination's MAX_IN_FLIGHT to 1.
+    in_process = True
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)

@@ -30,12 +30,15 @@
 -- ARGV[9] due slack (seconds): messages due by now + slack are taken
 -- ARGV[10] JSON object destination -> [emission interval T (0 = no rate limit),
 --          tolerance tau, max concurrency (0 = none)]; "{}" = no limits
--- Returns {claimed, next_due, held}: claimed is a flat list of the message record
+-- Returns {claimed, next_due, held, capped}: claimed is a flat list of the message record
 -- ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's
 -- own fields appended: later pairs win) per claimed message; next_due is the score of
 -- the earliest entry left in the due index (a string), or false when it is empty; held
 -- counts messages rescheduled by a limit (the caller may wait for them rather than end
--- its run).
+-- its run); capped lists the destinations whose due entries were skipped at their cap
+-- (ARGV[8]), each once: until an attempt of one of them finishes, a claim of the same
+-- head of the queue would read the same entries again and take nothing (the caller
+-- waits instead: outbox/delivery.py).
 -- Index writes and the message reads are made once per index for the whole call
 -- (lib/writes.lua, MGET): a claim of N messages costs two commands per message (the
 -- resend record's HGETALL and HSET) and a few per call.
@@ -51,6 +54,7 @@ local due_key = prefix .. ':due:' .. queue
 local out = {}
 local taken_ids = {}  -- positions in out of the claimed ids, whose records are read at the end
 local taken, held = 0, 0
+local capped, capped_seen = {}, {}
 local gates = {}
 local tat_changed = {}  -- destinations whose TAT this call moved, in first-changed order
 
@@ -160,6 +164,9 @@ if limit > 0 then
             if cap ~= nil then caps[dest] = cap - 1 end
             take(id, rkey, record, status, dest)
           end
+        elseif not capped_seen[dest] then
+          capped_seen[dest] = true
+          capped[#capped + 1] = dest
         end
       end
     else
@@ -187,4 +194,4 @@ end
 local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local next_due = false
 if first[2] then next_due = first[2] end
-return {out, next_due, held}
+return {out, next_due, held, capped}
