@@ -31,6 +31,10 @@ outbox.E007    ``OUTBOX["ALERTS"]`` is invalid: unknown keys or events, ``SUPPRE
 outbox.W008    ``OUTBOX["ALERTS"]["EMAIL_ADMINS"]`` is set but ``settings.ADMINS`` is empty
 outbox.W009    ``OUTBOX["ALERTS"]["WEBHOOK"]`` names a webhook destination without a
                ``secret``: operational webhooks would go unsigned
+outbox.W010    a webhook's host is (or resolves only to) a loopback, private or other
+               non-public address that ``OUTBOX["BLOCK_PRIVATE_NETWORKS"]`` refuses: every
+               message to it would be a dead letter (``blocked_address``) at its first
+               attempt. ``OPTIONS["allow_private_networks"] = True`` allows it
 =============  =====================================================================
 
 Messages never print secret values: every error text goes through
@@ -40,12 +44,21 @@ The Redis checks (tag ``outbox_redis``: E006, W004, W006, W007) make one round t
 their own with 1-second timeouts, on every command that runs checks; an unreachable
 Redis gives the warning W007, never an error. Select or skip them like any tag
 (``manage.py check --tag outbox_redis``), or silence ids with ``SILENCED_SYSTEM_CHECKS``.
+
+The address check (tag ``outbox_network``: W010) judges IP literals at once and
+resolves host names (``localhost`` included) as a delivery would, each lookup given at
+most 1 second and all of them :data:`ADDRESS_CHECK_BUDGET` seconds together; a name
+that does not resolve then (no DNS at build time) is not reported.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpcore
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
@@ -56,6 +69,8 @@ from .destinations import configuration_errors, get_destination, validate_max_re
 from .limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from .redaction import redact, secrets_for
 from .retry import RetryPolicy
+from .ssrf import environment_proxy, is_public_address, resolve
+from .transports.webhook import WebhookTransport, url_host
 
 POSITIVE_NUMBERS = (
     "MAX_BODY_BYTES",
@@ -65,12 +80,18 @@ POSITIVE_NUMBERS = (
     "BATCH_SIZE",
     "ATTEMPTS_KEPT",
 )
+#: Seconds outbox.W010's name lookups may take together (each at most 1 second).
+ADDRESS_CHECK_BUDGET = 2.0
 
 
 @register()
 def check_outbox_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Every ``outbox.*`` problem of the settings (see the module docstring), secrets redacted."""
-    errors = _check()
+    return _redacted(_check())
+
+
+def _redacted(errors: list[CheckMessage]) -> list[CheckMessage]:
+    """``errors`` with the configured secrets masked in their texts (changed in place)."""
     secrets = _configured_secrets()
     for error in errors:
         error.msg = redact(str(error.msg), secrets=secrets)
@@ -298,3 +319,63 @@ def check_redis_safety(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
 def check_shared_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """outbox.W005: ``cache.clear()`` on a shared alias would delete every message (no Redis needed)."""
     return _as_check_messages(redis_health.shared_alias_findings())
+
+
+@register("outbox_network")
+def check_webhook_addresses(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """outbox.W010: webhook destinations whose host the SSRF guard (:mod:`outbox.ssrf`)
+    would refuse at every attempt, so every message would be a dead letter with
+    ``error_class`` ``blocked_address``.
+
+    The host is judged as a delivery judges it: refused when every address it resolves
+    to is non-public. Destinations that allow private networks, or that send through an
+    environment proxy (``trust_env``), are not checked; nor is any when the destinations
+    are malformed (outbox.E002 reports that). See the module docstring for the lookups'
+    time limits.
+    """
+    if configuration_errors():
+        return []
+    deadline = time.monotonic() + ADDRESS_CHECK_BUDGET
+    found: list[CheckMessage] = []
+    for name in outbox_settings.DESTINATIONS:
+        transport = get_destination(name).build_transport()
+        if not isinstance(transport, WebhookTransport) or not transport.block_private_networks:
+            continue
+        if transport.trust_env and environment_proxy(transport.url):
+            continue
+        addresses = _addresses(transport.url, deadline - time.monotonic())
+        if addresses and not any(is_public_address(a) for a in addresses):
+            found.append(
+                Warning(
+                    f"destination {name!r}: its host {url_host(transport.url)} is {', '.join(addresses)}, a "
+                    "loopback, private or otherwise non-public address that OUTBOX['BLOCK_PRIVATE_NETWORKS'] "
+                    "refuses: every message to it would fail at its first attempt as a dead letter "
+                    "(error_class blocked_address)",
+                    hint=f"if the receiver is on your own network, set OUTBOX['DESTINATIONS'][{name!r}]"
+                    "['OPTIONS']['allow_private_networks'] = True (or OUTBOX['BLOCK_PRIVATE_NETWORKS'] = False "
+                    "for every destination)",
+                    id="outbox.W010",
+                )
+            )
+    return _redacted(found)
+
+
+def _addresses(url: str, seconds_left: float) -> list[str]:
+    """The addresses ``url``'s host resolves to, or [] when unknown (a lookup that
+    failed or would exceed ``seconds_left``, a malformed port)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return []
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass  # a name: resolve it
+    if seconds_left <= 0:
+        return []
+    try:
+        return resolve(host, port, timeout=min(1.0, seconds_left))
+    except (httpcore.ConnectError, httpcore.ConnectTimeout):
+        return []

@@ -190,7 +190,8 @@ def usable_destinations() -> dict[str, Destination]:
 
 
 def configuration_errors() -> list[str]:
-    """Every problem with ``OUTBOX["DESTINATIONS"]``, as messages (for system checks)."""
+    """Every problem with ``OUTBOX["DESTINATIONS"]``, as messages (for system checks),
+    each naming its destination."""
     errors = []
     destinations = outbox_settings.DESTINATIONS
     if not isinstance(destinations, dict):
@@ -199,7 +200,9 @@ def configuration_errors() -> list[str]:
         try:
             _build(name, config)
         except ImproperlyConfigured as exc:
-            errors.append(str(exc))
+            text = str(exc)
+            # every message names its destination (a transport's own may not)
+            errors.append(text if repr(name) in text else f"OUTBOX['DESTINATIONS'][{name!r}]: {text}")
     return errors
 
 

@@ -36,6 +36,22 @@ def test_bad_outbox_settings(settings, change, expected):
     assert expected in ids()
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"TRANSPORT": "nope.Nope"},
+        {"OPTIONS": {}},
+        {"TRANSPORT": "webhook", "OPTIONS": {"url": "ftp://x"}},
+        {"TRANSPORT": "locmem", "RATE_LIMIT": "x"},
+        {"TRANSPORT": "callable", "OPTIONS": {}},
+    ],
+)
+def test_each_destination_error_names_its_destination(settings, config):
+    settings.OUTBOX = {**settings.OUTBOX, "DESTINATIONS": {"billing": config}}
+    (error,) = [e for e in check_outbox_settings() if e.id == "outbox.E002"]
+    assert "'billing'" in error.msg
+
+
 def test_missing_rq_queue(settings):
     settings.RQ_QUEUES = {"outbox": {"USE_REDIS_CACHE": "default"}}
     errors = check_outbox_settings()
@@ -80,3 +96,39 @@ def test_webhook_whose_attempt_may_outlive_half_the_lease_warns(settings):
     assert "'slow'" in errors[0].msg and "25 s" in errors[0].msg
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 50}
     assert check_outbox_settings() == []
+
+
+# -- outbox.W010: a webhook the SSRF guard would refuse at every attempt (issue 20, item 8) --
+def address_warnings(settings, url: str, **options):
+    from outbox.checks import check_webhook_addresses
+
+    hook = {"TRANSPORT": "webhook", "OPTIONS": {"url": url, **options}}
+    settings.OUTBOX = {**settings.OUTBOX, "DESTINATIONS": {**settings.OUTBOX["DESTINATIONS"], "crm": hook}}
+    return check_webhook_addresses()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8000/hooks", "http://localhost:8000/hooks", "https://[::1]/h", "http://10.1.2.3/h"],
+)
+def test_a_webhook_on_a_private_or_loopback_address_warns(settings, url):
+    (warning,) = address_warnings(settings, url)
+    assert warning.id == "outbox.W010"
+    assert "'crm'" in warning.msg and "blocked_address" in warning.msg
+    assert "allow_private_networks" in warning.hint and "BLOCK_PRIVATE_NETWORKS" in warning.hint
+
+
+def test_a_private_webhook_that_opts_in_or_a_public_one_does_not_warn(settings):
+    assert address_warnings(settings, "http://127.0.0.1:8000/h", allow_private_networks=True) == []
+    assert address_warnings(settings, "https://93.184.215.14/h") == []  # a public literal: no lookup
+    settings.OUTBOX = {**settings.OUTBOX, "BLOCK_PRIVATE_NETWORKS": False}
+    assert address_warnings(settings, "http://localhost:8000/h") == []
+
+
+def test_manage_py_check_shows_the_private_address_warning(settings, capsys):
+    from django.core.management import call_command
+
+    address_warnings(settings, "http://localhost:8000/hooks")
+    call_command("check")
+    out, err = capsys.readouterr()
+    assert "outbox.W010" in out + err
