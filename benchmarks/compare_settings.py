@@ -5,8 +5,17 @@ CONCURRENCY 32, MAX_IN_FLIGHT 16, BATCH_SIZE 100) and three destinations:
 
 * ``noop``: the callable transport calling :func:`benchmarks.peers.noop` (no I/O);
 * ``latency``: the callable transport calling :func:`benchmarks.peers.record_latency`;
-* ``hook``: the webhook transport to ``BENCH_HOOK_URL`` (a loopback receiver; this
-  tree has no SSRF guard, so no opt-in for private addresses is needed).
+* ``hook``: the webhook transport to ``BENCH_HOOK_URL`` (a loopback receiver, allowed
+  with ``allow_private_networks``).
+
+``BENCH_PROFILE`` picks each destination's ``MAX_IN_FLIGHT`` (the one setting the
+table's rows differ by; the compare says which profile each row ran):
+
+* ``tuned`` (or unset): every destination at 32, the worker's ``CONCURRENCY`` (what
+  a user with one busy destination would tune it to);
+* ``defaults``: no destination sets it, so each gets what a user who copies the
+  documentation gets: a callable the worker's ``CONCURRENCY`` (32), a webhook
+  ``OUTBOX["MAX_IN_FLIGHT"]`` (16).
 
 The ``outbox`` logger is at INFO (what ``manage.py outbox_worker`` sets at its default
 verbosity) with no handler: each attempt's log record is built, not written out.
@@ -21,7 +30,7 @@ DEBUG = False
 OUTBOX = {
     **{k: v for k, v in OUTBOX.items() if k not in ("VISIBILITY_TIMEOUT", "RECOVERY_GRACE", "DESTINATIONS")},
     "DESTINATIONS": {
-        # Thread-safe no-op callables: they may run concurrently (a callable's default is 1).
+        # Thread-safe no-op callables: they may run concurrently.
         "noop": {"TRANSPORT": "callable", "OPTIONS": {"path": "benchmarks.peers.noop"}, "MAX_IN_FLIGHT": 32},
         "latency": {
             "TRANSPORT": "callable",
@@ -35,14 +44,12 @@ OUTBOX = {
                 "timeout": 10,
                 "allow_private_networks": True,  # the receiver is on loopback
             },
+            "MAX_IN_FLIGHT": 32,
         },
     },
 }
 if os.environ.get("BENCH_PROFILE") == "defaults":
-    # Out of the box: no destination sets MAX_IN_FLIGHT, so each gets its transport's
-    # default (a callable's) or OUTBOX["MAX_IN_FLIGHT"] (a webhook's): what a user who
-    # copies the README's settings runs. benchmarks.compare measures this beside the
-    # tuned rows and says which is which.
+    # Out of the box: no destination sets MAX_IN_FLIGHT (see the module docstring).
     for _entry in OUTBOX["DESTINATIONS"].values():
         _entry.pop("MAX_IN_FLIGHT", None)
 if os.environ.get("BENCH_MAX_IN_FLIGHT"):  # diagnostics only: the table uses the default (16)
