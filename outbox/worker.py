@@ -118,13 +118,19 @@ def heartbeat_ttl(recovery_interval: float) -> float:
 
 
 def beat(recovery_interval: float) -> None:
-    """Say that this process runs the housekeeping (wake-ups, relay, recovery sweep)."""
+    """Say that this process runs the housekeeping (wake-ups, relay, recovery sweep), for
+    :func:`heartbeat_ttl` seconds: the shared heartbeat :func:`housekeeping_seen` reads,
+    and this process's own (``host:pid``, as RQ registers the worker's hostname and pid),
+    by which the console and the metrics tell a live worker from one killed whose RQ key
+    has not expired yet (:mod:`outbox.liveness`).
+
+    Raises:
+        redis.exceptions.RedisError: Redis could not be reached.
+    """
     from .connection import get_repository
     from .delivery import worker_name
 
-    repo = get_repository()
-    ttl_ms = int(heartbeat_ttl(recovery_interval) * 1000)
-    repo.connection.set(repo.keys.heartbeat(), worker_name(), px=ttl_ms)
+    get_repository().beat(worker_name(), heartbeat_ttl(recovery_interval), time.time())
 
 
 def housekeeping_seen() -> str | None:

@@ -11,6 +11,7 @@ Real Redis, real workers, a real HTTP receiver.
 from __future__ import annotations
 
 import io
+from datetime import datetime, timezone
 
 import pytest
 from django.core.management import call_command
@@ -24,6 +25,7 @@ from outbox.metrics import OutboxCollector
 from .test_admin_support import (  # noqa: F401  (fixtures)
     admin_client,
     deliver,
+    element_text,
     superuser,
     text_of,
     u,
@@ -135,3 +137,80 @@ def test_parked_messages_are_not_counted_as_overdue_but_shown_apart(admin_client
     html = text_of(admin_client.get(u("dashboard")))
     assert due.id in cell(html, "oldest-pending-wait") and "next due in" in cell(html, "oldest-pending-wait")
     assert held.id not in cell(html, "oldest-pending-wait")
+
+
+# -- (d) workers: live by the outbox's own heartbeat ---------------------------------------
+def worker_rows(html: str) -> dict[str, str]:
+    import re
+
+    return dict(re.findall(r'<tr class="worker-row" data-worker="([^"]+)" data-liveness="([^"]+)"', html))
+
+
+def test_a_listed_rq_worker_whose_outbox_heartbeat_stopped_is_stale(admin_client, repo):
+    import time
+
+    from django_rq import get_queue
+    from rq import SimpleWorker
+    from rq.utils import utcformat
+
+    queue = get_queue("outbox")
+    now = time.time()
+
+    def listed(name: str, pid: int) -> SimpleWorker:
+        w = SimpleWorker([queue], connection=queue.connection, name=name)
+        w.pid = pid
+        w.register_birth()  # as RQ lists a worker: its key lives up to 8 minutes
+        return w
+
+    ghost = listed("ghost", 900001)  # an outbox_worker killed 100 s ago: RQ still lists it
+    repo.beat(f"{ghost.hostname}:900001", 5.0, now - 105)
+    old = datetime.fromtimestamp(now - 100, timezone.utc)
+    queue.connection.hset(ghost.key, "last_heartbeat", utcformat(old))  # RQ has not heard from it either
+    alive = listed("alive", 900002)
+    repo.beat(f"{alive.hostname}:900002", 65.0, now)
+    listed("plain", 900003)  # a plain rqworker: never beat
+
+    html = text_of(admin_client.get(u("dashboard")))
+    assert worker_rows(html) == {"alive": "live", "ghost": "stale", "plain": "no_heartbeat"}
+    assert element_text(html, "worker-count") == "2"  # ghost is not counted live
+    assert element_text(html, "stale-worker-count") == "1"
+    assert '<td class="workers">2</td>' in html.split('data-queue="outbox"')[1].split("</tr>")[0]
+    workers = {dict(k)["state"]: v for k, v in scrape()["outbox_workers"].items()}
+    assert workers == {"live": 1, "stale": 1, "no_heartbeat": 1}
+
+
+def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admin_client, receiver, settings):
+    import os
+    import signal
+    import time
+
+    from outbox.admin_views.rq_stats import queue_stats
+    from outbox.worker import heartbeat_ttl
+
+    from .test_recovery import start_worker, wait_for
+
+    settings.OUTBOX = {**settings.OUTBOX, "RECOVERY_INTERVAL": 0.5}  # heartbeats valid 6 s
+    names = ["outbox_high", "outbox", "outbox_low"]
+
+    def liveness() -> set[str]:
+        return {w.liveness for w in queue_stats(names)[1]}
+
+    process = start_worker(receiver.url, 30, "--no-burst", "--recovery-interval", "0.5")
+    try:
+        assert wait_for(lambda: liveness() == {"live"}, timeout=30), liveness()
+        html = text_of(admin_client.get(u("dashboard")))
+        assert element_text(html, "worker-count") == "1"
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(5)
+        killed = time.monotonic()
+        assert liveness() == {"live"}  # RQ lists it, and its heartbeat has not expired yet
+        assert wait_for(lambda: liveness() == {"stale"}, timeout=heartbeat_ttl(0.5) + 5), liveness()
+        assert time.monotonic() - killed <= heartbeat_ttl(0.5) + 1  # not RQ's 8 minutes
+    finally:
+        if process.poll() is None:
+            process.kill()
+    html = text_of(admin_client.get(u("dashboard")))
+    assert list(worker_rows(html).values()) == ["stale"]
+    assert element_text(html, "worker-count") == "0" and element_text(html, "stale-worker-count") == "1"
+    assert "no worker is running" in html
+    assert {dict(k)["state"]: v for k, v in scrape()["outbox_workers"].items()}["stale"] == 1

@@ -179,6 +179,8 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             chart_destination=chart_destination,
             queues=queues,
             workers=workers,
+            live_workers=sum(1 for w in workers if w.live),
+            stale_workers=sum(1 for w in workers if not w.live),
             chart=chart,
             oldest_pending=_oldest(model_admin, repo.oldest(Status.PENDING.value, among=delivering), now),
             oldest_retry=_oldest(model_admin, repo.oldest(Status.RETRYING.value, among=delivering), now),

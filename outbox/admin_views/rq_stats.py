@@ -4,29 +4,28 @@ Messages waiting per queue come from the outbox's own due index (due now, due la
 RQ's figures (wake-up jobs waiting, jobs running, crashed jobs) are raw ZCARD/LLEN of
 RQ's keys in the same pipeline: unlike RQ's ``registry.count``
 (and django-rq's dashboard) nothing is cleaned up on read, so a page view never
-changes state. Workers are those registered on an outbox queue whose key has not
-expired (RQ refreshes it with every heartbeat).
+changes state. Workers are those RQ lists on an outbox queue, each live or stale by the
+outbox's own per-worker heartbeat (:mod:`outbox.liveness`): a killed worker is not
+counted live while RQ still lists it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-from rq.worker import Worker
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+from dataclasses import dataclass
 
 from ..connection import get_repository
 from ..dispatch import get_queue
+from ..liveness import WorkerInfo, workers
 
-WORKER_FIELDS = ("state", "queues", "hostname", "pid", "last_heartbeat", "current_job")
+__all__ = ["QueueStats", "WorkerInfo", "queue_stats"]
 
 
 @dataclass
 class QueueStats:
-    """One outbox queue: messages due now and later (the outbox's due index), and RQ's
-    jobs: wake-ups waiting, running, crashed."""
+    """One outbox queue: messages due now and later (the outbox's due index), RQ's
+    jobs (wake-ups waiting, running, crashed) and its live workers."""
 
     name: str
     due: int = 0
@@ -37,24 +36,13 @@ class QueueStats:
     workers: int = 0
 
 
-@dataclass
-class WorkerInfo:
-    """A live RQ worker on an outbox queue (fields as RQ stores them)."""
-
-    name: str
-    state: str = ""
-    queues: list[str] = field(default_factory=list)
-    hostname: str = ""
-    pid: str = ""
-    last_heartbeat: str = ""
-    current_job: str = ""
-
-
 def queue_stats(names: Sequence[str], now: float | None = None) -> tuple[list[QueueStats], list[WorkerInfo]]:
-    """Job counts per queue and the live workers of these queues. Two round trips.
+    """Job counts per queue and the workers RQ lists on these queues, each with its
+    liveness (:func:`outbox.liveness.workers`). Four round trips.
 
     Returns:
-        (one :class:`QueueStats` per name in order, the live workers sorted by name).
+        (one :class:`QueueStats` per name in order (``workers``: the live ones), the
+        workers sorted by name, stale ones included).
     """
     queues = [get_queue(name) for name in names]
     if not queues:
@@ -69,33 +57,10 @@ def queue_stats(names: Sequence[str], now: float | None = None) -> tuple[list[Qu
         pipe.llen(q.key)
         pipe.zcard(q.started_job_registry.key)
         pipe.zcard(q.failed_job_registry.key)
-        pipe.smembers(WORKERS_BY_QUEUE_KEY % q.name)
     replies = pipe.execute()
-    stats, members = [], []
+    live, listed = workers([q.name for q in queues], now)
+    stats = []
     for i, q in enumerate(queues):
-        due, later, queued, started, failed, registered = replies[6 * i : 6 * i + 6]
-        stats.append(QueueStats(q.name, due, later, queued, started, failed))
-        members.append({m.decode() for m in registered})
-    keys = sorted(set().union(*members))
-    if not keys:
-        return stats, []
-    pipe = conn.pipeline(transaction=False)
-    for key in keys:
-        pipe.hmget(key, WORKER_FIELDS)
-    live: dict[str, WorkerInfo] = {}
-    for key, values in zip(keys, pipe.execute(), strict=True):
-        if not any(values):  # the key expired: the worker is gone
-            continue
-        data = {f: (v.decode() if v else "") for f, v in zip(WORKER_FIELDS, values, strict=True)}
-        live[key] = WorkerInfo(
-            name=key.removeprefix(Worker.redis_worker_namespace_prefix),
-            state=data["state"],
-            queues=[q for q in data["queues"].split(",") if q],
-            hostname=data["hostname"],
-            pid=data["pid"],
-            last_heartbeat=data["last_heartbeat"],
-            current_job=data["current_job"],
-        )
-    for s, registered in zip(stats, members, strict=True):
-        s.workers = sum(1 for key in registered if key in live)
-    return stats, [live[k] for k in sorted(live)]
+        due, later, queued, started, failed = replies[5 * i : 5 * i + 5]
+        stats.append(QueueStats(q.name, due, later, queued, started, failed, live[i]))
+    return stats, listed

@@ -6,8 +6,9 @@ the web process; each scrape reads the outbox's indexes in Redis (see
 :mod:`outbox.store.gauges`), so every process that serves the metrics reports the same
 numbers and no multiprocess mode is needed. A scrape costs a constant number of round
 trips whatever the number of messages: one pipeline of counts and queue depths (plus a
-small one when a destination that is no longer configured still has messages), and one
-of destination health (:func:`outbox.health.get_all_health`).
+small one when a destination that is no longer configured still has messages), one
+of destination health (:func:`outbox.health.get_all_health`), and three for the workers
+(:func:`outbox.liveness.workers`).
 
 When Redis cannot be read, the scrape does not fail: ``outbox_up`` is 0 and the other
 outbox metrics are left out (a missing series is not a zero), as exporters do
@@ -122,6 +123,14 @@ METRICS: dict[str, MetricSpec] = {
             "Failed attempts in a row since the destination's last success.",
         ),
         MetricSpec(
+            "outbox_workers",
+            "gauge",
+            ("state",),
+            "RQ workers listed on the outbox queues, by liveness: live (its outbox_worker heartbeat is "
+            "fresh), stale (it stopped beating: killed or hung, still listed by RQ), no_heartbeat (not an "
+            "outbox_worker: a plain rqworker).",
+        ),
+        MetricSpec(
             "outbox_up",
             "gauge",
             (),
@@ -199,6 +208,7 @@ class OutboxCollector(Collector):
             scheduled,
             oldest,
             *health_families(get_all_health(sorted(gauges.messages), now)),
+            *worker_families(outbox_settings.queue_names, now),
         ]
 
 
@@ -223,6 +233,22 @@ def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:
         parked.add_metric([name], h.parked)
         consecutive.add_metric([name], h.consecutive_failures)
     return [attempts, duration, state, parked, consecutive]
+
+
+def worker_families(queues: list[str], now: float) -> list[Metric]:
+    """``outbox_workers`` by liveness (:func:`outbox.liveness.workers`), or nothing when
+    RQ's Redis cannot be read (logged; the outbox's own metrics are still served)."""
+    from ..liveness import LIVENESS, workers
+
+    try:
+        _, listed = workers(queues, now)
+    except Exception as exc:  # RQ's Redis may be another server than the outbox's
+        logger.warning("outbox metrics: could not read RQ's workers (%s: %s)", type(exc).__name__, exc)
+        return []
+    family = METRICS["outbox_workers"].family()
+    for state in LIVENESS:
+        family.add_metric([state], sum(1 for w in listed if w.liveness == state))
+    return [family]
 
 
 def _value(name: str, value: float) -> Metric:

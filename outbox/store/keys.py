@@ -25,6 +25,9 @@ key                                 type         holds
 ``outbox:stats:<outcome>:<minute>`` string       outcome counters per minute (expire)
 ``outbox:dest:<d>``                 hash         destination health: admin and breaker
                                                  state, counters, totals, latency histogram
+``outbox:workers``                  sorted set   host:pid of each outbox_worker -> when its
+                                                 heartbeat expires (epoch s; written with the
+                                                 one above; dropped an hour after expiring)
 ``outbox:health:<d>:<minute>``      hash         attempts per minute by outcome (s, r, p)
                                                  and latency buckets (b0..b16); expire 2 h
 ``outbox:errors:<d>:<hour>``        hash         failures per (status code, error class)
@@ -119,6 +122,11 @@ class Keys:
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"
+
+    @property
+    def workers(self) -> str:
+        """Each ``outbox_worker``'s own heartbeat: ``host:pid`` -> when it expires."""
+        return f"{self.prefix}:workers"
 
     def batch(self, token: str) -> str:
         return f"{self.prefix}:batch:{token}"

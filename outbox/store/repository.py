@@ -25,6 +25,10 @@ from .thread_client import ThreadClients
 # sorted-set reads with and without WITHSCORES, so replies are cast to these where parsed.
 Members = list[bytes]
 ScoredMembers = list[tuple[bytes, float]]
+#: Seconds an ``outbox:workers`` entry is kept after its heartbeat expired: longer than
+#: RQ keeps a dead worker's key (its ``worker_ttl``, 420 s, + 60), so a killed worker
+#: still listed by RQ is found stale, not unknown.
+WORKER_HEARTBEAT_KEPT = 3600.0
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
 # Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
@@ -1037,6 +1041,32 @@ class MessageRepository:
         return raw.decode(), score
 
     def iter_ids(
+    def beat(self, member: str, ttl: float, now: float) -> None:
+        """Say that the ``outbox_worker`` ``member`` (``host:pid``) runs its housekeeping,
+        for ``ttl`` seconds from ``now`` (epoch seconds): the shared heartbeat
+        (``outbox:housekeeping``, expiring) and its own entry in ``outbox:workers`` (scored
+        by when it expires); entries expired over :data:`WORKER_HEARTBEAT_KEPT` seconds ago
+        are dropped. One round trip.
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached.
+        """
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.set(self.keys.heartbeat(), member, px=max(1, int(ttl * 1000)))
+        pipe.zadd(self.keys.workers, {member: now + ttl})
+        pipe.zremrangebyscore(self.keys.workers, "-inf", repr(now - WORKER_HEARTBEAT_KEPT))
+        pipe.execute()
+
+    def worker_heartbeats(self) -> dict[str, float]:
+        """``host:pid`` of each ``outbox_worker`` that beat lately -> when its heartbeat
+        expires (or expired), epoch seconds (one ``ZRANGE``; see :meth:`beat`).
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached.
+        """
+        rows = cast(ScoredMembers, self.connection.zrange(self.keys.workers, 0, -1, withscores=True))
+        return {raw.decode(): score for raw, score in rows}
+
         self,
         status: str | None = None,
         destination: str | None = None,
