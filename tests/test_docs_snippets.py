@@ -72,6 +72,72 @@ def test_python_receiver_snippet_verifies_a_request_the_webhook_transport_signed
     assert snippet.seen_ids == {message.id}
 
 
+NOT_JSON = [
+    ("plain text, not JSON: {", None),  # str: sent as text/plain; charset=utf-8
+    (b"raw,bytes;1\n2\n", "text/csv"),
+    (b"\x01\x02 binary-ish but UTF-8 \xc3\xa9", "application/octet-stream"),
+]
+
+
+def test_python_receiver_snippet_accepts_signed_bodies_that_are_not_json(worker):
+    """send() takes bytes and str: the documented receiver verifies them (it must not
+    parse JSON to verify, or every attempt fails until the message is a dead letter)."""
+    snippet = load_python_snippet()
+    payloads: dict[str, object] = {}
+    handle = snippet.handle
+
+    def recording_handle(body, headers):
+        status, payload = handle(body, headers)
+        payloads[headers["webhook-id"]] = payload
+        return status, payload
+
+    snippet.handle = recording_handle
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), snippet.Handler)) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hooks/orders"
+        with hook_settings(url, OPTIONS={"secret": SECRET}):
+            sent = [outbox.send("hook", body, content_type=ctype) for body, ctype in NOT_JSON]
+            sent.append(outbox.send("hook", {"order": 1}))
+            worker()
+            assert [outbox.get(m.id).status for m in sent] == ["succeeded"] * 4
+    expected = [b"plain text, not JSON: {", *(body for body, _ in NOT_JSON[1:]), {"order": 1}]
+    assert payloads == {m.id: payload for m, payload in zip(sent, expected, strict=True)}
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_node_receiver_snippet_accepts_signed_bodies_that_are_not_json(receiver, worker):
+    with hook_settings(receiver.url, OPTIONS={"secret": SECRET}):
+        sent = [outbox.send("hook", body, content_type=ctype) for body, ctype in NOT_JSON]
+        sent.append(outbox.send("hook", {"order": 1}))
+        worker()
+    script = f"""
+        import {{ readFileSync }} from "node:fs";
+        import {{ verify, payloadOf }} from {json.dumps((SNIPPETS / "receiver.mjs").as_uri())};
+        const requests = JSON.parse(readFileSync(0, "utf8"));
+        const results = requests.map(([body, headers]) => {{
+          const raw = Buffer.from(body, "base64");
+          try {{ verify({json.dumps(SECRET)}, raw, headers); }}
+          catch (error) {{ return "refused: " + error.message; }}
+          const payload = payloadOf(raw, headers);
+          return Buffer.isBuffer(payload) ? {{ bytes: payload.toString("base64") }} : payload;
+        }});
+        console.log(JSON.stringify(results));
+    """
+    requests = [(base64.b64encode(r.body).decode(), r.headers) for r in receiver.requests]
+    result = subprocess.run(
+        ["node", "--input-type=module", "-e", script],
+        input=json.dumps(requests),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    got = dict(
+        zip((r.headers["webhook-id"] for r in receiver.requests), json.loads(result.stdout), strict=True)
+    )
+    expected = [{"bytes": base64.b64encode(m.body).decode()} for m in sent[:3]]
+    assert got == {m.id: payload for m, payload in zip(sent, [*expected, {"order": 1}], strict=True)}
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_node_receiver_snippet_verifies_a_request_the_webhook_transport_signed(receiver, worker):
     with hook_settings(receiver.url, OPTIONS={"secret": SECRET}):
@@ -80,11 +146,13 @@ def test_node_receiver_snippet_verifies_a_request_the_webhook_transport_signed(r
     (request,) = receiver.requests
     script = f"""
         import {{ readFileSync }} from "node:fs";
-        import {{ verify }} from {json.dumps((SNIPPETS / "receiver.mjs").as_uri())};
+        import {{ verify, payloadOf }} from {json.dumps((SNIPPETS / "receiver.mjs").as_uri())};
         const input = JSON.parse(readFileSync(0, "utf8"));
         const results = input.cases.map(([body, secret]) => {{
-          try {{ return verify(secret, Buffer.from(body, "base64"), input.headers); }}
+          const raw = Buffer.from(body, "base64");
+          try {{ verify(secret, raw, input.headers); }}
           catch (error) {{ return "refused: " + error.message; }}
+          return payloadOf(raw, input.headers);
         }});
         console.log(JSON.stringify(results));
     """

@@ -8,8 +8,10 @@ import (
 	"encoding/json"
 	"io"
 	"log"
+	"mime"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
@@ -41,9 +43,19 @@ func main() {
 		seen[id] = true
 		mu.Unlock()
 		if !duplicate {
-			var payload map[string]any
-			_ = json.Unmarshal(body, &payload)
-			log.Printf("received %s %v", id, payload)
+			// Verify only checked the signature: the body may be any bytes (the outbox
+			// sends text and bytes too). Decode it only when it says it is JSON.
+			mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+			if mediaType == "application/json" || strings.HasSuffix(mediaType, "+json") {
+				var payload any
+				if err := json.Unmarshal(body, &payload); err != nil {
+					w.WriteHeader(http.StatusBadRequest)
+					return
+				}
+				log.Printf("received %s %v", id, payload)
+			} else {
+				log.Printf("received %s: %d bytes of %s", id, len(body), mediaType)
+			}
 		}
 		w.WriteHeader(http.StatusOK)
 	})

@@ -1,6 +1,8 @@
 // A webhook receiver that verifies Standard Webhooks signatures (Node 18+, no packages:
-// node:crypto only). The npm package "standardwebhooks" does the same in one call:
+// node:crypto only). The npm package "standardwebhooks" verifies in one call,
 //   new Webhook(secret).verify(rawBody, headers)
+// but also parses the body as JSON, and throws on any other body (the outbox sends
+// bytes and text too); verify() here only verifies, and payloadOf() parses JSON bodies.
 // Run: WEBHOOK_SECRET=whsec_... node receiver.mjs
 import { createHmac, timingSafeEqual } from "node:crypto";
 import { createServer } from "node:http";
@@ -8,7 +10,8 @@ import { createServer } from "node:http";
 const SECRET = process.env.WEBHOOK_SECRET ?? "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const TOLERANCE_SECONDS = 5 * 60;
 
-// Returns the parsed payload, or throws when the request is not signed with `secret`.
+// Throws when the request is not signed with `secret` (or its timestamp is too far off).
+// The body is not parsed: it may be any bytes.
 export function verify(secret, rawBody, headers) {
   const id = headers["webhook-id"];
   const timestamp = headers["webhook-timestamp"];
@@ -29,7 +32,13 @@ export function verify(secret, rawBody, headers) {
     return version === "v1" && given.length === expected.length && timingSafeEqual(given, expected);
   });
   if (!ok) throw new Error("no valid signature");
-  return JSON.parse(rawBody.toString("utf8"));
+}
+
+// The parsed JSON for a JSON content type (application/json, or ...+json), else the raw bytes.
+export function payloadOf(rawBody, headers) {
+  const mediaType = (headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
+  const json = mediaType === "application/json" || mediaType.endsWith("+json");
+  return json ? JSON.parse(rawBody.toString("utf8")) : rawBody;
 }
 
 const seen = new Set(); // use a database table with a unique key in production
@@ -39,9 +48,9 @@ if (process.argv[1] && import.meta.url.endsWith(process.argv[1].split("/").pop()
     const chunks = [];
     req.on("data", (chunk) => chunks.push(chunk));
     req.on("end", () => {
-      let payload;
+      const body = Buffer.concat(chunks);
       try {
-        payload = verify(SECRET, Buffer.concat(chunks), req.headers);
+        verify(SECRET, body, req.headers);
       } catch {
         res.writeHead(400).end(); // permanent for the outbox: not retried
         return;
@@ -49,7 +58,8 @@ if (process.argv[1] && import.meta.url.endsWith(process.argv[1].split("/").pop()
       const id = req.headers["webhook-id"]; // the same on every retry of one message
       if (!seen.has(id)) {
         seen.add(id);
-        console.log("received", id, JSON.stringify(payload));
+        const payload = payloadOf(body, req.headers);
+        console.log("received", id, Buffer.isBuffer(payload) ? `${payload.length} bytes` : JSON.stringify(payload));
       }
       res.writeHead(200).end();
     });

@@ -1,6 +1,6 @@
 """A webhook receiver that verifies Standard Webhooks signatures (Python).
 
-pip install standardwebhooks. The secret is the destination's OPTIONS["secret"]
+pip install "standardwebhooks>=1.1". The secret is the destination's OPTIONS["secret"]
 ("whsec_..."), shared with the receiver out of band. Run: python receiver.py
 """
 
@@ -21,17 +21,32 @@ def handle(body: bytes, headers: dict[str, str]) -> tuple[int, object]:
     Webhook.verify checks the HMAC-SHA256 over "webhook-id.webhook-timestamp.body"
     against every signature in webhook-signature, and that the timestamp is within
     5 minutes of now (replay protection). It raises WebhookVerificationError otherwise.
+    json_parse=False: it only verifies, so a body that is not JSON (the outbox sends
+    bytes and text too) is accepted like any other; by default it would parse the body
+    as JSON and raise JSONDecodeError on the others.
     """
     try:
-        payload = Webhook(SECRET).verify(body, headers)
+        Webhook(SECRET).verify(body, headers, json_parse=False)
     except WebhookVerificationError:
         return 400, None  # a 4xx is permanent for the outbox: a forged request is not retried
     message_id = headers["webhook-id"]  # the same on every retry of one message
     if message_id in seen_ids:
         return 200, None  # delivered before: acknowledge, do nothing twice
+    try:
+        payload = payload_of(body, headers)
+    except ValueError:  # a JSON content type, but not JSON: permanent, not retried
+        return 400, None
     seen_ids.add(message_id)
-    # ... act on the payload (it is the decoded JSON body) ...
+    # ... act on the payload ...
     return 200, payload
+
+
+def payload_of(body: bytes, headers: dict[str, str]) -> object:
+    """The decoded JSON for a JSON content type (application/json, or ...+json), else the raw bytes."""
+    media_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return json.loads(body)
+    return body
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -42,7 +57,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
         if payload is not None:
-            print("received", self.headers["webhook-id"], json.dumps(payload))
+            shown = f"{len(payload)} bytes" if isinstance(payload, bytes) else json.dumps(payload)
+            print("received", self.headers["webhook-id"], shown)
 
 
 if __name__ == "__main__":
