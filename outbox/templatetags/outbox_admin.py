@@ -1,8 +1,10 @@
-"""Template filters of the outbox console (``{% load outbox_admin %}``).
+"""Template filters and tags of the outbox console (``{% load outbox_admin %}``).
 
 A reusable app cannot require ``django.contrib.humanize`` in ``INSTALLED_APPS``, so the
 console brings its own number grouping; and its own time display, which always says
-the time zone and keeps the exact moment in a ``<time datetime>`` element.
+the time zone and keeps the exact moment in a ``<time datetime>`` element; and its
+breadcrumbs in the markup of the installed Django's admin (:func:`breadcrumbs_tag`,
+:func:`crumb`), which its CSS styles.
 """
 
 from __future__ import annotations
@@ -11,14 +13,22 @@ from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any
 
+import django
 from django import template
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
 from django.utils.dateparse import parse_datetime
 from django.utils.formats import number_format
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 register = template.Library()
+
+#: Django 6.1's admin made its breadcrumbs an ordered list (``<ol class="breadcrumbs">``
+#: of ``<li>``, the separators drawn by its CSS, the current page ``aria-current``) and
+#: styles only that; Django 5.2 and 6.0 style a ``<div class="breadcrumbs">`` of links
+#: separated by ``&rsaquo;``. The console writes the markup of the Django it runs on.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 
 #: Date formats (``django.utils.dateformat``) of the ``when`` filter's styles.
 FULL = "Y-m-d H:i:s"
@@ -105,3 +115,31 @@ def id_parts(message_id: str, tail: int = 8) -> tuple[str, str, str]:
     if len(rest) <= tail + 1:
         return prefix, "", rest
     return prefix, rest[:-tail], rest[-tail:]
+
+
+@register.simple_tag
+def breadcrumbs_tag() -> str:
+    """The element of the breadcrumbs container, ``ol`` (Django 6.1+) or ``div`` (5.2,
+    6.0): ``{% breadcrumbs_tag as tag %}<{{ tag }} class="breadcrumbs">...</{{ tag }}>``."""
+    return "ol" if BREADCRUMBS_AS_LIST else "div"
+
+
+@register.simple_tag
+def crumb(label: Any, link: str = "", first: bool = False) -> SafeString:
+    """One breadcrumb in the installed admin's markup (see :data:`BREADCRUMBS_AS_LIST`).
+
+    Args:
+        label: the text shown (escaped).
+        link: its URL; "" for the current page (the last crumb: not a link).
+        first: the first crumb (Home), which has no separator before it in 5.2's markup.
+
+    Returns ``<li><a href>label</a></li>`` / ``<li aria-current="page">label</li>`` on
+    Django 6.1+, else ``&rsaquo; <a href>label</a>`` / ``&rsaquo; label``."""
+    if BREADCRUMBS_AS_LIST:
+        if link:
+            return format_html('<li><a href="{}">{}</a></li>\n', link, label)
+        return format_html('<li aria-current="page">{}</li>\n', label)
+    separator = "" if first else "&rsaquo; "
+    if link:
+        return format_html('{}<a href="{}">{}</a> ', SafeString(separator), link, label)
+    return format_html("{}{} ", SafeString(separator), label)
