@@ -58,3 +58,45 @@ def test_plugin_fixtures_in_a_new_project(pytester):
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ds=project_settings")
     result.assert_outcomes(passed=2)
+
+
+DOC_PROJECT_SETTINGS = (
+    SETTINGS.replace('"audit": {"TRANSPORT": "callable"', '"crm": {"TRANSPORT": "callable"')
+    + 'ROOT_URLCONF = "project_urls"\nMIDDLEWARE = []\n'
+)
+
+DOC_PROJECT_URLS = """
+from django.contrib.auth.models import User
+from django.http import HttpResponse
+from django.urls import path
+
+import outbox
+
+
+def signup(request):
+    User.objects.create(username=request.POST["email"])
+    outbox.send("crm", {"email": request.POST["email"]})
+    return HttpResponse("welcome")
+
+
+urlpatterns = [path("signup/", signup)]
+"""
+
+
+def test_the_first_example_of_docs_testing_md_passes_as_written(pytester):
+    """docs/testing.md's first example, copied as it stands, in a project whose signup
+    view writes a user and sends to 'crm' (issue 20, item 14: it lacked django_db)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
+    blocks = doc.split("```python\n")[1:]
+    (example,) = [b.split("```", 1)[0] for b in blocks if "def test_signup_notifies_the_crm" in b]
+    pytester.makepyfile(
+        project_settings=DOC_PROJECT_SETTINGS,
+        project_hooks=HOOKS,
+        project_urls=DOC_PROJECT_URLS,
+        test_doc_example=example,
+    )
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ds=project_settings")
+    result.assert_outcomes(passed=1)
