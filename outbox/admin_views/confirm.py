@@ -12,7 +12,8 @@ Flow (all mutations are POSTs through the admin's CSRF protection):
    ``MessageAdmin.sync_action_limit`` messages, run in the request (1,000 ids per
    Lua call) and the user is sent back with a report "N requeued, M skipped".
    Larger selections (or ones whose size a bounded scan could not pin down) run as a
-   background RQ job (:mod:`.tasks`) and the user is sent to its progress page.
+   background RQ job (:mod:`.tasks`, registered in the outbox's own keys) and the user
+   is sent to its progress page.
 4. The ids acted on are kept as a batch (:mod:`outbox.batches`, 24 hours): the report
    links to the list of exactly those messages (``?batch=<token>``). Deleted messages
    are gone, so a delete keeps no batch.
@@ -229,7 +230,8 @@ def action_status(model_admin: ModelAdmin, request: HttpRequest, job_id: str) ->
     """GET: progress of a background action (``admin:outbox_message_action_status``).
 
     Read only; refreshes itself every 2 seconds until the job ends. 404 for an id that
-    is not an RQ job id or not a console job.
+    is not shaped like an RQ job id or that the registry of console jobs does not hold
+    (:mod:`.tasks`: no RQ job is fetched, so nothing is unpickled).
     """
     require_view(model_admin, request)
     if not JOB_ID.fullmatch(job_id):
