@@ -118,3 +118,16 @@ def test_a_job_rq_ended_without_a_report_shows_rq_s_state(admin_client, repo, re
     html = text_of(admin_client.get(status_url))
     assert element_text(html, "task-state") == "stopped"
     assert "failed job registry" in element_text(html, "task-error")
+
+
+def test_a_job_that_raises_reports_failed_with_its_error(admin_client, repo, redis, worker, superuser):
+    from outbox.admin_views import tasks
+    from outbox.operations import REQUEUE, Selection
+
+    # ids that are not str make the operation raise TypeError inside the job
+    job_id = tasks.start(REQUEUE, Selection(ids=[1, 2], description="bad ids"), superuser.pk, 2)
+    worker(simple=True)
+    html = text_of(admin_client.get(u("message_action_status", job_id)))
+    assert element_text(html, "task-state") == "failed"
+    assert "TypeError: message ids must be str" in element_text(html, "task-error")
+    assert 'http-equiv="refresh"' not in html
