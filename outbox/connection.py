@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
-from redis import Redis
+from redis import ConnectionPool, Redis
 from redis.exceptions import ClusterDownError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -50,6 +50,24 @@ def get_connection() -> Redis:
             f"OUTBOX['REDIS_ALIAS'] = {alias!r} must name a django-redis cache in CACHES"
         ) from exc
     return connection
+
+
+def client_like(client: Redis, *, max_connections: int | None = None, **overrides: Any) -> Redis:
+    """A new client on a connection pool of its own, to the server of ``client``'s pool with
+    its options (``connection_kwargs``: address, credentials, TLS, timeouts), ``overrides``
+    replacing some of them (``socket_timeout=None``: no read timeout).
+
+    For connections whose options must differ from the alias's without changing the
+    alias's pool: RQ's blocking wait (:func:`outbox.worker.waiting_connection`), quick
+    inspections (:mod:`outbox.redis_health`).
+
+    Returns:
+        A :class:`redis.Redis`; close its pool (``connection_pool.disconnect()``) when done.
+    """
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, **overrides}
+    own = ConnectionPool(connection_class=pool.connection_class, max_connections=max_connections, **kwargs)
+    return Redis(connection_pool=own)
 
 
 @cache

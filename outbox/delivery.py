@@ -39,6 +39,7 @@ import functools
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -76,6 +77,9 @@ FAILSAFE_WAIT = 5.0  # seconds an interrupted run waits for attempts in flight
 WATCH_GRACE = 0.2  # seconds past its transport's deadline after which a run gives an attempt up
 GATHER_WAIT = 0.001  # seconds a run waits for more quick attempts to finish when fewer than half have
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
+#: Set when this worker process was asked to stop (:class:`outbox.worker.StopRequest`): a
+#: run claims nothing more and ends once its attempts in flight are decided and written.
+STOPPING = threading.Event()
 
 
 _worker_name: tuple[int, str] = (0, "")
@@ -502,7 +506,7 @@ class _Run:
         destination that became due behind them waits at most that long, as between
         idle polls before).
         """
-        if now >= self.claim_until:
+        if now >= self.claim_until or STOPPING.is_set():
             return 0
         if self.capped and now < self.capped_until:
             return min(outbox_settings.BATCH_SIZE, free, sum(caps.get(d, 0) for d in self.capped))

@@ -250,14 +250,15 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
 
 def _quick_client(connection: Redis, timeout: float) -> Redis:
     """A new client for the same server as ``connection``, with ``timeout``-second timeouts."""
-    from redis import ConnectionPool
+    from .connection import client_like
 
-    pool = connection.connection_pool
-    kwargs = dict(pool.connection_kwargs)
-    kwargs.update(socket_timeout=timeout, socket_connect_timeout=timeout, retry_on_timeout=False)
-    kwargs.pop("retry", None)
-    return Redis(
-        connection_pool=ConnectionPool(connection_class=pool.connection_class, max_connections=1, **kwargs)
+    return client_like(
+        connection,
+        max_connections=1,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry_on_timeout=False,
+        retry=None,
     )
 
 
@@ -328,7 +329,8 @@ def startup_findings() -> list[Finding]:
 
 
 def log_startup_findings(logger: logging.Logger | None = None) -> list[Finding]:
-    """Log each finding about the outbox's Redis: errors at ERROR, the rest at WARNING.
+    """Log each finding about the outbox's Redis: errors at ERROR, the rest at WARNING;
+    none whose id is in ``SILENCED_SYSTEM_CHECKS`` (as ``manage.py check`` does).
 
     Meant for ``outbox_worker`` at start-up: ``log_startup_findings(logging.getLogger("outbox"))``.
     Never raises, whatever Redis does (an unreachable Redis is logged as outbox.W007).
@@ -337,7 +339,7 @@ def log_startup_findings(logger: logging.Logger | None = None) -> list[Finding]:
         logger: where to log; ``logging.getLogger("outbox.redis_health")`` when None.
 
     Returns:
-        The findings logged.
+        The findings logged (silenced ones left out).
     """
     logger = logger or logging.getLogger(__name__)
     try:
@@ -345,6 +347,8 @@ def log_startup_findings(logger: logging.Logger | None = None) -> list[Finding]:
     except Exception as exc:  # never stop a worker from starting over a health report
         logger.warning("outbox: could not check the Redis settings: %s: %s", type(exc).__name__, exc)
         return []
+    silenced = set(getattr(settings, "SILENCED_SYSTEM_CHECKS", ()))
+    findings = [finding for finding in findings if finding.id not in silenced]
     for finding in findings:
         level = logging.ERROR if finding.level == ERROR else logging.WARNING
         logger.log(level, "%s: %s (%s)", finding.id, finding.msg, finding.hint)

@@ -20,24 +20,55 @@ when its dependency (Redis, the database) becomes unreachable and one when it is
 
 :func:`run_worker` runs RQ's worker loop and, when that loop ends because Redis went
 away (RQ's worker then quits), waits for Redis with backoff and starts a new one.
+
+Two things about the process that RQ alone gets wrong for the outbox:
+
+* **RQ's blocking wait gets a connection of its own** (:func:`rq_worker`). RQ's
+  ``Worker._set_connection`` raises ``socket_timeout`` above its blocking wait
+  (``dequeue_timeout`` + 10 s) in the ``connection_kwargs`` of the pool it is given. Given
+  the alias's pool, that reached only connections made afterwards: one the outbox had
+  made before (start-up checks, housekeeping) kept the alias's ``SOCKET_TIMEOUT``, RQ's
+  ``BLPOP`` on it timed out, and RQ backed off 1, 2, 4 ... 60 s with wake-ups waiting; and
+  it removed the alias's bound for every other outbox command in the process. RQ now
+  waits on a pool of its own over the same server and options, and the alias keeps its
+  bound.
+* **A stop request is never lost** (:class:`StopRequest`). SIGTERM or SIGINT, whether
+  RQ's loop runs, retries a Redis that went away, or has quit and the outbox waits for
+  Redis: the worker claims nothing more, lets the attempts in flight finish (each bounded
+  by its transport's deadline) and exits; what RQ does after that (unregistering itself)
+  gets :data:`STOP_GRACE` seconds, so a Redis that hangs cannot hold the process. A
+  second signal stops it at once (RQ's cold shutdown).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache
+from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
 
+from redis import Redis
 from redis.exceptions import RedisError
 
 from .conf import outbox_settings
 
 logger = logging.getLogger("outbox")
 
+if TYPE_CHECKING:  # type-only: RQ is imported where a worker is made
+    from rq.worker import Worker
+
 RECONNECT_BACKOFF = (0.5, 30.0)  # seconds: first and longest wait between reconnection tries
+STOP_GRACE = (
+    10.0  # seconds a stopping worker may take once no job runs (RQ's teardown) before it exits anyway
+)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class _Step:
@@ -173,7 +204,8 @@ def _relay() -> None:
 
 
 def wait_for_redis(stop: threading.Event | None = None) -> None:
-    """Block until the outbox's Redis answers PING, retrying with exponential backoff."""
+    """Block until the outbox's Redis answers PING, retrying with exponential backoff
+    (:data:`RECONNECT_BACKOFF`), or until ``stop`` is set."""
     from .connection import get_connection
 
     delay = RECONNECT_BACKOFF[0]
@@ -182,7 +214,10 @@ def wait_for_redis(stop: threading.Event | None = None) -> None:
             get_connection().ping()
             return
         except RedisError:
-            time.sleep(delay)
+            if stop is None:
+                time.sleep(delay)
+            else:
+                stop.wait(delay)
             delay = min(delay * 2, RECONNECT_BACKOFF[1])
 
 
@@ -194,6 +229,183 @@ def redis_reachable() -> bool:
         return True
     except RedisError:
         return False
+
+
+class StopRequest:
+    """A stop asked of this worker process (SIGTERM or SIGINT), wherever it arrives.
+
+    RQ's own handlers see a signal only while RQ's loop runs, and RQ's loop may have quit
+    (Redis went away) or not started yet; :func:`run_worker` installs :meth:`handle` for
+    the time between, and RQ's handlers report to :meth:`request` through
+    :func:`rq_worker`'s class. Setting it also tells delivery runs to claim nothing more
+    (:data:`outbox.delivery.STOPPING`). Once no job runs, the process gets
+    :data:`STOP_GRACE` seconds to end before a watchdog ends it (RQ's teardown on a Redis
+    that hangs could otherwise hold it for RQ's whole read timeout).
+    """
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self.job_running = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    def reset(self) -> None:
+        from .delivery import STOPPING
+
+        self.event.clear()
+        STOPPING.clear()
+        self.signal = None
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def request(self, signum: int) -> None:
+        """Record a stop request (idempotent): delivery runs stop claiming; the watchdog starts."""
+        from .delivery import STOPPING
+
+        first = not self.event.is_set()
+        self.signal = signum
+        self.event.set()
+        STOPPING.set()
+        if first:
+            logger.warning(
+                "outbox worker: %s received; claiming nothing more, finishing the attempts in flight, "
+                "then stopping (send it again to stop at once)",
+                signal.Signals(signum).name,
+            )
+            self._watchdog = threading.Thread(target=self._watch, name="outbox-stop-watchdog", daemon=True)
+            self._watchdog.start()
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        """Signal handler outside RQ's loop: the first signal asks for a stop, a second
+        one ends the process at once."""
+        if self.event.is_set():
+            logger.warning("outbox worker: %s received again; stopping now", signal.Signals(signum).name)
+            raise SystemExit(128 + signum)
+        self.request(signum)
+
+    def _watch(self) -> None:
+        while True:
+            while self.job_running.is_set():
+                time.sleep(0.1)
+            if not self._sleep_unless_job(STOP_GRACE):
+                break
+        logger.error(
+            "outbox worker: still running %.0f s after its stop request with no job running "
+            "(Redis unreachable or hanging?); exiting now",
+            STOP_GRACE,
+        )
+        logging.shutdown()
+        os._exit(0)
+
+    def _sleep_unless_job(self, seconds: float) -> bool:
+        """Sleep ``seconds``; True when a job started meanwhile (the grace starts anew after it)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.job_running.is_set():
+                return True
+            time.sleep(0.1)
+        return False
+
+
+#: The stop request of this process (one worker loop per process).
+stop_request = StopRequest()
+
+
+@contextmanager
+def stop_signals_handled() -> Iterator[None]:
+    """Route SIGTERM and SIGINT to :data:`stop_request` while the block runs (outside RQ's
+    loop, which installs its own handlers); the previous handlers come back after. A no-op
+    off the main thread, where Python cannot install signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, stop_request.handle) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _take_over_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, stop_request.handle)
+
+
+def waiting_connection(client: Redis) -> Redis:
+    """A client over a pool of its own with the server and options of ``client``'s pool
+    but no read timeout, for RQ's worker: RQ sets that pool's ``socket_timeout`` above its
+    blocking wait (``Worker._set_connection``: ``dequeue_timeout`` + 10 s, which every
+    connection it makes inherits), and ``client``'s pool keeps its bound.
+
+    Args:
+        client: the alias's redis-py client (django-redis).
+
+    Returns:
+        A new :class:`redis.Redis`; close its pool (``connection_pool.disconnect()``) when done.
+    """
+    from .connection import client_like
+
+    return client_like(client, socket_timeout=None)
+
+
+@cache
+def _stop_aware(base: type[Worker]) -> type[Worker]:
+    """``base`` (an RQ worker class) whose stop handlers also report to :data:`stop_request`,
+    that stops before its first wait when a stop came before its handlers were in place,
+    and whose jobs mark :attr:`StopRequest.job_running`."""
+    rq_base: Any = base
+
+    class OutboxStopAware(rq_base):  # type: ignore[misc]
+        def request_stop(self, signum: int, frame: FrameType | None) -> None:
+            stop_request.request(signum)
+            super().request_stop(signum, frame)
+
+        def _install_signal_handlers(self) -> None:
+            super()._install_signal_handlers()
+            if stop_request.is_set():  # asked before RQ's handlers were in place
+                self._stop_requested = True
+
+        def execute_job(self, job: Any, queue: Any) -> Any:
+            stop_request.job_running.set()
+            try:
+                return super().execute_job(job, queue)
+            finally:
+                stop_request.job_running.clear()
+
+    OutboxStopAware.__name__ = OutboxStopAware.__qualname__ = f"Outbox{base.__name__}"
+    return cast("type[Worker]", OutboxStopAware)
+
+
+def rq_worker(queues: Sequence[str], *, fork: bool = False, name: str | None = None) -> Worker:
+    """The RQ worker of an ``outbox_worker`` process on ``queues`` (django-rq names, in
+    priority order): RQ's ``SimpleWorker`` (``RQ["WORKER_CLASS"]`` or RQ's ``Worker`` with
+    ``fork``), django-rq's job class and exception handlers, waiting for wake-up jobs on
+    :func:`waiting_connection` (not on the alias's pool: see the module docstring), and
+    reporting stop requests to :data:`stop_request`.
+
+    Raises:
+        ImproperlyConfigured: a queue name is not in ``RQ_QUEUES``.
+    """
+    from django_rq.jobs import get_job_class
+    from django_rq.queues import get_queues
+    from django_rq.workers import get_exception_handlers, get_worker_class
+    from rq.worker import SimpleWorker
+
+    job_class = get_job_class()
+    rq_queues = get_queues(*queues, job_class=job_class)  # type: ignore[no-untyped-call]  # django-rq has no types
+    base = get_worker_class() if fork else SimpleWorker  # type: ignore[no-untyped-call]
+    kwargs: dict[str, Any] = {"name": name} if name else {}
+    return _stop_aware(base)(
+        rq_queues,
+        connection=waiting_connection(rq_queues[0].connection),
+        exception_handlers=get_exception_handlers() or None,  # type: ignore[no-untyped-call]
+        job_class=job_class,
+        queue_class=type(rq_queues[0]),
+        **kwargs,
+    )
 
 
 def run_worker(
@@ -211,6 +423,10 @@ def run_worker(
 ) -> None:
     """Run an RQ worker on ``queues`` until it is stopped, riding out Redis outages.
 
+    A stop request (SIGTERM, SIGINT) ends it wherever it arrives: no new claim, the
+    attempts in flight finish, then it returns; see :class:`StopRequest` and
+    docs/operations.md ("Stopping a worker").
+
     Args:
         queues: django-rq queue names, in priority order.
         burst: deliver what is due now, then return (housekeeping runs once first).
@@ -223,46 +439,53 @@ def run_worker(
         housekeeping: run the :class:`Housekeeper` thread (wake, relay, recovery).
         relay: include the relay of captured messages in housekeeping (needs the database).
     """
-    import django_rq
-    from rq.worker import SimpleWorker
-
-    kwargs: dict[str, Any] = {"name": name} if name else {}
-    if not fork:
-        kwargs["worker_class"] = SimpleWorker
+    stop_request.reset()
     keeper = None
-    if burst:
-        run_housekeeping_once(relay=relay)
-    elif housekeeping:
-        keeper = Housekeeper(recovery_interval, relay=relay)
-        keeper.start()
     jobs_left = max_jobs
-    try:
-        while True:
-            try:
-                worker = django_rq.get_worker(*queues, **kwargs)
-                worker.work(
-                    burst=burst,
-                    with_scheduler=with_scheduler,
-                    logging_level=logging_level,
-                    max_jobs=jobs_left,
-                )
-            except RedisError as exc:
-                logger.debug("outbox worker: RQ's loop raised %s", exc, exc_info=True)
-                worker = None
-            stopped = worker is not None and (worker._stop_requested or burst)  # noqa: SLF001 (RQ's flag)
-            if jobs_left is not None and worker is not None:
-                jobs_left -= worker.successful_job_count + worker.failed_job_count
-                if jobs_left <= 0:
+    with stop_signals_handled():
+        try:
+            if burst:
+                run_housekeeping_once(relay=relay)
+            elif housekeeping:
+                keeper = Housekeeper(recovery_interval, relay=relay)
+                keeper.start()
+            while not stop_request.is_set():
+                worker: Worker | None = None
+                try:
+                    worker = rq_worker(queues, fork=fork, name=name)
+                    worker.work(
+                        burst=burst,
+                        with_scheduler=with_scheduler,
+                        logging_level=logging_level,
+                        max_jobs=jobs_left,
+                    )
+                except RedisError as exc:
+                    logger.debug("outbox worker: RQ's loop raised %s", exc, exc_info=True)
+                finally:
+                    _take_over_signals()  # RQ's handlers name a worker that is gone
+                    if worker is not None:
+                        worker.connection.connection_pool.disconnect()
+                if stop_request.is_set() or burst or (worker is not None and worker._stop_requested):  # noqa: SLF001 (RQ's flag)
                     return
-            if stopped or redis_reachable() and worker is not None:
-                return  # stopped on request, burst done, or RQ quit for a reason other than Redis
-            logger.warning("outbox worker: Redis unreachable; waiting for it, then starting a new RQ worker")
-            wait_for_redis()
-            logger.warning("outbox worker: Redis reachable again; worker restarting")
-            kwargs.pop("name", None)  # the old name may still be registered until its key expires
-    finally:
-        if keeper is not None:
-            keeper.stop()
+                if jobs_left is not None and worker is not None:
+                    jobs_left -= worker.successful_job_count + worker.failed_job_count
+                    if jobs_left <= 0:
+                        return
+                if redis_reachable():
+                    return  # RQ quit for a reason other than Redis
+                logger.warning(
+                    "outbox worker: Redis unreachable; waiting for it, then starting a new RQ worker"
+                )
+                wait_for_redis(stop_request.event)
+                if stop_request.is_set():
+                    return
+                logger.warning("outbox worker: Redis reachable again; worker restarting")
+                name = None  # the old name may still be registered until its key expires
+        finally:
+            if keeper is not None:
+                keeper.stop()
+            if stop_request.is_set():
+                logger.warning("outbox worker: stopped")
 
 
 def run_housekeeping_once(*, relay: bool = True) -> None:

@@ -88,7 +88,16 @@ CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
-        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            # Worker subprocesses of tests/test_worker_process.py bound reads as a project's
+            # settings would (the README's block says SOCKET_TIMEOUT: 5).
+            **(
+                {"SOCKET_TIMEOUT": float(os.environ["OUTBOX_TEST_SOCKET_TIMEOUT"])}
+                if os.environ.get("OUTBOX_TEST_SOCKET_TIMEOUT")
+                else {}
+            ),
+        },
     }
 }
 RQ_QUEUES = {

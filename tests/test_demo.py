@@ -5,6 +5,7 @@ signature check against the outbox's own webhook signer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -182,3 +183,103 @@ def test_receiver_fails_the_configured_fraction(redis, receiver_settings):
     store = ReceiverStore(redis, "orders", "test:receiver")
     assert store.counts_for(["msg_0000000000000000000000000001"])["errors"] == 1
     assert store.accepted_among(["msg_0000000000000000000000000001"]) == set()
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (from /proc), at this moment."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="walks /proc for the processes the demo started")
+def test_ctrl_c_stops_everything_scripts_demo_started_even_through_tee(tmp_path):
+    """``scripts/demo 2>&1 | tee log``, then Ctrl-C (SIGINT to the terminal's foreground
+    process group, tee included): the script stops the worker, the web server and its
+    Redis within a few seconds, although its stdout went away with tee (issue 20, item 3)."""
+    import time
+
+    from outbox.testing import free_port
+
+    log = tmp_path / "demo.log"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("DEMO_")}
+    env.update(DEMO_DATA_DIR=str(tmp_path / "data"), DEMO_MESSAGES="0", DEMO_PORT=str(free_port()))
+    shell = subprocess.Popen(
+        ["bash", "-c", f"scripts/demo 2>&1 | tee {log}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while "Press Ctrl-C" not in (log.read_text() if log.exists() else ""):
+            assert shell.poll() is None and time.monotonic() < deadline, (
+                log.read_text() if log.exists() else ""
+            )
+            time.sleep(0.2)
+        started = _descendants(shell.pid)
+        assert len(started) >= 5, started  # the script, tee, Redis, the web server, the worker
+        # Keep the worker busy (a run claims for up to 10 s): orders from outside the group.
+        data = tmp_path / "data"
+        sender_env = {
+            **env,
+            "DJANGO_SETTINGS_MODULE": "demo_site.settings",
+            "REDIS_URL": (data / "redis.url").read_text().strip(),
+            "DEMO_RECEIVER_URL": f"http://127.0.0.1:{env['DEMO_PORT']}/receiver/orders",
+        }
+        sender = subprocess.run(
+            [
+                sys.executable,
+                "manage.py",
+                "outbox_demo",
+                "--messages",
+                "3000",
+                "--no-start-workers",
+                "--timeout",
+                "1",
+                "--receiver-url",
+                sender_env["DEMO_RECEIVER_URL"],
+            ],
+            cwd=ROOT,
+            env=sender_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        worker_log = data / "logs" / "worker.log"
+        assert "outbox attempt" in worker_log.read_text(), sender.stdout + sender.stderr
+        os.killpg(shell.pid, signal.SIGINT)
+        sent = time.monotonic()
+        while any(_alive(pid) for pid in started) and time.monotonic() - sent < 30:
+            time.sleep(0.1)
+        took = time.monotonic() - sent
+        left = [pid for pid in started if _alive(pid)]
+        assert not left, f"still running {took:.1f} s after Ctrl-C: {left}\n{log.read_text()}"
+        assert took < 6, f"took {took:.1f} s to stop\n{log.read_text()}"
+    finally:
+        for pid in _descendants(shell.pid) | {shell.pid}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shell.wait(10)

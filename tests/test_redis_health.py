@@ -171,3 +171,19 @@ def test_a_private_server_restarts_on_its_port_with_its_aof(tmp_path, sig):
     finally:
         server.stop()
     assert any(tmp_path.iterdir())  # a given data_dir is kept
+
+
+def test_the_worker_logs_no_finding_that_the_project_silenced(settings, redis, caplog):
+    """``outbox_worker`` logs the Redis findings at start-up; one in
+    ``SILENCED_SYSTEM_CHECKS`` is known to the project and stays quiet there too, as it
+    does in ``manage.py check`` (the demo silenced outbox.W005 and its worker still logged it)."""
+    logger = logging.getLogger("outbox.test_findings")
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logged = redis_health.log_startup_findings(logger)
+    assert "outbox.W005" in {f.id for f in logged}  # the tests' alias is 'default'
+    caplog.clear()
+    settings.SILENCED_SYSTEM_CHECKS = ["outbox.W005"]
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logged = redis_health.log_startup_findings(logger)
+    assert "outbox.W005" not in {f.id for f in logged}
+    assert "outbox.W005" not in caplog.text

@@ -39,10 +39,11 @@ TOTALS = ("requests", "errors", "slow", "accepted", "duplicates", "bad_signature
 
 
 def get_redis() -> Redis:
-    """The Redis client of the ``default`` django-redis cache (``REDIS_URL``)."""
+    """The Redis client of the ``outbox`` django-redis cache (``REDIS_URL``): the demo
+    receiver keeps its counters there under ``DEMO_RECEIVER_PREFIX``."""
     from django_redis import get_redis_connection
 
-    return get_redis_connection("default")
+    return get_redis_connection("outbox")
 
 
 @dataclass
