@@ -85,7 +85,9 @@ def test_a_planted_job_hash_under_a_registered_id_is_never_unpickled(
     assert element_text(html, "task-acted") == "0"
 
 
-def test_the_job_reports_its_progress_in_the_registry(admin_client, repo, redis, worker, monkeypatch):
+def test_the_registry_holds_the_job_with_a_ttl_and_the_job_writes_its_counts_there(
+    admin_client, repo, redis, worker, monkeypatch
+):
     status_url = start_background(admin_client, repo, monkeypatch, n=1100)
     job_id = status_url.rstrip("/").rsplit("/", 1)[-1]
     keys = list(redis.scan_iter(match=f"{repo.keys.prefix}:task:*"))
