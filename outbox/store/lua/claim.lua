@@ -11,7 +11,21 @@
 --   stays pending/retrying) until resume/enable/close puts it back (unpark.lua);
 -- * breaker open and the probe due (or half-open with its probe's lease expired): this
 --   message is claimed as the one probe (breaker -> half_open);
--- * blocked_until (a Retry-After) in the future: rescheduled to then;
+-- * blocked_until (a Retry-After) in the future, or ended less than RAMP_WINDOW ago: the
+--   messages held by the block are released gradually after it, not all at its end (which
+--   sent up to every worker's in-flight cap at a receiver that had just said it was
+--   overloaded, and tripped its breaker). A slow start, as TCP's after a loss (RFC 5681,
+--   3.1: a sender that does not know the path's capacity starts with a small window and
+--   doubles it every round trip): the k-th message held (k = 0, 1, ..., counted per
+--   block in the destination's hash: ramp_of, ramp_k) is due at
+--       blocked_until + RAMP_STEP * log2(1 + k / first)
+--   so `first` messages go in the first RAMP_STEP after the block, twice as many in the
+--   next, and so on (10,000 held are all due within 12 steps). `first` is RAMP_FIRST, or
+--   the destination's RATE_LIMIT per RAMP_STEP when that is more (its GCRA spaces them
+--   already). A message is held when its due score is before blocked_until (it waited
+--   through the block, or is a retry the 429/503 itself scheduled); one due at or after
+--   it has its slot (or is new traffic) and is not claimed before its score, even within
+--   the claim's due slack;
 -- * MAX_CONCURRENCY leases of the destination held (ZCARD of its sending index): rescheduled
 --   a moment later; over its RATE_LIMIT: rescheduled to when GCRA allows it, successive
 --   ones spaced by the emission interval. GCRA, the generic cell rate algorithm (ITU-T
@@ -50,6 +64,8 @@ local limit, scan = tonumber(ARGV[6]), tonumber(ARGV[7])
 local caps = cjson.decode(ARGV[8])
 local limits = cjson.decode(ARGV[10] or '{}')
 local CONCURRENCY_DELAY = 0.2  -- seconds a message over MAX_CONCURRENCY waits before it is looked at again
+local RAMP_STEP, RAMP_FIRST, RAMP_WINDOW = 1.0, 4, 30  -- release after a Retry-After (above): seconds, messages, seconds
+local LOG2 = math.log(2)
 local due_key = prefix .. ':due:' .. queue
 local out = {}
 local taken_ids = {}  -- positions in out of the claimed ids, whose records are read at the end
@@ -57,14 +73,22 @@ local taken, held = 0, 0
 local capped, capped_seen = {}, {}
 local gates = {}
 local tat_changed = {}  -- destinations whose TAT this call moved, in first-changed order
+local ramp_changed = {}  -- destinations whose release counter (ramp_k) this call moved
 
 local function gate(dest)
   local g = gates[dest]
   if g then return g end
   local v = redis.call('HMGET', prefix .. ':dest:' .. dest, 'admin', 'breaker', 'next_probe_at',
-                       'probe_deadline', 'blocked_until')
+                       'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k')
   g = {admin = v[1] or 'active', breaker = v[2] or 'closed', next_probe = tonumber(v[3] or '0'),
        probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = limits[dest], spaced = 0}
+  if g.blocked > 0 and now < g.blocked + RAMP_WINDOW then
+    -- the release after a Retry-After (above); a new block starts its count again
+    g.ramp_of = v[5]
+    g.ramp_k = (v[6] == v[5]) and tonumber(v[7] or '0') or 0
+    g.ramp_first = RAMP_FIRST
+    if g.lim and g.lim[1] > 0 then g.ramp_first = math.max(RAMP_FIRST, RAMP_STEP / g.lim[1]) end
+  end
   if g.lim and g.lim[3] > 0 then
     g.sending = redis.call('ZCARD', prefix .. ':status:sending:dest:' .. dest)
   end
@@ -81,6 +105,17 @@ local function reschedule(id, status, dest, at)
   zadd_later(prefix .. ':status:' .. status .. ':dest:' .. dest, s, id)
   redis.call('HSET', prefix .. ':resend:' .. id, 'next_attempt_at', s)
   held = held + 1
+end
+
+-- The next release slot after a Retry-After (see above); counts it.
+local function ramp_slot(g, dest)
+  local at = g.blocked + RAMP_STEP * math.log(1 + g.ramp_k / g.ramp_first) / LOG2
+  g.ramp_k, g.last_slot = g.ramp_k + 1, at
+  if not g.ramp_moved then
+    g.ramp_moved = true
+    ramp_changed[#ramp_changed + 1] = dest
+  end
+  return at
 end
 
 local function take(id, rkey, record, status, dest)
@@ -138,9 +173,12 @@ if limit > 0 then
         g.breaker, g.probe_deadline = 'half_open', tonumber(deadline)
         redis.call('HSET', prefix .. ':dest:' .. dest, 'breaker', 'half_open', 'probe_id', id, 'probe_deadline', deadline)
         redis.call('ZADD', prefix .. ':probes', deadline, dest)
-      elseif g.blocked > now then
-        g.spaced = g.spaced + 1
-        reschedule(id, status, dest, g.blocked + g.spaced * 1e-6)
+      elseif g.ramp_of and tonumber(score) < g.blocked and ramp_slot(g, dest) > now then
+        -- held by the block: rescheduled to its release slot (the slot just counted)
+        reschedule(id, status, dest, g.last_slot)
+      elseif g.ramp_of and tonumber(score) > now then
+        -- its release slot (or new traffic) is within the due slack: not before its time
+        held = held + 1
       else
         local cap = caps[dest]
         if cap == nil or cap > 0 then
@@ -174,6 +212,10 @@ if limit > 0 then
       zrem_later(due_key, id)
     end
   end
+end
+for _, dest in ipairs(ramp_changed) do
+  local g = gates[dest]
+  redis.call('HSET', prefix .. ':dest:' .. dest, 'ramp_of', g.ramp_of, 'ramp_k', g.ramp_k)
 end
 for _, dest in ipairs(tat_changed) do
   local tat = gates[dest].tat

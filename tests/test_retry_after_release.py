@@ -1,0 +1,113 @@
+"""After a Retry-After block ends, the messages it held are released gradually (issue 20,
+item 11; ``lua/claim.lua``: a slow start from the block's end), not all at once.
+
+Real receivers on loopback, a real Redis; the runs are ``outbox.delivery.run`` in this
+process, repeated until everything is delivered. The assertions count requests (in the
+first second after the block, at once, answered 503), not durations."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import outbox
+from outbox import delivery, health
+from outbox.conf import outbox_settings
+from tests.conftest import assert_index_invariant, hook_settings, serving
+
+HELD = 40
+RAMP_FIRST = 4  # lua/claim.lua: messages in the first second after a block
+
+
+class Overloadable:
+    """A receiver that answers 429 with ``Retry-After: 1`` to its first request, then 200
+    after 50 ms, or 503 to a request that arrives while ``room`` others are being answered
+    (a receiver shedding load). It records when each request arrived and the most it
+    answered at once."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.lock = threading.Lock()
+        self.arrived: list[float] = []
+        self.statuses: list[int] = []
+        self.active = self.most_active = 0
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        state = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with state.lock:
+                    state.arrived.append(time.time())
+                    first = len(state.arrived) == 1
+                    shed = state.active >= state.room
+                    state.active += 1
+                    state.most_active = max(state.most_active, state.active)
+                status, headers = (429, {"Retry-After": "1"}) if first else ((503, {}) if shed else (200, {}))
+                if status == 200:
+                    time.sleep(0.05)
+                with state.lock:
+                    state.active -= 1
+                    state.statuses.append(status)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+
+def blocked_then_backlog(repo, receiver: Overloadable, url: str, **destination) -> float:
+    """One message answered 429 Retry-After: 1 (the destination is blocked for a second),
+    then HELD more sent while blocked; runs until all are delivered or 30 s passed.
+    Returns when the block ended (epoch seconds)."""
+    queue = outbox_settings.queue_name(None)
+    with hook_settings(url, **destination):
+        outbox.send("hook", {"n": -1})
+        delivery.run(queue)
+        assert receiver.statuses == [429]
+        blocked_until = float(repo.connection.hget(repo.keys.dest("hook"), "blocked_until"))
+        outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(HELD)])
+        deadline = time.time() + 30
+        while repo.count("succeeded") < HELD + 1 and time.time() < deadline:
+            delivery.run(queue)
+            time.sleep(0.01)
+        assert_index_invariant(repo)
+        return blocked_until
+
+
+def test_messages_held_by_a_retry_after_are_released_gradually_after_it(repo):
+    receiver = Overloadable(room=1000)  # never sheds
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), receiver.handler())) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        blocked_until = blocked_then_backlog(repo, receiver, url)
+    after = receiver.arrived[1:]
+    assert repo.count("succeeded") == HELD + 1 and len(after) == HELD + 1
+    assert min(after) >= blocked_until  # nothing went during the block
+    # Before: all 41 were due at the block's end and went MAX_IN_FLIGHT (16) at a time.
+    first_second = sum(1 for t in after if t < blocked_until + 1.0)
+    assert 1 <= first_second <= RAMP_FIRST, sorted(round(t - blocked_until, 3) for t in after)
+    # Then twice as many each second (4, 8, 16, ...): all 41 within 4 s of the block's end.
+    assert sum(1 for t in after if t < blocked_until + 2.0) <= 3 * RAMP_FIRST
+
+
+def test_a_receiver_shedding_load_after_the_block_does_not_trip_the_breaker(repo):
+    """The receiver answers 503 to a request that arrives while 4 others are being
+    answered. Released all at once after the block (16 in flight), 12 of them were 503s
+    in a row and the breaker (5 consecutive failures) opened; released gradually, none is."""
+    receiver = Overloadable(room=4)
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), receiver.handler())) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        blocked_then_backlog(repo, receiver, url, BREAKER={"FAILURES": 5, "COOLDOWN": 60})
+    assert receiver.statuses.count(503) == 0, receiver.statuses
+    assert health.get_health("hook").breaker == "closed"
+    assert repo.count("succeeded") == HELD + 1
