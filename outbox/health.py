@@ -111,7 +111,12 @@ class Window:
 
 @dataclass(frozen=True)
 class MinuteStats:
-    """One minute of attempts (``minute`` = epoch seconds // 60), for charts."""
+    """One minute of attempts (``minute`` = epoch seconds // 60), for charts.
+
+    ``parked``: messages parked now (their destination paused, disabled or its breaker
+    open) that became due in that minute; the first minute of a timeline also counts
+    those due earlier, the last those due later (a claim looks a moment ahead).
+    """
 
     minute: int
     succeeded: int
@@ -119,6 +124,7 @@ class MinuteStats:
     permanent: int
     p50_ms: float | None
     p95_ms: float | None
+    parked: int = 0
 
 
 @dataclass(frozen=True)
@@ -417,8 +423,11 @@ def timeline(
     name: str | None, minutes: int = 60, now: float | None = None, *, names: Sequence[str] | None = None
 ) -> list[MinuteStats]:
     """Attempts per minute for the last ``minutes`` minutes (at most 120: kept 2 h), oldest
-    first; ``name`` None sums the destinations ``names`` (default: every destination
-    configured or seen, :func:`known_destinations`). One round trip."""
+    first, with the messages parked now by the minute they became due
+    (:attr:`MinuteStats.parked`: a chart does not go quiet while a destination holds its
+    messages); ``name`` None sums the destinations ``names`` (default: every destination
+    configured or seen, :func:`known_destinations`). One round trip: per destination and
+    minute one HGETALL and one ZCOUNT of its parked set."""
     from .connection import get_repository
 
     repo = get_repository()
@@ -432,12 +441,18 @@ def timeline(
     for n in names:
         for m in span:
             pipe.hgetall(repo.keys.health(n, m))
-    replies = [_decode(h) for h in pipe.execute()]
+        for j, m in enumerate(span):
+            low = "-inf" if j == 0 else m * 60
+            high = "+inf" if j == len(span) - 1 else f"({(m + 1) * 60}"
+            pipe.zcount(repo.keys.parked(n), low, high)
+    replies = pipe.execute()
+    step = 2 * len(span)
     out = []
     for j, m in enumerate(span):
-        hashes = [replies[i * len(span) + j] for i in range(len(names))]
+        hashes = [_decode(replies[i * step + j]) for i in range(len(names))]
+        parked = sum(int(replies[i * step + len(span) + j]) for i in range(len(names)))
         w = _window(hashes, 60)
-        out.append(MinuteStats(m, w.succeeded, w.retryable, w.permanent, w.p50_ms, w.p95_ms))
+        out.append(MinuteStats(m, w.succeeded, w.retryable, w.permanent, w.p50_ms, w.p95_ms, parked))
     return out
 
 

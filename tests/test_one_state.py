@@ -214,3 +214,25 @@ def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admi
     assert element_text(html, "worker-count") == "0" and element_text(html, "stale-worker-count") == "1"
     assert "no worker is running" in html
     assert {dict(k)["state"]: v for k, v in scrape()["outbox_workers"].items()}["stale"] == 1
+
+
+# -- (c) the attempts chart draws parked messages ------------------------------------------
+def test_the_attempts_chart_draws_parked_messages_while_nothing_is_attempted(admin_client, hook, worker):
+    from outbox.admin_views.chart import CHART_MINUTES
+
+    health.pause("hook")
+    outbox.send_many([{"destination": "hook", "body": {"n": n}} for n in range(3)])
+    worker(simple=True)  # the claim parks them: no attempt is made
+    assert health.get_health("hook").parked == 3 and not hook.requests
+    minutes = health.timeline("hook", CHART_MINUTES)
+    assert sum(m.succeeded + m.retryable + m.permanent for m in minutes) == 0
+    assert sum(m.parked for m in minutes) == 3 and minutes[-1].parked == 3  # due this minute
+    for page in (u("dashboard"), u("dashboard") + "?chart=hook", u("destination", "hook")):
+        html = text_of(admin_client.get(page))
+        assert element_text(html, "chart-total-parked") == "3", page
+        assert 'class="series-parked"' in html, page  # a bar is drawn
+
+    health.resume("hook")
+    worker(simple=True)  # delivered: nothing parked any more, three attempts drawn instead
+    minutes = health.timeline("hook", CHART_MINUTES)
+    assert (sum(m.parked for m in minutes), sum(m.succeeded for m in minutes)) == (0, 3)

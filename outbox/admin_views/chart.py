@@ -131,12 +131,18 @@ def outcome_chart(
     )
 
 
+#: The series of :func:`attempt_chart`, stacked bottom up: the outcomes of
+#: :data:`outbox.health.OUTCOME_KINDS`, then the messages parked now.
+ATTEMPT_SERIES = (*OUTCOME_KINDS, "parked")
+
+
 def attempt_chart(minutes: Sequence[MinuteStats]) -> Chart:
     """The chart of attempts per minute by outcome (from :func:`outbox.health.timeline`),
-    stacked bottom up as :data:`outbox.health.OUTCOME_KINDS`: succeeded, retryable,
-    permanent (retries included)."""
+    stacked bottom up as :data:`ATTEMPT_SERIES`: succeeded, retryable, permanent
+    (retries included), and the messages parked now by the minute they became due
+    (:attr:`outbox.health.MinuteStats.parked`), so a held destination's chart is not empty."""
     return outcome_chart(
-        [m.minute for m in minutes], {s: [getattr(m, s) for m in minutes] for s in OUTCOME_KINDS}
+        [m.minute for m in minutes], {s: [getattr(m, s) for m in minutes] for s in ATTEMPT_SERIES}
     )
 
 
