@@ -55,8 +55,8 @@ class MessageAdmin(_ModelAdmin):
             run as a background RQ job with a progress page; smaller ones run in the
             request (about 10,000 requeues per second; see ``docs``).
 
-    A destination is flagged as failing from its recent attempts
-    (:attr:`outbox.health.DestinationHealth.failing`), not from the messages kept.
+    A destination's one state comes from its holds and recent attempts
+    (:func:`outbox.health.destination_state`), not from the messages kept.
     """
 
     list_per_page = 50
