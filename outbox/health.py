@@ -221,17 +221,20 @@ def destination_state(h: DestinationHealth) -> DestinationState:
     mostly_failed = w.attempts >= FAILING_MIN_ATTEMPTS and w.failure_rate >= FAILING_RATE
     in_a_row = f"{run} failure{'' if run == 1 else 's'} in a row"
     if h.admin == "disabled":
-        return DestinationState("disabled", f"disabled ({h.disabled_reason or 'by hand'}): nothing is sent")
+        why = f"{h.disabled_reason}; " if h.disabled_reason else ""
+        return DestinationState("disabled", f"{why}nothing is sent until it is enabled")
     if h.admin == "paused":
-        why = f" ({h.disabled_reason})" if h.disabled_reason else ""
-        return DestinationState("paused", f"paused{why}: nothing is sent; its messages wait")
+        why = f"{h.disabled_reason}; " if h.disabled_reason else ""
+        return DestinationState("paused", f"{why}nothing is sent until it is resumed")
     if h.breaker == "open":
-        return DestinationState("open", f"circuit breaker open ({in_a_row}): messages wait for a probe")
+        return DestinationState("open", f"its circuit breaker is open: messages wait for a probe; {in_a_row}")
     if h.breaker == "half_open":
-        return DestinationState("half_open", "circuit breaker half-open: one probe is in flight")
+        return DestinationState(
+            "half_open", "one probe is in flight: the other messages wait for its outcome"
+        )
     if h.blocked_until:
         return DestinationState(
-            "blocked", "the receiver asked to wait (Retry-After): messages wait until then"
+            "blocked", "the receiver asked it to wait (Retry-After): messages wait until then"
         )
     if run >= FAILING_CONSECUTIVE or (run and mostly_failed):
         most = (
@@ -241,7 +244,7 @@ def destination_state(h: DestinationHealth) -> DestinationState:
         )
         return DestinationState("failing", f"its last attempts failed: {in_a_row}{most}")
     if run or h.failing_since:
-        return DestinationState("degraded", f"its last attempt failed ({in_a_row})")
+        return DestinationState("degraded", f"its last attempt failed: {in_a_row}")
     if mostly_failed:
         return DestinationState(
             "degraded",

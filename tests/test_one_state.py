@@ -236,3 +236,53 @@ def test_the_attempts_chart_draws_parked_messages_while_nothing_is_attempted(adm
     worker(simple=True)  # delivered: nothing parked any more, three attempts drawn instead
     minutes = health.timeline("hook", CHART_MINUTES)
     assert (sum(m.parked for m in minutes), sum(m.succeeded for m in minutes)) == (0, 3)
+
+
+@pytest.mark.parametrize(
+    ("fields", "state"),
+    [
+        ({}, "idle"),
+        ({"window": (5, 0)}, "healthy"),
+        ({"window": (9, 11)}, "degraded"),  # recovering: the last attempt succeeded
+        ({"consecutive_failures": 1, "failing_since": 1.0, "window": (5, 1)}, "degraded"),
+        ({"consecutive_failures": 2, "failing_since": 1.0}, "degraded"),  # idle since, not healthy
+        ({"consecutive_failures": 1, "failing_since": 1.0, "window": (4, 8)}, "failing"),
+        ({"consecutive_failures": 3, "failing_since": 1.0}, "failing"),
+        ({"consecutive_failures": 3, "blocked_until": 2e9}, "blocked"),
+        ({"breaker": "half_open", "blocked_until": 2e9}, "half_open"),
+        ({"breaker": "open", "consecutive_failures": 5}, "open"),
+        ({"admin": "paused", "breaker": "open"}, "paused"),
+        ({"admin": "disabled", "disabled_reason": "410 Gone", "breaker": "open"}, "disabled"),
+    ],
+)
+def test_destination_state_takes_the_first_that_applies(fields, state):
+    succeeded, failed = fields.pop("window", (0, 0))
+    attempts = succeeded + failed
+    window = health.Window(
+        300, succeeded, failed, 0, attempts, failed / attempts if attempts else 0.0, None, None
+    )
+    h = health.DestinationHealth(
+        **{
+            "name": "d",
+            "breaker": "closed",
+            "admin": "active",
+            "disabled_reason": "",
+            "consecutive_failures": 0,
+            "last_success_at": None,
+            "last_failure_at": None,
+            "failing_since": None,
+            "last_failing_since": None,
+            "opened_at": None,
+            "next_probe_at": None,
+            "blocked_until": None,
+            "parked": 0,
+            "window": window,
+            "totals": {},
+            "latency_buckets": (),
+            "latency_sum_seconds": 0.0,
+            **fields,
+        }
+    )
+    assert h.state == state
+    assert h.failing == (state in health.TROUBLE_STATES)
+    assert h.state_reason and "\n" not in h.state_reason
