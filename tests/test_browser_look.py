@@ -77,9 +77,40 @@ def look(page, url: str) -> dict:
     return found
 
 
+def box(page, selector: str) -> dict:
+    """The bounding box of the first element matching ``selector`` (x, y, width, height)."""
+    found = page.locator(selector).first.bounding_box(timeout=TIMEOUT_MS)
+    assert found is not None, f"{selector} is not shown"
+    return found
+
+
+def assert_list_layout(page) -> None:
+    """The message list as a changelist: the filter beside the results on their right, the
+    search field and its button on one line (on 6.1, the old markup put the filter under
+    the results and squeezed the search into a column)."""
+    results, side = box(page, "#result_list"), box(page, "#changelist-filter")
+    assert side["x"] >= results["x"] + results["width"], (results, side)
+    assert side["y"] < results["y"], (results, side)  # side by side: it starts beside the toolbar
+    field, button = box(page, "#searchbar"), box(page, "#changelist-search input[type=submit]")
+    assert abs(field["y"] + field["height"] / 2 - (button["y"] + button["height"] / 2)) < 6, (field, button)
+
+
+def assert_detail_layout(page) -> None:
+    """A message's action buttons at the top right, above its records (on 6.1, the old
+    markup left them on the left in the content)."""
+    content, action, record = (
+        box(page, "#content"),
+        box(page, "#detail-requeue"),
+        box(page, "#message-record"),
+    )
+    assert action["x"] > content["x"] + content["width"] / 2, (content, action)
+    assert action["y"] + action["height"] <= record["y"], (action, record)
+
+
 def test_console_breadcrumbs_look_like_the_admins_own(live_server, repo, django_user_model, tmp_path):
     """On every kind of console page, the breadcrumbs match the admin app index's, on the
-    installed Django; screenshots of each page named after the Django version."""
+    installed Django, and the list and the detail are laid out as the admin's changelist
+    and change form; screenshots of each page named after the Django version."""
     executable, screenshots = prepare(django_user_model, tmp_path)
     (failed,) = make(repo, 1, "failed", "mem")
     version = "django-" + ".".join(map(str, django.VERSION[:2]))
@@ -110,5 +141,6 @@ def test_console_breadcrumbs_look_like_the_admins_own(live_server, repo, django_
             assert console["separator"] == admin_own["separator"], (name, console)
             assert console["crumbs"] == crumbs, (name, console)
             assert console["separators"] == len(crumbs) - 1 and console["oneLine"], (name, console)
+            {"list": assert_list_layout, "detail": assert_detail_layout}.get(name, lambda page: None)(page)
             shot(page, screenshots, f"console-{name}-{version}", full_page=False)
         assert errors == [], errors

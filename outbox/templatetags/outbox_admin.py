@@ -24,11 +24,14 @@ from django.utils.safestring import SafeString
 
 register = template.Library()
 
-#: Django 6.1's admin made its breadcrumbs an ordered list (``<ol class="breadcrumbs">``
-#: of ``<li>``, the separators drawn by its CSS, the current page ``aria-current``) and
-#: styles only that; Django 5.2 and 6.0 style a ``<div class="breadcrumbs">`` of links
-#: separated by ``&rsaquo;``. The console writes the markup of the Django it runs on.
-BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
+#: Django 6.1 changed the admin's markup, and its CSS styles only the new one:
+#: breadcrumbs are an ordered list (``<ol class="breadcrumbs">`` of ``<li>``, the
+#: separators drawn by the CSS, the current page ``aria-current``), not a ``<div>`` of
+#: links separated by ``&rsaquo;``; a changelist's filter comes first inside
+#: ``.changelist-form-container`` with the rest in a ``<div>`` beside it, not after that
+#: container; object tools sit beside the title (``{% block object-tools %}``), not at
+#: the top of the content. The console writes the markup of the Django it runs on.
+NEW_ADMIN_MARKUP = django.VERSION >= (6, 1)
 
 #: Date formats (``django.utils.dateformat``) of the ``when`` filter's styles.
 FULL = "Y-m-d H:i:s"
@@ -118,15 +121,22 @@ def id_parts(message_id: str, tail: int = 8) -> tuple[str, str, str]:
 
 
 @register.simple_tag
+def new_admin_markup() -> bool:
+    """True on Django 6.1+ (see :data:`NEW_ADMIN_MARKUP`):
+    ``{% new_admin_markup as new_admin_markup %}{% if new_admin_markup %}...``."""
+    return NEW_ADMIN_MARKUP
+
+
+@register.simple_tag
 def breadcrumbs_tag() -> str:
     """The element of the breadcrumbs container, ``ol`` (Django 6.1+) or ``div`` (5.2,
     6.0): ``{% breadcrumbs_tag as tag %}<{{ tag }} class="breadcrumbs">...</{{ tag }}>``."""
-    return "ol" if BREADCRUMBS_AS_LIST else "div"
+    return "ol" if NEW_ADMIN_MARKUP else "div"
 
 
 @register.simple_tag
 def crumb(label: Any, link: str = "", first: bool = False) -> SafeString:
-    """One breadcrumb in the installed admin's markup (see :data:`BREADCRUMBS_AS_LIST`).
+    """One breadcrumb in the installed admin's markup (see :data:`NEW_ADMIN_MARKUP`).
 
     Args:
         label: the text shown (escaped).
@@ -135,7 +145,7 @@ def crumb(label: Any, link: str = "", first: bool = False) -> SafeString:
 
     Returns ``<li><a href>label</a></li>`` / ``<li aria-current="page">label</li>`` on
     Django 6.1+, else ``&rsaquo; <a href>label</a>`` / ``&rsaquo; label``."""
-    if BREADCRUMBS_AS_LIST:
+    if NEW_ADMIN_MARKUP:
         if link:
             return format_html('<li><a href="{}">{}</a></li>\n', link, label)
         return format_html('<li aria-current="page">{}</li>\n', label)
