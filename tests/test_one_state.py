@@ -205,7 +205,8 @@ def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admi
         killed = time.monotonic()
         assert liveness() == {"live"}  # RQ lists it, and its heartbeat has not expired yet
         assert wait_for(lambda: liveness() == {"stale"}, timeout=heartbeat_ttl(0.5) + 5), liveness()
-        assert time.monotonic() - killed <= heartbeat_ttl(0.5) + 1  # not RQ's 8 minutes
+        # within its heartbeat's TTL (and 3 s for polling on a busy machine), not RQ's 8 minutes
+        assert time.monotonic() - killed <= heartbeat_ttl(0.5) + 3
     finally:
         if process.poll() is None:
             process.kill()
