@@ -287,3 +287,20 @@ def test_destination_state_takes_the_first_that_applies(fields, state):
     assert h.state == state
     assert h.failing == (state in health.TROUBLE_STATES)
     assert h.state_reason and "\n" not in h.state_reason
+
+
+def test_liveness_by_the_outbox_heartbeat_then_rqs():
+    import time
+
+    from rq.utils import utcformat
+
+    from outbox.liveness import _rq_time, liveness
+
+    now = time.time()
+    assert abs(_rq_time(utcformat(datetime.fromtimestamp(now, timezone.utc))) - now) < 1e-3
+    assert _rq_time("") is None
+    assert liveness(None, now, now, 65) == "no_heartbeat"  # a plain rqworker
+    assert liveness(now + 1, None, now, 65) == "live"
+    assert liveness(now - 1, now - 10, now, 65) == "live"  # a --burst run: RQ heard from it lately
+    assert liveness(now - 1, now - 66, now, 65) == "stale"
+    assert liveness(now - 1, None, now, 65) == "stale"
