@@ -129,7 +129,9 @@ def allowed_state_actions(admin: str) -> list[StateAction]:
 
 
 def _settings(name: str) -> dict[str, Any]:
-    """What the page shows of a destination's settings (only names that exist)."""
+    """What the page shows of a destination's settings (only names that exist);
+    ``breaker_off`` is True for a configured destination without a circuit breaker (its
+    page then says so instead of a breaker state)."""
     config = outbox_settings.DESTINATIONS.get(name)
     if config is None:
         return {"configured": False}
@@ -145,6 +147,7 @@ def _settings(name: str) -> dict[str, Any]:
     out["max_retries"] = dest.max_retries
     out["retry_policy"] = json.dumps(dest.retry_policy.to_dict(), sort_keys=True)
     out["max_in_flight"] = dest.max_in_flight
+    out["breaker_off"] = dest.breaker is None
     limits = []
     for label, attr in (
         ("circuit breaker", "breaker"),
