@@ -509,10 +509,10 @@ class _Run:
         if now >= self.claim_until or STOPPING.is_set():
             return 0
         if self.capped and now < self.capped_until:
-            return min(outbox_settings.BATCH_SIZE, free, sum(caps.get(d, 0) for d in self.capped))
+            return min(int(outbox_settings.BATCH_SIZE), free, sum(caps.get(d, 0) for d in self.capped))
         self.capped.clear()
         room = sum(caps.values()) if caps else self.concurrency
-        return min(outbox_settings.BATCH_SIZE, free, room)
+        return min(int(outbox_settings.BATCH_SIZE), free, room)
 
     def exchange(self, want: int, caps: dict[str, int] | None = None) -> list[Message]:
         """Write decided outcomes and claim up to ``want`` messages: one round trip,
