@@ -94,7 +94,7 @@ def selection_from_post(data: QueryDict, now: float) -> Selection:
         search = search_text(data)
         if search:
             return Selection(
-                ids=search_ids(get_repository(), search),
+                ids=search_ids(get_repository(), search).ids,
                 description=_("the messages found for %(search)s") % {"search": repr(search)},
             )
         flt, params, errors = parse_filter(data, now)

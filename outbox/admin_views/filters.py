@@ -16,7 +16,9 @@ parameter          meaning
 ``batch``          the messages one bulk action acted on (its token, see
                    :mod:`outbox.batches`)
 ``q``              search: a message id or an idempotency key (exact, as typed:
-                   surrounding spaces are kept, a key may have them)
+                   surrounding spaces are kept, a key may have them), else part
+                   of an id as the list shows it (``msg_…4f60b163``, its end
+                   ``4f60b163``, or a start ``msg_01a2017c``)
 ``o``              sort: ``created``, ``updated`` or ``next_attempt``; ``-`` prefix
                    for newest first
 ``p``              page number, from 1
@@ -35,7 +37,7 @@ from django.utils.translation import gettext as _
 
 from ..batches import is_token
 from ..records import STATUSES
-from ..store.queries import SORT_FIELDS, MessageFilter, TimeRange, find
+from ..store.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
 from ..times import MAX_EPOCH, parse_time
 
 if TYPE_CHECKING:
@@ -73,13 +75,15 @@ def search_text(data: Mapping[str, str]) -> str:
     return text if text.strip() else ""
 
 
-def search_ids(repo: MessageRepository, text: str) -> list[str]:
-    """Ids found for a search: :func:`~outbox.store.queries.find` (a message id or an
-    idempotency key, without surrounding spaces), and an idempotency key exactly as typed
-    when it has surrounding spaces."""
+def search_ids(repo: MessageRepository, text: str) -> IdSearch:
+    """What a search finds: :func:`~outbox.store.queries.search` (a message id or an
+    idempotency key, without surrounding spaces; an idempotency key exactly as typed
+    when it has surrounding spaces; else part of an id as the list shows it,
+    ``msg_…4f60b163``, with :attr:`~outbox.store.queries.IdSearch.complete` False when
+    that search stopped early)."""
     if not text.strip():
-        return []
-    return find(repo, text)
+        return IdSearch()
+    return search(repo, text)
 
 
 @dataclass

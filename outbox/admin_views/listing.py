@@ -229,9 +229,16 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
 
     exact, scanned = True, 0
     if query.search:
-        ids = search_ids(repo, query.search)
-        total = len(ids)
-        current = 1
+        found = search_ids(repo, query.search)
+        ids, total, exact, current = found.ids, len(found.ids), found.complete, 1
+        if not found.complete:
+            notes.append(
+                _(
+                    "The search by part of an id stopped after %(n)s matches or %(examined)s messages "
+                    "checked; type more of the id (its start msg_… narrows by creation time)."
+                )
+                % {"n": len(found.ids), "examined": f"{found.examined:,}"}
+            )
     else:
         current = query.page
         result = page(repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending)

@@ -45,6 +45,7 @@ Keys are built only through ``repo.keys`` and ``repo.index``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
@@ -471,13 +472,143 @@ def _walk_by_rank(repo: MessageRepository, key: str, batch: int) -> Iterator[lis
         start += len(ids)
 
 
+#: Index entries a search by the end of an id examines at most (ZSCAN, 1,000 a call).
+ID_SCAN_LIMIT = 1_000_000
+#: Most messages a search by part of an id returns.
+ID_MATCHES = 100
+#: Hex digits after ``msg_`` in a message id (see :func:`~outbox.records.new_message_id`).
+ID_DIGITS = 28
+#: Hex digits of an id's creation time in milliseconds (the start of those digits).
+ID_TIME_DIGITS = 12
+#: A part of a message id as the list shows it: ``msg_…4f60b163`` (the start and the end,
+#: "…" or "..." for the hidden middle), ``msg_01a2017c`` (a start), ``4f60b163`` (an end).
+ID_PART = re.compile(
+    r"(?P<start>msg_[0-9a-f]*)?(?:\u2026|\.\.\.)?(?P<end>[0-9a-f]*)",
+)
+#: Fewest hex digits of an id's end a search looks for (fewer would match too many).
+ID_END_MIN = 6
+
+
+@dataclass
+class IdSearch:
+    """Messages found by part of their id (:func:`find_by_id_part`).
+
+    Attributes:
+        ids: the ids found, oldest first, at most :data:`ID_MATCHES`.
+        complete: False when the search stopped early (more than :data:`ID_MATCHES`
+            matches, or :data:`ID_SCAN_LIMIT` index entries examined): there may be more.
+        examined: created-index entries examined.
+    """
+
+    ids: list[str] = field(default_factory=list)
+    complete: bool = True
+    examined: int = 0
+
+
+def id_part(text: str) -> tuple[str, str] | None:
+    """``(start, end)`` of a typed part of a message id (see :data:`ID_PART`): ``start``
+    is ``msg_`` and the hex digits after it ("" without ``msg_``), ``end`` the hex digits
+    after a "…" (or, without ``msg_``, all of them). None for text that is no part of an
+    id, a whole id, an end shorter than :data:`ID_END_MIN` digits without a start, or
+    ``msg_`` alone. Case and surrounding spaces are ignored."""
+    text = text.strip().lower()
+    match = ID_PART.fullmatch(text)
+    if match is None:
+        return None
+    start, end = match.group("start") or "", match.group("end") or ""
+    if start and not end and len(start) - 4 >= ID_DIGITS:
+        return None  # a whole id: found (or not) by its key
+    if not start and len(end) < ID_END_MIN:
+        return None
+    if start == "msg_" and not end:
+        return None
+    if len(start) - 4 + len(end) > ID_DIGITS:
+        return None
+    return start, end
+
+
+def find_by_id_part(repo: MessageRepository, start: str, end: str) -> IdSearch:
+    """Messages whose id begins with ``start`` (``msg_`` and hex digits, or "") and ends
+    with ``end`` (hex digits, or ""), from the created indexes of every destination.
+
+    A start of ``msg_`` and hex digits is a range of creation times (an id's first 12
+    hex digits are its creation time in milliseconds, the created index's score), read
+    by rank from where it begins: O(log N) plus the entries in the range. An end alone
+    is looked for with ZSCAN ``MATCH *<end>`` over every created index. Either way at
+    most :data:`ID_SCAN_LIMIT` entries are examined (in calls of 1,000) and
+    :data:`ID_MATCHES` ids returned; :attr:`IdSearch.complete` says if it stopped early.
+    """
+    found = IdSearch()
+    matches: dict[str, None] = {}  # ZSCAN may return an entry twice
+    budget = ID_SCAN_LIMIT
+    digits = start[4:]
+    for key in repo.index().keys:
+        if budget <= 0 or len(matches) > ID_MATCHES:
+            found.complete = False
+            break
+        if digits:
+            time_digits = digits[:ID_TIME_DIGITS]
+            pad = ID_TIME_DIGITS - len(time_digits)
+            # The score is the creation time in seconds; the id's milliseconds its floor.
+            lo = (int(time_digits + "0" * pad, 16) - 1) / 1000.0
+            hi = (int(time_digits + "f" * pad, 16) + 2) / 1000.0
+            rank = int(repo.connection.zcount(key, "-inf", f"({lo!r}"))
+            while budget > 0 and len(matches) <= ID_MATCHES:
+                chunk = cast(
+                    list[tuple[bytes, float]], repo.connection.zrange(key, rank, rank + 999, withscores=True)
+                )
+                budget -= len(chunk)
+                found.examined += len(chunk)
+                inside = [raw.decode() for raw, score in chunk if score <= hi]
+                matches.update((i, None) for i in inside if i.startswith(start) and i.endswith(end))
+                if len(inside) < 1000:
+                    break
+                rank += 1000
+            else:
+                found.complete = False
+        else:
+            cursor = 0
+            while True:
+                cursor, members = cast(
+                    tuple[int, list[tuple[bytes, float]]],
+                    repo.connection.zscan(key, cursor, match=f"*{end}", count=1000),
+                )
+                budget -= 1000
+                found.examined += 1000  # about: COUNT is a hint
+                matches.update((raw.decode(), None) for raw, _score in members)
+                if cursor == 0:
+                    break
+                if budget <= 0 or len(matches) > ID_MATCHES:
+                    found.complete = False
+                    break
+    found.ids = sorted(matches, key=lambda i: i[4:])
+    if len(found.ids) > ID_MATCHES:
+        found.ids, found.complete = found.ids[:ID_MATCHES], False
+    return found
+
+
 def find(repo: MessageRepository, text: str) -> list[str]:
     """Ids matching a search: a message id (exact, surrounding spaces ignored) or an
-    idempotency key (exactly as typed, or without surrounding spaces).
+    idempotency key (exactly as typed, or without surrounding spaces); when neither
+    finds anything, part of an id as the console's list shows it (``msg_…4f60b163``,
+    ``4f60b163``, ``msg_01a2017c``: :func:`id_part`, :func:`find_by_id_part`).
 
     Keys are scoped per destination, so the key is looked up under every destination
     ever used. Returns the message id first, then the key's messages; no duplicates.
     """
+    return search(repo, text).ids
+
+
+def search(repo: MessageRepository, text: str) -> IdSearch:
+    """:func:`find`, saying also whether a search by part of an id was complete."""
+    found = _find_exact(repo, text)
+    if found:
+        return IdSearch(found)
+    part = id_part(text)
+    return find_by_id_part(repo, *part) if part else IdSearch()
+
+
+def _find_exact(repo: MessageRepository, text: str) -> list[str]:
     typed, text = text, text.strip()
     if not text:
         return []
