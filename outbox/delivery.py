@@ -37,6 +37,7 @@ import contextvars
 import dataclasses
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -77,6 +78,9 @@ FAILSAFE_WAIT = 5.0  # seconds an interrupted run waits for attempts in flight
 WATCH_GRACE = 0.2  # seconds past its transport's deadline after which a run gives an attempt up
 GATHER_WAIT = 0.001  # seconds a run waits for more quick attempts to finish when fewer than half have
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
+#: Attempts of this process given up at their deadline whose threads may still run: a
+#: suspect is attempted only when none does (it must be alone in its process).
+_abandoned: set[Future[Outcome]] = set()
 #: Set when this worker process was asked to stop (:class:`outbox.worker.StopRequest`): a
 #: run claims nothing more and ends once its attempts in flight are decided and written.
 STOPPING = threading.Event()
@@ -185,6 +189,8 @@ def decide(
     detail: str = "",
     error_class: str = "",
     host: str = "",
+    suspect: int = 0,
+    charge: bool = True,
 ) -> Decision:
     """Turn an attempt's result into the status change for a ``sending`` message.
 
@@ -200,18 +206,26 @@ def decide(
     waiting (parked) with its retry count unchanged and an attempt recorded with outcome
     ``"parked"``: a destination's outage does not spend its messages' retries.
 
+    ``suspect``: the message's ``suspect`` mark after this outcome (the recovery sweep's
+    lost attempts, :mod:`outbox.recovery`); 0, the default, clears it: the attempt ended
+    in a live process. ``charge=False``: a retryable failure that does not count against
+    the retry budget (``retry_count`` unchanged; it is retried even when no retries are
+    left): a lost attempt beside others when the message has no retry left, so a
+    neighbour's crash alone never makes it a dead letter.
+
     Never raises for a bad record: a retry policy that cannot be used (a record written
     by an older version, or edited by hand) makes the message a dead letter whose error
     says why, instead of stopping the worker or the recovery sweep.
     """
     next_at: float | None = None
     try:
-        retrying = not ok and not permanent and message.retry_count < message.max_retries
+        retrying = not ok and not permanent and (message.retry_count < message.max_retries or not charge)
         if retrying:
             policy = RetryPolicy.from_value(
                 message.retry_policy or None, default=outbox_settings.retry_policy
             )
-            next_at = now + retry_delay(policy, message.retry_count + 1, retry_after)
+            number = message.retry_count + 1 if charge else max(1, message.retry_count)
+            next_at = now + retry_delay(policy, number, retry_after)
     except Exception as exc:
         error = (
             f"{error}; and its retry policy cannot be used ({type(exc).__name__}: {exc}), so it is failed"[
@@ -225,6 +239,10 @@ def decide(
     unset = [] if status_code is not None else ["last_status_code"]
     if not ok:
         base_set["last_error_class"] = error_class
+    if suspect:
+        base_set["suspect"] = str(suspect)
+    elif message.suspect:
+        unset.append("suspect")
     if ok:
         status, retry_count = Status.SUCCEEDED.value, message.retry_count
         fields = {**base_set}
@@ -236,7 +254,7 @@ def decide(
         unset += ["next_attempt_at", "lease"]
         score = now
     else:
-        status, retry_count = Status.RETRYING.value, message.retry_count + 1
+        status, retry_count = Status.RETRYING.value, message.retry_count + (1 if charge else 0)
         fields = {
             **base_set,
             "last_error": error,
@@ -305,6 +323,7 @@ def decide(
     message.last_error = error if not ok else ""
     message.last_error_class = error_class if not ok else ""
     message.last_status_code = status_code
+    message.suspect = suspect
     return Decision(change, record, message, exhausted)
 
 
@@ -477,6 +496,9 @@ class _Run:
         self.decided: list[Decision] = []
         self.report = RunReport()
         self.next_due: float | None = None
+        self.next_suspect: float | None = None  # when the queue's first suspect is due (quarantine index)
+        self.quarantine_after = 0.0  # a quarantine claim found none it could take: not before then
+        self.shared = False  # this run woke another worker for the suspects it could not take
         self.held = 0
         # Destinations the last short claim skipped at their MAX_IN_FLIGHT cap, and until
         # when claims look only for their freed slots (see :meth:`want`).
@@ -514,8 +536,32 @@ class _Run:
         room = sum(caps.values()) if caps else self.concurrency
         return min(int(outbox_settings.BATCH_SIZE), free, room)
 
-    def exchange(self, want: int, caps: dict[str, int] | None = None) -> list[Message]:
-        """Write decided outcomes and claim up to ``want`` messages: one round trip,
+    def lane(self, want: int, now: float) -> tuple[int, bool]:
+        """``(how many to claim, from the quarantine lane?)`` for a run that could claim
+        ``want``. A suspect (taken back from a lost worker) is attempted alone in its
+        process, so that a crash it causes takes nothing else with it and a crash it
+        does not cause cannot be blamed on it: nothing starts beside a suspect in
+        flight; a due suspect waits until the attempts in flight are decided (no new
+        ones start), then is claimed by itself. While an attempt given up at its deadline
+        may still run in this process, suspects are left to other workers."""
+        if not want:
+            return 0, False
+        if any(m.suspect for m in self.in_flight.values()):
+            return 0, False
+        if self.next_suspect is None or self.next_suspect > now + DUE_SLACK or now < self.quarantine_after:
+            return want, False
+        if self.in_flight:
+            return 0, False
+        _abandoned.difference_update([f for f in _abandoned if f.done()])
+        if _abandoned:
+            return want, False
+        return 1, True
+
+    def exchange(
+        self, want: int, caps: dict[str, int] | None = None, quarantine: bool = False
+    ) -> list[Message]:
+        """Write decided outcomes and claim up to ``want`` messages (from the quarantine
+        lane when ``quarantine``: see :meth:`lane`): one round trip,
         retried with backoff while Redis is unreachable (up to the earliest lease of the
         outcomes being written, so a decided outcome is not given up lightly)."""
         changes = [d.change for d in self.decided]
@@ -538,6 +584,7 @@ class _Run:
                     outcomes=outcomes,
                     health_config=self.health_config,
                     limits=self.rate_limits,
+                    quarantine=quarantine,
                 )
                 break
             except REDIS_ERRORS as exc:
@@ -560,7 +607,7 @@ class _Run:
             if d.outcome is not None:
                 log_attempt(d.outcome, d, written)
         self.decided.clear()
-        self.next_due, self.held = claim.next_due, claim.held
+        self.next_due, self.held, self.next_suspect = claim.next_due, claim.held, claim.next_suspect
         if want and not self.capped and len(claim.messages) < want and claim.capped:
             # A claim for every destination came up short at caps: narrow (see want()).
             self.capped, self.capped_until = set(claim.capped), now + IDLE_POLL
@@ -622,6 +669,7 @@ class _Run:
                 if given is None or now < given[0]:
                     continue
                 outcome = self.given_up(self.in_flight[future], given[1], given[2], now)
+                _abandoned.add(future)
             message = self.in_flight.pop(future)
             self.give_up_at.pop(future, None)
             self.per_destination[message.destination] -= 1
@@ -663,11 +711,27 @@ class _Run:
         while True:
             free = self.concurrency - len(self.in_flight)
             caps = self.caps()
-            want = self.want(free, caps, time.time())
+            want, quarantine = self.lane(self.want(free, caps, time.time()), time.time())
             if want or self.decided:
-                claimed = self.exchange(want, caps if want else None)
+                claimed = self.exchange(want, caps if want else None, quarantine)
                 self.start(claimed)
+                if quarantine and not claimed:
+                    # None could be taken (another worker took it, or a limit held it):
+                    # claim from the due index, and look at suspects again a moment later.
+                    self.quarantine_after = time.time() + IDLE_POLL
+                    continue
+                if (
+                    quarantine
+                    and not self.shared
+                    and (self.next_suspect or math.inf) <= time.time() + DUE_SLACK
+                ):
+                    # More suspects wait: a wake-up job lets another worker take them too,
+                    # each alone in its own process (once per run; that run does the same).
+                    self.shared = True
+                    dispatch.wake([self.queue])
                 if not claimed and not self.in_flight and not self.decided:
+                    if self.lane(1, time.time())[1]:
+                        continue  # a suspect is due: claim it, alone
                     wait_for = self.next_due - time.time() if self.next_due is not None else HELD_WAIT + 1
                     if self.held and wait_for <= HELD_WAIT and time.time() < self.claim_until:
                         # Messages a rate or concurrency limit moved a moment later: wait for them.
@@ -749,6 +813,7 @@ def run(queue: str, *, budget: float = RUN_BUDGET) -> RunReport:
         except Exception:
             logger.exception("outbox: could not write every decided outcome after a failed run")
         raise
-    if state.next_due is not None and state.next_due <= time.time() + DUE_SLACK:
+    due = [t for t in (state.next_due, state.next_suspect) if t is not None]
+    if due and min(due) <= time.time() + DUE_SLACK:
         dispatch.wake([queue])
     return state.report

@@ -204,6 +204,11 @@ class Message:
         job_id: id of the RQ job that last carried it (written by versions before 0.2,
             whose jobs named messages; today's jobs only wake workers).
         lease: token of the worker's claim while ``sending`` (the visibility-timeout lease).
+        suspect: lost attempts since the message last finished an attempt in a live
+            worker (0: none). A message taken back from a lost worker is a *suspect*: it
+            is attempted alone (the quarantine lane) until an attempt ends in a live
+            process, so a message that ends its worker is singled out and takes no
+            batch mates with it. A dead letter that was lost alone keeps the mark.
     """
 
     id: str
@@ -227,6 +232,7 @@ class Message:
     updated_at: float = 0.0
     job_id: str = ""
     lease: str = ""
+    suspect: int = 0
 
     # -- conveniences -------------------------------------------------------------
     @property
@@ -311,6 +317,8 @@ class Message:
             fields["last_error_class"] = self.last_error_class
         if self.queue != "":
             fields["queue"] = self.queue
+        if self.suspect:
+            fields["suspect"] = str(self.suspect)
         fields["updated_at"] = repr(self.updated_at)
         return fields
 
@@ -358,6 +366,7 @@ class Message:
             updated_at=float(r.get("updated_at", "0")),
             job_id=r.get("job_id", ""),
             lease=r.get("lease", ""),
+            suspect=int(r.get("suspect") or 0),
         )
 
     def to_record(self) -> str:

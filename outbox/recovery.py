@@ -2,10 +2,22 @@
 
 * ``sending`` past its lease deadline (claim time + ``VISIBILITY_TIMEOUT``): the worker
   died or hung with the attempt in flight. The message goes back to ``retrying`` (due
-  now) with a ``lost`` attempt recorded and its retry count raised, or to ``failed``
-  when no retries are left (so a message that kills every worker it meets ends as a
-  dead letter, not a loop). A message whose record cannot be handled is failed with
-  the reason; the sweep goes on with the others.
+  after its backoff) with a ``lost`` attempt recorded, and becomes a *suspect*: its next
+  attempts are made alone, one per worker process (the quarantine lane: ``lua/claim.lua``,
+  :meth:`outbox.delivery._Run.lane`), until one ends in a live process. The sweep
+  cannot tell which of the attempts in flight ended the process, so:
+
+  - lost beside others (not a suspect yet): the loss is charged once (retry count + 1),
+    but never makes a dead letter: with no retry left it is retried alone without
+    charge. So an innocent batch mate of a poison message is charged at most one lost
+    attempt per poison neighbour, and settles after its one attempt alone;
+  - lost alone (a suspect, attempted in the quarantine lane): the message likely ended
+    its worker itself. Charged, and ``failed`` when no retries are left (so a message that
+    kills every worker it meets ends as a dead letter, not a loop); it keeps its mark,
+    so a person's requeue still attempts it alone.
+
+  A message whose record cannot be handled is failed with the reason; the sweep goes on
+  with the others.
 * records written by an older version are brought up to date once
   (:meth:`~outbox.store.MessageRepository.upgrade`);
 * finished messages older than ``OUTBOX["RETENTION"]`` for their status (by default
@@ -30,8 +42,8 @@ from dataclasses import dataclass
 from . import dispatch
 from .conf import outbox_settings
 from .connection import get_repository
-from .delivery import decide, write
-from .records import Status
+from .delivery import Decision, decide, write
+from .records import Message, Status
 
 logger = logging.getLogger("outbox")
 
@@ -42,11 +54,15 @@ PURGE_SHARE = 0.5  # share of RECOVERY_INTERVAL one sweep may spend purging
 
 @dataclass
 class RecoveryReport:
-    """What one sweep did: messages taken back from lost workers, and messages purged."""
+    """What one sweep did: messages taken back from lost workers (``lost``; of them
+    ``quarantined``: lost beside others, now attempted alone, and ``lost_alone``: lost
+    while attempted alone, so each ended its worker itself), and messages purged."""
 
     lost: int = 0
     purged: int = 0
     purge_backlog: int = 0
+    quarantined: int = 0
+    lost_alone: int = 0
 
 
 def recover(
@@ -67,7 +83,8 @@ def recover(
             "outbox recovery: put %d message(s) written by an older version in their due index", upgraded
         )
         dispatch.wake_due(now)
-    report = RecoveryReport(lost=_recover_lost(now, limit))
+    report = RecoveryReport()
+    _recover_lost(now, limit, report)
     report.purged, report.purge_backlog = _purge_expired(now, limit, budget)
     return report
 
@@ -105,38 +122,72 @@ def _purge_expired(now: float, limit: int, budget: float) -> tuple[int, int]:
     return purged, left
 
 
-def _recover_lost(now: float, limit: int) -> int:
+def lost_decision(message: Message, now: float) -> Decision:
+    """The outcome of a ``sending`` message whose lease ran out: a ``lost`` attempt, the
+    message a suspect (see the module docstring)."""
+    alone = message.suspect > 0  # claimed in the quarantine lane: alone in its process
+    lost = f"worker lost: no outcome within the visibility timeout of {outbox_settings.VISIBILITY_TIMEOUT}s"
+    charge = alone or message.retry_count < message.max_retries
+    if alone:
+        error = (
+            f"{lost}; attempted alone, so it likely ended its worker itself "
+            f"({message.suspect + 1} lost attempts in a row)"
+        )
+    elif charge:
+        error = f"{lost}, beside other attempts; quarantined: its next attempt is made alone"
+    else:
+        error = f"{lost}, beside other attempts; not charged (no retry left): quarantined, attempted alone once more"
+    return decide(
+        message,
+        now=now,
+        ok=False,
+        error=error,
+        started_at=message.last_attempt_at,
+        attempt_outcome="lost",
+        error_class="lease_expired",
+        suspect=message.suspect + 1,
+        charge=charge,
+    )
+
+
+def _recover_lost(now: float, limit: int, report: RecoveryReport) -> None:
     """Take back messages whose lease ran out (see the module docstring)."""
     repo = get_repository()
-    taken = 0
     while True:
         expired = [message_id for message_id, _ in repo.due(Status.SENDING.value, now, limit)]
         if not expired:
-            return taken
-        decisions = []
+            return
+        decisions, alone = [], []
         for message_id, message in zip(expired, repo.get_many(expired), strict=True):
             if message is None or message.status != Status.SENDING.value:
                 _drop_orphan(message_id, now)
                 continue
-            error = f"worker lost: no outcome within the visibility timeout of {outbox_settings.VISIBILITY_TIMEOUT}s"
-            decisions.append(
-                decide(
-                    message,
-                    now=now,
-                    ok=False,
-                    error=error,
-                    started_at=message.last_attempt_at,
-                    attempt_outcome="lost",
-                    error_class="lease_expired",
-                )
-            )
-        applied = sum(write(decisions, now))
+            alone.append(message.suspect > 0)
+            decisions.append(lost_decision(message, now))
+        results = write(decisions, now)
+        applied = sum(results)
         if applied:
-            logger.warning("outbox recovery: took back %d message(s) from lost workers", applied)
+            by_alone = [was_alone for was_alone, ok in zip(alone, results, strict=True) if ok]
+            report.lost_alone += sum(by_alone)
+            report.quarantined += len(by_alone) - sum(by_alone)
+            failed = [
+                d.message.id
+                for d, ok in zip(decisions, results, strict=True)
+                if ok and d.change.to == Status.FAILED.value
+            ]
+            logger.warning(
+                "outbox recovery: took back %d message(s) from lost workers: %d lost beside other attempts "
+                "(quarantined: each is attempted alone next), %d lost while attempted alone (each likely "
+                "ended its worker itself)%s",
+                applied,
+                len(by_alone) - sum(by_alone),
+                sum(by_alone),
+                f"; dead letters: {', '.join(failed)}" if failed else "",
+            )
             dispatch.wake({d.message.queue for d in decisions if d.change.to == Status.RETRYING.value}, now)
-        taken += applied
+        report.lost += applied
         if len(expired) < limit or not applied:
-            return taken
+            return
 
 
 def _drop_orphan(message_id: str, now: float) -> None:

@@ -219,9 +219,9 @@ def assert_index_invariant(repo) -> None:
     assert set(seen) == all_ids, "status indexes and the created index disagree"
     for message_id, status in seen.items():
         assert conn.hget(repo.keys.resend(message_id), "status").decode() == status
-    # A pending or retrying message waits in exactly one place: its queue's due index, or
-    # its destination's parked set (paused, disabled, circuit breaker open). A parked set
-    # holds nothing else.
+    # A pending or retrying message waits in exactly one place: its queue's due index, its
+    # queue's quarantine index (a suspect, attempted alone), or its destination's parked
+    # set (paused, disabled, circuit breaker open). A parked set holds nothing else.
     waiting = {i: s for i, s in seen.items() if s in ("pending", "retrying")}
     for key in conn.scan_iter(match=f"{repo.keys.prefix}:parked:*"):
         destination = key.decode().split(":parked:", 1)[1]
@@ -236,9 +236,16 @@ def assert_index_invariant(repo) -> None:
             waiting.pop(message_id)
     for message_id in waiting:
         queue = conn.hget(repo.keys.resend(message_id), "queue").decode()
-        assert conn.zscore(repo.keys.due(queue), message_id) is not None, (
-            f"{message_id} is {seen[message_id]} but neither due nor parked"
-        )
+        due = conn.zscore(repo.keys.due(queue), message_id) is not None
+        quarantined = conn.zscore(repo.keys.quarantine(queue), message_id) is not None
+        assert due != quarantined, f"{message_id} is {seen[message_id]}: due {due}, quarantined {quarantined}"
+        if quarantined:
+            assert conn.hexists(repo.keys.resend(message_id), "suspect"), (
+                f"{message_id} quarantined, no suspect"
+            )
+    for key in conn.scan_iter(match=f"{repo.keys.prefix}:quarantine:*"):
+        for raw in conn.zrange(key, 0, -1):
+            assert raw.decode() in waiting, f"{raw.decode()} quarantined but {seen.get(raw.decode(), 'gone')}"
 
 
 def settle(worker, ids, *, passes: int = 20) -> None:

@@ -158,7 +158,13 @@ def test_a_poison_message_in_a_batch_dead_letters_without_repeating_its_batch_ma
     delivered = log.read_text().split()
     for m in sent:
         if m is not poison:
-            assert delivered.count(m.id) == 1, f"{m.id} delivered {delivered.count(m.id)} times"
+            # In flight beside the poison at its first crash: taken back once (a lost
+            # attempt, charged once), then attempted alone (issue 20, item 12). One that
+            # had answered just before the crash is delivered again (at least once).
+            lost = [a for a in outbox.attempts(m.id) if a.outcome == "lost"]
+            assert len(lost) <= 1 and delivered.count(m.id) <= 1 + len(lost), (
+                f"{m.id} delivered {delivered.count(m.id)} times, {len(lost)} lost attempts"
+            )
             assert outbox.get(m.id).status == "succeeded"
     got = outbox.get(poison.id)
     assert got.status == "failed" and [a.outcome for a in outbox.attempts(poison.id)] == ["lost"] * 3

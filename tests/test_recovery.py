@@ -83,17 +83,31 @@ def test_worker_killed_mid_delivery_then_delivered_by_another(receiver, repo):
     assert_index_invariant(repo)
 
 
-def test_lost_message_without_retries_left_becomes_a_dead_letter(hook, repo, settings):
+def test_lost_message_without_retries_left_becomes_a_dead_letter_once_lost_alone(hook, repo, settings):
+    # Lost from an ordinary claim (beside other attempts, for all the sweep knows), it is
+    # not charged and is attempted alone once more (issue 20, item 12); lost alone, it is
+    # the one that ended its worker: a dead letter.
+    from outbox.delivery import _Run
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     m = outbox.send("hook", 1, max_retries=0)
     claimed = claim("outbox", time.time())
     assert [c.id for c in claimed] == [m.id]
     assert recover().lost == 0  # not yet past the visibility timeout
-    report = recover(now=time.time() + 2)
-    assert report.lost == 1
+    time.sleep(1.05)
+    report = recover()
+    assert report.lost == 1 and report.quarantined == 1
     got = outbox.get(m.id)
-    assert got.status == "failed" and "worker lost" in got.last_error
+    assert got.status == "retrying" and got.retry_count == 0 and "not charged" in got.last_error
+    assert claim("outbox", time.time()) == []  # an ordinary claim moves the suspect aside
+    (alone,) = _Run("outbox", repo, 5).exchange(1, quarantine=True)
+    assert alone.id == m.id
+    time.sleep(1.05)
+    report = recover()
+    assert report.lost == 1 and report.lost_alone == 1
+    got = outbox.get(m.id)
+    assert got.status == "failed" and "worker lost" in got.last_error and got.retry_count == 0
+    assert [a.outcome for a in outbox.attempts(m.id)] == ["lost", "lost"]
     assert_index_invariant(repo)
 
 
@@ -177,7 +191,10 @@ def test_a_job_timeout_mid_batch_keeps_decided_outcomes_and_charges_only_the_att
             assert recover().lost == 1
             worker(simple=True)
     assert [a.outcome for a in outbox.attempts(first.id)] == ["succeeded"]
-    assert [a.outcome for a in outbox.attempts(hung.id)] == ["lost"]
+    # lost from an ordinary claim with no retry left: not charged, attempted alone once
+    # more (issue 20, item 12), and delivered this time
+    assert [a.outcome for a in outbox.attempts(hung.id)] == ["succeeded", "lost"]
+    assert outbox.get(hung.id).retry_count == 0
     assert [a.outcome for a in outbox.attempts(third.id)] == ["succeeded"]
     delivered = [r.headers["webhook-id"] for r in receiver.requests]
     assert delivered.count(first.id) == 1 and delivered.count(third.id) == 1

@@ -85,6 +85,13 @@ METRICS: dict[str, MetricSpec] = {
             "Messages waiting for a later due time (delayed sends, retries in backoff), per queue.",
         ),
         MetricSpec(
+            "outbox_queue_quarantined",
+            "gauge",
+            ("queue",),
+            "Suspects per queue: messages taken back from lost workers, each attempted alone until "
+            "an attempt ends in a live process (not counted in outbox_queue_due or _scheduled).",
+        ),
+        MetricSpec(
             "outbox_oldest_due_age_seconds",
             "gauge",
             ("queue",),
@@ -196,16 +203,19 @@ class OutboxCollector(Collector):
                 messages.add_metric([destination, status], count)
         due = METRICS["outbox_queue_due"].family()
         scheduled = METRICS["outbox_queue_scheduled"].family()
+        quarantined = METRICS["outbox_queue_quarantined"].family()
         oldest = METRICS["outbox_oldest_due_age_seconds"].family()
         for depth in gauges.queues:
             due.add_metric([depth.queue], depth.due)
             scheduled.add_metric([depth.queue], depth.scheduled)
+            quarantined.add_metric([depth.queue], depth.quarantined)
             age = 0.0 if depth.oldest_due_at is None else max(0.0, now - depth.oldest_due_at)
             oldest.add_metric([depth.queue], age)
         return [
             messages,
             due,
             scheduled,
+            quarantined,
             oldest,
             *health_families(get_all_health(sorted(gauges.messages), now)),
             *worker_families(outbox_settings.queue_names, now),

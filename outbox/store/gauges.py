@@ -26,12 +26,16 @@ class QueueDepth:
         scheduled: messages due later (delayed sends, retries waiting out their backoff).
         oldest_due_at: epoch seconds the earliest due message became due, or None when
             none is due.
+        quarantined: suspects waiting in the queue's quarantine index (taken back from
+            lost workers, each attempted alone), due or not; not counted in ``due`` or
+            ``scheduled``.
     """
 
     queue: str
     due: int
     scheduled: int
     oldest_due_at: float | None
+    quarantined: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,15 +81,16 @@ def read_gauges(
         pipe.zcount(key, "-inf", repr(now))
         pipe.zcount(key, f"({now!r}", "+inf")
         pipe.zrange(key, 0, 0, withscores=True)
+        pipe.zcard(repo.keys.quarantine(queue))
     repo.queue_status_counts(pipe, names)
     replies = pipe.execute()
     known, replies = replies[0], replies[1:]
     depths = []
     for i, queue in enumerate(queues):
-        due, scheduled, first = replies[3 * i : 3 * i + 3]
+        due, scheduled, first, quarantined = replies[4 * i : 4 * i + 4]
         oldest = first[0][1] if first and first[0][1] <= now else None
-        depths.append(QueueDepth(queue, int(due), int(scheduled), oldest))
-    messages = repo.parse_status_counts(names, replies[3 * len(queues) :])
+        depths.append(QueueDepth(queue, int(due), int(scheduled), oldest, int(quarantined)))
+    messages = repo.parse_status_counts(names, replies[4 * len(queues) :])
     others = sorted({raw.decode() for raw in known} - set(names))
     if others:
         messages.update(repo.counts_by_destination(others))

@@ -16,18 +16,21 @@ key                                 type         holds
                                                  across destinations are the union of theirs
 ``outbox:due:<queue>``              sorted set   pending and retrying ids of a queue, by due
                                                  time: what workers claim from
+``outbox:quarantine:<queue>``       sorted set   suspects of a queue (pending/retrying ids
+                                                 taken back from lost workers), by due time:
+                                                 each is claimed alone
 ``outbox:wake:<queue>``             string       set while a wake-up job for the queue waits
 ``outbox:idempotency:<n>:<d>:<key>`` string      ``<id>|<fingerprint>`` sent under that key to
                                                  destination ``d`` (``n`` = len(d)); expires
 ``outbox:lock:<name>``              string       short-lived locks (recovery sweep)
 ``outbox:housekeeping``             string       host:pid of an outbox_worker whose housekeeping
                                                  ran lately (expires: 2 recovery intervals + 5 s)
-``outbox:stats:<outcome>:<minute>`` string       outcome counters per minute (expire)
-``outbox:dest:<d>``                 hash         destination health: admin and breaker
-                                                 state, counters, totals, latency histogram
 ``outbox:workers``                  sorted set   host:pid of each outbox_worker -> when its
                                                  heartbeat expires (epoch s; written with the
                                                  one above; dropped an hour after expiring)
+``outbox:stats:<outcome>:<minute>`` string       outcome counters per minute (expire)
+``outbox:dest:<d>``                 hash         destination health: admin and breaker
+                                                 state, counters, totals, latency histogram
 ``outbox:health:<d>:<minute>``      hash         attempts per minute by outcome (s, r, p)
                                                  and latency buckets (b0..b16); expire 2 h
 ``outbox:errors:<d>:<hour>``        hash         failures per (status code, error class)
@@ -120,13 +123,13 @@ class Keys:
         """The housekeeping heartbeat: set, with a TTL, by each ``outbox_worker``."""
         return f"{self.prefix}:housekeeping"
 
-    def lock(self, name: str) -> str:
-        return f"{self.prefix}:lock:{name}"
-
     @property
     def workers(self) -> str:
         """Each ``outbox_worker``'s own heartbeat: ``host:pid`` -> when it expires."""
         return f"{self.prefix}:workers"
+
+    def lock(self, name: str) -> str:
+        return f"{self.prefix}:lock:{name}"
 
     def batch(self, token: str) -> str:
         return f"{self.prefix}:batch:{token}"
@@ -134,6 +137,11 @@ class Keys:
     def task(self, job_id: str) -> str:
         """The registry entry of a background action the console started (RQ job id)."""
         return f"{self.prefix}:task:{job_id}"
+
+    def quarantine(self, queue: str) -> str:
+        """A queue's suspects (taken back from lost workers), by due time: each is claimed
+        alone (``lua/claim.lua``)."""
+        return f"{self.prefix}:quarantine:{queue}"
 
     def stats(self, outcome: str, minute: int) -> str:
         return f"{self.prefix}:stats:{outcome}:{minute}"

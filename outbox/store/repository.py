@@ -37,8 +37,8 @@ WORKER_HEARTBEAT_KEPT = 3600.0
 CreateReply = list[Any]
 #: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
-#: rescheduled; destinations skipped at their cap).
-ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes]]
+#: rescheduled; destinations skipped at their cap; next due score of the quarantine index or None).
+ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None]
 #: transition.lua, per change: (applied 0|1, status after[, message record, resend HGETALL]).
 TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[Any], list[bytes]]
 #: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
@@ -201,6 +201,8 @@ class Claim:
             outcomes written in the same round trip (:meth:`MessageRepository.outcomes_and_claim`).
         capped: destinations whose due messages the claim skipped because their cap
             (``caps``) was reached: they stay due at the head of the queue.
+        next_suspect: epoch seconds when the earliest message of the queue's quarantine
+            index is due (a suspect, attempted alone: ``quarantine=True``), or None.
     """
 
     messages: list[Message]
@@ -208,6 +210,7 @@ class Claim:
     held: int = 0
     events: list[str] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)
+    next_suspect: float | None = None
 
 
 @dataclass(frozen=True)
@@ -415,6 +418,7 @@ class MessageRepository:
         due_slack: float = 0.0,
         scan: int | None = None,
         limits: str = "{}",
+        quarantine: bool = False,
     ) -> list[Any]:
         """ARGV of ``lua/claim.lua`` (see :meth:`claim`)."""
         # Entries looked at: a few per message wanted. Messages of a destination at its
@@ -432,6 +436,7 @@ class MessageRepository:
             json.dumps(caps or {}, separators=(",", ":")),
             repr(due_slack),
             limits,
+            "q" if quarantine else "",
         ]
 
     def claim(self, queue: str, now: float, **options: Any) -> Claim:
@@ -443,18 +448,27 @@ class MessageRepository:
         destination gates apply (parking, probe, ``Retry-After``, ``limits``: the JSON of
         :func:`outbox.health.limits_json`; see ``lua/claim.lua``).
 
+        A suspect (a message taken back from a lost worker: its resend record has
+        ``suspect``) is never claimed with others: met in the due index, it is moved to
+        the queue's quarantine index. ``quarantine=True`` claims from that index instead
+        (the caller asks for one message and has nothing else in flight).
+
         Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
-        ``caps``, ``due_slack``, ``scan``, ``limits``).
+        ``caps``, ``due_slack``, ``scan``, ``limits``, ``quarantine``).
         """
         return self.parse_claim(self.run_script("claim", self.claim_args(queue, now, **options)))
 
     @staticmethod
     def parse_claim(reply: ClaimReply) -> Claim:
         """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
-        flat, next_due, held, capped = reply
+        flat, next_due, held, capped, next_suspect = reply
         messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         return Claim(
-            messages, float(next_due) if next_due else None, int(held), capped=[d.decode() for d in capped]
+            messages,
+            float(next_due) if next_due else None,
+            int(held),
+            capped=[d.decode() for d in capped],
+            next_suspect=float(next_suspect) if next_suspect else None,
         )
 
     def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:
@@ -1027,20 +1041,6 @@ class MessageRepository:
         parked. One round trip (one ``ZRANGE`` of one entry per destination)."""
         return self._lowest(tuple(self.keys.parked(d) for d in destinations))
 
-    def _lowest(self, keys: Sequence[str]) -> tuple[str, float] | None:
-        """The (member, score) with the lowest score over the sorted sets ``keys``."""
-        if not keys:
-            return None
-        pipe = self.connection.pipeline(transaction=False)
-        for key in keys:
-            pipe.zrange(key, 0, 0, withscores=True)
-        firsts = [rows[0] for rows in cast(list[ScoredMembers], pipe.execute()) if rows]
-        if not firsts:
-            return None
-        raw, score = min(firsts, key=lambda row: (row[1], row[0]))
-        return raw.decode(), score
-
-    def iter_ids(
     def beat(self, member: str, ttl: float, now: float) -> None:
         """Say that the ``outbox_worker`` ``member`` (``host:pid``) runs its housekeeping,
         for ``ttl`` seconds from ``now`` (epoch seconds): the shared heartbeat
@@ -1067,6 +1067,20 @@ class MessageRepository:
         rows = cast(ScoredMembers, self.connection.zrange(self.keys.workers, 0, -1, withscores=True))
         return {raw.decode(): score for raw, score in rows}
 
+    def _lowest(self, keys: Sequence[str]) -> tuple[str, float] | None:
+        """The (member, score) with the lowest score over the sorted sets ``keys``."""
+        if not keys:
+            return None
+        pipe = self.connection.pipeline(transaction=False)
+        for key in keys:
+            pipe.zrange(key, 0, 0, withscores=True)
+        firsts = [rows[0] for rows in cast(list[ScoredMembers], pipe.execute()) if rows]
+        if not firsts:
+            return None
+        raw, score = min(firsts, key=lambda row: (row[1], row[0]))
+        return raw.decode(), score
+
+    def iter_ids(
         self,
         status: str | None = None,
         destination: str | None = None,

@@ -107,14 +107,17 @@ def _push_captured() -> int:
 
 
 def _bring_forward(queues: Iterable[str]) -> int:
-    """Make every message waiting in the due indexes of ``queues`` due now (a
+    """Make every message waiting in the due (and quarantine) indexes of ``queues`` due now (a
     compare-and-set per message: pending/retrying stay what they are). Returns how many."""
     repo = get_repository()
     now = time.time()
     changes = []
     for queue in queues:
-        raw = cast(Members, repo.connection.zrangebyscore(repo.keys.due(queue), f"({now}", "+inf"))
-        ids = [i.decode() for i in raw]
+        ids = [
+            i.decode()
+            for key in (repo.keys.due(queue), repo.keys.quarantine(queue))  # suspects wait in the second
+            for i in cast(Members, repo.connection.zrangebyscore(key, f"({now}", "+inf"))
+        ]
         if not ids:
             continue
         for message_id, status in zip(ids, repo.resend_field(ids, "status"), strict=True):

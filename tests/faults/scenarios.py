@@ -470,8 +470,10 @@ def poison(
     restarts them; ``kill_mode``: ``group`` ends the dead worker's process group, ``leave``
     leaves its children running, ``fork`` runs workers with ``--fork`` (the work horse dies,
     not the worker). Expected: both poison messages failed after their retries; every
-    other message succeeded (nothing blocked); batch mates delivered before the crash not
-    delivered again.
+    other message succeeded (nothing blocked); no other message delivered again unless it
+    was in flight at a crash (a ``lost`` attempt for each delivery beyond the first:
+    at least once), and none charged more lost attempts than there are poison messages
+    (each is attempted alone after a crash: issue 20, item 12).
     """
     import outbox
 
@@ -518,22 +520,39 @@ def poison(
         )
         lines = log_lines(run)
         first_crash = next((n for n, (m, p) in enumerate(lines) if m == batch_ids[poison_at] and p), None)
-        before = (
-            {m for m, p in lines[:first_crash] if m in batch_ids and not p}
-            if first_crash is not None
-            else set()
-        )
         delivered = Counter(m for m, p in lines if not p)
-        again = sorted(m for m in before if delivered[m] > 1)
+        lost = {m: sum(a.outcome == "lost" for a in outbox.attempts(m)) for m in not_poison}
+        again = sorted(m for m in not_poison if delivered[m] > 1 + lost[m])
         result.check(
-            "batch mates delivered before the crash not delivered again",
+            "no other message delivered again but an attempt in flight at a crash",
             first_crash is not None and not again,
-            f"{len(again)} of {len(before)} delivered again"
+            f"{len(again)} delivered more often than 1 + its lost attempts"
             if first_crash is not None
             else "the batch's poison never ran",
         )
+        charged = Counter(lost.values())
+        result.check(
+            "no other message charged more lost attempts than there are poison messages",
+            max(lost.values(), default=0) <= len(poison_ids),
+            f"lost attempts per non-poison message: {dict(sorted(charged.items()))}",
+        )
         per_message = Counter(delivered[m] for m in not_poison)
         result.notes.append(f"deliveries per non-poison message: {dict(sorted(per_message.items()))}")
+        poison_lost = [a for a in outbox.attempts(batch_ids[poison_at]) if a.outcome == "lost"]
+        if poison_lost:
+            crash = min(a.started_at for a in poison_lost)
+            settled_after = [
+                a.started_at + a.duration_ms / 1000 - crash
+                for m in batch_ids
+                if lost.get(m)
+                for a in outbox.attempts(m)[:1]
+            ]
+            result.notes.append(
+                f"batch mates lost beside the poison: {len(settled_after)}, settled "
+                f"{max(settled_after, default=0):.1f} s after its first attempt at most "
+                f"(VISIBILITY_TIMEOUT {visibility_timeout} s + RECOVERY_INTERVAL {recovery_interval} s "
+                "+ a 0.5 s backoff, then one at a time)"
+            )
         orphans = [e.pid for e in supervisor.exits if kill_group(e.pid, 0)]
         result.notes.append(f"process groups of dead workers still alive at the end: {len(orphans)}")
         worker_notes(result, supervisor)

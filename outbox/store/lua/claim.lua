@@ -44,6 +44,11 @@
 -- ARGV[9] due slack (seconds): messages due by now + slack are taken
 -- ARGV[10] JSON object destination -> [emission interval T (0 = no rate limit),
 --          tolerance tau, max concurrency (0 = none)]; "{}" = no limits
+-- ARGV[11] "q": the quarantine lane: claim from outbox:quarantine:<queue> instead of the
+--          due index (the caller asks for one message, with nothing else in flight).
+--          Otherwise a suspect (its resend record has 'suspect': taken back from a lost
+--          worker, docs/architecture.md) met in the due index is moved to the quarantine
+--          index at the same score, not claimed: it is attempted alone, never in a batch.
 -- Returns {claimed, next_due, held, capped}: claimed is a flat list of the message record
 -- ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's
 -- own fields appended: later pairs win) per claimed message; next_due is the score of
@@ -52,7 +57,8 @@
 -- its run); capped lists the destinations whose due entries were skipped at their cap
 -- (ARGV[8]), each once: until an attempt of one of them finishes, a claim of the same
 -- head of the queue would read the same entries again and take nothing (the caller
--- waits instead: outbox/delivery.py).
+-- waits instead: outbox/delivery.py); next_suspect is the score of the earliest entry of
+-- the quarantine index (a string), or false.
 -- Index writes and the message reads are made once per index for the whole call
 -- (lib/writes.lua, MGET): a claim of N messages costs two commands per message (the
 -- resend record's HGETALL and HSET) and a few per call.
@@ -66,7 +72,9 @@ local limits = cjson.decode(ARGV[10] or '{}')
 local CONCURRENCY_DELAY = 0.2  -- seconds a message over MAX_CONCURRENCY waits before it is looked at again
 local RAMP_STEP, RAMP_FIRST, RAMP_WINDOW = 1.0, 4, 30  -- release after a Retry-After (above): seconds, messages, seconds
 local LOG2 = math.log(2)
-local due_key = prefix .. ':due:' .. queue
+local quarantine_key = prefix .. ':quarantine:' .. queue
+local in_quarantine = ARGV[11] == 'q'
+local due_key = in_quarantine and quarantine_key or (prefix .. ':due:' .. queue)
 local out = {}
 local taken_ids = {}  -- positions in out of the claimed ids, whose records are read at the end
 local taken, held = 0, 0
@@ -122,6 +130,7 @@ local function take(id, rkey, record, status, dest)
   local g = gates[dest]
   if g.sending then g.sending = g.sending + 1 end
   zrem_later(due_key, id)
+  if in_quarantine then zrem_later(prefix .. ':due:' .. queue, id) end  -- in both after a "retry now"
   zrem_later(prefix .. ':status:' .. status .. ':dest:' .. dest, id)
   zadd_later(prefix .. ':status:sending:dest:' .. dest, deadline, id)
   local claimed = {'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s}
@@ -135,14 +144,16 @@ local function take(id, rkey, record, status, dest)
   taken = taken + 1
 end
 
--- status and destination from a flat HGETALL reply
+-- status, destination and suspect mark from a flat HGETALL reply
 local function status_and_destination(record)
-  local status, dest
+  local status, dest, suspect
   for i = 1, #record, 2 do
     local f = record[i]
-    if f == 'status' then status = record[i + 1] elseif f == 'destination' then dest = record[i + 1] end
+    if f == 'status' then status = record[i + 1]
+    elseif f == 'destination' then dest = record[i + 1]
+    elseif f == 'suspect' then suspect = true end
   end
-  return status, dest
+  return status, dest, suspect
 end
 
 if limit > 0 then
@@ -153,8 +164,13 @@ if limit > 0 then
     local id, score = rows[i], rows[i + 1]
     local rkey = prefix .. ':resend:' .. id
     local record = redis.call('HGETALL', rkey)
-    local status, dest = status_and_destination(record)
-    if status == 'pending' or status == 'retrying' then
+    local status, dest, suspect = status_and_destination(record)
+    if (status == 'pending' or status == 'retrying') and (suspect and true or false) ~= in_quarantine then
+      -- a suspect in the due index goes to the quarantine lane; an entry of the
+      -- quarantine index that is no suspect (any more) goes back to the due index
+      zrem_later(due_key, id)
+      zadd_later(in_quarantine and (prefix .. ':due:' .. queue) or quarantine_key, score, id)
+    elseif status == 'pending' or status == 'retrying' then
       local g = gate(dest)
       local probe = false
       local park = g.admin ~= 'active'
@@ -233,7 +249,10 @@ for first = 1, #taken_ids, WRITE_CHUNK do
     if raw then out[pos] = {out[pos], raw} else out[pos] = message_record(prefix, out[pos]) end
   end
 end
-local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
-local next_due = false
-if first[2] then next_due = first[2] end
-return {out, next_due, held, capped}
+local function first_score(key)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  return first[2] or false
+end
+local next_due = first_score(prefix .. ':due:' .. queue)
+local next_suspect = first_score(quarantine_key)
+return {out, next_due, held, capped, next_suspect}

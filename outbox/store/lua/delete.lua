@@ -35,6 +35,7 @@ for i = 3, #ARGV do
       if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
     end
     redis.call('ZREM', prefix .. ':due:' .. (cur[3] or ''), id)
+    redis.call('ZREM', prefix .. ':quarantine:' .. (cur[3] or ''), id)
     redis.call('ZREM', prefix .. ':parked:' .. dest, id)
     redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
     redis.call('ZREM', prefix .. ':created:dest:' .. dest, id)

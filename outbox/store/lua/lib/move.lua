@@ -4,7 +4,9 @@
 -- * its queue's due index holds exactly its pending|retrying messages that are not
 --   parked: in when it becomes pending|retrying, out when it stops being one;
 -- * its destination's parked set: out when it leaves pending|retrying (or is parked
---   again), in when `park` (it waits there, not in the due index, docs/destinations.md).
+--   again), in when `park` (it waits there, not in the due index, docs/destinations.md);
+-- * its queue's quarantine index (suspects, attempted alone): out when it leaves
+--   pending|retrying or moves within them; only claim.lua puts a suspect there.
 -- claim.lua takes messages only from the due index, never parked, and moves their three
 -- entries itself. Needs lib/writes.lua included before this file.
 local function waiting(status) return status == 'pending' or status == 'retrying' end
@@ -13,7 +15,10 @@ local function move_indexes(prefix, id, dest, queue, from, to, score, park)
   zrem_later(prefix .. ':status:' .. from .. ':dest:' .. dest, id)
   zadd_later(prefix .. ':status:' .. to .. ':dest:' .. dest, score, id)
   local due_key = prefix .. ':due:' .. queue
-  if waiting(from) then zrem_later(prefix .. ':parked:' .. dest, id) end
+  if waiting(from) then
+    zrem_later(prefix .. ':parked:' .. dest, id)
+    zrem_later(prefix .. ':quarantine:' .. queue, id)
+  end
   if park then
     zadd_later(prefix .. ':parked:' .. dest, score, id)
   elseif waiting(to) then
