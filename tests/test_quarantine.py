@@ -295,3 +295,22 @@ def test_the_detail_page_says_a_message_is_quarantined(repo, admin_client):  # n
         html = text_of(admin_client.get(u("message_detail", m.id)))
     assert "Quarantined" in html and "attempted alone" in html
     assert "quarantined: its next attempt is made alone" in html  # the lost attempt's error
+
+
+def test_outbox_recover_says_how_many_it_quarantined(repo):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from outbox.delivery import claim
+
+    with tracked():
+        sent = outbox.send_many([{"destination": "tracked", "body": i} for i in range(2)])
+        claim("outbox", time.time())
+        for m in sent:
+            repo.connection.zadd(repo.keys.status("sending", "tracked"), {m.id: time.time() - 1})
+        out = StringIO()
+        call_command("outbox_recover", stdout=out)
+    assert (
+        "recovered: 2 from lost workers (2 lost beside other attempts, quarantined; 0 lost" in out.getvalue()
+    )

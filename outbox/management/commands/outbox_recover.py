@@ -21,7 +21,9 @@ class Command(BaseCommand):
         report = recover()
         woken = wake_due()
         self.stdout.write(
-            f"recovered: {report.lost} from lost workers, {report.purged} deleted past their retention "
+            f"recovered: {report.lost} from lost workers ({report.quarantined} lost beside other attempts, "
+            f"quarantined; {report.lost_alone} lost while attempted alone), "
+            f"{report.purged} deleted past their retention "
             f"({report.purge_backlog} left past retention), woke {len(woken)} queue(s)"
             + (f": {', '.join(woken)}" if woken else "")
         )
