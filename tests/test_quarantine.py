@@ -208,9 +208,9 @@ def test_suspects_are_attempted_alone_and_never_beside_other_messages(repo, sett
         lose(repo, [m.id for m in crashed])
         fresh = outbox.send_many([{"destination": "tracked", "body": i} for i in range(8)])
         assert {outbox.get(m.id).suspect for m in crashed} == {1}
-        report = delivery.run("outbox")
-        while report.claimed and any(outbox.get(m.id).status != "succeeded" for m in crashed + fresh):
-            report = delivery.run("outbox")
+        for _ in range(20):  # a run ends when its budget is spent; the next goes on
+            if not delivery.run("outbox").claimed:
+                break
     assert {outbox.get(m.id).status for m in crashed + fresh} == {"succeeded"}
     for m in crashed:
         assert _beside.get(m.id, set()) == set(), f"a suspect ran beside {_beside[m.id]}"
