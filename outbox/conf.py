@@ -31,7 +31,9 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 ``CONCURRENCY``        attempts in flight at once per worker process (32; threads).
 ``MAX_IN_FLIGHT``      default cap of attempts in flight per destination per worker
                        process (16), so one slow receiver cannot take the whole pool;
-                       a destination's ``MAX_IN_FLIGHT`` overrides it.
+                       a destination's ``MAX_IN_FLIGHT`` overrides it. A callable
+                       destination (no receiver: it runs in the worker) defaults to
+                       ``CONCURRENCY``.
 ``WAKE_INTERVAL``      seconds between checks, in each ``outbox_worker``, for due
                        messages (retries, delays) whose queue has no wake-up job (1).
 ``RELAY_INTERVAL``     seconds between relay passes in each ``outbox_worker``, pushing
