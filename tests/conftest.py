@@ -107,8 +107,10 @@ def serving(server: socketserver.BaseServer) -> Iterator[socketserver.BaseServer
         server.server_close()
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
+@contextmanager
+def receiving() -> Iterator[Receiver]:
+    """A :class:`Receiver` listening on loopback for the block (the ``receiver`` fixture;
+    a test that needs two receivers opens a second one with this)."""
     state = Receiver()
 
     class Handler(BaseHTTPRequestHandler):
@@ -145,6 +147,12 @@ def receiver() -> Iterator[Receiver]:
 
     with serving(ThreadingHTTPServer(("127.0.0.1", 0), Handler)) as server:
         state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        yield state
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with receiving() as state:
         yield state
 
 
@@ -280,3 +288,14 @@ def settle_due(worker, messages) -> None:
         ):
             return
         time.sleep(0.05)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` every ``interval`` seconds until it is true (True) or
+    ``timeout`` seconds have passed (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

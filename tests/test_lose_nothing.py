@@ -17,8 +17,8 @@ from django.test import override_settings
 
 import outbox
 from outbox.testing import RedisServer, free_port
-from tests.conftest import assert_index_invariant
-from tests.test_recovery import start_worker, wait_for
+from tests.conftest import assert_index_invariant, wait_for
+from tests.test_recovery import start_worker
 
 DEAD_REDIS = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
 

@@ -21,7 +21,7 @@ import pytest
 
 import outbox
 from tests import settings_quarantine as q
-from tests.conftest import assert_index_invariant, with_destinations
+from tests.conftest import assert_index_invariant, wait_for, with_destinations
 from tests.test_admin_support import admin_client, superuser, text_of, u  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,15 +85,6 @@ class Supervisor:
             f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
             for p in sorted(self.folder.glob("worker-*.log"))
         )
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_poison_message_mid_batch_is_singled_out_and_its_batch_mates_are_charged_once(repo, tmp_path):

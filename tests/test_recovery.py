@@ -15,7 +15,7 @@ from outbox.delivery import claim
 from outbox.records import STATUSES
 from outbox.recovery import recover
 from outbox.worker import Housekeeper
-from tests.conftest import assert_index_invariant, hook_settings
+from tests.conftest import assert_index_invariant, hook_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,15 +43,6 @@ def start_worker(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-
-
-def wait_for(predicate, timeout=15.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False
 
 
 def test_worker_killed_mid_delivery_then_delivered_by_another(receiver, repo):

@@ -22,6 +22,7 @@ from django.test import override_settings
 
 import outbox
 from outbox.testing import RedisServer
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 ALIAS_TIMEOUT = 1.0  # seconds: the read bound the tests give the outbox's alias (the README says 5)
@@ -62,15 +63,6 @@ def start_worker(*args: str, redis_url: str | None = None, env: dict | None = No
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False
 
 
 def output_of(process: subprocess.Popen) -> str:
