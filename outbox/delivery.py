@@ -8,7 +8,10 @@ one cycle until nothing is due (or its time budget is spent):
    claims as many due messages as there are free slots (``lua/claim.lua``:
    ``pending``/``retrying`` -> ``sending`` with a lease of ``VISIBILITY_TIMEOUT``);
 2. the claimed messages start in attempt threads, ``CONCURRENCY`` at a time, at most
-   ``MAX_IN_FLIGHT`` per destination (the claim skips a destination at its cap);
+   ``MAX_IN_FLIGHT`` per destination (the claim skips a destination at its cap); a
+   destination whose cap is the default, alone busy and succeeding quickly, may borrow
+   the idle slots above its cap, up to ``CONCURRENCY`` minus a reserve (see
+   :func:`lend_reserve`);
 3. it waits until an attempt finishes (and, when that attempt took under
    ``GATHER_WAIT`` and fewer than half of those in flight have finished, ``GATHER_WAIT``
    more for the others, so quick attempts share one write) and decides its outcome
@@ -77,6 +80,7 @@ IDLE_POLL = 0.1  # seconds between claims while slots are free and attempts are 
 FAILSAFE_WAIT = 5.0  # seconds an interrupted run waits for attempts in flight
 WATCH_GRACE = 0.2  # seconds past its transport's deadline after which a run gives an attempt up
 GATHER_WAIT = 0.001  # seconds a run waits for more quick attempts to finish when fewer than half have
+LEND_LATENCY = 1.0  # seconds: a destination borrows idle slots only while its attempts finish within this
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
 #: Attempts of this process given up at their deadline whose threads may still run: a
 #: suspect is attempted only when none does (it must be alone in its process).
@@ -474,10 +478,37 @@ class RunReport:
         }
 
 
-def _in_flight_limits() -> dict[str, int]:
+def _in_flight_limits() -> tuple[dict[str, int], set[str]]:
     """``MAX_IN_FLIGHT`` of each configured destination (a broken one is left uncapped:
-    its attempts fail at once)."""
-    return {name: d.max_in_flight for name, d in usable_destinations().items()}
+    its attempts fail at once), and the names of those whose cap is the default (see
+    :attr:`outbox.destinations.Destination.max_in_flight_default`)."""
+    destinations = usable_destinations()
+    return (
+        {name: d.max_in_flight for name, d in destinations.items()},
+        {name for name, d in destinations.items() if d.max_in_flight_default},
+    )
+
+
+def lend_reserve(concurrency: int) -> int:
+    """Attempt slots a run keeps free for other destinations while it lends idle slots
+    to one busy destination: a quarter of ``concurrency``, at least 1 (8 of the default
+    32, so a destination whose cap is the default 16 may borrow up to 24).
+
+    Why a quarter. A run lends only while every due message its claims meet belongs to
+    the one destination, and stops at the first claim that meets another destination's
+    (within :data:`IDLE_POLL` of it coming due at the head of the queue). The attempts it
+    lent slots to keep them until they finish: normally within :data:`LEND_LATENCY`
+    (lending needs the destination's attempts to have finished that fast), but until its
+    transport's deadline (25 s for a webhook's defaults) if the receiver hangs just then.
+    The reserve is what another destination has at once in that worst case: 8 slots is
+    half of its own share of 16, where a reserve of 1 would let it through one attempt at
+    a time for up to a deadline. The price is the busy destination's: it gets 24 of the
+    32 slots, not all of them. On the benchmark's 2-CPU machine a webhook destination
+    answering in 50 ms is bound by the worker's CPU (about 18 attempts in flight on
+    average at the tuned 32) before 24 slots, so that price is not visible there
+    (``docs/benchmarks.md``); where the pool is the bound it is a quarter of the rate.
+    """
+    return max(1, concurrency // 4)
 
 
 class _Run:
@@ -504,13 +535,72 @@ class _Run:
         # when claims look only for their freed slots (see :meth:`want`).
         self.capped: set[str] = set()
         self.capped_until = 0.0
-        self.limits = _in_flight_limits()
+        self.limits, self.lendable = _in_flight_limits()
+        self.reserve = lend_reserve(self.concurrency)
+        # The destination the last short claim met alone, at its cap (see :meth:`lending`).
+        self.lent: str | None = None
+        # Per destination, its attempts in this run that succeeded within LEND_LATENCY
+        # since its last one that did not.
+        self.streak: Counter[str] = Counter()
+        self.started_at: dict[Future[Outcome], float] = {}
         self.health_config = health.health_config_json()
         self.rate_limits = health.limits_json()
 
     def caps(self) -> dict[str, int]:
-        """Free attempt slots per configured destination (what a claim may take of each)."""
-        return {name: max(0, limit - self.per_destination[name]) for name, limit in self.limits.items()}
+        """Free attempt slots per configured destination (what a claim may take of each),
+        with the idle slots lent to one busy destination (see :meth:`lending`)."""
+        caps = {name: max(0, limit - self.per_destination[name]) for name, limit in self.limits.items()}
+        lent = self.lending(time.time())
+        if lent is not None:
+            others = len(self.in_flight) - self.per_destination[lent]
+            caps[lent] = max(
+                caps[lent], self.concurrency - self.reserve - others - self.per_destination[lent]
+            )
+        return caps
+
+    def lending(self, now: float) -> str | None:
+        """The destination this run lends its idle slots to now, or None.
+
+        A destination whose ``MAX_IN_FLIGHT`` is the default (none set for it, nor
+        globally, nor by its transport) has that cap as its share of the worker while
+        destinations compete, not as a ceiling while slots sit idle. So when a claim came
+        up short having met due messages of that destination alone, all beyond its cap
+        (:meth:`note_claim`), its cap rises to ``CONCURRENCY`` minus :func:`lend_reserve`
+        minus the other destinations' attempts in flight (the reserve stays free for
+        their messages), while both hold:
+
+        * its last ``MAX_IN_FLIGHT`` attempts in this run all succeeded, each within
+          :data:`LEND_LATENCY`: a failing receiver gets no more slots than its share (its
+          failures are the breaker's to judge, and more of them in flight only means
+          more retries), nor does a slow one (lent slots must come back soon when
+          another destination needs them); the run's own record is used, not the
+          destination's health in Redis, because it is current to the attempt and costs
+          no read;
+        * none of its attempts in flight has run longer than :data:`LEND_LATENCY`.
+
+        Lending ends at the first claim that meets a due message of another destination
+        (claimed, or skipped at its cap); the attempts already over the cap keep their
+        slots until they finish, and no new one starts above the cap until a claim finds
+        the destination alone again. An explicit ``MAX_IN_FLIGHT`` is never exceeded,
+        and the limits kept in Redis across workers (``RATE_LIMIT``, ``MAX_CONCURRENCY``,
+        the breaker) apply to lent slots as to any (``lua/claim.lua``).
+        """
+        lent = self.lent
+        if lent is None or self.streak[lent] < self.limits.get(lent, 1):
+            return None
+        for future, message in self.in_flight.items():
+            if message.destination == lent and now - self.started_at.get(future, now) > LEND_LATENCY:
+                return None
+        return lent
+
+    def note_claim(self, want: int, claimed: Sequence[Message], capped: Sequence[str]) -> None:
+        """Start or end lending (see :meth:`lending`) from what a claim met: the
+        destinations of the messages it took and of those it skipped at their cap."""
+        met = {m.destination for m in claimed}.union(capped)
+        if self.lent is not None and met - {self.lent}:
+            self.lent = None  # another destination's message is due: it gets its share
+        if want and len(claimed) < want and len(met) == 1 and len(capped) == 1 and capped[0] in self.lendable:
+            self.lent = capped[0]
 
     def want(self, free: int, caps: dict[str, int], now: float) -> int:
         """How many messages the next claim asks for: as many as there are free slots
@@ -608,6 +698,7 @@ class _Run:
                 log_attempt(d.outcome, d, written)
         self.decided.clear()
         self.next_due, self.held, self.next_suspect = claim.next_due, claim.held, claim.next_suspect
+        self.note_claim(want, claim.messages, claim.capped)
         if want and not self.capped and len(claim.messages) < want and claim.capped:
             # A claim for every destination came up short at caps: narrow (see want()).
             self.capped, self.capped_until = set(claim.capped), now + IDLE_POLL
@@ -644,6 +735,7 @@ class _Run:
             if seconds is not None:
                 self.give_up_at[future] = (started + seconds + WATCH_GRACE, seconds, started)
             self.in_flight[future] = message
+            self.started_at[future] = started
             self.per_destination[message.destination] += 1
             self.report.claimed.append(message.id)
 
@@ -672,7 +764,12 @@ class _Run:
                 _abandoned.add(future)
             message = self.in_flight.pop(future)
             self.give_up_at.pop(future, None)
+            self.started_at.pop(future, None)
             self.per_destination[message.destination] -= 1
+            if outcome.ok and outcome.duration_ms <= LEND_LATENCY * 1000:
+                self.streak[message.destination] += 1
+            else:
+                self.streak[message.destination] = 0
             decision = decide_outcome(outcome, time.time())
             decision.outcome = outcome
             self.decided.append(decision)

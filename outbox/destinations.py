@@ -67,11 +67,17 @@ class Destination:
         options: the ``OPTIONS`` dict.
         max_retries: retries after the first attempt.
         retry_policy: the destination's resolved :class:`RetryPolicy`.
-        max_in_flight: most attempts to it in flight at once in one worker process.
+        max_in_flight: most attempts to it in flight at once in one worker process (its
+            share of the worker's slots when ``max_in_flight_default``).
         breaker: its circuit breaker, or None (``BREAKER: False``).
         rate_limit: its rate limit across all workers, or None.
         max_concurrency: most attempts to it in flight across all workers, or None.
         disable_after: seconds of continuous failure before it is disabled, or None.
+        max_in_flight_default: ``max_in_flight`` is ``OUTBOX``'s built-in default (set
+            neither by the destination, nor by ``OUTBOX["MAX_IN_FLIGHT"]``, nor by its
+            transport): a share of the worker's slots while destinations compete, and a
+            run may lend it idle slots when it alone is busy (:mod:`outbox.delivery`). A
+            ``MAX_IN_FLIGHT`` someone set is a hard limit.
     """
 
     name: str
@@ -84,6 +90,7 @@ class Destination:
     rate_limit: RateLimit | None = None
     max_concurrency: int | None = None
     disable_after: float | None = None
+    max_in_flight_default: bool = False
 
     def build_transport(self) -> Transport:
         """A new transport instance for this destination.
@@ -123,6 +130,11 @@ def _build(name: str, config: Any) -> Destination:
     except Exception:  # reported below by build_transport
         transport_default = None
     max_in_flight = config.get("MAX_IN_FLIGHT", transport_default or outbox_settings.MAX_IN_FLIGHT)
+    max_in_flight_default = (
+        "MAX_IN_FLIGHT" not in config
+        and not transport_default
+        and "MAX_IN_FLIGHT" not in outbox_settings.user_settings
+    )
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise ImproperlyConfigured(
             f"{where}['MAX_IN_FLIGHT'] must be a positive integer, not {max_in_flight!r}"
@@ -157,6 +169,7 @@ def _build(name: str, config: Any) -> Destination:
         rate_limit,
         max_concurrency,
         disable_after,
+        max_in_flight_default,
     )
     destination.build_transport()  # refuses bad options now, not at the first delivery
     return destination

@@ -145,7 +145,12 @@ def receiving() -> Iterator[Receiver]:
         def log_message(self, *args):
             pass
 
-    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Handler)) as server:
+    class Server(ThreadingHTTPServer):
+        # socketserver's backlog of 5 drops the SYNs of a worker opening 16 or more
+        # connections at once; each dropped one connects a second later (SYN retry).
+        request_queue_size = 128
+
+    with serving(Server(("127.0.0.1", 0), Handler)) as server:
         state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
         yield state
 

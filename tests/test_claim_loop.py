@@ -12,7 +12,7 @@ import outbox
 from outbox import delivery
 from outbox.conf import outbox_settings
 from outbox.destinations import get_destination
-from tests.conftest import assert_index_invariant, with_destinations
+from tests.conftest import assert_index_invariant, hook_settings, with_destinations
 
 N = 300
 
@@ -69,3 +69,20 @@ def test_out_of_the_box_a_callable_destination_costs_at_most_ten_commands_per_me
         used = drain(repo, "plain")
         assert sum(used.values()) <= 10 * N, used.most_common(8)
         assert get_destination("plain").max_in_flight == outbox_settings.CONCURRENCY
+
+
+def test_out_of_the_box_a_webhook_destination_lent_idle_slots_does_not_spin(repo, receiver):
+    """One webhook destination with no MAX_IN_FLIGHT (its default 16 is a share: a run
+    lends it idle slots while it alone is busy, up to CONCURRENCY minus a reserve,
+    tests/test_lending.py). Lending must not bring back the busy loop: a claim at the
+    raised cap that comes up short waits for an attempt to finish like one at the cap
+    (one HGETALL per claimed message plus one full look per IDLE_POLL; the spin read
+    40-70 per delivered message), and the whole run stays near the 22-26 server
+    commands per delivered webhook the benchmark measures (outcomes are written a few at
+    a time: webhook attempts finish apart)."""
+    receiver.respond((200, {}, 0.05))
+    with hook_settings(receiver.url):
+        assert get_destination("hook").max_in_flight_default
+        used = drain(repo, "hook")
+    assert used["hgetall"] <= 3 * N, used.most_common(8)
+    assert sum(used.values()) <= 40 * N, used.most_common(8)
