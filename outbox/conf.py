@@ -29,11 +29,15 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        as late (60).
 ``BATCH_SIZE``         most messages one claim takes (100).
 ``CONCURRENCY``        attempts in flight at once per worker process (32; threads).
-``MAX_IN_FLIGHT``      default cap of attempts in flight per destination per worker
-                       process (16), so one slow receiver cannot take the whole pool;
-                       a destination's ``MAX_IN_FLIGHT`` overrides it. A callable
-                       destination (no receiver: it runs in the worker) defaults to
-                       ``CONCURRENCY``.
+``MAX_IN_FLIGHT``      cap of attempts in flight per destination per worker process;
+                       a destination's ``MAX_IN_FLIGHT`` overrides it. Unset (16), it
+                       is a share, so one slow receiver cannot take the whole pool: a
+                       destination alone busy in a run, whose attempts succeed within
+                       1 s, borrows the idle slots up to ``CONCURRENCY`` minus a
+                       quarter (24 of 32), and gives them back at the first claim that
+                       meets another destination's message. Set (here or per
+                       destination), it is a hard limit. A callable destination (no
+                       receiver: it runs in the worker) defaults to ``CONCURRENCY``.
 ``WAKE_INTERVAL``      seconds between checks, in each ``outbox_worker``, for due
                        messages (retries, delays) whose queue has no wake-up job (1).
 ``RELAY_INTERVAL``     seconds between relay passes in each ``outbox_worker``, pushing

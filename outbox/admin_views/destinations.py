@@ -147,6 +147,7 @@ def _settings(name: str) -> dict[str, Any]:
     out["max_retries"] = dest.max_retries
     out["retry_policy"] = json.dumps(dest.retry_policy.to_dict(), sort_keys=True)
     out["max_in_flight"] = dest.max_in_flight
+    out["max_in_flight_default"] = dest.max_in_flight_default
     out["breaker_off"] = dest.breaker is None
     limits = []
     for label, attr in (
