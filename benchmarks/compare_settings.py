@@ -15,7 +15,9 @@ table's rows differ by; the compare says which profile each row ran):
   a user with one busy destination would tune it to);
 * ``defaults``: no destination sets it, so each gets what a user who copies the
   documentation gets: a callable the worker's ``CONCURRENCY`` (32), a webhook
-  ``OUTBOX["MAX_IN_FLIGHT"]`` (16).
+  ``OUTBOX["MAX_IN_FLIGHT"]``'s default (16) as its share, which a busy destination
+  alone in the queue exceeds by borrowing idle slots, up to 24 (``outbox/delivery.py``,
+  ``lend_reserve``).
 
 The ``outbox`` logger is at INFO (what ``manage.py outbox_worker`` sets at its default
 verbosity) with no handler: each attempt's log record is built, not written out.
