@@ -503,10 +503,11 @@ def lend_reserve(concurrency: int) -> int:
     The reserve is what another destination has at once in that worst case: 8 slots is
     half of its own share of 16, where a reserve of 1 would let it through one attempt at
     a time for up to a deadline. The price is the busy destination's: it gets 24 of the
-    32 slots, not all of them. On the benchmark's 2-CPU machine a webhook destination
-    answering in 50 ms is bound by the worker's CPU (about 18 attempts in flight on
-    average at the tuned 32) before 24 slots, so that price is not visible there
-    (``docs/benchmarks.md``); where the pool is the bound it is a quarter of the rate.
+    32 slots, not all of them. Where the worker's CPU binds first that price does not
+    show (a webhook answering in 50 ms on the benchmark's 2-CPU VM: 354/s out of the box,
+    384/s at a tuned 32, 0.92x); where the pool binds it is the full quarter (answering
+    in 300 ms: 78/s against 104/s, 0.75x; ``docs/benchmarks.md``). Meeting 0.9x there
+    too would take a reserve of at most 3 of 32.
     """
     return max(1, concurrency // 4)
 
