@@ -34,9 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # scripts/demo starts it with SIGINT ignored
+            signal.signal(signum, on_signal)
     try:
-        server = RedisServer().start()
+        # Ctrl-C in scripts/demo's terminal must not stop Redis before the worker has
+        # written its outcomes: the server gets a process group of its own.
+        server = RedisServer(own_session=True).start()
     except RuntimeError as exc:
         print(f"redis_server: {exc}", file=sys.stderr)
         return 1

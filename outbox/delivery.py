@@ -85,9 +85,40 @@ REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
 #: Attempts of this process given up at their deadline whose threads may still run: a
 #: suspect is attempted only when none does (it must be alone in its process).
 _abandoned: set[Future[Outcome]] = set()
-#: Set when this worker process was asked to stop (:class:`outbox.worker.StopRequest`): a
-#: run claims nothing more and ends once its attempts in flight are decided and written.
-STOPPING = threading.Event()
+STOP_WRITE_GRACE = 5.0  # seconds a stopping run keeps trying to write outcomes to an unreachable Redis
+
+
+class Stopping:
+    """Whether this worker process was asked to stop (:class:`outbox.worker.StopRequest`)
+    and since when: a run then claims nothing more, ends once its attempts in flight are
+    decided, and tries to write their outcomes for at most :data:`STOP_WRITE_GRACE` seconds
+    after the request while Redis is unreachable (instead of up to half the lease): an
+    outcome it could not write is an attempt in flight lost, taken back by the recovery
+    sweep after its lease and attempted again (at-least-once, as after a crash)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.since = 0.0  # time.time() of the request
+
+    def set(self) -> None:
+        if not self._event.is_set():
+            self.since = time.time()
+            self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+        self.since = 0.0
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def write_deadline(self, deadline: float) -> float:
+        """``deadline`` (epoch seconds), shortened to the stop's write grace while stopping."""
+        return min(deadline, self.since + STOP_WRITE_GRACE) if self.is_set() else deadline
+
+
+#: This process's stop request, as delivery runs see it.
+STOPPING = Stopping()
 
 
 _worker_name: tuple[int, str] = (0, "")
@@ -657,7 +688,9 @@ class _Run:
         outcomes being written, so a decided outcome is not given up lightly)."""
         changes = [d.change for d in self.decided]
         outcomes = [health_outcome(d.outcome) for d in self.decided if d.outcome is not None]
-        give_up_at = time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
+        give_up_at = STOPPING.write_deadline(
+            time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
+        )
         delay, logged = 0.1, False
         while True:
             now = time.time()

@@ -248,6 +248,9 @@ class StopRequest:
         self.signal: int | None = None
         self.job_running = threading.Event()
         self._watchdog: threading.Thread | None = None
+        #: Stop signals this process was started ignoring (POSIX shells start background
+        #: commands with SIGINT ignored): they stay ignored, RQ's handlers too.
+        self.ignored: frozenset[int] = frozenset()
 
     def reset(self) -> None:
         from .delivery import STOPPING
@@ -320,7 +323,9 @@ def stop_signals_handled() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, stop_request.handle) for sig in STOP_SIGNALS}
+    stop_request.ignored = frozenset(sig for sig in STOP_SIGNALS if signal.getsignal(sig) is signal.SIG_IGN)
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    _take_over_signals()
     try:
         yield
     finally:
@@ -329,9 +334,11 @@ def stop_signals_handled() -> Iterator[None]:
 
 
 def _take_over_signals() -> None:
+    """Route the stop signals to :data:`stop_request` (main thread only), leaving the ones
+    the process was started ignoring ignored."""
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:
-            signal.signal(sig, stop_request.handle)
+            signal.signal(sig, signal.SIG_IGN if sig in stop_request.ignored else stop_request.handle)
 
 
 def waiting_connection(client: Redis) -> Redis:
@@ -365,6 +372,8 @@ def _stop_aware(base: type[Worker]) -> type[Worker]:
 
         def _install_signal_handlers(self) -> None:
             super()._install_signal_handlers()
+            for sig in stop_request.ignored:  # e.g. SIGINT of a command a shell runs in the background
+                signal.signal(sig, signal.SIG_IGN)
             if stop_request.is_set():  # asked before RQ's handlers were in place
                 self._stop_requested = True
 

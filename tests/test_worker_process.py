@@ -45,7 +45,9 @@ def short_read_timeout(settings) -> Iterator[None]:
         yield
 
 
-def start_worker(*args: str, redis_url: str | None = None, env: dict | None = None) -> subprocess.Popen:
+def start_worker(
+    *args: str, redis_url: str | None = None, env: dict | None = None, preexec_fn=None
+) -> subprocess.Popen:
     """A real ``outbox_worker`` (not burst) whose alias bounds reads at ALIAS_TIMEOUT s."""
     env = {
         **os.environ,
@@ -62,6 +64,7 @@ def start_worker(*args: str, redis_url: str | None = None, env: dict | None = No
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -220,3 +223,49 @@ def test_sigterm_lets_the_attempt_in_flight_finish_and_claims_nothing_more(recei
     assert outbox.get(first.id).status == "succeeded"
     assert len(receiver.requests) == 1  # nothing claimed after the stop request
     assert {outbox.get(m.id).status for m in rest} == {"pending"}
+
+
+def test_a_stop_while_redis_goes_away_gives_up_writing_outcomes_after_a_grace(receiver, own_redis):
+    """SIGTERM during an attempt, then Redis stops: the run tries to write the outcome for
+    STOP_WRITE_GRACE seconds after the request (not half the lease), and the worker ends.
+    The unwritten outcome is an attempt in flight lost: the recovery sweep takes it back."""
+    import redis as redis_py
+
+    from outbox.delivery import STOP_WRITE_GRACE
+
+    receiver.respond((200, {}, 2.0))
+    conn = redis_py.Redis.from_url(own_redis.url)
+    process = start_worker(
+        redis_url=own_redis.url,
+        env={"OUTBOX_TEST_HOOK_URL": receiver.url, "OUTBOX_TEST_VISIBILITY_TIMEOUT": "120"},
+    )
+    try:
+        wait_until_listening(process, conn)
+        with override_settings(CACHES=_caches_at(own_redis.url)):
+            outbox.send("hook", {"n": 1})
+        assert wait_for(lambda: len(receiver.requests) == 1, timeout=10), output_of(process)
+    except BaseException:
+        output_of(process)
+        raise
+    process.send_signal(signal.SIGTERM)
+    own_redis.halt()
+    # the attempt (2 s from its start), the grace, and a margin for a loaded machine
+    _stops_within(process, signal.SIGTERM, 2.0 + STOP_WRITE_GRACE + 3.0)
+
+
+def test_a_worker_started_with_sigint_ignored_keeps_ignoring_it(redis):
+    """A shell starts its background commands with SIGINT ignored (scripts/demo's worker:
+    a Ctrl-C reaches the whole process group); the worker keeps it so (RQ would not) and
+    stops on SIGTERM."""
+    process = start_worker(preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    wait_until_listening(process, redis)
+    process.send_signal(signal.SIGINT)
+    time.sleep(2.0)
+    assert process.poll() is None, output_of(process)
+    _stops_within(process, signal.SIGTERM, STOP_BOUND)
+
+
+def _caches_at(url: str) -> dict:
+    from django.conf import settings
+
+    return {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": url}}

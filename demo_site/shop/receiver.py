@@ -39,11 +39,14 @@ TOTALS = ("requests", "errors", "slow", "accepted", "duplicates", "bad_signature
 
 
 def get_redis() -> Redis:
-    """The Redis client of the ``outbox`` django-redis cache (``REDIS_URL``): the demo
-    receiver keeps its counters there under ``DEMO_RECEIVER_PREFIX``."""
+    """The Redis client of the outbox's django-redis cache alias (``OUTBOX["REDIS_ALIAS"]``,
+    ``REDIS_URL`` in the demo): the demo receiver keeps its counters there under
+    ``DEMO_RECEIVER_PREFIX``."""
     from django_redis import get_redis_connection
 
-    return get_redis_connection("outbox")
+    from outbox.conf import outbox_settings
+
+    return get_redis_connection(outbox_settings.REDIS_ALIAS)
 
 
 @dataclass

@@ -81,6 +81,9 @@ class RedisServer:
             directory (removed by :meth:`stop`) when None.
         extra_args: more ``--name value`` command-line arguments, e.g.
             ``("--rename-command", "CONFIG", "")`` to disable CONFIG as managed services do.
+        own_session: start the server in a session (and process group) of its own, so a
+            terminal's Ctrl-C, which reaches the whole foreground process group, does not
+            stop it before what uses it (``scripts/demo`` stops it last).
 
     Raises:
         RuntimeError: no server binary found.
@@ -98,6 +101,7 @@ class RedisServer:
         maxmemory_policy: str | None = None,
         data_dir: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
+        own_session: bool = False,
     ) -> None:
         found = binary or find_server_binary()
         if not found:
@@ -113,6 +117,7 @@ class RedisServer:
         self.maxmemory = maxmemory
         self.maxmemory_policy = maxmemory_policy
         self.extra_args = list(extra_args)
+        self.own_session = own_session
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -162,7 +167,10 @@ class RedisServer:
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self.command_line(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=self.own_session,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
