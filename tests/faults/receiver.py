@@ -68,6 +68,11 @@ class HookServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # A listen backlog like a real server's (nginx and gunicorn default to 511 and 2048;
+    # Python's socketserver to 5): when the receiver comes back after an outage every
+    # worker connects at once, and a backlog of 5 dropped SYNs, which the workers saw as
+    # 1 s connect timeouts that the scenario counted against the outbox.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], state: State) -> None:
         self.state = state
