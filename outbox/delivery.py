@@ -97,20 +97,23 @@ class Stopping:
     sweep after its lease and attempted again (at-least-once, as after a crash)."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self.event = threading.Event()  # set while stopping (the worker waits on it for Redis)
         self.since = 0.0  # time.time() of the request
 
-    def set(self) -> None:
-        if not self._event.is_set():
-            self.since = time.time()
-            self._event.set()
+    def set(self) -> bool:
+        """Record the request; True the first time (False when it was already set)."""
+        if self.event.is_set():
+            return False
+        self.since = time.time()
+        self.event.set()
+        return True
 
     def clear(self) -> None:
-        self._event.clear()
+        self.event.clear()
         self.since = 0.0
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self.event.is_set()
 
     def write_deadline(self, deadline: float) -> float:
         """``deadline`` (epoch seconds), shortened to the stop's write grace while stopping."""

@@ -244,55 +244,59 @@ class StopRequest:
     """
 
     def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signal: int | None = None
         self.job_running = threading.Event()
-        self._watchdog: threading.Thread | None = None
         #: Stop signals this process was started ignoring (POSIX shells start background
         #: commands with SIGINT ignored): they stay ignored, RQ's handlers too.
         self.ignored: frozenset[int] = frozenset()
 
-    def reset(self) -> None:
-        from .delivery import STOPPING
+    @staticmethod
+    def reset() -> None:
+        from .delivery import STOPPING  # local: delivery's imports load only where a worker runs
 
-        self.event.clear()
         STOPPING.clear()
-        self.signal = None
 
-    def is_set(self) -> bool:
-        return self.event.is_set()
+    @staticmethod
+    def is_set() -> bool:
+        from .delivery import STOPPING  # local: as in reset()
+
+        return STOPPING.is_set()
+
+    @staticmethod
+    def event() -> threading.Event:
+        """The event set by the request (:func:`wait_for_redis` waits on it)."""
+        from .delivery import STOPPING  # local: as in reset()
+
+        return STOPPING.event
 
     def request(self, signum: int) -> None:
         """Record a stop request (idempotent): delivery runs stop claiming; the watchdog starts."""
-        from .delivery import STOPPING
+        from .delivery import STOPPING  # local: as in reset()
 
-        first = not self.event.is_set()
-        self.signal = signum
-        self.event.set()
-        STOPPING.set()
-        if first:
+        if STOPPING.set():
             logger.warning(
                 "outbox worker: %s received; claiming nothing more, finishing the attempts in flight, "
                 "then stopping (send it again to stop at once)",
                 signal.Signals(signum).name,
             )
-            self._watchdog = threading.Thread(target=self._watch, name="outbox-stop-watchdog", daemon=True)
-            self._watchdog.start()
+            threading.Thread(target=self._watch, name="outbox-stop-watchdog", daemon=True).start()
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         """Signal handler outside RQ's loop: the first signal asks for a stop, a second
         one ends the process at once."""
-        if self.event.is_set():
+        if self.is_set():
             logger.warning("outbox worker: %s received again; stopping now", signal.Signals(signum).name)
             raise SystemExit(128 + signum)
         self.request(signum)
 
     def _watch(self) -> None:
-        while True:
-            while self.job_running.is_set():
-                time.sleep(0.1)
-            if not self._sleep_unless_job(STOP_GRACE):
-                break
+        """End the process once no job has run for :data:`STOP_GRACE` seconds in a row."""
+        idle_since: float | None = None
+        while idle_since is None or time.monotonic() - idle_since < STOP_GRACE:
+            if self.job_running.is_set():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            time.sleep(0.1)
         logger.error(
             "outbox worker: still running %.0f s after its stop request with no job running "
             "(Redis unreachable or hanging?); exiting now",
@@ -300,15 +304,6 @@ class StopRequest:
         )
         logging.shutdown()
         os._exit(0)
-
-    def _sleep_unless_job(self, seconds: float) -> bool:
-        """Sleep ``seconds``; True when a job started meanwhile (the grace starts anew after it)."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.job_running.is_set():
-                return True
-            time.sleep(0.1)
-        return False
 
 
 #: The stop request of this process (one worker loop per process).
@@ -485,7 +480,7 @@ def run_worker(
                 logger.warning(
                     "outbox worker: Redis unreachable; waiting for it, then starting a new RQ worker"
                 )
-                wait_for_redis(stop_request.event)
+                wait_for_redis(stop_request.event())
                 if stop_request.is_set():
                     return
                 logger.warning("outbox worker: Redis reachable again; worker restarting")
