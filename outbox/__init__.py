@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .version import __version__ as __version__
+from outbox.version import __version__ as __version__
 
 __all__ = [
     "ActionResult",
@@ -63,9 +63,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from .actions import ActionResult
-    from .api import attempts, cancel, delete, get, requeue, send, send_many
-    from .exceptions import (
+    from outbox.actions import ActionResult
+    from outbox.api import attempts, cancel, delete, get, requeue, send, send_many
+    from outbox.exceptions import (
         DeliveryError,
         IdempotencyConflict,
         InvalidMessage,
@@ -76,7 +76,7 @@ if TYPE_CHECKING:
         PermanentDeliveryError,
         UnknownDestination,
     )
-    from .records import Attempt, Message, Status
+    from outbox.records import Attempt, Message, Status
 
 
 def __getattr__(name: str) -> Any:

@@ -15,10 +15,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 
-from . import dispatch
-from .connection import get_repository
-from .events import send_bulk_signal
-from .records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
+from outbox import dispatch
+from outbox.connection import get_repository
+from outbox.events import send_bulk_signal
+from outbox.records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
 
 CHUNK = 1000
 # Seconds between the index scores of messages changed in one chunk: distinct scores

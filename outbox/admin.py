@@ -36,8 +36,8 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from .admin_views import confirm, dashboard, destinations, detail, listing
-from .models import Message
+from outbox.admin_views import confirm, dashboard, destinations, detail, listing
+from outbox.models import Message
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Message]

@@ -56,12 +56,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import outbox_settings
-from .events import send_destination_signal
-from .validation import MAX_IDEMPOTENCY_KEY
+from outbox.conf import outbox_settings
+from outbox.events import send_destination_signal
+from outbox.validation import MAX_IDEMPOTENCY_KEY
 
 if TYPE_CHECKING:
-    from .health import DestinationEvent
+    from outbox.health import DestinationEvent
 
 logger = logging.getLogger("outbox")
 
@@ -112,7 +112,7 @@ def parse_alert_settings(value: Any) -> AlertSettings:
             number of seconds, a channel not a destination name, or ``EVENTS`` not a list
             of known event names.
     """
-    from .health import EVENTS
+    from outbox.health import EVENTS
 
     if value is None:
         value = {}
@@ -156,9 +156,9 @@ def channel_problems(config: AlertSettings) -> list[str]:
     transport for ``WEBHOOK``; subclasses count). Empty when all is well."""
     if config.email_admins is None and config.webhook is None:
         return []  # no channel: nothing to check (and no transport module to import)
-    from .transports import transport_class
-    from .transports.email import EmailTransport
-    from .transports.webhook import WebhookTransport
+    from outbox.transports import transport_class
+    from outbox.transports.email import EmailTransport
+    from outbox.transports.webhook import WebhookTransport
 
     problems = []
     destinations = outbox_settings.DESTINATIONS if isinstance(outbox_settings.DESTINATIONS, dict) else {}
@@ -271,7 +271,7 @@ def flush_due(now: float | None = None) -> int:
     config = alert_settings()
     if not config.channels:
         return 0
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     now = time.time() if now is None else now
     pairs = get_repository().alerts_to_flush(now)
@@ -297,7 +297,7 @@ def _alert(
     if not channels:
         return False  # the only channel is the destination the event is about: no loop
     try:
-        from .connection import get_repository
+        from outbox.connection import get_repository
 
         window = get_repository().alert_window(
             event,
@@ -336,8 +336,8 @@ def _send(channel: str, body: Any, key: str, **kwargs: Any) -> None:
     """Store the alert message in Redis now (validated as :func:`outbox.send` does,
     priority ``high``), also inside ``transaction.atomic``: the change it reports is in
     Redis already and is not rolled back with the caller's transaction."""
-    from . import intake
-    from .api import build_message
+    from outbox import intake
+    from outbox.api import build_message
 
     message = build_message(channel, body, idempotency_key=key, priority="high", **kwargs)
     (created,) = intake.store([message], repeat=False)

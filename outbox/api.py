@@ -14,14 +14,14 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from redis.exceptions import RedisError
 
-from . import actions, intake, tracing
-from .conf import outbox_settings
-from .connection import get_repository
-from .destinations import get_destination, get_transport, validate_max_retries
-from .exceptions import InvalidMessage, MessageNotFound, OutboxUnavailable
-from .records import Attempt, Message, Status, new_message_id
-from .retry import RetryPolicy
-from .validation import (
+from outbox import actions, intake, tracing
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.destinations import get_destination, get_transport, validate_max_retries
+from outbox.exceptions import InvalidMessage, MessageNotFound, OutboxUnavailable
+from outbox.records import Attempt, Message, Status, new_message_id
+from outbox.retry import RetryPolicy
+from outbox.validation import (
     clean_delay,
     clean_destination,
     clean_headers,
@@ -209,7 +209,7 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     if not messages:
         return []
     if transaction.get_connection(using).in_atomic_block and not outbox_settings.EAGER:
-        from .capture import capture
+        from outbox.capture import capture
 
         return capture(messages, using)
     try:
@@ -246,7 +246,7 @@ def get(message_id: str) -> Message:
         MessageNotFound: no such message.
         OutboxUnavailable: Redis is unreachable and the message is not in the capture table.
     """
-    from .capture import captured
+    from outbox.capture import captured
 
     try:
         return get_repository().get(message_id)

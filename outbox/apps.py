@@ -7,10 +7,10 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
-        from .conf import outbox_settings
+        from outbox import checks  # noqa: F401  (registers the system checks)
+        from outbox.conf import outbox_settings
 
         if outbox_settings.METRICS_REGISTER:  # for django-prometheus's /metrics (needs the metrics extra)
-            from .metrics import register
+            from outbox.metrics import register
 
             register()

@@ -15,10 +15,10 @@ import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .store import MessageRepository
+from outbox.store import MessageRepository
 
 if TYPE_CHECKING:
-    from .operations import Operation
+    from outbox.operations import Operation
 
 #: Seconds a batch is kept after its operation's last write (24 hours).
 TTL = 24 * 3600

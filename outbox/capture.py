@@ -31,11 +31,11 @@ from collections.abc import Sequence
 
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 
-from . import intake
-from .connection import get_repository
-from .exceptions import OutboxUnavailable
-from .models import CapturedMessage
-from .records import Message
+from outbox import intake
+from outbox.connection import get_repository
+from outbox.exceptions import OutboxUnavailable
+from outbox.models import CapturedMessage
+from outbox.records import Message
 
 logger = logging.getLogger("outbox")
 
@@ -201,7 +201,7 @@ def relay(
         redis.exceptions.RedisError: Redis is unreachable (the rows stay).
         django.db.DatabaseError: the database is (the rows stay).
     """
-    from .conf import outbox_settings
+    from outbox.conf import outbox_settings
 
     wait = outbox_settings.RELAY_AFTER if older_than is None else older_than
     pushed = 0

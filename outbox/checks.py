@@ -62,15 +62,15 @@ import httpcore
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from . import redis_health
-from .alerts import admin_addresses, channel_problems, parse_alert_settings
-from .conf import DEFAULTS, PRIORITIES, outbox_settings
-from .destinations import configuration_errors, get_destination, validate_max_retries
-from .limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
-from .redaction import redact, secrets_for
-from .retry import RetryPolicy
-from .ssrf import environment_proxy, is_public_address, resolve
-from .transports.webhook import WebhookTransport, url_host
+from outbox import redis_health
+from outbox.alerts import admin_addresses, channel_problems, parse_alert_settings
+from outbox.conf import DEFAULTS, PRIORITIES, outbox_settings
+from outbox.destinations import configuration_errors, get_destination, validate_max_retries
+from outbox.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
+from outbox.redaction import redact, secrets_for
+from outbox.retry import RetryPolicy
+from outbox.ssrf import environment_proxy, is_public_address, resolve
+from outbox.transports.webhook import WebhookTransport, url_host
 
 POSITIVE_NUMBERS = (
     "MAX_BODY_BYTES",

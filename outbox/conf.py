@@ -97,7 +97,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .retry import RetryPolicy
+from outbox.retry import RetryPolicy
 
 DEFAULTS: dict[str, Any] = {
     "REDIS_ALIAS": "default",

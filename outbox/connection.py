@@ -15,8 +15,8 @@ from redis.exceptions import ClusterDownError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .conf import outbox_settings
-from .store import MessageRepository
+from outbox.conf import outbox_settings
+from outbox.store import MessageRepository
 
 IDEMPOTENCY_TTL = 24 * 3600  # seconds; as long as Stripe keeps idempotency keys
 WAKE_TTL = 60.0  # seconds a queue's wake-up flag lives if no job clears it

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from .exceptions import DeliveryError
+from outbox.exceptions import DeliveryError
 
 T = TypeVar("T")
 

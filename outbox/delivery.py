@@ -56,16 +56,16 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import deadlines, dispatch, health, tracing
-from .conf import outbox_settings
-from .connection import get_repository
-from .destinations import get_transport, usable_destinations
-from .events import event_payload, send_exhausted_signal, send_signal
-from .exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
-from .records import Attempt, Message, Status
-from .redaction import redact_message_text
-from .retry import RetryPolicy, retry_delay
-from .store import Change, ChangeResult, MessageRepository
+from outbox import deadlines, dispatch, health, tracing
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.destinations import get_transport, usable_destinations
+from outbox.events import event_payload, send_exhausted_signal, send_signal
+from outbox.exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
+from outbox.records import Attempt, Message, Status
+from outbox.redaction import redact_message_text
+from outbox.retry import RetryPolicy, retry_delay
+from outbox.store import Change, ChangeResult, MessageRepository
 
 logger = logging.getLogger("outbox")
 

@@ -35,11 +35,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import MAX_RETRIES_LIMIT, outbox_settings
-from .exceptions import UnknownDestination
-from .limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
-from .retry import RetryPolicy
-from .transports import Transport, transport_class
+from outbox.conf import MAX_RETRIES_LIMIT, outbox_settings
+from outbox.exceptions import UnknownDestination
+from outbox.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
+from outbox.retry import RetryPolicy
+from outbox.transports import Transport, transport_class
 
 DESTINATION_KEYS = {
     "TRANSPORT",

@@ -28,7 +28,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from rq import Queue
 
-from .conf import outbox_settings
+from outbox.conf import outbox_settings
 
 logger = logging.getLogger("outbox")
 
@@ -63,7 +63,7 @@ def get_queue(name: str) -> Queue:
     if queue is None:
         import django_rq
 
-        from .connection import get_connection
+        from outbox.connection import get_connection
 
         queue = django_rq.get_queue(name, connection=get_connection(), commit_mode="auto")
         _queues[name] = queue
@@ -83,7 +83,7 @@ def enqueue_wakeups(queues: Iterable[str]) -> None:
     if not names:
         return
     try:
-        from .connection import get_connection
+        from outbox.connection import get_connection
 
         with get_connection().pipeline() as pipe:
             pipe.multi()  # RQ queues its commands on a caller's pipeline in MULTI mode
@@ -115,7 +115,7 @@ def wake(queues: Iterable[str], now: float | None = None) -> list[str]:
     Returns:
         The queues a job was enqueued for.
     """
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     names = list(dict.fromkeys(queues))
     woken = get_repository().wake_candidates(names, time.time() if now is None else now, WAKE_STALE_AFTER)
@@ -130,7 +130,7 @@ def wake_due(now: float | None = None) -> list[str]:
     (:func:`outbox.health.release_parked_due`): the probe of an open circuit breaker
     after its cool-down, and what waits behind a breaker that closed.
     """
-    from .health import release_parked_due
+    from outbox.health import release_parked_due
 
     release_parked_due(now)
     return wake(outbox_settings.queue_names, now)

@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.dispatch import Signal
 
-from .records import Attempt, Message
+from outbox.records import Attempt, Message
 
 if TYPE_CHECKING:
-    from .health import DestinationEvent
+    from outbox.health import DestinationEvent
 
 logger = logging.getLogger("outbox")
 

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .exceptions import InvalidMessage
+from outbox.exceptions import InvalidMessage
 
 #: RFC 9110 §5.6.2 token: the characters of a field name.
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")

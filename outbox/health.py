@@ -35,9 +35,9 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .conf import outbox_settings
-from .destinations import usable_destinations
-from .exceptions import UnknownDestination
+from outbox.conf import outbox_settings
+from outbox.destinations import usable_destinations
+from outbox.exceptions import UnknownDestination
 
 logger = logging.getLogger("outbox")
 
@@ -387,7 +387,7 @@ def _health(
 def get_all_health(names: Iterable[str], now: float | None = None) -> dict[str, DestinationHealth]:
     """The health of each destination in ``names`` (one round trip: per destination one
     HGETALL of its hash, one ZCARD of its parked set and one HGETALL per window minute)."""
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     repo = get_repository()
     names = list(dict.fromkeys(names))
@@ -417,7 +417,7 @@ def get_health(name: str, now: float | None = None) -> DestinationHealth:
 
 def known_destinations() -> list[str]:
     """Every destination configured or ever sent to, sorted (one SMEMBERS)."""
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     return sorted(set(outbox_settings.DESTINATIONS) | set(get_repository().destinations()))
 
@@ -431,7 +431,7 @@ def timeline(
     messages); ``name`` None sums the destinations ``names`` (default: every destination
     configured or seen, :func:`known_destinations`). One round trip: per destination and
     minute one HGETALL and one ZCOUNT of its parked set."""
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     repo = get_repository()
     minutes = max(1, min(int(minutes), 120))
@@ -462,7 +462,7 @@ def timeline(
 def error_groups(name: str, limit: int = 10, now: float | None = None) -> list[ErrorGroup]:
     """Failures of the last 24 hours grouped by (status code, error class), most
     frequent first, at most ``limit`` (24 hourly hashes, one round trip)."""
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     repo = get_repository()
     hour = int((time.time() if now is None else now) // 3600)
@@ -496,7 +496,7 @@ def _check(name: str) -> None:
 
 
 def _act(name: str, action: str, reason: str) -> bool:
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     _check(name)
     raw = get_repository().destination_action(name, action, time.time(), reason)
@@ -555,8 +555,8 @@ def unpark_all(name: str, now: float | None = None, *, budget: float | None = No
     ``budget`` (seconds) stops early; the rest is left to the wake check
     (:func:`release_parked_due`), which the script keeps informed through ``outbox:probes``.
     """
-    from . import dispatch
-    from .connection import get_repository
+    from outbox import dispatch
+    from outbox.connection import get_repository
 
     repo = get_repository()
     stop_at = None if budget is None else time.monotonic() + budget
@@ -574,7 +574,7 @@ def release_parked_due(now: float | None = None, budget: float = 0.5) -> int:
     each destination in ``outbox:probes`` whose time has come, unpark what its gate
     allows (the one probe of an open breaker, or batches behind one that closed, for up
     to ``budget`` seconds per destination) and wake the queues. Returns messages moved."""
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     now = time.time() if now is None else now
     return sum(unpark_all(name, now, budget=budget) for name in get_repository().due_probes(now))
@@ -596,7 +596,7 @@ def notify(events: Sequence[DestinationEvent]) -> None:
     if not events:
         return
     try:
-        from .alerts import notify as alerts_notify
+        from outbox.alerts import notify as alerts_notify
 
         alerts_notify(events)
     except Exception:

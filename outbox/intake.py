@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from . import dispatch
-from .conf import outbox_settings
-from .connection import get_repository
-from .exceptions import IdempotencyConflict
-from .records import Message
-from .store import Created
+from outbox import dispatch
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.exceptions import IdempotencyConflict
+from outbox.records import Message
+from outbox.store import Created
 
 
 def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool = True) -> list[Created]:
@@ -51,7 +51,7 @@ def deliver_now(queues: Iterable[str]) -> None:
     """``OUTBOX["EAGER"]``: deliver what is due on ``queues`` in this process, at once,
     with the worker's own code (:func:`outbox.delivery.run`), instead of waking a worker.
     A failed attempt is recorded and its retry left waiting (nothing sleeps)."""
-    from .delivery import run
+    from outbox.delivery import run
 
     for queue in sorted(queues):
         run(queue)

@@ -17,7 +17,7 @@ def warn_without_housekeeping() -> None:
     if _housekeeping_checked == os.getpid():
         return
     _housekeeping_checked = os.getpid()
-    from .worker import housekeeping_seen
+    from outbox.worker import housekeeping_seen
 
     try:
         if housekeeping_seen():
@@ -44,8 +44,8 @@ def deliver(queue: str | Sequence[str]) -> dict[str, object]:
         A summary (``{"claimed": n, "outcomes": {status: n}, ...}``); RQ keeps no result
         of delivery jobs (``result_ttl=0``).
     """
-    from .conf import outbox_settings
-    from .delivery import run
+    from outbox.conf import outbox_settings
+    from outbox.delivery import run
 
     warn_without_housekeeping()
     queues = [queue] if isinstance(queue, str) else outbox_settings.queue_names

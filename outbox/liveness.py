@@ -100,11 +100,11 @@ def workers(queues: Sequence[str], now: float | None = None) -> tuple[list[int],
     Raises:
         redis.exceptions.RedisError: a Redis could not be reached.
     """
-    from .conf import outbox_settings
-    from .connection import get_repository
-    from .dispatch import get_queue
-    from .store.rq_workers import registered_workers
-    from .worker import heartbeat_ttl
+    from outbox.conf import outbox_settings
+    from outbox.connection import get_repository
+    from outbox.dispatch import get_queue
+    from outbox.store.rq_workers import registered_workers
+    from outbox.worker import heartbeat_ttl
 
     if not queues:
         return [], []

@@ -18,11 +18,11 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
 
-from . import actions
-from .actions import ActionResult, Applied, Progress
-from .records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
-from .store import MessageRepository
-from .store.queries import (
+from outbox import actions
+from outbox.actions import ActionResult, Applied, Progress
+from outbox.records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
+from outbox.store import MessageRepository
+from outbox.store.queries import (
     CHUNK,
     Count,
     MessageFilter,

@@ -39,11 +39,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from . import dispatch
-from .conf import outbox_settings
-from .connection import get_repository
-from .delivery import Decision, decide, write
-from .records import Message, Status
+from outbox import dispatch
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.delivery import Decision, decide, write
+from outbox.records import Message, Status
 
 logger = logging.getLogger("outbox")
 

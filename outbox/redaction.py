@@ -162,7 +162,7 @@ def _scheme(match: re.Match[str]) -> str:
 
 def destination_options(name: str) -> Mapping[str, Any]:
     """The ``OPTIONS`` of a configured destination, or ``{}`` (never raises)."""
-    from .conf import outbox_settings
+    from outbox.conf import outbox_settings
 
     try:
         config = outbox_settings.DESTINATIONS.get(name)

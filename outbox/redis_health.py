@@ -217,7 +217,7 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
         module docstring). It never raises: an unreachable Redis gives ``source="none"``
         and one outbox.W007 finding.
     """
-    from .connection import get_connection
+    from outbox.connection import get_connection
 
     found = RedisSettings()
     try:
@@ -250,7 +250,7 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
 
 def _quick_client(connection: Redis, timeout: float) -> Redis:
     """A new client for the same server as ``connection``, with ``timeout``-second timeouts."""
-    from .connection import client_like
+    from outbox.connection import client_like
 
     return client_like(
         connection,
@@ -273,7 +273,7 @@ def shared_alias_findings() -> list[Finding]:
     Returns:
         Zero or one :class:`Finding`.
     """
-    from .conf import outbox_settings
+    from outbox.conf import outbox_settings
 
     alias = outbox_settings.REDIS_ALIAS
     caches = getattr(settings, "CACHES", {})

@@ -32,8 +32,8 @@ from typing import Any, TypedDict
 import httpcore
 import httpx
 
-from .deadlines import call_with_deadline
-from .exceptions import OutboxError
+from outbox.deadlines import call_with_deadline
+from outbox.exceptions import OutboxError
 
 
 class PrivateAddressRefused(OutboxError):
@@ -90,7 +90,7 @@ def resolve(host: str, port: int, timeout: float | None = None) -> list[str]:
         return [str(ipaddress.ip_address(host.strip("[]")))]
     except ValueError:
         pass
-    from .exceptions import DeliveryError
+    from outbox.exceptions import DeliveryError
 
     def lookup() -> list[Any]:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)

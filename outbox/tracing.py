@@ -40,12 +40,12 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .conf import outbox_settings
-from .version import __version__
+from outbox.conf import outbox_settings
+from outbox.version import __version__
 
 if TYPE_CHECKING:
-    from .delivery import Outcome
-    from .records import Message
+    from outbox.delivery import Outcome
+    from outbox.records import Message
 
 SYSTEM = "django-redis-outbox"
 #: Header names of W3C Trace Context (lower case), stored with each message.

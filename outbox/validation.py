@@ -13,9 +13,9 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from . import headers as header_rules
-from .conf import PRIORITIES, outbox_settings
-from .exceptions import InvalidMessage, MessageTooLarge, UnknownDestination
+from outbox import headers as header_rules
+from outbox.conf import PRIORITIES, outbox_settings
+from outbox.exceptions import InvalidMessage, MessageTooLarge, UnknownDestination
 
 #: Kept for callers of the old names; the rules live in :mod:`outbox.headers`.
 MAX_HEADERS = header_rules.MAX_HEADERS

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, cast
 from redis import Redis
 from redis.exceptions import RedisError
 
-from .conf import outbox_settings
+from outbox.conf import outbox_settings
 
 logger = logging.getLogger("outbox")
 
@@ -133,8 +133,8 @@ class Housekeeper(threading.Thread):
             self._stop_event.wait(tick)
 
     def _sweep(self, interval: float) -> None:
-        from .connection import get_repository
-        from .recovery import recover
+        from outbox.connection import get_repository
+        from outbox.recovery import recover
 
         if get_repository().acquire_lock("recovery", self.token, interval * 0.9):
             recover()
@@ -158,8 +158,8 @@ def beat(recovery_interval: float) -> None:
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
     """
-    from .connection import get_repository
-    from .delivery import worker_name
+    from outbox.connection import get_repository
+    from outbox.delivery import worker_name
 
     get_repository().beat(worker_name(), heartbeat_ttl(recovery_interval), time.time())
 
@@ -173,7 +173,7 @@ def housekeeping_seen() -> str | None:
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
     """
-    from .connection import get_repository
+    from outbox.connection import get_repository
 
     repo = get_repository()
     value = cast("bytes | None", repo.connection.get(repo.keys.heartbeat()))
@@ -181,13 +181,13 @@ def housekeeping_seen() -> str | None:
 
 
 def _wake() -> None:
-    from .dispatch import wake_due
+    from outbox.dispatch import wake_due
 
     wake_due()
 
 
 def _flush_alerts() -> None:
-    from .alerts import flush_due
+    from outbox.alerts import flush_due
 
     flush_due()
 
@@ -195,7 +195,7 @@ def _flush_alerts() -> None:
 def _relay() -> None:
     from django.db import close_old_connections
 
-    from .capture import relay
+    from outbox.capture import relay
 
     try:
         relay()
@@ -206,7 +206,7 @@ def _relay() -> None:
 def wait_for_redis(stop: threading.Event | None = None) -> None:
     """Block until the outbox's Redis answers PING, retrying with exponential backoff
     (:data:`RECONNECT_BACKOFF`), or until ``stop`` is set."""
-    from .connection import get_connection
+    from outbox.connection import get_connection
 
     delay = RECONNECT_BACKOFF[0]
     while stop is None or not stop.is_set():
@@ -222,7 +222,7 @@ def wait_for_redis(stop: threading.Event | None = None) -> None:
 
 
 def redis_reachable() -> bool:
-    from .connection import get_connection
+    from outbox.connection import get_connection
 
     try:
         get_connection().ping()
@@ -251,26 +251,26 @@ class StopRequest:
 
     @staticmethod
     def reset() -> None:
-        from .delivery import STOPPING  # local: delivery's imports load only where a worker runs
+        from outbox.delivery import STOPPING  # local: delivery's imports load only where a worker runs
 
         STOPPING.clear()
 
     @staticmethod
     def is_set() -> bool:
-        from .delivery import STOPPING  # local: as in reset()
+        from outbox.delivery import STOPPING  # local: as in reset()
 
         return STOPPING.is_set()
 
     @staticmethod
     def event() -> threading.Event:
         """The event set by the request (:func:`wait_for_redis` waits on it)."""
-        from .delivery import STOPPING  # local: as in reset()
+        from outbox.delivery import STOPPING  # local: as in reset()
 
         return STOPPING.event
 
     def request(self, signum: int) -> None:
         """Record a stop request (idempotent): delivery runs stop claiming; the watchdog starts."""
-        from .delivery import STOPPING  # local: as in reset()
+        from outbox.delivery import STOPPING  # local: as in reset()
 
         if STOPPING.set():
             logger.warning(
@@ -348,7 +348,7 @@ def waiting_connection(client: Redis) -> Redis:
     Returns:
         A new :class:`redis.Redis`; close its pool (``connection_pool.disconnect()``) when done.
     """
-    from .connection import client_like
+    from outbox.connection import client_like
 
     return client_like(client, socket_timeout=None)
 
@@ -494,7 +494,7 @@ def run_worker(
 
 def run_housekeeping_once(*, relay: bool = True) -> None:
     """One relay, recovery, alerts and wake pass, each step's errors logged (``--burst``, tests)."""
-    from .recovery import recover
+    from outbox.recovery import recover
 
     def beat_now() -> None:
         beat(float(outbox_settings.RECOVERY_INTERVAL))

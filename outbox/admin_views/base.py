@@ -17,15 +17,15 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from ..connection import REDIS_UNAVAILABLE, redis_location
-from ..operations import OPERATIONS, Operation
+from outbox.connection import REDIS_UNAVAILABLE, redis_location
+from outbox.operations import OPERATIONS, Operation
 
 if TYPE_CHECKING:
     from typing import TypeAlias
 
     from django.contrib import admin
 
-    from ..models import Message
+    from outbox.models import Message
 
     #: The console's admin (outbox.admin.MessageAdmin), as the console's views see it.
     ModelAdmin: TypeAlias = admin.ModelAdmin[Message]

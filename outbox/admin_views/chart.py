@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from ..health import OUTCOME_KINDS
+from outbox.health import OUTCOME_KINDS
 
 if TYPE_CHECKING:
-    from ..health import MinuteStats
+    from outbox.health import MinuteStats
 
 #: Minutes shown on the console's attempt charts (the dashboard, a destination's page).
 CHART_MINUTES = 60

@@ -46,16 +46,33 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from ..batches import recorder_for
-from ..connection import get_repository
-from ..operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
-from . import tasks
-from .base import TEMPLATES, BadRequest, console_view, context, list_url, require_view, url, user_id
-from .filters import FILTER_PARAMS, SEARCH_PARAM, describe, parse_as_of, parse_filter, search_ids, search_text
-from .history import record
+from outbox.admin_views import tasks
+from outbox.admin_views.base import (
+    TEMPLATES,
+    BadRequest,
+    console_view,
+    context,
+    list_url,
+    require_view,
+    url,
+    user_id,
+)
+from outbox.admin_views.filters import (
+    FILTER_PARAMS,
+    SEARCH_PARAM,
+    describe,
+    parse_as_of,
+    parse_filter,
+    search_ids,
+    search_text,
+)
+from outbox.admin_views.history import record
+from outbox.batches import recorder_for
+from outbox.connection import get_repository
+from outbox.operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
 
 if TYPE_CHECKING:
-    from .base import ModelAdmin
+    from outbox.admin_views.base import ModelAdmin
 
 #: Selected ids listed on the confirmation page (the count covers them all).
 IDS_SHOWN = 20

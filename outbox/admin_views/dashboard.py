@@ -22,19 +22,19 @@ from django.template.response import TemplateResponse
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from .. import health
-from ..conf import outbox_settings
-from ..connection import get_repository
-from ..records import STATUSES, Status
-from ..store.queries import created_at_of
-from ..store.repository import sum_counts
-from .base import TEMPLATES, console_view, context, list_url, require_view, url
-from .chart import CHART_MINUTES, attempt_chart
-from .formatting import duration, moment
-from .rq_stats import queue_stats
+from outbox import health
+from outbox.admin_views.base import TEMPLATES, console_view, context, list_url, require_view, url
+from outbox.admin_views.chart import CHART_MINUTES, attempt_chart
+from outbox.admin_views.formatting import duration, moment
+from outbox.admin_views.rq_stats import queue_stats
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.records import STATUSES, Status
+from outbox.store.queries import created_at_of
+from outbox.store.repository import sum_counts
 
 if TYPE_CHECKING:
-    from .base import ModelAdmin
+    from outbox.admin_views.base import ModelAdmin
 
 
 @dataclass

@@ -29,24 +29,33 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .. import health
-from ..batches import BatchRecorder
-from ..conf import outbox_settings
-from ..connection import get_repository
-from ..destinations import get_destination, get_transport
-from ..exceptions import UnknownDestination
-from ..operations import REQUEUE, execute, recover_selection, report
-from ..redaction import destination_options, redact, secrets_for
-from ..times import parse_time
-from .base import TEMPLATES, BadRequest, console_view, context, list_url, require_view, url, user_id
-from .chart import CHART_MINUTES, attempt_chart, latency_chart
-from .confirm import batch_report
-from .filters import parse_as_of
-from .formatting import duration, moment
-from .history import record_change
+from outbox import health
+from outbox.admin_views.base import (
+    TEMPLATES,
+    BadRequest,
+    console_view,
+    context,
+    list_url,
+    require_view,
+    url,
+    user_id,
+)
+from outbox.admin_views.chart import CHART_MINUTES, attempt_chart, latency_chart
+from outbox.admin_views.confirm import batch_report
+from outbox.admin_views.filters import parse_as_of
+from outbox.admin_views.formatting import duration, moment
+from outbox.admin_views.history import record_change
+from outbox.batches import BatchRecorder
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.destinations import get_destination, get_transport
+from outbox.exceptions import UnknownDestination
+from outbox.operations import REQUEUE, execute, recover_selection, report
+from outbox.redaction import destination_options, redact, secrets_for
+from outbox.times import parse_time
 
 if TYPE_CHECKING:
-    from .base import ModelAdmin
+    from outbox.admin_views.base import ModelAdmin
 
 #: The permission for pause, resume, disable and enable.
 MANAGE_PERMISSION = "outbox.manage_destination"

@@ -15,15 +15,15 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch
 from django.utils.translation import gettext as _
 
-from ..connection import get_repository
-from ..exceptions import MessageNotFound
-from ..records import Attempt, Message
-from ..redaction import destination_options, redact, secrets_for
-from .base import TEMPLATES, allowed_operations, console_view, context, require_view, url
-from .formatting import mask_headers, moment, preview_body, safe_content_type
+from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
+from outbox.admin_views.formatting import mask_headers, moment, preview_body, safe_content_type
+from outbox.connection import get_repository
+from outbox.exceptions import MessageNotFound
+from outbox.records import Attempt, Message
+from outbox.redaction import destination_options, redact, secrets_for
 
 if TYPE_CHECKING:
-    from .base import ModelAdmin
+    from outbox.admin_views.base import ModelAdmin
 
 #: File name extensions for downloads, by content type.
 EXTENSIONS = {

@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from ..batches import is_token
-from ..records import STATUSES
-from ..store.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
-from ..times import MAX_EPOCH, parse_time
+from outbox.batches import is_token
+from outbox.records import STATUSES
+from outbox.store.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
+from outbox.times import MAX_EPOCH, parse_time
 
 if TYPE_CHECKING:
-    from ..store.repository import MessageRepository
+    from outbox.store.repository import MessageRepository
 
 TIME_PARAMS = ("created_from", "created_to", "updated_from", "updated_to")
 FILTER_PARAMS = ("status", "destination", "queue", *TIME_PARAMS, "status_code", "error_class", "batch")

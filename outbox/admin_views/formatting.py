@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import overload
 
-from ..redaction import is_sensitive_header
+from outbox.redaction import is_sensitive_header
 
 MASK = "••••••••"
 #: Bytes of a body shown on the detail page; larger bodies are cut (download for all).

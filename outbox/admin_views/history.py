@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 
-from ..models import Message
-from ..operations import Operation
+from outbox.models import Message
+from outbox.operations import Operation
 
 #: The admin history's action flag per operation.
 LOG_FLAGS = {"requeue": CHANGE, "retry_now": CHANGE, "cancel": CHANGE, "delete": DELETION}

@@ -37,19 +37,19 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from ..batches import TTL as BATCH_TTL
-from ..conf import outbox_settings
-from ..connection import get_repository
-from ..records import STATUSES, Message
-from ..redaction import destination_options, redact, secrets_for
-from ..store.queries import page, served_sorts, summaries
-from ..templatetags.outbox_admin import zone_abbreviation
-from .base import TEMPLATES, allowed_operations, console_view, context, require_view, url
-from .filters import SEARCH_PARAM, ListQuery, parse_list_query, search_ids
-from .formatting import moment, shorten
+from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
+from outbox.admin_views.filters import SEARCH_PARAM, ListQuery, parse_list_query, search_ids
+from outbox.admin_views.formatting import moment, shorten
+from outbox.batches import TTL as BATCH_TTL
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.records import STATUSES, Message
+from outbox.redaction import destination_options, redact, secrets_for
+from outbox.store.queries import page, served_sorts, summaries
+from outbox.templatetags.outbox_admin import zone_abbreviation
 
 if TYPE_CHECKING:
-    from .base import ModelAdmin
+    from outbox.admin_views.base import ModelAdmin
 
 SORT_LABELS = {
     "created": gettext_lazy("Created"),

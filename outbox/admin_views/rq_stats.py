@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..connection import get_repository
-from ..dispatch import get_queue
-from ..liveness import WorkerInfo, workers
+from outbox.connection import get_repository
+from outbox.dispatch import get_queue
+from outbox.liveness import WorkerInfo, workers
 
 __all__ = ["QueueStats", "WorkerInfo", "queue_stats"]
 

@@ -23,13 +23,13 @@ from typing import Any
 from django.db import DatabaseError
 from rq import get_current_job
 
-from ..batches import BatchRecorder
-from ..conf import outbox_settings
-from ..connection import get_repository
-from ..dispatch import get_queue, new_job_id
-from ..operations import OPERATIONS, Operation, Selection, execute, report
-from ..store.tasks import TaskRegistry
-from .history import record
+from outbox.admin_views.history import record
+from outbox.batches import BatchRecorder
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.dispatch import get_queue, new_job_id
+from outbox.operations import OPERATIONS, Operation, Selection, execute, report
+from outbox.store.tasks import TaskRegistry
 
 logger = logging.getLogger("outbox")
 

@@ -35,16 +35,16 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from ..actions import ActionResult
-from ..batches import TTL as BATCH_TTL
-from ..batches import recorder_for
-from ..connection import get_repository, redis_location
-from ..destinations import get_destination
-from ..exceptions import UnknownDestination
-from ..operations import Operation, Selection, execute
-from ..store.queries import Count, MessageFilter, TimeRange, count_matching
-from ..store.repository import MessageRepository
-from ..times import parse_time
+from outbox.actions import ActionResult
+from outbox.batches import TTL as BATCH_TTL
+from outbox.batches import recorder_for
+from outbox.connection import get_repository, redis_location
+from outbox.destinations import get_destination
+from outbox.exceptions import UnknownDestination
+from outbox.operations import Operation, Selection, execute
+from outbox.store.queries import Count, MessageFilter, TimeRange, count_matching
+from outbox.store.repository import MessageRepository
+from outbox.times import parse_time
 
 TIME_OPTIONS = ("created_after", "created_before", "updated_after", "updated_before")
 

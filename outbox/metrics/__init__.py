@@ -26,7 +26,7 @@ except ImportError as exc:
         "outbox.metrics needs prometheus_client: pip install 'django-redis-outbox[metrics]'"
     ) from exc
 
-from .collector import METRICS, OutboxCollector
-from .registration import register, unregister
+from outbox.metrics.collector import METRICS, OutboxCollector
+from outbox.metrics.registration import register, unregister
 
 __all__ = ["METRICS", "OutboxCollector", "register", "unregister"]

@@ -8,7 +8,7 @@ import weakref
 
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
-from .collector import OutboxCollector
+from outbox.metrics.collector import OutboxCollector
 
 _registered: weakref.WeakKeyDictionary[CollectorRegistry, OutboxCollector] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()

@@ -3,7 +3,7 @@ serves :func:`outbox.metrics.views.metrics` at ``/outbox/metrics``."""
 
 from django.urls import path
 
-from . import views
+from outbox.metrics import views
 
 app_name = "outbox_metrics"
 urlpatterns = [path("", views.metrics, name="metrics")]

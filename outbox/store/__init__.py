@@ -1,7 +1,15 @@
 """Redis storage of messages: key names, Lua scripts and the repository."""
 
-from .keys import Keys
-from .repository import BulkResult, Change, ChangeResult, Claim, Created, CreateResult, MessageRepository
+from outbox.store.keys import Keys
+from outbox.store.repository import (
+    BulkResult,
+    Change,
+    ChangeResult,
+    Claim,
+    Created,
+    CreateResult,
+    MessageRepository,
+)
 
 __all__ = [
     "BulkResult",

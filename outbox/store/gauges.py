@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .repository import MessageRepository
+from outbox.store.repository import MessageRepository
 
 
 @dataclass(frozen=True)

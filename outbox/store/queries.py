@@ -50,8 +50,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from ..records import STATUSES, Message, Status
-from .repository import Cursor, Index, Members, MessageRepository
+from outbox.records import STATUSES, Message, Status
+from outbox.store.repository import Cursor, Index, Members, MessageRepository
 
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000

@@ -14,11 +14,11 @@ from typing import Any, cast
 from redis import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from ..exceptions import MessageNotFound
-from ..records import INLINE_ATTEMPT_FIELDS, STATUSES, Attempt, Message
-from .keys import Keys
-from .scripts import names, sha, source
-from .thread_client import ThreadClients
+from outbox.exceptions import MessageNotFound
+from outbox.records import INLINE_ATTEMPT_FIELDS, STATUSES, Attempt, Message
+from outbox.store.keys import Keys
+from outbox.store.scripts import names, sha, source
+from outbox.store.thread_client import ThreadClients
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
 # redis-py's own types also allow str (``decode_responses=True``) and give one type to

@@ -17,7 +17,7 @@ from typing import Any
 from redis import Redis
 from rq.job import Job
 
-from .keys import Keys
+from outbox.store.keys import Keys
 
 
 class TaskRegistry:

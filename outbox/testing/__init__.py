@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 # RedisServer is imported eagerly: settings modules start servers with it before Django is
 # set up. The rest needs Django's settings, so it is imported on first use (PEP 562).
-from .redis_server import RedisServer, find_server_binary, free_port
+from outbox.testing.redis_server import RedisServer, find_server_binary, free_port
 
 if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
-    from .delivery import Delivered, deliver_all
-    from .sent import SentMessages
+    from outbox.testing.delivery import Delivered, deliver_all
+    from outbox.testing.sent import SentMessages
 
 _LAZY = {"Delivered": ".delivery", "deliver_all": ".delivery", "SentMessages": ".sent"}
 

@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
-from ..conf import outbox_settings
-from ..connection import get_repository
-from ..records import Status
-from ..store import Change
-from ..store.repository import Members
+from outbox.conf import outbox_settings
+from outbox.connection import get_repository
+from outbox.records import Status
+from outbox.store import Change
+from outbox.store.repository import Members
 
 
 @dataclass
@@ -72,7 +72,7 @@ def deliver_all(
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
     """
-    from ..delivery import run
+    from outbox.delivery import run
 
     names = list(queues) if queues is not None else outbox_settings.queue_names
     report = Delivered()
@@ -95,7 +95,7 @@ def deliver_all(
 def _push_captured() -> int:
     """Push messages captured in the database (sent inside a transaction that has not
     committed: a test wrapped in one) to Redis, as the relay would; 0 without database access."""
-    from ..capture import relay, relay_databases
+    from outbox.capture import relay, relay_databases
 
     pushed = 0
     for alias in relay_databases():

@@ -6,8 +6,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, cast
 
-from ..records import Message
-from ..store.repository import Members
+from outbox.records import Message
+from outbox.store.repository import Members
 
 
 class SentMessages:
@@ -35,7 +35,7 @@ class SentMessages:
 
     def messages(self) -> list[Message]:
         """Every message sent since :attr:`since`, oldest first."""
-        from ..connection import get_repository
+        from outbox.connection import get_repository
 
         repo = get_repository()
         pipe = repo.connection.pipeline(transaction=False)
@@ -127,8 +127,8 @@ def _matches(message: Message, body: Any, headers: dict[str, str] | None) -> boo
 def _captured_since(since: float) -> list[Message]:
     """Messages in the capture tables created since ``since`` (a database this test may
     not use, or without the table, has none)."""
-    from ..capture import relay_databases
-    from ..models import CapturedMessage
+    from outbox.capture import relay_databases
+    from outbox.models import CapturedMessage
 
     out = []
     for alias in relay_databases():

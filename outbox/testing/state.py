@@ -15,9 +15,9 @@ def empty_outbox() -> Iterator[Redis]:
     forget the repository again. Used by the pytest plugin's ``outbox_redis`` fixture
     (and this project's own tests) after the settings point at a private server.
     """
-    from ..conf import outbox_settings
-    from ..connection import get_connection, get_repository
-    from ..destinations import close_transports
+    from outbox.conf import outbox_settings
+    from outbox.connection import get_connection, get_repository
+    from outbox.destinations import close_transports
 
     outbox_settings.reload()
     get_repository.cache_clear()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from .base import DeliveryResult, Transport
+from outbox.transports.base import DeliveryResult, Transport
 
 ALIASES = {
     "webhook": "outbox.transports.webhook.WebhookTransport",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from ..records import Message
+    from outbox.records import Message
 
 T = TypeVar("T")
 

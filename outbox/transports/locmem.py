@@ -19,9 +19,9 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..exceptions import DeliveryError
-from ..records import Message
-from .base import DeliveryResult, Transport
+from outbox.exceptions import DeliveryError
+from outbox.records import Message
+from outbox.transports.base import DeliveryResult, Transport
 
 #: Messages delivered by every locmem destination in this process, oldest first.
 outbox: list[Message] = []

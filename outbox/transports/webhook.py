@@ -73,15 +73,15 @@ import httpx
 from django.core.exceptions import ImproperlyConfigured
 from standardwebhooks import Webhook
 
-from .. import headers as header_rules
-from .. import tracing
-from ..conf import outbox_settings
-from ..exceptions import DeliveryError, InvalidMessage, PermanentDeliveryError
-from ..records import Message
-from ..redaction import redact, secrets_for
-from ..ssrf import GuardedTransport, PrivateAddressRefused, environment_proxy
-from ..version import __version__
-from .base import DeliveryResult, Transport
+from outbox import headers as header_rules
+from outbox import tracing
+from outbox.conf import outbox_settings
+from outbox.exceptions import DeliveryError, InvalidMessage, PermanentDeliveryError
+from outbox.records import Message
+from outbox.redaction import redact, secrets_for
+from outbox.ssrf import GuardedTransport, PrivateAddressRefused, environment_proxy
+from outbox.transports.base import DeliveryResult, Transport
+from outbox.version import __version__
 
 DEFAULT_RETRY_STATUSES = (408, 409, 425, 429)
 RESPONSE_EXCERPT = 200  # characters of a failed response body kept in the error
