@@ -19,7 +19,7 @@ with :func:`benchmarks.loader.load` into the private benchmark Redis, then measu
   as a ratio to it;
 * requeue of every failed message (seconds; median, min and max of ``--rounds``):
 
-  (a) ``outbox.actions.requeue`` fed by ``repo.iter_ids("failed")``;
+  (a) ``outbox.operations.actions.requeue`` fed by ``repo.iter_ids("failed")``;
   (b) the console's flow: confirmation page, confirm POST ("select all matching"
       ``status=failed``; above ``MessageAdmin.sync_action_limit`` it runs as a
       background RQ job), an RQ ``SimpleWorker`` in burst mode on the outbox's high
@@ -204,14 +204,14 @@ def put_back_failed(repo, scored: list[tuple[bytes, float]]) -> None:
 def drop_delivery_jobs() -> int:
     """Remove the delivery jobs a requeue queued (so they are not run); returns how many."""
     from outbox.conf import outbox_settings
-    from outbox.dispatch import get_queue
+    from outbox.store.wakeups import get_queue
 
     return sum(get_queue(name).empty() for name in outbox_settings.queue_names)
 
 
 def requeue_api(repo) -> tuple[float, int]:
-    """(a): seconds to requeue every failed message through ``outbox.actions.requeue``."""
-    from outbox import actions
+    """(a): seconds to requeue every failed message through ``outbox.operations.actions.requeue``."""
+    from outbox.operations import actions
 
     t0 = time.perf_counter()
     result = actions.requeue(chain.from_iterable(repo.iter_ids("failed")))
@@ -226,7 +226,7 @@ def requeue_console(client, repo) -> tuple[dict[str, float], str]:
     from rq import SimpleWorker
 
     from outbox.conf import outbox_settings
-    from outbox.dispatch import get_queue
+    from outbox.store.wakeups import get_queue
 
     url = reverse("admin:outbox_message_action")
     form = {
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     from django.conf import settings
 
     from benchmarks.loader import load
-    from outbox.connection import get_connection, get_repository
+    from outbox.store.connection import get_connection, get_repository
 
     conn = get_connection()
     conn.flushdb()
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     show(
         pages,
         [
-            ("(a) outbox.actions.requeue(repo.iter_ids)", api_runs, n_failed, REQUEUE_TARGET_S),
+            ("(a) outbox.operations.actions.requeue(repo.iter_ids)", api_runs, n_failed, REQUEUE_TARGET_S),
             ("(b) console: select all matching + confirm + job", console_runs, n_failed, REQUEUE_TARGET_S),
             ("(c) bare: pipelined HSET+ZREM+ZADD, 1,000 per trip", bare_runs, n_failed, None),
         ],

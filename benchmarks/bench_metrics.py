@@ -21,8 +21,8 @@ def main() -> None:
 
     import outbox
     from outbox.conf import outbox_settings
-    from outbox.connection import get_connection
     from outbox.metrics import OutboxCollector
+    from outbox.store.connection import get_connection
 
     registry = CollectorRegistry()
     registry.register(OutboxCollector())

@@ -5,7 +5,7 @@
 
 Every measurement ("case") runs in a process of its own with its own private Redis
 (:class:`outbox.testing.RedisServer`), so memory figures are clean; workers are real
-processes: ``outbox.worker.run_worker`` (what ``manage.py outbox_worker`` runs, relay
+processes: ``outbox.delivery.worker.run_worker`` (what ``manage.py outbox_worker`` runs, relay
 off since the benchmark has no database table), RQ's ``SimpleWorker``, Dramatiq's
 ``Worker`` with one thread. Rounds are interleaved (round 1 runs every case, then round
 2 ...); the table shows medians and the min-max spread, ratios against the peer
@@ -202,7 +202,7 @@ def outbox_warmed(body: dict):
     """Send one message (scripts loaded, queues known, this thread's connection made),
     then empty Redis as a running deployment would find it; returns the connection."""
     import outbox
-    from outbox.connection import get_connection, get_repository
+    from outbox.store.connection import get_connection, get_repository
 
     conn = get_connection()
     outbox.send("noop", body)
@@ -237,7 +237,7 @@ def case_outbox(n: int, many: bool, profile: str = "tuned") -> dict:
     try:
         setup_django()
         import outbox
-        from outbox.connection import get_repository
+        from outbox.store.connection import get_repository
 
         body = body_200()
         conn = outbox_warmed(body)
@@ -389,7 +389,7 @@ def case_webhook_outbox(n: int, profile: str = "defaults") -> dict:
     try:
         setup_django()
         import outbox
-        from outbox.connection import get_connection, get_repository
+        from outbox.store.connection import get_connection, get_repository
 
         body = body_200()
         for i in range(0, n, 100):
@@ -566,7 +566,7 @@ def case_delivery_alternating(n: int, bursts: int = 6) -> dict:
     try:
         setup_django()
         import outbox
-        from outbox.connection import get_repository
+        from outbox.store.connection import get_repository
 
         body = body_200()
         outbox_warmed(body)
@@ -637,7 +637,7 @@ def outbox_worker(burst: bool) -> None:
     setup_django()
     from django.core import checks
 
-    from outbox.worker import run_worker
+    from outbox.delivery.worker import run_worker
 
     # What `manage.py outbox_worker` does before its worker starts: Django's system checks,
     # which build every configured destination (importing its transport module). Dramatiq's

@@ -19,10 +19,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from outbox import dispatch
-from outbox.connection import get_repository
 from outbox.records import Attempt, Message, Status, new_message_id
 from outbox.store import Change
+from outbox.store import wakeups as dispatch
+from outbox.store.connection import get_repository
 
 CREATE_BATCH = 10_000
 TRANSITION_BATCH = 2_000

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "ActionResult": "outbox.actions",
+    "ActionResult": "outbox.operations.actions",
     "Attempt": "outbox.records",
     "Message": "outbox.records",
     "Status": "outbox.records",
@@ -63,7 +63,6 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from outbox.actions import ActionResult
     from outbox.api import attempts, cancel, delete, get, requeue, send, send_many
     from outbox.exceptions import (
         DeliveryError,
@@ -76,6 +75,7 @@ if TYPE_CHECKING:
         PermanentDeliveryError,
         UnknownDestination,
     )
+    from outbox.operations.actions import ActionResult
     from outbox.records import Attempt, Message, Status
 
 

@@ -56,7 +56,7 @@ class MessageAdmin(_ModelAdmin):
             request (about 10,000 requeues per second; see ``docs``).
 
     A destination's one state comes from its holds and recent attempts
-    (:func:`outbox.health.destination_state`), not from the messages kept.
+    (:func:`outbox.destinations.health.destination_state`), not from the messages kept.
     """
 
     list_per_page = 50

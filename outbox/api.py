@@ -14,14 +14,15 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from redis.exceptions import RedisError
 
-from outbox import actions, intake, tracing
+from outbox import tracing
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
-from outbox.destinations import get_destination, get_transport, validate_max_retries
+from outbox.destinations.config import get_destination, get_transport, validate_max_retries
 from outbox.exceptions import InvalidMessage, MessageNotFound, OutboxUnavailable
+from outbox.operations import actions
 from outbox.records import Attempt, Message, Status, new_message_id
 from outbox.retry import RetryPolicy
-from outbox.validation import (
+from outbox.sending import intake
+from outbox.sending.validation import (
     clean_delay,
     clean_destination,
     clean_headers,
@@ -29,6 +30,7 @@ from outbox.validation import (
     clean_priority,
     encode_body,
 )
+from outbox.store.connection import get_repository
 
 SEND_ARGUMENTS = frozenset(
     {
@@ -209,7 +211,7 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     if not messages:
         return []
     if transaction.get_connection(using).in_atomic_block and not outbox_settings.EAGER:
-        from outbox.capture import capture
+        from outbox.sending.capture import capture
 
         return capture(messages, using)
     try:
@@ -246,7 +248,7 @@ def get(message_id: str) -> Message:
         MessageNotFound: no such message.
         OutboxUnavailable: Redis is unreachable and the message is not in the capture table.
     """
-    from outbox.capture import captured
+    from outbox.sending.capture import captured
 
     try:
         return get_repository().get(message_id)
@@ -277,13 +279,13 @@ def requeue(ids: str | Iterable[str]) -> actions.ActionResult:
     """Send failed, cancelled or succeeded messages again with a fresh retry budget.
 
     Returns:
-        :class:`~outbox.actions.ActionResult` (``acted``, ``skipped``: ids in another status or gone).
+        :class:`~outbox.operations.actions.ActionResult` (``acted``, ``skipped``: ids in another status or gone).
     """
     return actions.requeue(_ids(ids))
 
 
 def cancel(ids: str | Iterable[str]) -> actions.ActionResult:
-    """Cancel pending or retrying messages. Returns an :class:`~outbox.actions.ActionResult`."""
+    """Cancel pending or retrying messages. Returns an :class:`~outbox.operations.actions.ActionResult`."""
     return actions.cancel(_ids(ids))
 
 

@@ -19,7 +19,7 @@ outbox.W003    a destination's attempt deadline (``Transport.longest_attempt()``
                transport has none, so its lease can run out mid-attempt (a duplicate
                delivery)
 outbox.E006    the outbox's Redis evicts any key at its ``maxmemory`` (``allkeys-*``):
-               accepted messages vanish (see :mod:`outbox.redis_health`)
+               accepted messages vanish (see :mod:`outbox.store.diagnostics`)
 outbox.W004    the outbox's Redis has no persistence (neither AOF nor RDB)
 outbox.W005    the outbox uses the ``default`` cache alias (or shares its database with
                another alias), which ``cache.clear()`` empties
@@ -27,7 +27,7 @@ outbox.W006    the outbox's Redis has another eviction policy than ``noeviction`
 outbox.W007    the outbox's Redis could not be inspected
 outbox.E007    ``OUTBOX["ALERTS"]`` is invalid: unknown keys or events, ``SUPPRESS`` not
                a positive number, or a channel naming a destination that does not
-               exist or has the wrong transport (see :mod:`outbox.alerts`)
+               exist or has the wrong transport (see :mod:`outbox.destinations.alerts`)
 outbox.W008    ``OUTBOX["ALERTS"]["EMAIL_ADMINS"]`` is set but ``settings.ADMINS`` is empty
 outbox.W009    ``OUTBOX["ALERTS"]["WEBHOOK"]`` names a webhook destination without a
                ``secret``: operational webhooks would go unsigned
@@ -62,14 +62,14 @@ import httpcore
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from outbox import redis_health
-from outbox.alerts import admin_addresses, channel_problems, parse_alert_settings
 from outbox.conf import DEFAULTS, PRIORITIES, outbox_settings
-from outbox.destinations import configuration_errors, get_destination, validate_max_retries
-from outbox.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
+from outbox.destinations.alerts import admin_addresses, channel_problems, parse_alert_settings
+from outbox.destinations.config import configuration_errors, get_destination, validate_max_retries
+from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.redaction import redact, secrets_for
 from outbox.retry import RetryPolicy
-from outbox.ssrf import environment_proxy, is_public_address, resolve
+from outbox.store import diagnostics as redis_health
+from outbox.transports.ssrf import environment_proxy, is_public_address, resolve
 from outbox.transports.webhook import WebhookTransport, url_host
 
 POSITIVE_NUMBERS = (
@@ -204,7 +204,7 @@ def _check() -> list[CheckMessage]:
 
 
 def _alert_checks() -> list[CheckMessage]:
-    """outbox.E007, W008, W009: ``OUTBOX["ALERTS"]`` (see :mod:`outbox.alerts`)."""
+    """outbox.E007, W008, W009: ``OUTBOX["ALERTS"]`` (see :mod:`outbox.destinations.alerts`)."""
     try:
         config = parse_alert_settings(outbox_settings.ALERTS)
     except ValueError as exc:
@@ -295,7 +295,7 @@ def _lease_warnings() -> list[CheckMessage]:
 
 
 def _as_check_messages(findings: list[redis_health.Finding]) -> list[CheckMessage]:
-    """System check messages (Error or Warning, same id) for :mod:`outbox.redis_health` findings."""
+    """System check messages (Error or Warning, same id) for :mod:`outbox.store.diagnostics` findings."""
     kinds = {redis_health.ERROR: Error, redis_health.WARNING: Warning}
     return [kinds[f.level](f.msg, hint=f.hint or None, id=f.id) for f in findings]
 
@@ -323,7 +323,7 @@ def check_shared_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[Che
 
 @register("outbox_network")
 def check_webhook_addresses(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """outbox.W010: webhook destinations whose host the SSRF guard (:mod:`outbox.ssrf`)
+    """outbox.W010: webhook destinations whose host the SSRF guard (:mod:`outbox.transports.ssrf`)
     would refuse at every attempt, so every message would be a dead letter with
     ``error_class`` ``blocked_address``.
 

@@ -19,9 +19,9 @@ Pub/Sub payload of a delivery outcome (JSON object)::
      "status": "succeeded", "retry_count": 0, "status_code": 200, "error": "",
      "next_attempt_at": null, "at": 1763780000.123}
 
-Destination events (:mod:`outbox.health`; keyword ``event``, a
-:class:`~outbox.health.DestinationEvent`; ``sender`` is that class), sent in the process
-that made the change by :func:`outbox.alerts.notify`: :data:`destination_failing`,
+Destination events (:mod:`outbox.destinations.health`; keyword ``event``, a
+:class:`~outbox.destinations.health.DestinationEvent`; ``sender`` is that class), sent in the process
+that made the change by :func:`outbox.destinations.alerts.notify`: :data:`destination_failing`,
 :data:`destination_recovered`, :data:`destination_opened`, :data:`destination_closed`,
 :data:`destination_disabled`, :data:`destination_enabled`, :data:`destination_paused`,
 :data:`destination_resumed`. Their Pub/Sub JSON is ``{"event": "destination.opened",
@@ -31,7 +31,7 @@ that made the change by :func:`outbox.alerts.notify`: :data:`destination_failing
 failure), sent by the worker that wrote it, after :data:`message_failed`
 (:func:`send_exhausted_signal`; ``sender`` the :class:`~outbox.records.Message` class,
 keywords ``message``, ``attempt`` and ``event``, its ``message.exhausted``
-:class:`~outbox.health.DestinationEvent`).
+:class:`~outbox.destinations.health.DestinationEvent`).
 
 Every signal is sent with ``send_robust``: a receiver that raises is logged with its
 traceback and stops neither the other receivers nor delivery.
@@ -52,7 +52,7 @@ from django.dispatch import Signal
 from outbox.records import Attempt, Message
 
 if TYPE_CHECKING:
-    from outbox.health import DestinationEvent
+    from outbox.destinations.health import DestinationEvent
 
 logger = logging.getLogger("outbox")
 
@@ -150,7 +150,7 @@ def send_signal(status: str, message: Message, attempt: Attempt | None = None) -
 
 def send_exhausted_signal(message: Message, attempt: Attempt | None, event: DestinationEvent) -> None:
     """Send :data:`message_exhausted` for a dead letter whose retries ran out (``event``:
-    its ``message.exhausted`` :class:`~outbox.health.DestinationEvent`); receiver errors
+    its ``message.exhausted`` :class:`~outbox.destinations.health.DestinationEvent`); receiver errors
     are logged."""
     _send_robust(message_exhausted, message.id, sender=Message, message=message, attempt=attempt, event=event)
 

@@ -131,4 +131,4 @@ class IdempotencyConflict(InvalidMessage):
 class OutboxUnavailable(OutboxError):
     """Redis could not be reached to store a message (outside a transaction); nothing
     was stored. Inside ``transaction.atomic`` this is not raised: the message is
-    captured in the database and reaches Redis later (see :mod:`outbox.capture`)."""
+    captured in the database and reaches Redis later (see :mod:`outbox.sending.capture`)."""

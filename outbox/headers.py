@@ -1,4 +1,4 @@
-"""Header and content-type rules, in one place: ``send()`` (:mod:`outbox.validation`),
+"""Header and content-type rules, in one place: ``send()`` (:mod:`outbox.sending.validation`),
 the transports' options and the system checks all use these functions.
 
 What is refused, and why:

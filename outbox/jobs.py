@@ -17,7 +17,7 @@ def warn_without_housekeeping() -> None:
     if _housekeeping_checked == os.getpid():
         return
     _housekeeping_checked = os.getpid()
-    from outbox.worker import housekeeping_seen
+    from outbox.delivery.worker import housekeeping_seen
 
     try:
         if housekeeping_seen():
@@ -45,7 +45,7 @@ def deliver(queue: str | Sequence[str]) -> dict[str, object]:
         of delivery jobs (``result_ttl=0``).
     """
     from outbox.conf import outbox_settings
-    from outbox.delivery import run
+    from outbox.delivery.loop import run
 
     warn_without_housekeeping()
     queues = [queue] if isinstance(queue, str) else outbox_settings.queue_names

@@ -4,7 +4,7 @@
   carries the console's permissions. Messages live in Redis (see :mod:`outbox.store`).
 * :class:`CapturedMessage`: messages sent inside a database transaction, written in the
   same transaction so they are as durable as the caller's own rows; a row lives only
-  until Redis has the message (see :mod:`outbox.capture`).
+  until Redis has the message (see :mod:`outbox.sending.capture`).
 
 :class:`Message`'s migration exists so that Django creates its content type and
 permissions:

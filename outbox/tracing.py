@@ -44,7 +44,7 @@ from outbox.conf import outbox_settings
 from outbox.version import __version__
 
 if TYPE_CHECKING:
-    from outbox.delivery import Outcome
+    from outbox.delivery.loop import Outcome
     from outbox.records import Message
 
 SYSTEM = "django-redis-outbox"

@@ -26,7 +26,7 @@ def redis(settings):
 
 @pytest.fixture
 def repo(redis):
-    from outbox.connection import get_repository
+    from outbox.store.connection import get_repository
 
     return get_repository()
 
@@ -41,7 +41,7 @@ def run_worker(
     messages runs only with ``relay`` (it needs database access: ``django_db`` tests).
     """
     from outbox.conf import outbox_settings
-    from outbox.worker import run_worker as outbox_run_worker
+    from outbox.delivery.worker import run_worker as outbox_run_worker
 
     outbox_run_worker(
         outbox_settings.queue_names,

@@ -15,7 +15,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 
 import outbox
-from outbox import health
+from outbox.destinations import health
 
 from .conftest import settle_due
 from .test_admin_actions import batch_links, messages_of

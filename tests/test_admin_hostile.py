@@ -19,8 +19,8 @@ from django.db import connections
 from django.test import Client
 from redis.exceptions import ResponseError
 
-from outbox.connection import REDIS_UNAVAILABLE
 from outbox.store import queries
+from outbox.store.connection import REDIS_UNAVAILABLE
 
 from .test_admin_support import admin_client, make, superuser, u  # noqa: F401  (fixtures)
 

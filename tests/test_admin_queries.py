@@ -12,7 +12,7 @@ import outbox
 from outbox.admin_views.chart import outcome_chart
 from outbox.admin_views.filters import parse_list_query, parse_time
 from outbox.admin_views.formatting import duration, mask_headers, preview_body, safe_content_type, shorten
-from outbox.operations import REQUEUE, Selection
+from outbox.operations.operation import REQUEUE, Selection
 from outbox.store import queries
 from outbox.store.queries import MessageFilter, TimeRange
 from outbox.store.repository import Index

@@ -124,7 +124,7 @@ def test_a_job_rq_ended_without_a_report_shows_rq_s_state(admin_client, repo, re
 
 def test_a_job_that_raises_reports_failed_with_its_error(admin_client, repo, redis, worker, superuser):
     from outbox.admin_views import tasks
-    from outbox.operations import REQUEUE, Selection
+    from outbox.operations.operation import REQUEUE, Selection
 
     # ids that are not str make the operation raise TypeError inside the job
     job_id = tasks.start(REQUEUE, Selection(ids=[1, 2], description="bad ids"), superuser.pk, 2)

@@ -14,9 +14,10 @@ from django.test import override_settings
 from standardwebhooks import Webhook
 
 import outbox
-from outbox import alerts, events, health
+from outbox import events
 from outbox.checks import check_outbox_settings
-from outbox.health import DestinationEvent
+from outbox.destinations import alerts, health
+from outbox.destinations.health import DestinationEvent
 
 SECRET = "whsec_" + base64.b64encode(b"ops-alerts-signing-key-0123456789").decode()
 DEAD_URL = "http://127.0.0.1:9/hook"  # nothing listens on the discard port: connection refused
@@ -121,7 +122,7 @@ def test_an_alert_is_a_signed_webhook_and_an_email_to_admins_delivered_by_a_work
 
 
 def repo_ids(destination: str) -> list[str]:
-    from outbox.connection import get_repository
+    from outbox.store.connection import get_repository
 
     repo = get_repository()
     return [r.decode() for r in repo.connection.zrange(repo.keys.created(destination), 0, -1)]

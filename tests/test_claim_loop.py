@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 
 import outbox
-from outbox import delivery
 from outbox.conf import outbox_settings
-from outbox.destinations import get_destination
+from outbox.delivery import loop as delivery
+from outbox.destinations.config import get_destination
 from tests.conftest import assert_index_invariant, hook_settings, with_destinations
 
 N = 300

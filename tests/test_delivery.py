@@ -212,7 +212,7 @@ def test_delete_forgets_the_message(hook, worker, repo):
 
 
 def test_a_duplicate_job_does_not_deliver_twice(hook, worker, repo):
-    from outbox import dispatch
+    from outbox.store import wakeups as dispatch
 
     m = outbox.send("hook", 1)
     dispatch.enqueue_wakeups(["outbox"])

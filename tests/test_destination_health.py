@@ -11,7 +11,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 import outbox
-from outbox import events, health
+from outbox import events
+from outbox.destinations import health
 from outbox.exceptions import UnknownDestination
 from tests.conftest import assert_index_invariant, hook_settings
 
@@ -149,7 +150,7 @@ def test_pause_delivers_nothing_loses_nothing_and_resume_delivers_all_oldest_fir
 
 
 def test_in_flight_failure_while_paused_parks_without_a_retry(receiver, worker, repo):
-    from outbox.delivery import claim, decide, write
+    from outbox.delivery.loop import claim, decide, write
 
     with hook(receiver):
         m = outbox.send("hook", 1)
@@ -215,7 +216,7 @@ def test_events_are_published_once_per_transition_not_per_message(receiver, work
         "destination.recovered",
         "destination.closed",
     ]
-    assert received == ["destination.opened"]  # the worker handed it to outbox.alerts.notify
+    assert received == ["destination.opened"]  # the worker handed it to outbox.destinations.alerts.notify
 
 
 def test_exhausted_event_when_retries_run_out(receiver, worker, repo):
@@ -307,7 +308,7 @@ def test_status_command_and_actions(receiver, capsys, repo):
 def test_settings_are_validated_with_clear_errors():
     from django.core.exceptions import ImproperlyConfigured
 
-    from outbox.destinations import get_destination
+    from outbox.destinations.config import get_destination
 
     for bad, text in [
         ({"BREAKER": {"FAILURES": 0}}, "['BREAKER']['FAILURES'] must be an integer >= 1"),
@@ -338,8 +339,8 @@ def test_system_checks_report_invalid_protection_settings(settings):
 
 
 def test_a_probe_whose_lease_expired_lets_another_go(receiver, worker, repo, settings):
-    from outbox.delivery import claim
-    from outbox.recovery import recover
+    from outbox.delivery.loop import claim
+    from outbox.delivery.recovery import recover
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     receiver.respond(503)

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.test import override_settings
 
 import outbox
-from outbox import delivery
 from outbox.conf import outbox_settings
-from outbox.destinations import get_destination
+from outbox.delivery import loop as delivery
+from outbox.destinations.config import get_destination
 from tests.conftest import assert_index_invariant, hook_settings, receiving, with_destinations
 
 SLOW = 0.2  # seconds each receiver takes to answer: attempts overlap, rounds are visible

@@ -39,8 +39,8 @@ def redis_at(url: str) -> override_settings:
 # -- 1. Redis down at commit ---------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
 def test_redis_down_at_commit_keeps_the_message_and_the_relay_delivers_it(repo, worker):
-    from outbox.capture import relay
     from outbox.models import CapturedMessage
+    from outbox.sending.capture import relay
 
     with redis_at(DEAD_REDIS):
         with transaction.atomic():
@@ -59,8 +59,8 @@ def test_redis_down_at_commit_keeps_the_message_and_the_relay_delivers_it(repo, 
 
 @pytest.mark.django_db(transaction=True)
 def test_fast_path_and_relay_racing_make_one_message(repo):
-    from outbox.capture import push, relay
     from outbox.models import CapturedMessage
+    from outbox.sending.capture import push, relay
 
     with redis_at(DEAD_REDIS), transaction.atomic():
         m = outbox.send("mem", {"order": 2})
@@ -73,7 +73,7 @@ def test_fast_path_and_relay_racing_make_one_message(repo):
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_relays_captured_messages(repo):
     """The relay runs in outbox_worker's housekeeping (burst: one pass)."""
-    from outbox.worker import run_housekeeping_once
+    from outbox.delivery.worker import run_housekeeping_once
 
     with redis_at(DEAD_REDIS), transaction.atomic():
         m = outbox.send("mem", {"order": 3})

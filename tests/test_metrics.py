@@ -13,10 +13,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import outbox
-from outbox import health, intake
 from outbox.api import build_message
+from outbox.destinations import health
 from outbox.metrics import METRICS, OutboxCollector, register, unregister
 from outbox.metrics.collector import DESTINATION_STATES
+from outbox.sending import intake
 from tests.conftest import redis_down, settle, with_destinations
 
 pytestmark = pytest.mark.urls("tests.metrics_urls")
@@ -102,7 +103,7 @@ def test_scrape_after_real_deliveries(hook, worker, scraper):
     assert samples["outbox_up"] == {(): 1}
     assert 0 < samples["outbox_scrape_duration_seconds"][()] < 5
 
-    # destination health (outbox.health): 2 succeeded, then 4 failed attempts (1 + 3 retries)
+    # destination health (outbox.destinations.health): 2 succeeded, then 4 failed attempts (1 + 3 retries)
     attempts = samples["outbox_attempts_total"]
     assert {dict(k)["outcome"]: v for k, v in attempts.items() if dict(k)["destination"] == "hook"} == {
         "succeeded": 2,
@@ -257,11 +258,11 @@ sys.meta_path.insert(0, Absent())
 import django
 
 django.setup()
-import outbox.admin, outbox.api, outbox.delivery, outbox.health, outbox.tracing, outbox.worker  # noqa
+import outbox.admin, outbox.api, outbox.delivery, outbox.destinations.health, outbox.tracing, outbox.delivery.worker  # noqa
 import outbox.transports.webhook  # noqa
 import outbox
 from outbox.conf import outbox_settings
-from outbox.delivery import run
+from outbox.delivery.loop import run
 
 m = outbox.send("mem", "x")  # TRACING is on by default: without the API it does nothing
 run("outbox")

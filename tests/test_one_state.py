@@ -1,6 +1,6 @@
 """One state per destination, and no quiet lies on the dashboard (issue 20, item 6).
 
-A destination has one state (``outbox.health.destination_state``), and the dashboard,
+A destination has one state (``outbox.destinations.health.destination_state``), and the dashboard,
 the destination page, ``outbox_destination status`` and the Prometheus metrics show the
 same one; parked messages are not counted as overdue; the attempts chart draws parked
 messages; an RQ worker whose ``outbox_worker`` stopped beating is shown stale, not live.
@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import outbox
-from outbox import health
+from outbox.destinations import health
 from outbox.metrics import OutboxCollector
 
 from .test_admin_support import (  # noqa: F401  (fixtures)
@@ -185,7 +185,7 @@ def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admi
     import time
 
     from outbox.admin_views.rq_stats import queue_stats
-    from outbox.worker import heartbeat_ttl
+    from outbox.delivery.worker import heartbeat_ttl
 
     from .test_recovery import start_worker, wait_for
 
@@ -294,7 +294,7 @@ def test_liveness_by_the_outbox_heartbeat_then_rqs():
 
     from rq.utils import utcformat
 
-    from outbox.liveness import _rq_time, liveness
+    from outbox.delivery.liveness import _rq_time, liveness
 
     now = time.time()
     assert abs(_rq_time(utcformat(datetime.fromtimestamp(now, timezone.utc))) - now) < 1e-3

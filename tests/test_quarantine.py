@@ -180,8 +180,8 @@ def tracked(max_retries: int = 2):
 def lose(repo, ids: list[str]) -> None:
     """Claim ``ids`` together as a worker would, and let the sweep take them back as if
     that worker had died (their lease is made to end now)."""
-    from outbox.delivery import claim
-    from outbox.recovery import recover
+    from outbox.delivery.loop import claim
+    from outbox.delivery.recovery import recover
 
     claimed = claim("outbox", time.time())
     assert {m.id for m in claimed} >= set(ids)
@@ -191,7 +191,7 @@ def lose(repo, ids: list[str]) -> None:
 
 
 def test_suspects_are_attempted_alone_and_never_beside_other_messages(repo, settings):
-    from outbox import delivery
+    from outbox.delivery import loop as delivery
 
     _beside.clear()
     with tracked():
@@ -214,7 +214,7 @@ def test_suspects_are_attempted_alone_and_never_beside_other_messages(repo, sett
 
 
 def test_a_loss_beside_others_with_no_retry_left_is_not_a_dead_letter(repo):
-    from outbox import delivery
+    from outbox.delivery import loop as delivery
 
     with tracked(max_retries=0):
         sent = outbox.send_many([{"destination": "tracked", "body": i} for i in range(3)])
@@ -231,7 +231,7 @@ def test_a_loss_beside_others_with_no_retry_left_is_not_a_dead_letter(repo):
 
 
 def test_a_message_lost_alone_without_retries_left_is_a_dead_letter_that_stays_quarantined(repo):
-    from outbox import delivery
+    from outbox.delivery import loop as delivery
 
     with tracked(max_retries=1):
         (m,) = outbox.send_many([{"destination": "tracked", "body": 0}])
@@ -241,7 +241,7 @@ def test_a_message_lost_alone_without_retries_left_is_a_dead_letter_that_stays_q
         claimed = delivery._Run("outbox", repo, 5).exchange(1, quarantine=True)  # the quarantine lane
         assert [c.id for c in claimed] == [m.id]
         repo.connection.zadd(repo.keys.status("sending", "tracked"), {m.id: time.time() - 1})
-        from outbox.recovery import recover
+        from outbox.delivery.recovery import recover
 
         report = recover()
         assert (report.lost, report.lost_alone, report.quarantined) == (1, 1, 0)
@@ -256,8 +256,8 @@ def test_a_message_lost_alone_without_retries_left_is_a_dead_letter_that_stays_q
 
 
 def test_quarantined_messages_are_woken_cancelled_and_deleted_like_due_ones(repo):
-    from outbox.delivery import claim
-    from outbox.dispatch import get_queue, wake_due
+    from outbox.delivery.loop import claim
+    from outbox.store.wakeups import get_queue, wake_due
 
     with tracked():
         sent = outbox.send_many([{"destination": "tracked", "body": i} for i in range(3)])
@@ -293,7 +293,7 @@ def test_outbox_recover_says_how_many_it_quarantined(repo):
 
     from django.core.management import call_command
 
-    from outbox.delivery import claim
+    from outbox.delivery.loop import claim
 
     with tracked():
         sent = outbox.send_many([{"destination": "tracked", "body": i} for i in range(2)])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import outbox
-from outbox import dispatch
 from outbox.conf import outbox_settings
+from outbox.store import wakeups as dispatch
 from tests.conftest import assert_index_invariant, hook_settings
 from tests.test_recovery import start_worker
 

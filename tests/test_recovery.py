@@ -11,10 +11,10 @@ import pytest
 from django.test import override_settings
 
 import outbox
-from outbox.delivery import claim
+from outbox.delivery.loop import claim
+from outbox.delivery.recovery import recover
+from outbox.delivery.worker import Housekeeper
 from outbox.records import STATUSES
-from outbox.recovery import recover
-from outbox.worker import Housekeeper
 from tests.conftest import assert_index_invariant, hook_settings, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ def test_lost_message_without_retries_left_becomes_a_dead_letter_once_lost_alone
     # Lost from an ordinary claim (beside other attempts, for all the sweep knows), it is
     # not charged and is attempted alone once more (issue 20, item 12); lost alone, it is
     # the one that ended its worker: a dead letter.
-    from outbox.delivery import _Run
+    from outbox.delivery.loop import _Run
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     m = outbox.send("hook", 1, max_retries=0)
@@ -103,7 +103,7 @@ def test_lost_message_without_retries_left_becomes_a_dead_letter_once_lost_alone
 
 
 def test_late_outcome_of_a_lost_worker_changes_nothing(hook, repo, settings):
-    from outbox.delivery import decide, write
+    from outbox.delivery.loop import decide, write
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     m = outbox.send("hook", 1)
@@ -117,7 +117,7 @@ def test_late_outcome_of_a_lost_worker_changes_nothing(hook, repo, settings):
 def test_due_message_whose_wakeup_job_vanished_is_woken_again(hook, worker, repo):
     # Fault finding (b): a job taken off the queue by a worker killed before it ran it.
     # The outbox's own indexes are the truth: the stale wake-up flag is replaced.
-    from outbox.dispatch import WAKE_STALE_AFTER, get_queue, wake_due
+    from outbox.store.wakeups import WAKE_STALE_AFTER, get_queue, wake_due
 
     m = outbox.send("hook", 1)
     get_queue("outbox").empty()  # the job is lost; its wake-up flag stays
@@ -140,7 +140,7 @@ def test_a_due_retry_does_not_depend_on_rq_scheduler(receiver, repo):
         worker.communicate(timeout=60)
         got = outbox.get(m.id)
         assert got.status == "retrying"
-        from outbox.dispatch import get_queue
+        from outbox.store.wakeups import get_queue
 
         assert get_queue("outbox").scheduled_job_registry.count == 0  # nothing left to RQ
         time.sleep(max(0.0, got.next_attempt_at - time.time()) + 0.1)
@@ -161,7 +161,8 @@ def test_a_job_timeout_mid_batch_keeps_decided_outcomes_and_charges_only_the_att
     # Issue 11, finding 2: VISIBILITY_TIMEOUT=2, max_retries=0, three messages: the first
     # answered 200, the second hangs, the third not yet attempted. Before, all three
     # ended failed with a lost attempt, the delivered one included.
-    from outbox import delivery, dispatch
+    from outbox.delivery import loop as delivery
+    from outbox.store import wakeups as dispatch
 
     monkeypatch.setattr(dispatch, "JOB_TIMEOUT_MARGIN", -1)  # RQ kills the job after 1 s
     monkeypatch.setattr(delivery, "FAILSAFE_WAIT", 0.2)
@@ -194,7 +195,7 @@ def test_a_job_timeout_mid_batch_keeps_decided_outcomes_and_charges_only_the_att
 
 def test_a_redis_error_in_the_loop_still_writes_decided_outcomes(hook, repo, monkeypatch):
     # Issue 11, finding 2: any exception escaping the loop threw decided outcomes away.
-    from outbox import delivery
+    from outbox.delivery import loop as delivery
     from outbox.store import MessageRepository
 
     sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
@@ -249,7 +250,7 @@ def test_retention_deletes_old_finished_messages_but_keeps_dead_letters(repo, se
     outbox.cancel(withdrawn.id)
     dead = outbox.send("mem", "dead", max_retries=0)
     now = time.time()
-    from outbox.delivery import decide, write
+    from outbox.delivery.loop import decide, write
 
     claimed = {m.id: m for m in claim("outbox", now)}
     write(

@@ -1,4 +1,4 @@
-"""Redis safety findings (outbox.redis_health) and their system checks, against real servers."""
+"""Redis safety findings (outbox.store.diagnostics) and their system checks, against real servers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from redis import Redis
 
-from outbox import redis_health
 from outbox.checks import check_redis_safety, check_shared_cache_alias
+from outbox.store import diagnostics as redis_health
 from outbox.testing import RedisServer, free_port
 
 

@@ -12,8 +12,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import outbox
-from outbox import delivery, health
 from outbox.conf import outbox_settings
+from outbox.delivery import loop as delivery
+from outbox.destinations import health
 from tests.conftest import assert_index_invariant, hook_settings, serving
 
 HELD = 40

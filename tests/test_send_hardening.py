@@ -22,10 +22,10 @@ from standardwebhooks import Webhook
 import outbox
 from outbox.checks import check_outbox_settings
 from outbox.conf import MAX_RETRIES_LIMIT
-from outbox.delivery import run as deliver_queue
+from outbox.delivery.loop import run as deliver_queue
 from outbox.headers import clean_content_type
 from outbox.retry import RetryPolicy, retry_delay
-from outbox.validation import clean_destination
+from outbox.sending.validation import clean_destination
 from tests.conftest import hook_settings, with_destinations
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(40, 72))).decode()

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import outbox
-from outbox import delivery
+from outbox.delivery import loop as delivery
 from outbox.records import STATUSES, Attempt, Message
 from outbox.store import Change
 from tests.conftest import assert_index_invariant
@@ -413,7 +413,7 @@ def test_bulk_changes_give_every_message_its_own_score(repo):
 
 def test_score_clock_never_hands_out_overlapping_chunks():
     # Two chunks of 1,000 prepared within a millisecond once shared scores.
-    from outbox.actions import TIE_BREAK_US, score_clock
+    from outbox.operations.actions import TIE_BREAK_US, score_clock
 
     starts = [round(score_clock.reserve(1000) * 1e6) for _ in range(50)]
     assert all(later - earlier >= 1000 * TIE_BREAK_US for earlier, later in itertools.pairwise(starts))
@@ -426,8 +426,8 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     scripts first, transition met NOSCRIPT and ran after the claim."""
     import uuid
 
-    from outbox.connection import get_repository
-    from outbox.delivery import claim, decide
+    from outbox.delivery.loop import claim, decide
+    from outbox.store.connection import get_repository
     from outbox.store.scripts import sha, source
 
     m = outbox.send("hook", {"n": 1})

@@ -64,7 +64,7 @@ def test_a_held_connection_the_server_closed_is_made_again(repo):
 
 
 def _child_sends(queue):
-    from outbox.connection import get_repository
+    from outbox.store.connection import get_repository
 
     repo = get_repository()
     messages = [outbox.send("mem", {"child": i}) for i in range(20)]
@@ -109,7 +109,7 @@ def test_a_bounded_pool_lends_threads_at_most_a_quarter_of_it(redis):
 
 
 def repo_url():
-    from outbox.connection import get_connection
+    from outbox.store.connection import get_connection
 
     kwargs = get_connection().connection_pool.connection_kwargs
     return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"

@@ -463,7 +463,7 @@ def test_a_simple_worker_keeps_the_connection_across_jobs(server, worker):
 def test_a_forked_work_horse_does_not_share_its_parents_connection(server, worker):
     url = server.on("/fork", 200)
     with destinations(fork={"OPTIONS": {"url": url}, "MAX_IN_FLIGHT": 1}):
-        from outbox.delivery import run
+        from outbox.delivery.loop import run
 
         outbox.send("fork", {"n": 1})
         run("outbox")  # in this process: it now holds an open keep-alive connection
@@ -605,7 +605,7 @@ def test_a_run_to_a_slow_receiver_stops_claiming_when_half_its_lease_is_spent(se
     slow = {"OPTIONS": {"url": url}, "MAX_IN_FLIGHT": 1}
     with destinations(slow=slow), override_settings(OUTBOX={**settings.OUTBOX, "VISIBILITY_TIMEOUT": 2}):
         sent = outbox.send_many([{"destination": "slow", "body": {"n": n}} for n in range(4)])
-        from outbox.delivery import run
+        from outbox.delivery.loop import run
 
         report = run("outbox")
         assert len(report.outcomes) == 3 and len(report.claimed) == 3

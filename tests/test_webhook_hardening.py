@@ -14,7 +14,7 @@ from django.test import override_settings
 
 import outbox
 from outbox.exceptions import DeliveryError, PermanentDeliveryError
-from outbox.ssrf import is_public_address
+from outbox.transports.ssrf import is_public_address
 from outbox.transports.webhook import WebhookTransport
 from tests.conftest import hook_settings, serving
 

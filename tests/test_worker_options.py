@@ -37,7 +37,7 @@ def test_a_plain_rqworker_warns_that_no_housekeeping_runs(hook, fresh_check, cap
 
 
 def test_no_warning_while_an_outbox_worker_runs_its_housekeeping(hook, fresh_check, caplog, worker):
-    from outbox.worker import housekeeping_seen
+    from outbox.delivery.worker import housekeeping_seen
 
     assert housekeeping_seen() is None
     worker()  # an outbox worker's housekeeping pass beats

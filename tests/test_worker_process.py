@@ -39,7 +39,7 @@ def short_read_timeout(settings) -> Iterator[None]:
     with override_settings(
         CACHES={**settings.CACHES, "default": {**default, "LOCATION": location, "OPTIONS": options}}
     ):
-        from outbox.connection import get_connection
+        from outbox.store.connection import get_connection
 
         get_connection().flushdb()
         yield
@@ -93,7 +93,7 @@ def test_the_rq_worker_leaves_the_alias_read_bound_alone(settings, worker):
     """RQ's worker raises ``socket_timeout`` above its blocking wait in the pool it is
     given (``Worker._set_connection``); given the alias's pool, that removed the bound
     the project set for every other outbox command in the process."""
-    from outbox.connection import get_connection
+    from outbox.store.connection import get_connection
 
     with short_read_timeout(settings):
         pool = get_connection().connection_pool
@@ -109,8 +109,8 @@ def test_the_blocking_wait_outlasts_a_connection_made_before_rq_took_the_pool(se
     from rq.exceptions import DequeueTimeout
 
     from outbox.conf import outbox_settings
-    from outbox.connection import get_connection
-    from outbox.worker import rq_worker
+    from outbox.delivery.worker import rq_worker
+    from outbox.store.connection import get_connection
 
     with short_read_timeout(settings):
         get_connection().ping()  # a connection made and given back before the worker exists
@@ -231,7 +231,7 @@ def test_a_stop_while_redis_goes_away_gives_up_writing_outcomes_after_a_grace(re
     The unwritten outcome is an attempt in flight lost: the recovery sweep takes it back."""
     import redis as redis_py
 
-    from outbox.delivery import STOP_WRITE_GRACE
+    from outbox.delivery.loop import STOP_WRITE_GRACE
 
     receiver.respond((200, {}, 2.0))
     conn = redis_py.Redis.from_url(own_redis.url)

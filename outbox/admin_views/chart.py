@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from outbox.health import OUTCOME_KINDS
+from outbox.destinations.health import OUTCOME_KINDS
 
 if TYPE_CHECKING:
-    from outbox.health import MinuteStats
+    from outbox.destinations.health import MinuteStats
 
 #: Minutes shown on the console's attempt charts (the dashboard, a destination's page).
 CHART_MINUTES = 60
@@ -132,15 +132,15 @@ def outcome_chart(
 
 
 #: The series of :func:`attempt_chart`, stacked bottom up: the outcomes of
-#: :data:`outbox.health.OUTCOME_KINDS`, then the messages parked now.
+#: :data:`outbox.destinations.health.OUTCOME_KINDS`, then the messages parked now.
 ATTEMPT_SERIES = (*OUTCOME_KINDS, "parked")
 
 
 def attempt_chart(minutes: Sequence[MinuteStats]) -> Chart:
-    """The chart of attempts per minute by outcome (from :func:`outbox.health.timeline`),
+    """The chart of attempts per minute by outcome (from :func:`outbox.destinations.health.timeline`),
     stacked bottom up as :data:`ATTEMPT_SERIES`: succeeded, retryable, permanent
     (retries included), and the messages parked now by the minute they became due
-    (:attr:`outbox.health.MinuteStats.parked`), so a held destination's chart is not empty."""
+    (:attr:`outbox.destinations.health.MinuteStats.parked`), so a held destination's chart is not empty."""
     return outcome_chart(
         [m.minute for m in minutes], {s: [getattr(m, s) for m in minutes] for s in ATTEMPT_SERIES}
     )

@@ -14,7 +14,7 @@ Flow (all mutations are POSTs through the admin's CSRF protection):
    Larger selections (or ones whose size a bounded scan could not pin down) run as a
    background RQ job (:mod:`.tasks`, registered in the outbox's own keys) and the user
    is sent to its progress page.
-4. The ids acted on are kept as a batch (:mod:`outbox.batches`, 24 hours): the report
+4. The ids acted on are kept as a batch (:mod:`outbox.operations.batches`, 24 hours): the report
    links to the list of exactly those messages (``?batch=<token>``). Deleted messages
    are gone, so a delete keeps no batch.
 
@@ -67,9 +67,9 @@ from outbox.admin_views.filters import (
     search_text,
 )
 from outbox.admin_views.history import record
-from outbox.batches import recorder_for
-from outbox.connection import get_repository
-from outbox.operations import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
+from outbox.operations.batches import recorder_for
+from outbox.operations.operation import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
+from outbox.store.connection import get_repository
 
 if TYPE_CHECKING:
     from outbox.admin_views.base import ModelAdmin

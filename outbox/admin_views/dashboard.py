@@ -22,14 +22,14 @@ from django.template.response import TemplateResponse
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from outbox import health
 from outbox.admin_views.base import TEMPLATES, console_view, context, list_url, require_view, url
 from outbox.admin_views.chart import CHART_MINUTES, attempt_chart
 from outbox.admin_views.formatting import duration, moment
 from outbox.admin_views.rq_stats import queue_stats
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
+from outbox.destinations import health
 from outbox.records import STATUSES, Status
+from outbox.store.connection import get_repository
 from outbox.store.queries import created_at_of
 from outbox.store.repository import sum_counts
 
@@ -47,7 +47,7 @@ class StatusCount:
 @dataclass
 class DestinationRow:
     """One destination's counts and health (``state``, ``state_reason`` and ``failing``
-    from :func:`outbox.health.destination_state`: its holds and recent attempts, not
+    from :func:`outbox.destinations.health.destination_state`: its holds and recent attempts, not
     all-time totals)."""
 
     name: str

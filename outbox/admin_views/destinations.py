@@ -8,7 +8,7 @@ Every action is a POST through the admin's CSRF protection, answered first with 
 confirmation page (nothing changes), then done on the confirmation's POST
 (``post=yes``), recorded in the admin history, and reported on the destination page.
 
-Cost: a fixed number of small reads (:func:`outbox.health.get_health`, one pipeline for
+Cost: a fixed number of small reads (:func:`outbox.destinations.health.get_health`, one pipeline for
 the 60-minute timeline, one for the 24 hourly error hashes, one ZCOUNT), whatever the
 number of messages.
 """
@@ -29,7 +29,6 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from outbox import health
 from outbox.admin_views.base import (
     TEMPLATES,
     BadRequest,
@@ -45,13 +44,14 @@ from outbox.admin_views.confirm import batch_report
 from outbox.admin_views.filters import parse_as_of
 from outbox.admin_views.formatting import duration, moment
 from outbox.admin_views.history import record_change
-from outbox.batches import BatchRecorder
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
-from outbox.destinations import get_destination, get_transport
+from outbox.destinations import health
+from outbox.destinations.config import get_destination, get_transport
 from outbox.exceptions import UnknownDestination
-from outbox.operations import REQUEUE, execute, recover_selection, report
+from outbox.operations.batches import BatchRecorder
+from outbox.operations.operation import REQUEUE, execute, recover_selection, report
 from outbox.redaction import destination_options, redact, secrets_for
+from outbox.store.connection import get_repository
 from outbox.times import parse_time
 
 if TYPE_CHECKING:

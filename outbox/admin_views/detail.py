@@ -17,10 +17,10 @@ from django.utils.translation import gettext as _
 
 from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
 from outbox.admin_views.formatting import mask_headers, moment, preview_body, safe_content_type
-from outbox.connection import get_repository
 from outbox.exceptions import MessageNotFound
 from outbox.records import Attempt, Message
 from outbox.redaction import destination_options, redact, secrets_for
+from outbox.store.connection import get_repository
 
 if TYPE_CHECKING:
     from outbox.admin_views.base import ModelAdmin

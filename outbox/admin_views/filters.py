@@ -14,7 +14,7 @@ parameter          meaning
 ``status_code``    HTTP status of the last attempt (e.g. ``503``)
 ``error_class``    kind of the last failure (``http``, ``timeout``, ``ConnectError`` ...)
 ``batch``          the messages one bulk action acted on (its token, see
-                   :mod:`outbox.batches`)
+                   :mod:`outbox.operations.batches`)
 ``q``              search: a message id or an idempotency key (exact, as typed:
                    surrounding spaces are kept, a key may have them), else part
                    of an id as the list shows it (``msg_…4f60b163``, its end
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from outbox.batches import is_token
+from outbox.operations.batches import is_token
 from outbox.records import STATUSES
 from outbox.store.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
 from outbox.times import MAX_EPOCH, parse_time

@@ -6,7 +6,7 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 
 from outbox.models import Message
-from outbox.operations import Operation
+from outbox.operations.operation import Operation
 
 #: The admin history's action flag per operation.
 LOG_FLAGS = {"requeue": CHANGE, "retry_now": CHANGE, "cancel": CHANGE, "delete": DELETION}

@@ -40,11 +40,11 @@ from django.utils.translation import gettext_lazy
 from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
 from outbox.admin_views.filters import SEARCH_PARAM, ListQuery, parse_list_query, search_ids
 from outbox.admin_views.formatting import moment, shorten
-from outbox.batches import TTL as BATCH_TTL
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
+from outbox.operations.batches import TTL as BATCH_TTL
 from outbox.records import STATUSES, Message
 from outbox.redaction import destination_options, redact, secrets_for
+from outbox.store.connection import get_repository
 from outbox.store.queries import page, served_sorts, summaries
 from outbox.templatetags.outbox_admin import zone_abbreviation
 

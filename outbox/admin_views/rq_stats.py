@@ -5,7 +5,7 @@ RQ's figures (wake-up jobs waiting, jobs running, crashed jobs) are raw ZCARD/LL
 RQ's keys in the same pipeline: unlike RQ's ``registry.count``
 (and django-rq's dashboard) nothing is cleaned up on read, so a page view never
 changes state. Workers are those RQ lists on an outbox queue, each live or stale by the
-outbox's own per-worker heartbeat (:mod:`outbox.liveness`): a killed worker is not
+outbox's own per-worker heartbeat (:mod:`outbox.delivery.liveness`): a killed worker is not
 counted live while RQ still lists it.
 """
 
@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from outbox.connection import get_repository
-from outbox.dispatch import get_queue
-from outbox.liveness import WorkerInfo, workers
+from outbox.delivery.liveness import WorkerInfo, workers
+from outbox.store.connection import get_repository
+from outbox.store.wakeups import get_queue
 
 __all__ = ["QueueStats", "WorkerInfo", "queue_stats"]
 
@@ -38,7 +38,7 @@ class QueueStats:
 
 def queue_stats(names: Sequence[str], now: float | None = None) -> tuple[list[QueueStats], list[WorkerInfo]]:
     """Job counts per queue and the workers RQ lists on these queues, each with its
-    liveness (:func:`outbox.liveness.workers`). Four round trips.
+    liveness (:func:`outbox.delivery.liveness.workers`). Four round trips.
 
     Returns:
         (one :class:`QueueStats` per name in order (``workers``: the live ones), the

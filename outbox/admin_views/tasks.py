@@ -24,12 +24,12 @@ from django.db import DatabaseError
 from rq import get_current_job
 
 from outbox.admin_views.history import record
-from outbox.batches import BatchRecorder
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
-from outbox.dispatch import get_queue, new_job_id
-from outbox.operations import OPERATIONS, Operation, Selection, execute, report
+from outbox.operations.batches import BatchRecorder
+from outbox.operations.operation import OPERATIONS, Operation, Selection, execute, report
+from outbox.store.connection import get_repository
 from outbox.store.tasks import TaskRegistry
+from outbox.store.wakeups import get_queue, new_job_id
 
 logger = logging.getLogger("outbox")
 
@@ -56,7 +56,7 @@ def start(op: Operation, selection: Selection, user_id: int, total: int, batch: 
 
     Args:
         total: the expected number of messages (for the progress display).
-        batch: a batch token (:mod:`outbox.batches`) to record the ids acted on under, or None.
+        batch: a batch token (:mod:`outbox.operations.batches`) to record the ids acted on under, or None.
 
     Returns:
         The RQ job id (``[0-9a-f]{32}``), under which the registry holds the job (state

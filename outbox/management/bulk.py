@@ -15,7 +15,7 @@ Options (all optional)::
 
 Messages that match only after the command started (created later, or finished
 later) are left alone; messages that change meanwhile are skipped and counted. The
-ids acted on are kept as a batch for 24 hours (:mod:`outbox.batches`); the command
+ids acted on are kept as a batch for 24 hours (:mod:`outbox.operations.batches`); the command
 prints its token, and the console lists it at ``messages/?batch=<token>``.
 
 Errors are one line (a ``CommandError``): Redis unreachable (with what to check), or a
@@ -35,13 +35,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from outbox.actions import ActionResult
-from outbox.batches import TTL as BATCH_TTL
-from outbox.batches import recorder_for
-from outbox.connection import get_repository, redis_location
-from outbox.destinations import get_destination
+from outbox.destinations.config import get_destination
 from outbox.exceptions import UnknownDestination
-from outbox.operations import Operation, Selection, execute
+from outbox.operations.actions import ActionResult
+from outbox.operations.batches import TTL as BATCH_TTL
+from outbox.operations.batches import recorder_for
+from outbox.operations.operation import Operation, Selection, execute
+from outbox.store.connection import get_repository, redis_location
 from outbox.store.queries import Count, MessageFilter, TimeRange, count_matching
 from outbox.store.repository import MessageRepository
 from outbox.times import parse_time

@@ -7,8 +7,8 @@ the web process; each scrape reads the outbox's indexes in Redis (see
 numbers and no multiprocess mode is needed. A scrape costs a constant number of round
 trips whatever the number of messages: one pipeline of counts and queue depths (plus a
 small one when a destination that is no longer configured still has messages), one
-of destination health (:func:`outbox.health.get_all_health`), and three for the workers
-(:func:`outbox.liveness.workers`).
+of destination health (:func:`outbox.destinations.health.get_all_health`), and three for the workers
+(:func:`outbox.delivery.liveness.workers`).
 
 When Redis cannot be read, the scrape does not fail: ``outbox_up`` is 0 and the other
 outbox metrics are left out (a missing series is not a zero), as exporters do
@@ -27,17 +27,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _float_to_go_string
 
-from outbox.health import STATES
+from outbox.destinations.health import STATES
 
 #: prometheus_client's own rendering of a bucket bound ("+Inf", "0.25"); its function is unannotated.
 floatToGoString: Callable[[float], str] = _float_to_go_string
 
 if TYPE_CHECKING:
-    from outbox.health import DestinationHealth
+    from outbox.destinations.health import DestinationHealth
 
 logger = logging.getLogger("outbox")
 
-#: Values of the ``state`` label of ``outbox_destination_state``: :data:`outbox.health.STATES`.
+#: Values of the ``state`` label of ``outbox_destination_state``: :data:`outbox.destinations.health.STATES`.
 DESTINATION_STATES = STATES
 
 
@@ -192,8 +192,8 @@ class OutboxCollector(Collector):
             django.core.exceptions.ImproperlyConfigured: the outbox's settings are wrong.
         """
         from outbox.conf import outbox_settings
-        from outbox.connection import get_repository
-        from outbox.health import get_all_health
+        from outbox.destinations.health import get_all_health
+        from outbox.store.connection import get_repository
         from outbox.store.gauges import read_gauges
 
         gauges = read_gauges(get_repository(), outbox_settings.DESTINATIONS, outbox_settings.queue_names, now)
@@ -224,7 +224,7 @@ class OutboxCollector(Collector):
 
 def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:
     """The destination-health metric families of :data:`METRICS` (attempts, their
-    duration, state, parked messages, consecutive failures) from :mod:`outbox.health`."""
+    duration, state, parked messages, consecutive failures) from :mod:`outbox.destinations.health`."""
     attempts = METRICS["outbox_attempts"].family()
     duration = METRICS["outbox_attempt_duration_seconds"].family()
     state = METRICS["outbox_destination_state"].family()
@@ -246,9 +246,9 @@ def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:
 
 
 def worker_families(queues: list[str], now: float) -> list[Metric]:
-    """``outbox_workers`` by liveness (:func:`outbox.liveness.workers`), or nothing when
+    """``outbox_workers`` by liveness (:func:`outbox.delivery.liveness.workers`), or nothing when
     RQ's Redis cannot be read (logged; the outbox's own metrics are still served)."""
-    from outbox.liveness import LIVENESS, workers
+    from outbox.delivery.liveness import LIVENESS, workers
 
     try:
         _, listed = workers(queues, now)

@@ -1,4 +1,4 @@
-"""The table of messages captured inside database transactions (see outbox.capture)."""
+"""The table of messages captured inside database transactions (see outbox.sending.capture)."""
 
 from django.db import migrations, models
 

@@ -49,7 +49,7 @@ key                                 type         holds
 ``outbox:alert:flush``              sorted set   ``<e>|<d>`` -> when its suppression ends and
                                                  the counted occurrences must be reported
 ``outbox:batch:<token>``            sorted set   ids one bulk action acted on, scored by
-                                                 order (expires; see ``outbox.batches``)
+                                                 order (expires; see ``outbox.operations.batches``)
 ``outbox:task:<job id>``            string       a background action the console started:
                                                  JSON (operation, state, progress, report);
                                                  expires 7 days after its last write (see

@@ -28,7 +28,7 @@ sending                       lease deadline (claim time + visibility timeout)
 succeeded, failed, cancelled  time it entered the status (updated_at)
 ============================  ==============================================
 
-A batch (the messages one bulk action acted on, :mod:`outbox.batches`) is its own
+A batch (the messages one bulk action acted on, :mod:`outbox.operations.batches`) is its own
 index: a sorted set of ids scored by the order they were acted on; every other
 condition, status and destination included, is then checked id by id.
 
@@ -94,7 +94,7 @@ class MessageFilter:
         error_class: the kind of the last failure (``last_error_class``: ``"http"``,
             ``"timeout"``, ``"ConnectError"`` ...), or None.
         due: range of ``next_attempt_at`` (served by the ``pending``/``retrying`` indexes).
-        batch: a batch token (:mod:`outbox.batches`): only the messages of that batch.
+        batch: a batch token (:mod:`outbox.operations.batches`): only the messages of that batch.
     """
 
     status: str | None = None

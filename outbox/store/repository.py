@@ -446,7 +446,7 @@ class MessageRepository:
         ``deadline`` as the score in the sending index (``lua/claim.lua``). A destination
         named in ``caps`` gives at most that many messages; its others stay due. The
         destination gates apply (parking, probe, ``Retry-After``, ``limits``: the JSON of
-        :func:`outbox.health.limits_json`; see ``lua/claim.lua``).
+        :func:`outbox.destinations.health.limits_json`; see ``lua/claim.lua``).
 
         A suspect (a message taken back from a lost worker: its resend record has
         ``suspect``) is never claimed with others: met in the due index, it is moved to
@@ -533,7 +533,7 @@ class MessageRepository:
             outcomes: per attempt ``[destination, kind ("s", "r", "p"), duration ms,
                 status code (0 = none), error class, error text, retry-after seconds
                 (0 = none), message id]``.
-            config: JSON destination -> breaker settings (:func:`outbox.health.health_config_json`).
+            config: JSON destination -> breaker settings (:func:`outbox.destinations.health.health_config_json`).
             now: epoch seconds.
         """
         return [

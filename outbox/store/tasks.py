@@ -25,7 +25,7 @@ class TaskRegistry:
 
     Args:
         connection: a redis-py client (``decode_responses=False``); RQ's jobs live on
-            the same Redis (:func:`outbox.dispatch.get_queue`).
+            the same Redis (:func:`outbox.store.wakeups.get_queue`).
         keys: the outbox's key names.
 
     Redis errors (``redis.exceptions.RedisError``) propagate unchanged.

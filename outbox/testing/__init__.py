@@ -8,7 +8,7 @@
   as fixtures: ``outbox_redis``, ``outbox_sent``, ``outbox_deliver``.
 * ``OUTBOX["EAGER"] = True`` makes ``send()`` deliver inside the call (inside
   ``transaction.atomic`` too, at call time, not on commit), like Celery's
-  ``task_always_eager``: see :mod:`outbox.intake`.
+  ``task_always_eager``: see :mod:`outbox.sending.intake`.
 
 See docs/testing.md.
 """

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
 from outbox.records import Status
 from outbox.store import Change
+from outbox.store.connection import get_repository
 from outbox.store.repository import Members
 
 
@@ -72,7 +72,7 @@ def deliver_all(
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
     """
-    from outbox.delivery import run
+    from outbox.delivery.loop import run
 
     names = list(queues) if queues is not None else outbox_settings.queue_names
     report = Delivered()
@@ -95,7 +95,7 @@ def deliver_all(
 def _push_captured() -> int:
     """Push messages captured in the database (sent inside a transaction that has not
     committed: a test wrapped in one) to Redis, as the relay would; 0 without database access."""
-    from outbox.capture import relay, relay_databases
+    from outbox.sending.capture import relay, relay_databases
 
     pushed = 0
     for alias in relay_databases():

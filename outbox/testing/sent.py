@@ -35,7 +35,7 @@ class SentMessages:
 
     def messages(self) -> list[Message]:
         """Every message sent since :attr:`since`, oldest first."""
-        from outbox.connection import get_repository
+        from outbox.store.connection import get_repository
 
         repo = get_repository()
         pipe = repo.connection.pipeline(transaction=False)
@@ -127,8 +127,8 @@ def _matches(message: Message, body: Any, headers: dict[str, str] | None) -> boo
 def _captured_since(since: float) -> list[Message]:
     """Messages in the capture tables created since ``since`` (a database this test may
     not use, or without the table, has none)."""
-    from outbox.capture import relay_databases
     from outbox.models import CapturedMessage
+    from outbox.sending.capture import relay_databases
 
     out = []
     for alias in relay_databases():

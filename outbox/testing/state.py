@@ -16,8 +16,8 @@ def empty_outbox() -> Iterator[Redis]:
     (and this project's own tests) after the settings point at a private server.
     """
     from outbox.conf import outbox_settings
-    from outbox.connection import get_connection, get_repository
-    from outbox.destinations import close_transports
+    from outbox.destinations.config import close_transports
+    from outbox.store.connection import get_connection, get_repository
 
     outbox_settings.reload()
     get_repository.cache_clear()

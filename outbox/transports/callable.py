@@ -29,11 +29,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 from rq.timeouts import JobTimeoutException
 
-from outbox.deadlines import call_with_deadline
 from outbox.exceptions import DeliveryError
 from outbox.records import Message
 from outbox.redaction import redact, secrets_for
 from outbox.transports.base import DeliveryResult, Transport, positive_seconds
+from outbox.transports.deadlines import call_with_deadline
 
 DEFAULT_DEADLINE = 30.0  # seconds
 

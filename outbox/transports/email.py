@@ -47,11 +47,11 @@ from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 from django.core.validators import validate_email
 from django.utils.module_loading import import_string
 
-from outbox.deadlines import call_with_deadline
 from outbox.exceptions import DeliveryError, InvalidMessage
 from outbox.records import Message
 from outbox.redaction import redact, secrets_for
 from outbox.transports.base import DeliveryResult, Transport, positive_seconds
+from outbox.transports.deadlines import call_with_deadline
 
 DEFAULT_TIMEOUT = 10.0  # seconds of SMTP socket timeout when EMAIL_TIMEOUT is None
 

@@ -23,7 +23,7 @@ Options:
 * ``deadline`` (seconds, default ``connect_timeout + 2 * timeout``): the hard limit of one
   attempt, covering name resolution's connect, TLS, sending, the response's headers and
   reading its body: every socket operation gets at most the time left (see
-  :mod:`outbox.ssrf`), so a receiver that drips bytes cannot hold a worker past it.
+  :mod:`outbox.transports.ssrf`), so a receiver that drips bytes cannot hold a worker past it.
   System check ``outbox.W003`` compares it with half of ``VISIBILITY_TIMEOUT``.
 * ``headers`` (dict): fixed extra headers for every request; a message's own headers
   override them (names compare case-insensitively). ``Content-Type`` cannot be set
@@ -79,8 +79,8 @@ from outbox.conf import outbox_settings
 from outbox.exceptions import DeliveryError, InvalidMessage, PermanentDeliveryError
 from outbox.records import Message
 from outbox.redaction import redact, secrets_for
-from outbox.ssrf import GuardedTransport, PrivateAddressRefused, environment_proxy
 from outbox.transports.base import DeliveryResult, Transport
+from outbox.transports.ssrf import GuardedTransport, PrivateAddressRefused, environment_proxy
 from outbox.version import __version__
 
 DEFAULT_RETRY_STATUSES = (408, 409, 425, 429)
@@ -228,7 +228,7 @@ class WebhookTransport(Transport):
 
     def longest_attempt(self) -> float:
         """The ``deadline`` option in seconds (default ``connect_timeout + 2 * timeout``):
-        enforced on every socket operation of an attempt (:mod:`outbox.ssrf`)."""
+        enforced on every socket operation of an attempt (:mod:`outbox.transports.ssrf`)."""
         return self.deadline
 
     @property
@@ -417,7 +417,7 @@ def _read_some(response: httpx.Response) -> bytes:
     (``zlib``'s ``max_length``), so a small gzip bomb cannot expand in memory (httpx's
     own decoder expands each whole read). Other encodings are not decoded. A small body
     is drained so the connection can be reused; a larger one is cut off (the connection
-    is then closed). Time is bounded by the attempt's deadline (:mod:`outbox.ssrf`). A
+    is then closed). Time is bounded by the attempt's deadline (:mod:`outbox.transports.ssrf`). A
     failure while reading is ignored: the status line has already said what happened.
 
     Returns:

@@ -925,7 +925,7 @@ class Sample:
 
 def _retries_spent(ids: list[str]) -> int:
     """Sum of ``retry_count`` over ``ids`` (one pipeline)."""
-    from outbox.connection import get_repository
+    from outbox.store.connection import get_repository
 
     repo = get_repository()
     pipe = repo.connection.pipeline(transaction=False)
@@ -963,8 +963,8 @@ def receiver_outage(
     ``.faults/<name>/timeline.md``.
     """
     import outbox
-    from outbox import health
     from outbox.conf import outbox_settings
+    from outbox.destinations import health
 
     result = Result(name)
     breaker = {"FAILURES": failures, "COOLDOWN": cooldown, "MAX_COOLDOWN": max_cooldown}

@@ -1,5 +1,5 @@
 """``python manage.py outbox_destination {status,pause,resume,disable,enable} [NAME] [--reason]``:
-a destination's health, and the operator's actions on it (see :mod:`outbox.health`).
+a destination's health, and the operator's actions on it (see :mod:`outbox.destinations.health`).
 
 Examples::
 
@@ -30,7 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--reason", default="", help="why (pause, disable): shown with the state")
 
     def handle(self, *args: Any, action: str, name: str | None, reason: str, **options: Any) -> None:
-        from outbox import health
+        from outbox.destinations import health
         from outbox.exceptions import UnknownDestination
 
         if action == "status":

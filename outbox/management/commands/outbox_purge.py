@@ -12,7 +12,7 @@ See :mod:`outbox.management.bulk` for every option.
 from __future__ import annotations
 
 from outbox.management.bulk import BulkCommand
-from outbox.operations import DELETE
+from outbox.operations.operation import DELETE
 from outbox.records import Status
 
 

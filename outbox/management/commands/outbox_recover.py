@@ -1,4 +1,4 @@
-"""``python manage.py outbox_recover``: run one recovery sweep now (see :mod:`outbox.recovery`),
+"""``python manage.py outbox_recover``: run one recovery sweep now (see :mod:`outbox.delivery.recovery`),
 then wake every queue that has due messages and no waiting job."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from outbox.dispatch import wake_due
-        from outbox.recovery import recover
+        from outbox.delivery.recovery import recover
+        from outbox.store.wakeups import wake_due
 
         report = recover()
         woken = wake_due()

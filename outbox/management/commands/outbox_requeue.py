@@ -22,7 +22,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from outbox.management.bulk import BulkCommand
-from outbox.operations import REQUEUE, RETRY_NOW, Operation
+from outbox.operations.operation import REQUEUE, RETRY_NOW, Operation
 from outbox.records import Status
 
 

@@ -11,7 +11,7 @@ This is the one command a deployment runs (as many processes as wanted)::
 Jobs run in the worker process itself (RQ's ``SimpleWorker``) unless ``--fork`` is
 given: a delivery job attempts many messages concurrently on a pool of
 ``OUTBOX["CONCURRENCY"]`` threads, and running in place keeps HTTP connections to
-receivers open across jobs. See :mod:`outbox.worker`.
+receivers open across jobs. See :mod:`outbox.delivery.worker`.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from outbox.destinations import close_transports
-        from outbox.worker import run_worker
+        from outbox.delivery.worker import run_worker
+        from outbox.destinations.config import close_transports
 
         if options["sentry_dsn"]:
             init_sentry(options["sentry_dsn"], debug=options["sentry_debug"])
@@ -80,7 +80,7 @@ class Command(BaseCommand):
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
             outbox_logger.addHandler(handler)
-        from outbox.redis_health import log_startup_findings
+        from outbox.store.diagnostics import log_startup_findings
 
         log_startup_findings(logging.getLogger("outbox"))  # eviction, persistence, shared alias
         try:

@@ -2,7 +2,7 @@
 module both use): what each does, who may do it,
 what it acts on (:class:`Selection`), and running it (:func:`execute`).
 
-The work itself is :mod:`outbox.actions` (1,000 ids per Lua call, compare-and-set):
+The work itself is :mod:`outbox.operations.actions` (1,000 ids per Lua call, compare-and-set):
 here an operation is only named, described and fed with ids.
 """
 
@@ -18,8 +18,8 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _g
 from django.utils.translation import gettext_lazy as _
 
-from outbox import actions
-from outbox.actions import ActionResult, Applied, Progress
+from outbox.operations import actions
+from outbox.operations.actions import ActionResult, Applied, Progress
 from outbox.records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
 from outbox.store import MessageRepository
 from outbox.store.queries import (
@@ -42,7 +42,7 @@ class Operation:
 
     Attributes:
         name: ``requeue``, ``retry_now``, ``cancel`` or ``delete`` (the function in
-            :mod:`outbox.actions`).
+            :mod:`outbox.operations.actions`).
         label: the verb for buttons and menus.
         past: the past participle for reports.
         codename: the permission codename on ``outbox.Message``.
@@ -72,7 +72,7 @@ class Operation:
         applied: Applied | None = None,
         **options: Any,
     ) -> ActionResult:
-        """Act on ``ids`` in batches; see :mod:`outbox.actions`."""
+        """Act on ``ids`` in batches; see :mod:`outbox.operations.actions`."""
         action: Callable[..., ActionResult] = getattr(actions, self.name)
         return action(ids, progress=progress, applied=applied, **options)
 
@@ -242,7 +242,7 @@ def execute(
 ) -> ActionResult:
     """Run ``op`` on the selection now, in batches of 1,000 ids; ``progress(acted, skipped)``
     is called after each batch, ``applied(ids)`` with the ids each batch acted on (e.g. a
-    :class:`outbox.batches.BatchRecorder`, to list exactly those messages afterwards).
+    :class:`outbox.operations.batches.BatchRecorder`, to list exactly those messages afterwards).
 
     Returns:
         How many messages were acted on, and how many were skipped (in another status,
@@ -298,7 +298,7 @@ def recover_since(
     """Requeue the dead letters of ``destination`` that failed since ``since`` (see
     :func:`recover_selection`): each goes back to pending with a fresh retry budget.
     Typically ``since`` is when the destination started failing
-    (:attr:`outbox.health.DestinationHealth.failing_since`), after it recovered.
+    (:attr:`outbox.destinations.health.DestinationHealth.failing_since`), after it recovered.
 
     Returns:
         How many were requeued and how many skipped (changed meanwhile).

@@ -1,9 +1,9 @@
 """How messages enter Redis: one write step shared by ``send()`` outside a transaction,
-the on-commit fast path and the relay of captured messages (:mod:`outbox.capture`).
+the on-commit fast path and the relay of captured messages (:mod:`outbox.sending.capture`).
 
 :func:`store` writes the records and indexes in one script call (idempotent on the
 message id, so a fast path and a relay racing never make two messages) and then
-enqueues a wake-up job for each queue that had none waiting (see :mod:`outbox.dispatch`).
+enqueues a wake-up job for each queue that had none waiting (see :mod:`outbox.store.wakeups`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from outbox import dispatch
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
 from outbox.exceptions import IdempotencyConflict
 from outbox.records import Message
 from outbox.store import Created
+from outbox.store import wakeups as dispatch
+from outbox.store.connection import get_repository
 
 
 def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool = True) -> list[Created]:
@@ -51,7 +51,7 @@ def deliver_now(queues: Iterable[str]) -> None:
     """``OUTBOX["EAGER"]``: deliver what is due on ``queues`` in this process, at once,
     with the worker's own code (:func:`outbox.delivery.run`), instead of waking a worker.
     A failed attempt is recorded and its retry left waiting (nothing sleeps)."""
-    from outbox.delivery import run
+    from outbox.delivery.loop import run
 
     for queue in sorted(queues):
         run(queue)

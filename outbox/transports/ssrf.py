@@ -32,8 +32,8 @@ from typing import Any, TypedDict
 import httpcore
 import httpx
 
-from outbox.deadlines import call_with_deadline
 from outbox.exceptions import OutboxError
+from outbox.transports.deadlines import call_with_deadline
 
 
 class PrivateAddressRefused(OutboxError):

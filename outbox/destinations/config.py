@@ -14,8 +14,8 @@ Each entry::
         "DISABLE_AFTER": 3 * 24 * 3600,         # optional; seconds failing before auto-disable
     }
 
-The last four are parsed by :mod:`outbox.limits` and enforced in Redis (see
-:mod:`outbox.health` and ``docs/destinations.md``).
+The last four are parsed by :mod:`outbox.destinations.limits` and enforced in Redis (see
+:mod:`outbox.destinations.health` and ``docs/destinations.md``).
 
 Transports are built once per process and reused (:func:`get_transport`), so HTTP
 connections to a receiver stay open across attempts.
@@ -36,8 +36,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from outbox.conf import MAX_RETRIES_LIMIT, outbox_settings
+from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.exceptions import UnknownDestination
-from outbox.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.retry import RetryPolicy
 from outbox.transports import Transport, transport_class
 

@@ -19,7 +19,7 @@ one cycle until nothing is due (or its time budget is spent):
    ``WATCH_GRACE`` after its transport's deadline (``Transport.longest_attempt()``) is
    given up: a retryable ``deadline`` failure, its thread left to finish on its own (a
    callable or an email runs directly in the attempt thread, watched: see
-   :mod:`outbox.deadlines`).
+   :mod:`outbox.transports.deadlines`).
 
 No attempt starts while an outcome decided before it is unwritten, and outcomes are
 written as soon as they are decided (the next cycle starts at once). So a process that
@@ -56,16 +56,19 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from outbox import deadlines, dispatch, health, tracing
+from outbox import tracing
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
-from outbox.destinations import get_transport, usable_destinations
+from outbox.destinations import health
+from outbox.destinations.config import get_transport, usable_destinations
 from outbox.events import event_payload, send_exhausted_signal, send_signal
 from outbox.exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
 from outbox.records import Attempt, Message, Status
 from outbox.redaction import redact_message_text
 from outbox.retry import RetryPolicy, retry_delay
 from outbox.store import Change, ChangeResult, MessageRepository
+from outbox.store import wakeups as dispatch
+from outbox.store.connection import get_repository
+from outbox.transports import deadlines
 
 logger = logging.getLogger("outbox")
 
@@ -89,7 +92,7 @@ STOP_WRITE_GRACE = 5.0  # seconds a stopping run keeps trying to write outcomes 
 
 
 class Stopping:
-    """Whether this worker process was asked to stop (:class:`outbox.worker.StopRequest`)
+    """Whether this worker process was asked to stop (:class:`outbox.delivery.worker.StopRequest`)
     and since when: a run then claims nothing more, ends once its attempts in flight are
     decided, and tries to write their outcomes for at most :data:`STOP_WRITE_GRACE` seconds
     after the request while Redis is unreachable (instead of up to half the lease): an
@@ -245,7 +248,7 @@ def decide(
     ``"parked"``: a destination's outage does not spend its messages' retries.
 
     ``suspect``: the message's ``suspect`` mark after this outcome (the recovery sweep's
-    lost attempts, :mod:`outbox.recovery`); 0, the default, clears it: the attempt ended
+    lost attempts, :mod:`outbox.delivery.recovery`); 0, the default, clears it: the attempt ended
     in a live process. ``charge=False``: a retryable failure that does not count against
     the retry budget (``retry_count`` unchanged; it is retried even when no retries are
     left): a lost attempt beside others when the message has no retry left, so a
@@ -406,7 +409,7 @@ def decide_outcome(outcome: Outcome, now: float) -> Decision:
 def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> None:
     """Send the Django signal of each written decision whose compare-and-set applied (a
     parked one, whose status is not the decided one, sends none), and hand
-    ``message.exhausted`` events to :func:`outbox.alerts.notify`."""
+    ``message.exhausted`` events to :func:`outbox.destinations.alerts.notify`."""
     exhausted = []
     for d, r in zip(decisions, results, strict=True):
         if r.applied and not r.parked:

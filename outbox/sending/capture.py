@@ -5,7 +5,7 @@ Inside a transaction, ``send()`` writes each message as a :class:`~outbox.models
 row in the same database transaction. Then:
 
 * **fast path**: on commit, the messages are written to Redis in one round trip
-  (:func:`outbox.intake.store`) and their rows deleted. A rollback sends nothing.
+  (:func:`outbox.sending.intake.store`) and their rows deleted. A rollback sends nothing.
 * **relay**: every ``outbox_worker`` runs :func:`relay` each ``RELAY_INTERVAL``; it
   pushes rows older than ``RELAY_AFTER`` seconds that the fast path missed (Redis was
   down at commit, or the process died between commit and push), with
@@ -31,11 +31,11 @@ from collections.abc import Sequence
 
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 
-from outbox import intake
-from outbox.connection import get_repository
 from outbox.exceptions import OutboxUnavailable
 from outbox.models import CapturedMessage
 from outbox.records import Message
+from outbox.sending import intake
+from outbox.store.connection import get_repository
 
 logger = logging.getLogger("outbox")
 

@@ -26,7 +26,7 @@
 
 Due messages whose wake-up job was lost are not the sweep's business: every
 ``outbox_worker`` wakes due queues itself each ``WAKE_INTERVAL``
-(:func:`outbox.dispatch.wake_due`), from the outbox's own indexes.
+(:func:`outbox.store.wakeups.wake_due`), from the outbox's own indexes.
 
 ``outbox_worker`` runs :func:`recover` every ``RECOVERY_INTERVAL`` seconds in each
 worker process; a short Redis lock makes one sweep per interval across all of them.
@@ -39,11 +39,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from outbox import dispatch
 from outbox.conf import outbox_settings
-from outbox.connection import get_repository
-from outbox.delivery import Decision, decide, write
+from outbox.delivery.loop import Decision, decide, write
 from outbox.records import Message, Status
+from outbox.store import wakeups as dispatch
+from outbox.store.connection import get_repository
 
 logger = logging.getLogger("outbox")
 

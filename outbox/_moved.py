@@ -1,0 +1,34 @@
+"""Old module paths kept for one release after the 0.2 floor plan moved them.
+
+Each old module (``outbox.health``, ``outbox.worker``, ...) is a three-line shim whose
+``__getattr__`` comes from :func:`forward`: an attribute read from the old path warns
+with a :class:`DeprecationWarning` naming the new path, then returns the new module's
+attribute. The shims go in 0.3.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+def forward(old: str, new: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) for the shim at ``old`` that reads from ``new``.
+
+    Raises (from the returned function):
+        AttributeError: ``new`` has no such attribute.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        warnings.warn(
+            f"{old} moved to {new} in django-redis-outbox 0.2; the old path goes in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(new), name)
+
+    return __getattr__

@@ -1,0 +1,13 @@
+"""The delivery side: workers claim due messages and attempt them.
+
+- :mod:`~outbox.delivery.loop`: one wake-up job's claim loop (:func:`run`).
+- :mod:`~outbox.delivery.recovery`: the recovery sweep and retention purge.
+- :mod:`~outbox.delivery.worker`: the ``outbox_worker`` process and its housekeeping.
+- :mod:`~outbox.delivery.liveness`: which workers are alive, by their heartbeat.
+
+:func:`run` is re-exported here: ``outbox.delivery.run`` is the name the docs give it.
+"""
+
+from outbox.delivery.loop import RunReport, run
+
+__all__ = ["RunReport", "run"]
