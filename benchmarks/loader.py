@@ -20,8 +20,7 @@ import time
 from collections.abc import Callable
 
 from outbox.records import Attempt, Message, Status, new_message_id
-from outbox.store import Change
-from outbox.store import wakeups as dispatch
+from outbox.store import Change, wakeups
 from outbox.store.connection import get_repository
 
 CREATE_BATCH = 10_000
@@ -103,7 +102,7 @@ def load(
                     next_attempt_at=created,
                     queue="outbox",
                     updated_at=created,
-                    job_id=dispatch.new_job_id(),
+                    job_id=wakeups.new_job_id(),
                 )
             )
         repo.create(batch, time.time())  # no wake-up job is enqueued: nothing delivers them

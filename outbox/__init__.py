@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     # Lazy so that ``INSTALLED_APPS = ["outbox"]`` imports no Django models before setup.
     if name in _LAZY:
-        import importlib
+        import importlib  # lazy: `import outbox` loads no Django model
 
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # later lookups find it without calling this function (PEP 562)

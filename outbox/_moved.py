@@ -14,21 +14,27 @@ from collections.abc import Callable
 from typing import Any
 
 
-def forward(old: str, new: str) -> Callable[[str], Any]:
-    """A module ``__getattr__`` (PEP 562) for the shim at ``old`` that reads from ``new``.
+def forward(old: str, *new: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` (PEP 562) for the shim at ``old`` that reads each name
+    from the first of the modules ``new`` that has it (a module split in two names both).
 
     Raises (from the returned function):
-        AttributeError: ``new`` has no such attribute.
+        AttributeError: none of ``new`` has the attribute.
     """
 
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        warnings.warn(
-            f"{old} moved to {new} in django-redis-outbox 0.2; the old path goes in 0.3",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(new), name)
+        for path in new:
+            module = importlib.import_module(path)
+            if hasattr(module, name):
+                warnings.warn(
+                    f"{old}.{name} moved to {path}.{name} in django-redis-outbox 0.2; "
+                    "the old path goes in 0.3",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                return getattr(module, name)
+        raise AttributeError(f"module {old!r} has no attribute {name!r}")
 
     return __getattr__

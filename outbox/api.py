@@ -16,19 +16,12 @@ from redis.exceptions import RedisError
 
 from outbox import tracing
 from outbox.conf import outbox_settings
-from outbox.destinations.config import get_destination, get_transport, validate_max_retries
 from outbox.exceptions import InvalidMessage, MessageNotFound, OutboxUnavailable
 from outbox.operations import actions
-from outbox.records import Attempt, Message, Status, new_message_id
-from outbox.retry import RetryPolicy
+from outbox.records import Attempt, Message
 from outbox.sending import intake
 from outbox.sending.validation import (
-    clean_delay,
-    clean_destination,
-    clean_headers,
-    clean_idempotency_key,
-    clean_priority,
-    encode_body,
+    build_message,
 )
 from outbox.store.connection import get_repository
 
@@ -45,60 +38,6 @@ SEND_ARGUMENTS = frozenset(
         "priority",
     }
 )
-
-
-def build_message(
-    destination: str,
-    body: Any,
-    *,
-    content_type: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    idempotency_key: str | None = None,
-    max_retries: int | None = None,
-    retry: Mapping[str, Any] | Sequence[float] | None = None,
-    delay: float | timedelta | None = None,
-    priority: str | None = None,
-    now: float | None = None,
-) -> Message:
-    """Validate ``send()`` arguments and build the message, without writing it.
-
-    Raises:
-        InvalidMessage: any argument is invalid (see :func:`send`).
-    """
-    dest = get_destination(clean_destination(destination))
-    data, ctype = encode_body(body, content_type)
-    if max_retries is None:
-        max_retries = dest.max_retries
-    else:
-        try:
-            validate_max_retries(max_retries, "max_retries")
-        except ValueError as exc:
-            raise InvalidMessage(str(exc), field="max_retries") from exc
-    try:
-        policy = RetryPolicy.from_value(retry, default=dest.retry_policy)
-    except ValueError as exc:
-        raise InvalidMessage(f"retry: {exc}", field="retry") from exc
-    headers = clean_headers(headers)
-    get_transport(dest.name).check_message(data, ctype, headers)
-    now = time.time() if now is None else now
-    send_time = now + clean_delay(delay)
-    return Message(
-        id=new_message_id(now),
-        destination=dest.name,
-        body=data,
-        content_type=ctype,
-        headers=headers,
-        created_at=now,
-        idempotency_key=clean_idempotency_key(idempotency_key),
-        status=Status.PENDING.value,
-        retry_count=0,
-        max_retries=max_retries,
-        retry_policy=policy.to_dict(),
-        send_time=send_time,
-        next_attempt_at=send_time,
-        queue=clean_priority(priority),
-        updated_at=now,
-    )
 
 
 def send(
@@ -211,7 +150,9 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     if not messages:
         return []
     if transaction.get_connection(using).in_atomic_block and not outbox_settings.EAGER:
-        from outbox.sending.capture import capture
+        from outbox.sending.capture import (
+            capture,  # capture imports Django models: `import outbox.api` must not
+        )
 
         return capture(messages, using)
     try:
@@ -248,7 +189,7 @@ def get(message_id: str) -> Message:
         MessageNotFound: no such message.
         OutboxUnavailable: Redis is unreachable and the message is not in the capture table.
     """
-    from outbox.sending.capture import captured
+    from outbox.sending.capture import captured  # capture imports Django models: `import outbox.api` must not
 
     try:
         return get_repository().get(message_id)

@@ -7,10 +7,11 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from outbox import checks  # noqa: F401  (registers the system checks)
-        from outbox.conf import outbox_settings
+        # Imported once the app registry is ready (app loading), for what importing does:
+        from outbox import alerts, checks  # noqa: F401  (connects the alerts to destination events; registers the checks)
+        from outbox.conf import outbox_settings  # app loading: settings are read once ready
 
         if outbox_settings.METRICS_REGISTER:  # for django-prometheus's /metrics (needs the metrics extra)
-            from outbox.metrics import register
+            from outbox.metrics import register  # optional: the metrics extra
 
             register()

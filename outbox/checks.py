@@ -27,7 +27,7 @@ outbox.W006    the outbox's Redis has another eviction policy than ``noeviction`
 outbox.W007    the outbox's Redis could not be inspected
 outbox.E007    ``OUTBOX["ALERTS"]`` is invalid: unknown keys or events, ``SUPPRESS`` not
                a positive number, or a channel naming a destination that does not
-               exist or has the wrong transport (see :mod:`outbox.destinations.alerts`)
+               exist or has the wrong transport (see :mod:`outbox.alerts`)
 outbox.W008    ``OUTBOX["ALERTS"]["EMAIL_ADMINS"]`` is set but ``settings.ADMINS`` is empty
 outbox.W009    ``OUTBOX["ALERTS"]["WEBHOOK"]`` names a webhook destination without a
                ``secret``: operational webhooks would go unsigned
@@ -62,8 +62,8 @@ import httpcore
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
+from outbox.alerts import admin_addresses, channel_problems, parse_alert_settings
 from outbox.conf import DEFAULTS, PRIORITIES, outbox_settings
-from outbox.destinations.alerts import admin_addresses, channel_problems, parse_alert_settings
 from outbox.destinations.config import configuration_errors, get_destination, validate_max_retries
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.redaction import redact, secrets_for
@@ -204,7 +204,7 @@ def _check() -> list[CheckMessage]:
 
 
 def _alert_checks() -> list[CheckMessage]:
-    """outbox.E007, W008, W009: ``OUTBOX["ALERTS"]`` (see :mod:`outbox.destinations.alerts`)."""
+    """outbox.E007, W008, W009: ``OUTBOX["ALERTS"]`` (see :mod:`outbox.alerts`)."""
     try:
         config = parse_alert_settings(outbox_settings.ALERTS)
     except ValueError as exc:

@@ -67,7 +67,7 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        "EVENTS": None}``: seconds between two alerts of one event about
                        one destination, the email destination that mails ``ADMINS``, the
                        webhook destination of operational webhooks, the events alerted
-                       (None = all). Unset: Django signals only (:mod:`outbox.destinations.alerts`).
+                       (None = all). Unset: Django signals only (:mod:`outbox.alerts`).
 ``BLOCK_PRIVATE_NETWORKS``
                        refuse webhook connections to loopback, private, link-local
                        (cloud metadata) and other non-public addresses, checked after

@@ -2,4 +2,4 @@
 
 from outbox._moved import forward
 
-__getattr__ = forward(__name__, "outbox.store.wakeups")
+__getattr__ = forward(__name__, "outbox.store.wakeups", "outbox.delivery.recovery")

@@ -20,8 +20,8 @@ Pub/Sub payload of a delivery outcome (JSON object)::
      "next_attempt_at": null, "at": 1763780000.123}
 
 Destination events (:mod:`outbox.destinations.health`; keyword ``event``, a
-:class:`~outbox.destinations.health.DestinationEvent`; ``sender`` is that class), sent in the process
-that made the change by :func:`outbox.destinations.alerts.notify`: :data:`destination_failing`,
+:class:`DestinationEvent`; ``sender`` is that class), sent in the process
+that made the change by :func:`send_destination_events`: :data:`destination_failing`,
 :data:`destination_recovered`, :data:`destination_opened`, :data:`destination_closed`,
 :data:`destination_disabled`, :data:`destination_enabled`, :data:`destination_paused`,
 :data:`destination_resumed`. Their Pub/Sub JSON is ``{"event": "destination.opened",
@@ -31,7 +31,7 @@ that made the change by :func:`outbox.destinations.alerts.notify`: :data:`destin
 failure), sent by the worker that wrote it, after :data:`message_failed`
 (:func:`send_exhausted_signal`; ``sender`` the :class:`~outbox.records.Message` class,
 keywords ``message``, ``attempt`` and ``event``, its ``message.exhausted``
-:class:`~outbox.destinations.health.DestinationEvent`).
+:class:`DestinationEvent`).
 
 Every signal is sent with ``send_robust``: a receiver that raises is logged with its
 traceback and stops neither the other receivers nor delivery.
@@ -45,16 +45,60 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.dispatch import Signal
 
 from outbox.records import Attempt, Message
 
-if TYPE_CHECKING:
-    from outbox.destinations.health import DestinationEvent
-
 logger = logging.getLogger("outbox")
+
+#: The events of :class:`DestinationEvent` (``destination.*`` and ``message.exhausted``).
+DESTINATION_EVENTS = (
+    "destination.failing",
+    "destination.recovered",
+    "destination.opened",
+    "destination.closed",
+    "destination.disabled",
+    "destination.enabled",
+    "destination.paused",
+    "destination.resumed",
+    "message.exhausted",
+)
+
+
+@dataclass(frozen=True)
+class DestinationEvent:
+    """A change of a destination's state (or a message exhausting its retries).
+
+    Attributes:
+        event: one of :data:`DESTINATION_EVENTS`, e.g. ``"destination.opened"``.
+        destination: the destination's name.
+        at: epoch seconds.
+        detail: the rest of the event (``reason``, ``consecutive_failures``,
+            ``failing_since``, ``next_probe_at``, ``id`` of a message ...).
+    """
+
+    event: str
+    destination: str
+    at: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> DestinationEvent:
+        """An event from the JSON published on the events channel."""
+        data = json.loads(raw)
+        return cls(str(data.pop("event")), str(data.pop("destination")), float(data.pop("at")), data)
+
+    def to_json(self) -> str:
+        """The JSON published on the events channel."""
+        return json.dumps(
+            {"event": self.event, "destination": self.destination, "at": self.at, **self.detail},
+            separators=(",", ":"),
+        )
+
 
 message_succeeded = Signal()
 message_retrying = Signal()
@@ -73,6 +117,11 @@ destination_enabled = Signal()
 destination_paused = Signal()
 destination_resumed = Signal()
 message_exhausted = Signal()
+#: Sent once per batch of destination events, after each event's own signal, in the
+#: process that made the changes (keyword ``events``: a list of :class:`DestinationEvent`;
+#: ``sender`` is that class). The alerts (:mod:`outbox.alerts`, connected
+#: when the app is ready) listen to it, so destination health never calls them.
+destination_events = Signal()
 
 DESTINATION_SIGNALS = {
     "destination.failing": destination_failing,
@@ -150,7 +199,7 @@ def send_signal(status: str, message: Message, attempt: Attempt | None = None) -
 
 def send_exhausted_signal(message: Message, attempt: Attempt | None, event: DestinationEvent) -> None:
     """Send :data:`message_exhausted` for a dead letter whose retries ran out (``event``:
-    its ``message.exhausted`` :class:`~outbox.destinations.health.DestinationEvent`); receiver errors
+    its ``message.exhausted`` :class:`DestinationEvent`); receiver errors
     are logged."""
     _send_robust(message_exhausted, message.id, sender=Message, message=message, attempt=attempt, event=event)
 
@@ -166,6 +215,22 @@ def send_destination_signal(event: DestinationEvent) -> None:
         _send_robust(signal, event.event, sender=type(event), event=event)
     except Exception:
         logger.exception("outbox: sending the %s signal failed", event.event)
+
+
+def send_destination_events(events: Sequence[DestinationEvent]) -> None:
+    """Send the signal of each event (:func:`send_destination_signal`), then
+    :data:`destination_events` once for the batch: the alerts
+    (:mod:`outbox.alerts`) listen to it. Never raises: receiver errors are
+    logged."""
+    try:
+        for event in events:
+            send_destination_signal(event)
+        if events:
+            _send_robust(
+                destination_events, "destination events", sender=DestinationEvent, events=list(events)
+            )
+    except Exception:
+        logger.exception("outbox: handling destination events failed: %r", events)
 
 
 def _send_robust(signal: Signal, about: str, **kwargs: Any) -> None:

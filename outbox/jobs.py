@@ -6,6 +6,10 @@ import logging
 import os
 from collections.abc import Sequence
 
+from outbox.conf import outbox_settings
+from outbox.delivery.loop import run
+from outbox.delivery.worker import housekeeping_seen
+
 logger = logging.getLogger("outbox")
 _housekeeping_checked = 0  # pid of the process that checked (a forked work horse checks anew)
 
@@ -17,7 +21,6 @@ def warn_without_housekeeping() -> None:
     if _housekeeping_checked == os.getpid():
         return
     _housekeeping_checked = os.getpid()
-    from outbox.delivery.worker import housekeeping_seen
 
     try:
         if housekeeping_seen():
@@ -44,8 +47,6 @@ def deliver(queue: str | Sequence[str]) -> dict[str, object]:
         A summary (``{"claimed": n, "outcomes": {status: n}, ...}``); RQ keeps no result
         of delivery jobs (``result_ttl=0``).
     """
-    from outbox.conf import outbox_settings
-    from outbox.delivery.loop import run
 
     warn_without_housekeeping()
     queues = [queue] if isinstance(queue, str) else outbox_settings.queue_names

@@ -35,7 +35,7 @@ _CONNECTION_KEYS = {
 
 @pytest.fixture(scope="session")
 def _outbox_redis_server() -> Iterator[Any]:
-    from outbox.testing import RedisServer
+    from outbox.testing import RedisServer  # the plugin loads before Django is set up
 
     server = RedisServer().start()
     try:
@@ -47,8 +47,8 @@ def _outbox_redis_server() -> Iterator[Any]:
 @pytest.fixture
 def outbox_redis(_outbox_redis_server: Any, settings: Any) -> Iterator[Any]:
     """The private Redis (a ``redis.Redis`` client), empty, with the outbox and django-rq on it."""
-    from outbox.conf import outbox_settings
-    from outbox.testing.state import empty_outbox
+    from outbox.conf import outbox_settings  # the plugin loads before Django is set up
+    from outbox.testing.state import empty_outbox  # the plugin loads before Django is set up
 
     url = _outbox_redis_server.url
     alias = outbox_settings.REDIS_ALIAS
@@ -74,7 +74,7 @@ def outbox_redis(_outbox_redis_server: Any, settings: Any) -> Iterator[Any]:
 @pytest.fixture
 def outbox_sent(outbox_redis: Any) -> Any:
     """The messages sent during this test (:class:`outbox.testing.SentMessages`)."""
-    from outbox.testing import SentMessages
+    from outbox.testing import SentMessages  # the plugin loads before Django is set up
 
     return SentMessages()
 
@@ -82,6 +82,6 @@ def outbox_sent(outbox_redis: Any) -> Any:
 @pytest.fixture
 def outbox_deliver(outbox_redis: Any) -> Callable[..., Any]:
     """:func:`outbox.testing.deliver_all` (call it to deliver what is due, in process)."""
-    from outbox.testing import deliver_all
+    from outbox.testing import deliver_all  # the plugin loads before Django is set up
 
     return deliver_all

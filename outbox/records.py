@@ -493,3 +493,22 @@ def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
 
 def _float(value: str | None) -> float | None:
     return float(value) if value else None
+
+
+@dataclass
+class Outcome:
+    """The result of one delivery attempt, before it is written (made by the worker's
+    claim loop, :func:`outbox.delivery.loop.attempt`; read by tracing and the outcome
+    decision)."""
+
+    message: Message
+    started_at: float
+    duration_ms: float
+    status_code: int | None = None
+    error: str = ""
+    ok: bool = False
+    permanent: bool = False
+    retry_after: float | None = None
+    detail: str = ""
+    error_class: str = ""
+    host: str = ""  # the transport's host (Transport.host) at attempt time

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from outbox.conf import outbox_settings
+
 #: What replaces a secret.
 REDACTED = "[REDACTED]"
 #: Header (or option) names whose values are secrets: case-insensitive substrings.
@@ -162,7 +164,6 @@ def _scheme(match: re.Match[str]) -> str:
 
 def destination_options(name: str) -> Mapping[str, Any]:
     """The ``OPTIONS`` of a configured destination, or ``{}`` (never raises)."""
-    from outbox.conf import outbox_settings
 
     try:
         config = outbox_settings.DESTINATIONS.get(name)

@@ -44,8 +44,7 @@ from outbox.conf import outbox_settings
 from outbox.version import __version__
 
 if TYPE_CHECKING:
-    from outbox.delivery.loop import Outcome
-    from outbox.records import Message
+    from outbox.records import Message, Outcome
 
 SYSTEM = "django-redis-outbox"
 #: Header names of W3C Trace Context (lower case), stored with each message.
@@ -60,9 +59,11 @@ _tracer: Any = None
 
 class _OTel:
     def __init__(self) -> None:
-        from opentelemetry import propagate, trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-        from opentelemetry.trace.status import Status, StatusCode
+        from opentelemetry import propagate, trace  # optional: the otel extra
+        from opentelemetry.trace.propagation.tracecontext import (
+            TraceContextTextMapPropagator,  # optional: the otel extra
+        )
+        from opentelemetry.trace.status import Status, StatusCode  # optional: the otel extra
 
         self.noop_providers = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
         self.trace = trace
@@ -114,7 +115,7 @@ def tracer() -> Any:
     """
     global _tracer
     if _tracer is None:
-        from opentelemetry import trace
+        from opentelemetry import trace  # optional: the otel extra
 
         _tracer = trace.get_tracer("outbox", __version__, tracer_provider=_provider)
     return _tracer

@@ -14,10 +14,10 @@ from django.test import override_settings
 from standardwebhooks import Webhook
 
 import outbox
-from outbox import events
+from outbox import alerts, events
 from outbox.checks import check_outbox_settings
-from outbox.destinations import alerts, health
-from outbox.destinations.health import DestinationEvent
+from outbox.destinations import controls, health
+from outbox.events import DestinationEvent
 
 SECRET = "whsec_" + base64.b64encode(b"ops-alerts-signing-key-0123456789").decode()
 DEAD_URL = "http://127.0.0.1:9/hook"  # nothing listens on the discard port: connection refused
@@ -350,7 +350,7 @@ def test_an_alert_caused_inside_a_rolled_back_transaction_still_goes_out(receive
 
     with alerting(receiver, email=False):
         with pytest.raises(RuntimeError), transaction.atomic():
-            health.pause("hook", reason="maintenance")
+            controls.pause("hook", reason="maintenance")
             raise RuntimeError("the view failed after pausing")
         worker(simple=True)
     assert health.get_health("hook").admin == "paused"

@@ -212,12 +212,12 @@ def test_delete_forgets_the_message(hook, worker, repo):
 
 
 def test_a_duplicate_job_does_not_deliver_twice(hook, worker, repo):
-    from outbox.store import wakeups as dispatch
+    from outbox.store import wakeups
 
     m = outbox.send("hook", 1)
-    dispatch.enqueue_wakeups(["outbox"])
-    dispatch.enqueue_wakeups(["outbox"])
-    assert dispatch.get_queue("outbox").count == 3
+    wakeups.enqueue_wakeups(["outbox"])
+    wakeups.enqueue_wakeups(["outbox"])
+    assert wakeups.get_queue("outbox").count == 3
     worker()
     assert len(hook.requests) == 1 and outbox.get(m.id).status == "succeeded"
 
@@ -240,7 +240,7 @@ def test_many_messages_with_flaky_receiver_keep_the_invariant(hook, worker, repo
 
 
 def test_a_retry_due_within_the_schedule_threshold_is_not_stranded(receiver, worker, repo):
-    # A delay under dispatch.SCHEDULE_THRESHOLD is enqueued at once; the claim must take it.
+    # A delay under wakeups.SCHEDULE_THRESHOLD is enqueued at once; the claim must take it.
     receiver.respond(500, 200)
     with hook_settings(receiver.url, RETRY=[0.4]):
         m = outbox.send("hook", 1)

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 import outbox
 from outbox import events
-from outbox.destinations import health
+from outbox.destinations import controls, health
 from outbox.exceptions import UnknownDestination
 from tests.conftest import assert_index_invariant, hook_settings
 
@@ -60,7 +60,9 @@ def test_probe_after_cooldown_which_doubles_while_probes_fail(receiver, worker, 
         worker(simple=True)
         state = dest_hash(repo)
         assert len(receiver.requests) == 1 and float(state["cooldown"]) == 1.0
-        assert health.release_parked_due(now=float(state["opened_at"]) + 0.5) == 0  # not before the cool-down
+        assert (
+            controls.release_parked_due(now=float(state["opened_at"]) + 0.5) == 0
+        )  # not before the cool-down
         cooldowns = []
         for _ in range(3):
             time.sleep(max(0.0, float(dest_hash(repo)["next_probe_at"]) - time.time()) + 0.05)
@@ -122,7 +124,7 @@ def test_410_gone_disables_the_destination_and_enable_delivers_what_waited(recei
         assert outbox.get(first.id).status == "failed"  # 410 is permanent for its message
         assert len(receiver.requests) == 1
         receiver.respond(200)
-        assert health.enable("hook") == 1
+        assert controls.enable("hook") == 1
         worker(simple=True)
     assert outbox.get(second.id).status == "succeeded"
     assert health.get_health("hook").admin == "active"
@@ -131,7 +133,7 @@ def test_410_gone_disables_the_destination_and_enable_delivers_what_waited(recei
 
 def test_pause_delivers_nothing_loses_nothing_and_resume_delivers_all_oldest_first(receiver, worker, repo):
     with hook(receiver):
-        health.pause("hook", reason="receiver maintenance")
+        controls.pause("hook", reason="receiver maintenance")
         sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(5)])
         worker(simple=True)
         h = health.get_health("hook")
@@ -142,7 +144,7 @@ def test_pause_delivers_nothing_loses_nothing_and_resume_delivers_all_oldest_fir
         )
         assert repo.counts()["pending"] == 5
         assert_index_invariant(repo)
-        assert health.resume("hook") == 5
+        assert controls.resume("hook") == 5
         worker(simple=True)
     assert ids_of(receiver) == [m.id for m in sent]
     assert repo.counts()["succeeded"] == 5 and health.get_health("hook").parked == 0
@@ -155,7 +157,7 @@ def test_in_flight_failure_while_paused_parks_without_a_retry(receiver, worker, 
     with hook(receiver):
         m = outbox.send("hook", 1)
         (claimed,) = claim(outbox.get(m.id).queue)
-        health.pause("hook")
+        controls.pause("hook")
         write([decide(claimed, now=time.time(), ok=False, error="HTTP 503", status_code=503)], time.time())
         got = outbox.get(m.id)
         assert (got.status, got.retry_count, health.get_health("hook").parked) == ("pending", 0, 1)
@@ -164,9 +166,9 @@ def test_in_flight_failure_while_paused_parks_without_a_retry(receiver, worker, 
 
 def test_unknown_destination_actions_raise():
     with pytest.raises(UnknownDestination):
-        health.pause("nope")
+        controls.pause("nope")
     with pytest.raises(UnknownDestination):
-        health.resume("nope")
+        controls.resume("nope")
 
 
 def test_auto_disable_after_failing_continuously_for_disable_after(receiver, worker, repo):
@@ -216,7 +218,7 @@ def test_events_are_published_once_per_transition_not_per_message(receiver, work
         "destination.recovered",
         "destination.closed",
     ]
-    assert received == ["destination.opened"]  # the worker handed it to outbox.destinations.alerts.notify
+    assert received == ["destination.opened"]  # the worker handed it to outbox.alerts.notify
 
 
 def test_exhausted_event_when_retries_run_out(receiver, worker, repo):
@@ -238,7 +240,7 @@ def test_exhausted_event_when_retries_run_out(receiver, worker, repo):
 
 def test_cancel_or_delete_of_a_parked_message_leaves_no_entry_that_resurrects_it(receiver, worker, repo):
     with hook(receiver):
-        health.pause("hook")
+        controls.pause("hook")
         a, b, c = (outbox.send("hook", i) for i in range(3))
         worker(simple=True)
         assert health.get_health("hook").parked == 3
@@ -246,7 +248,7 @@ def test_cancel_or_delete_of_a_parked_message_leaves_no_entry_that_resurrects_it
         outbox.delete(b.id)
         assert repo.connection.zrange(repo.keys.parked("hook"), 0, -1) == [c.id.encode()]
         assert_index_invariant(repo)
-        assert health.resume("hook") == 1
+        assert controls.resume("hook") == 1
         worker(simple=True)
     assert ids_of(receiver) == [c.id]
     assert outbox.get(a.id).status == "cancelled"
@@ -348,16 +350,16 @@ def test_a_probe_whose_lease_expired_lets_another_go(receiver, worker, repo, set
         m = outbox.send("hook", 1)
         worker(simple=True)  # fails: open
         time.sleep(0.3)
-        assert health.release_parked_due() == 1  # the cool-down is over: the oldest parked becomes due
+        assert controls.release_parked_due() == 1  # the cool-down is over: the oldest parked becomes due
         (probe,) = claim(outbox.get(m.id).queue)  # claimed as the probe; its worker "dies"
         state = dest_hash(repo)
         assert (state["breaker"], state["probe_id"]) == ("half_open", m.id)
-        assert health.release_parked_due() == 0  # no second probe while this one's lease runs
+        assert controls.release_parked_due() == 0  # no second probe while this one's lease runs
         time.sleep(max(0.0, float(state["probe_deadline"]) - time.time()) + 0.1)
         assert recover().lost == 1  # taken back while half-open: parked, uncharged
         got = outbox.get(m.id)
         assert (got.status, got.retry_count, health.get_health("hook").parked) == ("pending", 0, 1)
-        assert health.release_parked_due() == 1  # a new probe may go
+        assert controls.release_parked_due() == 1  # a new probe may go
         receiver.respond(200)
         worker(simple=True)
     assert outbox.get(m.id).status == "succeeded" and health.get_health("hook").breaker == "closed"
@@ -366,7 +368,7 @@ def test_a_probe_whose_lease_expired_lets_another_go(receiver, worker, repo, set
 
 def test_breaker_opens_on_the_failure_rate_with_enough_attempts(repo):
     # FAILURES out of reach: only the rate can open it. [failures, rate, min attempts,
-    # window, cool-down, max cool-down, disable after] as health.health_config_json() gives.
+    # window, cool-down, max cool-down, disable after] as config.health_config_json() gives.
     config = json.dumps({"hook": [100, 0.4, 10, 300, 15, 600, 0]})
     now = time.time()
 
@@ -384,9 +386,9 @@ def test_breaker_opens_on_the_failure_rate_with_enough_attempts(repo):
 
 def test_unpark_skips_stale_entries(receiver, repo):
     with hook(receiver):
-        health.pause("hook")
+        controls.pause("hook")
         repo.connection.zadd(repo.keys.parked("hook"), {"msg_gone": 1.0})
-        assert health.resume("hook") == 0
+        assert controls.resume("hook") == 0
     assert repo.connection.zcard(repo.keys.parked("hook")) == 0
 
 
@@ -395,8 +397,8 @@ def test_resume_behind_an_open_breaker_lets_one_probe_go_not_everything(receiver
     with hook(receiver, BREAKER={"FAILURES": 1, "COOLDOWN": 0.2}):
         outbox.send_many([{"destination": "hook", "body": i} for i in range(5)])
         worker(simple=True)  # the first fails: open; the others park
-        health.pause("hook")
+        controls.pause("hook")
         time.sleep(0.3)  # the probe is due
-        assert health.resume("hook") == 1  # one probe, the others keep waiting
+        assert controls.resume("hook") == 1  # one probe, the others keep waiting
         assert health.get_health("hook").parked == 4
     assert_index_invariant(repo)

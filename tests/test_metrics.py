@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import outbox
 from outbox.api import build_message
-from outbox.destinations import health
+from outbox.destinations import controls
 from outbox.metrics import METRICS, OutboxCollector, register, unregister
 from outbox.metrics.collector import DESTINATION_STATES
 from outbox.sending import intake
@@ -63,7 +63,7 @@ def scraper(client, settings):
 
 
 def test_scrape_after_real_deliveries(hook, worker, scraper):
-    health.pause("mem", reason="maintenance")
+    controls.pause("mem", reason="maintenance")
     held = outbox.send("mem", {"held": True})  # the worker parks it: mem is paused
     settle(worker, [outbox.send("hook", {"n": n}).id for n in range(2)])  # delivered
     hook.respond(500)

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import outbox
-from outbox.destinations import health
+from outbox.destinations import controls, health
 from outbox.metrics import OutboxCollector
 
 from .test_admin_support import (  # noqa: F401  (fixtures)
@@ -121,7 +121,7 @@ def cell(html: str, element_id: str) -> str:
 
 
 def test_parked_messages_are_not_counted_as_overdue_but_shown_apart(admin_client, hook, worker):
-    health.pause("hook", reason="receiver maintenance")
+    controls.pause("hook", reason="receiver maintenance")
     held = outbox.send("hook", {"n": 1})
     worker(simple=True)  # the claim parks it: its destination is paused
     assert health.get_health("hook").parked == 1
@@ -221,7 +221,7 @@ def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admi
 def test_the_attempts_chart_draws_parked_messages_while_nothing_is_attempted(admin_client, hook, worker):
     from outbox.admin_views.chart import CHART_MINUTES
 
-    health.pause("hook")
+    controls.pause("hook")
     outbox.send_many([{"destination": "hook", "body": {"n": n}} for n in range(3)])
     worker(simple=True)  # the claim parks them: no attempt is made
     assert health.get_health("hook").parked == 3 and not hook.requests
@@ -233,7 +233,7 @@ def test_the_attempts_chart_draws_parked_messages_while_nothing_is_attempted(adm
         assert element_text(html, "chart-total-parked") == "3", page
         assert 'class="series-parked"' in html, page  # a bar is drawn
 
-    health.resume("hook")
+    controls.resume("hook")
     worker(simple=True)  # delivered: nothing parked any more, three attempts drawn instead
     minutes = health.timeline("hook", CHART_MINUTES)
     assert (sum(m.parked for m in minutes), sum(m.succeeded for m in minutes)) == (0, 3)

@@ -8,7 +8,7 @@ import json
 
 import outbox
 from outbox.conf import outbox_settings
-from outbox.store import wakeups as dispatch
+from outbox.store import wakeups
 from tests.conftest import assert_index_invariant, hook_settings
 from tests.test_recovery import start_worker
 
@@ -16,7 +16,7 @@ from tests.test_recovery import start_worker
 def run_two_workers(receiver, extra: dict) -> list[str]:
     """Two burst ``outbox_worker`` processes, each with a wake-up job of its own, the
     'hook' destination configured with ``extra``; returns their output."""
-    dispatch.enqueue_wakeups([outbox_settings.queue_name(None)])  # a second job: one per worker
+    wakeups.enqueue_wakeups([outbox_settings.queue_name(None)])  # a second job: one per worker
     env = {"OUTBOX_TEST_HOOK_EXTRA": json.dumps(extra)}
     workers = [start_worker(receiver.url, 30, env=env) for _ in range(2)]
     outputs = []

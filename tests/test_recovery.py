@@ -162,9 +162,9 @@ def test_a_job_timeout_mid_batch_keeps_decided_outcomes_and_charges_only_the_att
     # answered 200, the second hangs, the third not yet attempted. Before, all three
     # ended failed with a lost attempt, the delivered one included.
     from outbox.delivery import loop as delivery
-    from outbox.store import wakeups as dispatch
+    from outbox.store import wakeups
 
-    monkeypatch.setattr(dispatch, "JOB_TIMEOUT_MARGIN", -1)  # RQ kills the job after 1 s
+    monkeypatch.setattr(wakeups, "JOB_TIMEOUT_MARGIN", -1)  # RQ kills the job after 1 s
     monkeypatch.setattr(delivery, "FAILSAFE_WAIT", 0.2)
     receiver.respond((200, {}, 0.0), (200, {}, 3.0), (200, {}, 0.0))
     with hook_settings(receiver.url, MAX_IN_FLIGHT=1):

@@ -202,7 +202,8 @@ def test_priority_picks_the_queue(repo):
 
 
 def test_delay_schedules_the_first_attempt(repo):
-    from outbox.store.wakeups import get_queue, wake_due
+    from outbox.delivery.recovery import wake_due
+    from outbox.store.wakeups import get_queue
 
     m = outbox.send("mem", 1, delay=timedelta(minutes=5))
     assert m.next_attempt_at == pytest.approx(m.created_at + 300)

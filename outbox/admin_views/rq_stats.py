@@ -2,9 +2,8 @@
 
 Messages waiting per queue come from the outbox's own due index (due now, due later);
 RQ's figures (wake-up jobs waiting, jobs running, crashed jobs) are raw ZCARD/LLEN of
-RQ's keys in the same pipeline: unlike RQ's ``registry.count``
-(and django-rq's dashboard) nothing is cleaned up on read, so a page view never
-changes state. Workers are those RQ lists on an outbox queue, each live or stale by the
+RQ's keys in the same pipeline (:func:`outbox.store.rq_stats.queue_counts`): nothing is
+cleaned up on read, so a page view never changes state. Workers are those RQ lists on an outbox queue, each live or stale by the
 outbox's own per-worker heartbeat (:mod:`outbox.delivery.liveness`): a killed worker is not
 counted live while RQ still lists it.
 """
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 
 from outbox.delivery.liveness import WorkerInfo, workers
 from outbox.store.connection import get_repository
+from outbox.store.rq_stats import queue_counts
 from outbox.store.wakeups import get_queue
 
 __all__ = ["QueueStats", "WorkerInfo", "queue_stats"]
@@ -47,20 +47,11 @@ def queue_stats(names: Sequence[str], now: float | None = None) -> tuple[list[Qu
     queues = [get_queue(name) for name in names]
     if not queues:
         return [], []
-    conn = queues[0].connection
-    due_keys = get_repository().keys
     now = time.time() if now is None else now
-    pipe = conn.pipeline(transaction=False)
-    for q in queues:
-        pipe.zcount(due_keys.due(q.name), "-inf", repr(now))
-        pipe.zcount(due_keys.due(q.name), f"({now!r}", "+inf")
-        pipe.llen(q.key)
-        pipe.zcard(q.started_job_registry.key)
-        pipe.zcard(q.failed_job_registry.key)
-    replies = pipe.execute()
+    counts = queue_counts(get_repository(), queues, now)
     live, listed = workers([q.name for q in queues], now)
-    stats = []
-    for i, q in enumerate(queues):
-        due, later, queued, started, failed = replies[5 * i : 5 * i + 5]
-        stats.append(QueueStats(q.name, due, later, queued, started, failed, live[i]))
+    stats = [
+        QueueStats(q.name, *figures, workers=live[i])
+        for i, (q, figures) in enumerate(zip(queues, counts, strict=True))
+    ]
     return stats, listed

@@ -24,6 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from outbox.conf import outbox_settings
+from outbox.delivery.worker import heartbeat_ttl
+from outbox.store.connection import get_repository
+from outbox.store.rq_workers import registered_workers
+from outbox.store.wakeups import get_queue
+
 #: Values of :attr:`WorkerInfo.liveness`, in this order on pages and in metrics.
 LIVENESS = ("live", "stale", "no_heartbeat")
 
@@ -100,11 +106,6 @@ def workers(queues: Sequence[str], now: float | None = None) -> tuple[list[int],
     Raises:
         redis.exceptions.RedisError: a Redis could not be reached.
     """
-    from outbox.conf import outbox_settings
-    from outbox.delivery.worker import heartbeat_ttl
-    from outbox.store.connection import get_repository
-    from outbox.store.rq_workers import registered_workers
-    from outbox.store.wakeups import get_queue
 
     if not queues:
         return [], []

@@ -58,15 +58,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox import tracing
 from outbox.conf import outbox_settings
-from outbox.destinations import health
+from outbox.destinations import config, controls
 from outbox.destinations.config import get_transport, usable_destinations
-from outbox.events import event_payload, send_exhausted_signal, send_signal
+from outbox.events import DestinationEvent, event_payload, send_exhausted_signal, send_signal
 from outbox.exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
-from outbox.records import Attempt, Message, Status
+from outbox.records import Attempt, Message, Outcome, Status
 from outbox.redaction import redact_message_text
 from outbox.retry import RetryPolicy, retry_delay
-from outbox.store import Change, ChangeResult, MessageRepository
-from outbox.store import wakeups as dispatch
+from outbox.store import Change, ChangeResult, MessageRepository, wakeups
 from outbox.store.connection import get_repository
 from outbox.transports import deadlines
 
@@ -76,7 +75,7 @@ ERROR_LIMIT = 1000  # characters of an error kept in records
 HEALTH_ERROR_LIMIT = 300  # characters of an error kept in a destination's error groups
 HELD_WAIT = 1.0  # most seconds a run waits for messages a limit rescheduled, before it ends
 UNPARK_BUDGET = 1.0  # seconds a run spends putting back what waited behind a closed breaker
-DUE_SLACK = dispatch.DUE_SLACK  # a claim takes messages due up to this many seconds from now
+DUE_SLACK = wakeups.DUE_SLACK  # a claim takes messages due up to this many seconds from now
 LEASE_BUDGET = 0.5  # share of VISIBILITY_TIMEOUT after which a run claims nothing new
 RUN_BUDGET = 10.0  # seconds a wake-up job keeps claiming before it hands over to a new job
 IDLE_POLL = 0.1  # seconds between claims while slots are free and attempts are in flight
@@ -140,23 +139,6 @@ def worker_name() -> str:
 
 
 # -- one attempt -----------------------------------------------------------------------
-@dataclass
-class Outcome:
-    """The result of one attempt, before it is written."""
-
-    message: Message
-    started_at: float
-    duration_ms: float
-    status_code: int | None = None
-    error: str = ""
-    ok: bool = False
-    permanent: bool = False
-    retry_after: float | None = None
-    detail: str = ""
-    error_class: str = ""
-    host: str = ""  # the transport's host (Transport.host) at attempt time
-
-
 @tracing.traced_attempt  # OpenTelemetry "deliver" span around each attempt
 def attempt(message: Message) -> Outcome:
     """Deliver one claimed message through its transport and time it.
@@ -211,7 +193,7 @@ class Decision:
     change: Change
     attempt: Attempt
     message: Message
-    exhausted: health.DestinationEvent | None = None  # its message.exhausted event, if its retries ran out
+    exhausted: DestinationEvent | None = None  # its message.exhausted event, if its retries ran out
     outcome: Outcome | None = None  # the attempt's result, logged once the decision is written
 
 
@@ -344,7 +326,7 @@ def decide(
         and status == Status.FAILED.value
         and message.retry_count >= message.max_retries
     ):
-        exhausted = health.DestinationEvent(
+        exhausted = DestinationEvent(
             "message.exhausted",
             message.destination,
             now,
@@ -409,7 +391,7 @@ def decide_outcome(outcome: Outcome, now: float) -> Decision:
 def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> None:
     """Send the Django signal of each written decision whose compare-and-set applied (a
     parked one, whose status is not the decided one, sends none), and hand
-    ``message.exhausted`` events to :func:`outbox.destinations.alerts.notify`."""
+    ``message.exhausted`` events to :func:`outbox.alerts.notify`."""
     exhausted = []
     for d, r in zip(decisions, results, strict=True):
         if r.applied and not r.parked:
@@ -417,7 +399,7 @@ def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> 
             if d.exhausted is not None:
                 exhausted.append(d.exhausted)
                 send_exhausted_signal(d.message, d.attempt, d.exhausted)
-    health.notify(exhausted)
+    controls.notify(exhausted)
 
 
 def health_outcome(outcome: Outcome) -> list[Any]:
@@ -581,8 +563,8 @@ class _Run:
         # since its last one that did not.
         self.streak: Counter[str] = Counter()
         self.started_at: dict[Future[Outcome], float] = {}
-        self.health_config = health.health_config_json()
-        self.rate_limits = health.limits_json()
+        self.health_config = config.health_config_json()
+        self.rate_limits = config.limits_json()
 
     def caps(self) -> dict[str, int]:
         """Free attempt slots per configured destination (what a claim may take of each),
@@ -743,17 +725,17 @@ class _Run:
             # A claim for every destination came up short at caps: narrow (see want()).
             self.capped, self.capped_until = set(claim.capped), now + IDLE_POLL
         if claim.events:
-            self.destination_events(health.parse_events(claim.events))
+            self.destination_events(controls.parse_events(claim.events))
         return claim.messages
 
-    def destination_events(self, events: Sequence[health.DestinationEvent]) -> None:
+    def destination_events(self, events: Sequence[DestinationEvent]) -> None:
         """Hand destination events to alerts; a breaker that closed gets its parked
         messages put back at once (the wake check would within ``WAKE_INTERVAL``)."""
-        health.notify(events)
+        controls.notify(events)
         for event in events:
             if event.event == "destination.closed":
                 try:
-                    health.unpark_all(event.destination, budget=UNPARK_BUDGET)
+                    controls.unpark_all(event.destination, budget=UNPARK_BUDGET)
                 except Exception:
                     logger.warning(
                         "outbox: could not unpark %s now; the wake check will",
@@ -842,7 +824,7 @@ class _Run:
         for lease, group in by_lease.items():
             result = self.repo.release(lease, 0.0, time.time(), [m.id for m in group])
             self.report.released += result.applied
-            dispatch.enqueue_wakeups(result.woken)
+            wakeups.enqueue_wakeups(result.woken)
 
     def loop(self) -> None:
         while True:
@@ -865,7 +847,7 @@ class _Run:
                     # More suspects wait: a wake-up job lets another worker take them too,
                     # each alone in its own process (once per run; that run does the same).
                     self.shared = True
-                    dispatch.wake([self.queue])
+                    wakeups.wake([self.queue])
                 if not claimed and not self.in_flight and not self.decided:
                     if self.lane(1, time.time())[1]:
                         continue  # a suspect is due: claim it, alone
@@ -952,5 +934,5 @@ def run(queue: str, *, budget: float = RUN_BUDGET) -> RunReport:
         raise
     due = [t for t in (state.next_due, state.next_suspect) if t is not None]
     if due and min(due) <= time.time() + DUE_SLACK:
-        dispatch.wake([queue])
+        wakeups.wake([queue])
     return state.report

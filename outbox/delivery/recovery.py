@@ -26,7 +26,7 @@
 
 Due messages whose wake-up job was lost are not the sweep's business: every
 ``outbox_worker`` wakes due queues itself each ``WAKE_INTERVAL``
-(:func:`outbox.store.wakeups.wake_due`), from the outbox's own indexes.
+(:func:`wake_due`), from the outbox's own indexes.
 
 ``outbox_worker`` runs :func:`recover` every ``RECOVERY_INTERVAL`` seconds in each
 worker process; a short Redis lock makes one sweep per interval across all of them.
@@ -41,8 +41,9 @@ from dataclasses import dataclass
 
 from outbox.conf import outbox_settings
 from outbox.delivery.loop import Decision, decide, write
+from outbox.destinations.controls import release_parked_due
 from outbox.records import Message, Status
-from outbox.store import wakeups as dispatch
+from outbox.store import wakeups
 from outbox.store.connection import get_repository
 
 logger = logging.getLogger("outbox")
@@ -65,6 +66,17 @@ class RecoveryReport:
     lost_alone: int = 0
 
 
+def wake_due(now: float | None = None) -> list[str]:
+    """Wake every outbox queue that has a due message and no waiting job (see module doc).
+
+    First, parked messages whose time has come go back to their due index
+    (:func:`outbox.destinations.controls.release_parked_due`): the probe of an open circuit breaker
+    after its cool-down, and what waits behind a breaker that closed.
+    """
+    release_parked_due(now)
+    return wakeups.wake(outbox_settings.queue_names, now)
+
+
 def recover(
     now: float | None = None, limit: int = SWEEP_LIMIT, purge_budget: float | None = None
 ) -> RecoveryReport:
@@ -82,7 +94,7 @@ def recover(
         logger.warning(
             "outbox recovery: put %d message(s) written by an older version in their due index", upgraded
         )
-        dispatch.wake_due(now)
+        wake_due(now)
     report = RecoveryReport()
     _recover_lost(now, limit, report)
     report.purged, report.purge_backlog = _purge_expired(now, limit, budget)
@@ -184,7 +196,7 @@ def _recover_lost(now: float, limit: int, report: RecoveryReport) -> None:
                 sum(by_alone),
                 f"; dead letters: {', '.join(failed)}" if failed else "",
             )
-            dispatch.wake({d.message.queue for d in decisions if d.change.to == Status.RETRYING.value}, now)
+            wakeups.wake({d.message.queue for d in decisions if d.change.to == Status.RETRYING.value}, now)
         report.lost += applied
         if len(expired) < limit or not applied:
             return

@@ -4,14 +4,14 @@ and the housekeeping thread that every ``outbox_worker`` runs beside it.
 Housekeeping (:class:`Housekeeper`), in every worker process, each on its own interval:
 
 * **wake** (``WAKE_INTERVAL``): enqueue a wake-up job for each queue with a due
-  message and no waiting job (:func:`outbox.store.wakeups.wake_due`): delayed messages,
+  message and no waiting job (:func:`outbox.delivery.recovery.wake_due`): delayed messages,
   retries, and work whose job was lost with a killed worker; first, parked messages
   whose time has come go back to their due index (the probe of an open circuit
-  breaker, what waited behind one that closed: :func:`outbox.destinations.health.release_parked_due`);
+  breaker, what waited behind one that closed: :func:`outbox.destinations.controls.release_parked_due`);
 * **relay** (``RELAY_INTERVAL``): push messages captured in the database that missed
   the on-commit fast path (:func:`outbox.sending.capture.relay`);
 * **alerts** (``WAKE_INTERVAL``): report what ended alert suppression windows counted
-  (:func:`outbox.destinations.alerts.flush_due`; nothing to do without ``OUTBOX["ALERTS"]`` channels);
+  (:func:`outbox.alerts.flush_due`; nothing to do without ``OUTBOX["ALERTS"]`` channels);
 * **recovery sweep** (``RECOVERY_INTERVAL``, one process per interval through a Redis
   lock): take back expired leases, purge finished messages (:mod:`outbox.delivery.recovery`).
 
@@ -54,10 +54,17 @@ from functools import cache
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
+from django.db import close_old_connections
 from redis import Redis
 from redis.exceptions import RedisError
 
+from outbox.alerts import flush_due
 from outbox.conf import outbox_settings
+from outbox.delivery.loop import worker_name
+from outbox.delivery.recovery import recover, wake_due
+from outbox.sending.capture import relay
+from outbox.store.connection import client_like, get_repository, ping
+from outbox.store.rq_workers import housekeeping_heartbeat
 
 logger = logging.getLogger("outbox")
 
@@ -133,9 +140,6 @@ class Housekeeper(threading.Thread):
             self._stop_event.wait(tick)
 
     def _sweep(self, interval: float) -> None:
-        from outbox.delivery.recovery import recover
-        from outbox.store.connection import get_repository
-
         if get_repository().acquire_lock("recovery", self.token, interval * 0.9):
             recover()
 
@@ -158,8 +162,6 @@ def beat(recovery_interval: float) -> None:
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
     """
-    from outbox.delivery.loop import worker_name
-    from outbox.store.connection import get_repository
 
     get_repository().beat(worker_name(), heartbeat_ttl(recovery_interval), time.time())
 
@@ -173,30 +175,19 @@ def housekeeping_seen() -> str | None:
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
     """
-    from outbox.store.connection import get_repository
 
-    repo = get_repository()
-    value = cast("bytes | None", repo.connection.get(repo.keys.heartbeat()))
-    return value.decode() if value else None
+    return housekeeping_heartbeat(get_repository())
 
 
 def _wake() -> None:
-    from outbox.store.wakeups import wake_due
-
     wake_due()
 
 
 def _flush_alerts() -> None:
-    from outbox.destinations.alerts import flush_due
-
     flush_due()
 
 
 def _relay() -> None:
-    from django.db import close_old_connections
-
-    from outbox.sending.capture import relay
-
     try:
         relay()
     finally:
@@ -206,12 +197,11 @@ def _relay() -> None:
 def wait_for_redis(stop: threading.Event | None = None) -> None:
     """Block until the outbox's Redis answers PING, retrying with exponential backoff
     (:data:`RECONNECT_BACKOFF`), or until ``stop`` is set."""
-    from outbox.store.connection import get_connection
 
     delay = RECONNECT_BACKOFF[0]
     while stop is None or not stop.is_set():
         try:
-            get_connection().ping()
+            ping()
             return
         except RedisError:
             if stop is None:
@@ -222,10 +212,8 @@ def wait_for_redis(stop: threading.Event | None = None) -> None:
 
 
 def redis_reachable() -> bool:
-    from outbox.store.connection import get_connection
-
     try:
-        get_connection().ping()
+        ping()
         return True
     except RedisError:
         return False
@@ -348,7 +336,6 @@ def waiting_connection(client: Redis) -> Redis:
     Returns:
         A new :class:`redis.Redis`; close its pool (``connection_pool.disconnect()``) when done.
     """
-    from outbox.store.connection import client_like
 
     return client_like(client, socket_timeout=None)
 
@@ -393,10 +380,13 @@ def rq_worker(queues: Sequence[str], *, fork: bool = False, name: str | None = N
     Raises:
         ImproperlyConfigured: a queue name is not in ``RQ_QUEUES``.
     """
-    from django_rq.jobs import get_job_class
-    from django_rq.queues import get_queues
-    from django_rq.workers import get_exception_handlers, get_worker_class
-    from rq.worker import SimpleWorker
+    from django_rq.jobs import get_job_class  # django_rq reads Django settings when imported
+    from django_rq.queues import get_queues  # django_rq reads Django settings when imported
+    from django_rq.workers import (  # django_rq reads Django settings when imported
+        get_exception_handlers,
+        get_worker_class,
+    )
+    from rq.worker import SimpleWorker  # beside django_rq's, which reads Django settings when imported
 
     job_class = get_job_class()
     rq_queues = get_queues(*queues, job_class=job_class)  # type: ignore[no-untyped-call]  # django-rq has no types
@@ -494,7 +484,6 @@ def run_worker(
 
 def run_housekeeping_once(*, relay: bool = True) -> None:
     """One relay, recovery, alerts and wake pass, each step's errors logged (``--burst``, tests)."""
-    from outbox.delivery.recovery import recover
 
     def beat_now() -> None:
         beat(float(outbox_settings.RECOVERY_INTERVAL))

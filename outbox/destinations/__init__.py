@@ -5,7 +5,7 @@
   is the documented name).
 - :mod:`~outbox.destinations.limits`: breaker, rate limit, concurrency cap, disable-after.
 - :mod:`~outbox.destinations.health`: what each destination's attempts did lately.
-- :mod:`~outbox.destinations.alerts`: signals, email and webhooks about destination events.
+- :mod:`~outbox.alerts`: signals, email and webhooks about destination events.
 """
 
 from outbox.destinations.config import (

@@ -26,6 +26,7 @@ retries middleware resolves message -> actor -> default.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from functools import cache
@@ -244,9 +245,43 @@ def close_transports() -> None:
 
 
 def clear_cache() -> None:
-    """Forget built destinations and close their transports."""
+    """Forget built destinations, the scripts' views of them, and close their transports."""
     get_destination.cache_clear()
+    health_config_json.cache_clear()
+    limits_json.cache_clear()
     close_transports()
+
+
+# -- settings as the scripts take them ------------------------------------------------------
+@cache
+def health_config_json() -> str:
+    """JSON destination -> ``[failures (0 = no breaker), failure rate, min attempts, window,
+    cool-down, max cool-down, disable after (0 = never)]`` for ``lua/health.lua``."""
+    config = {}
+    for name, d in usable_destinations().items():
+        b = d.breaker
+        config[name] = [
+            b.failures if b else 0,
+            b.failure_rate if b else 1.0,
+            b.min_attempts if b else 1,
+            b.window if b else 60,
+            b.cooldown if b else 1.0,
+            b.max_cooldown if b else 1.0,
+            d.disable_after or 0,
+        ]
+    return json.dumps(config, separators=(",", ":"))
+
+
+@cache
+def limits_json() -> str:
+    """JSON destination -> ``[emission interval T, tolerance tau, max concurrency]``
+    (0 = none) for ``lua/claim.lua``; only destinations with a limit."""
+    config = {}
+    for name, d in usable_destinations().items():
+        if d.rate_limit or d.max_concurrency:
+            rl = d.rate_limit
+            config[name] = [rl.interval if rl else 0, rl.tolerance if rl else 0, d.max_concurrency or 0]
+    return json.dumps(config, separators=(",", ":"))
 
 
 @receiver(setting_changed)

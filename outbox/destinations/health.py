@@ -1,5 +1,6 @@
-"""Destination health: what each destination's attempts did lately, its circuit
-breaker, and the operator's pause/resume/disable/enable (``docs/destinations.md``).
+"""Destination health, the read model: what each destination's attempts did lately,
+its circuit breaker and its one state (``docs/destinations.md``). The operator's
+pause/resume/disable/enable are :mod:`outbox.destinations.controls`.
 
 Workers record every attempt's outcome in Redis as they write it (``lua/health.lua``,
 in the same round trip as the status change): per destination a hash
@@ -15,29 +16,20 @@ that took at most 2^i ms (1 ms .. 32.8 s), bucket 16 the slower ones. Percentile
 estimated from the merged buckets by linear interpolation inside the bucket, as
 Prometheus' ``histogram_quantile`` does.
 
-Operator actions (:func:`pause`, :func:`resume`, :func:`disable`, :func:`enable`) change
-the destination's admin state atomically and publish an event; a paused or disabled
-destination delivers nothing and loses nothing: its messages wait in
-``outbox:parked:<name>`` and :func:`resume`/:func:`enable` put them back, oldest due first.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass
 from typing import Any
 
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
 from outbox.conf import outbox_settings
-from outbox.destinations.config import usable_destinations
-from outbox.exceptions import UnknownDestination
+from outbox.store import destination_reads
+from outbox.store.connection import get_repository
 
 logger = logging.getLogger("outbox")
 
@@ -48,51 +40,7 @@ FAILING_CONSECUTIVE = 3  # consecutive failures that make a destination "failing
 FAILING_MIN_ATTEMPTS = 10  # attempts in the window before its failure rate counts
 FAILING_RATE = 0.5
 ERROR_HOURS = 24  # hours of error groups read by error_groups()
-UNPARK_BATCH = 1000  # messages moved per unpark script call
 OUTCOME_KINDS = {"succeeded": "s", "retryable": "r", "permanent": "p"}
-
-EVENTS = (
-    "destination.failing",
-    "destination.recovered",
-    "destination.opened",
-    "destination.closed",
-    "destination.disabled",
-    "destination.enabled",
-    "destination.paused",
-    "destination.resumed",
-    "message.exhausted",
-)
-
-
-@dataclass(frozen=True)
-class DestinationEvent:
-    """A change of a destination's state (or a message exhausting its retries).
-
-    Attributes:
-        event: one of :data:`EVENTS`, e.g. ``"destination.opened"``.
-        destination: the destination's name.
-        at: epoch seconds.
-        detail: the rest of the event (``reason``, ``consecutive_failures``,
-            ``failing_since``, ``next_probe_at``, ``id`` of a message ...).
-    """
-
-    event: str
-    destination: str
-    at: float
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> DestinationEvent:
-        """An event from the JSON published on the events channel."""
-        data = json.loads(raw)
-        return cls(str(data.pop("event")), str(data.pop("destination")), float(data.pop("at")), data)
-
-    def to_json(self) -> str:
-        """The JSON published on the events channel."""
-        return json.dumps(
-            {"event": self.event, "destination": self.destination, "at": self.at, **self.detail},
-            separators=(",", ":"),
-        )
 
 
 @dataclass(frozen=True)
@@ -256,45 +204,6 @@ def destination_state(h: DestinationHealth) -> DestinationState:
     return DestinationState("idle", f"no attempt in the last {w.seconds // 60} min")
 
 
-# -- settings as the scripts take them ------------------------------------------------------
-@cache
-def health_config_json() -> str:
-    """JSON destination -> ``[failures (0 = no breaker), failure rate, min attempts, window,
-    cool-down, max cool-down, disable after (0 = never)]`` for ``lua/health.lua``."""
-    config = {}
-    for name, d in usable_destinations().items():
-        b = d.breaker
-        config[name] = [
-            b.failures if b else 0,
-            b.failure_rate if b else 1.0,
-            b.min_attempts if b else 1,
-            b.window if b else 60,
-            b.cooldown if b else 1.0,
-            b.max_cooldown if b else 1.0,
-            d.disable_after or 0,
-        ]
-    return json.dumps(config, separators=(",", ":"))
-
-
-@cache
-def limits_json() -> str:
-    """JSON destination -> ``[emission interval T, tolerance tau, max concurrency]``
-    (0 = none) for ``lua/claim.lua``; only destinations with a limit."""
-    config = {}
-    for name, d in usable_destinations().items():
-        if d.rate_limit or d.max_concurrency:
-            rl = d.rate_limit
-            config[name] = [rl.interval if rl else 0, rl.tolerance if rl else 0, d.max_concurrency or 0]
-    return json.dumps(config, separators=(",", ":"))
-
-
-@receiver(setting_changed)
-def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting == "OUTBOX":
-        health_config_json.cache_clear()
-        limits_json.cache_clear()
-
-
 # -- reading ---------------------------------------------------------------------------------
 def _float(raw: Any) -> float | None:
     return float(raw) if raw not in (None, b"", "") else None
@@ -302,10 +211,6 @@ def _float(raw: Any) -> float | None:
 
 def _int(raw: Any) -> int:
     return int(float(raw)) if raw not in (None, b"", "") else 0
-
-
-def _decode(h: dict[bytes, bytes]) -> dict[str, str]:
-    return {k.decode(): v.decode(errors="replace") for k, v in h.items()}
 
 
 def percentile(buckets: Sequence[int], q: float) -> float | None:
@@ -387,24 +292,14 @@ def _health(
 def get_all_health(names: Iterable[str], now: float | None = None) -> dict[str, DestinationHealth]:
     """The health of each destination in ``names`` (one round trip: per destination one
     HGETALL of its hash, one ZCARD of its parked set and one HGETALL per window minute)."""
-    from outbox.store.connection import get_repository
 
-    repo = get_repository()
     names = list(dict.fromkeys(names))
     minutes = _minutes(time.time() if now is None else now, math.ceil(WINDOW_SECONDS / 60))
-    pipe = repo.connection.pipeline(transaction=False)
-    for name in names:
-        pipe.hgetall(repo.keys.dest(name))
-        pipe.zcard(repo.keys.parked(name))
-        for m in minutes:
-            pipe.hgetall(repo.keys.health(name, m))
-    replies = pipe.execute()
-    step = 2 + len(minutes)
-    out = {}
-    for i, name in enumerate(names):
-        row = replies[i * step : (i + 1) * step]
-        out[name] = _health(name, _decode(row[0]), int(row[1]), [_decode(h) for h in row[2:]])
-    return out
+    rows = destination_reads.destination_rows(get_repository(), names, minutes)
+    return {
+        name: _health(name, dest, parked, hashes)
+        for name, (dest, parked, hashes) in zip(names, rows, strict=True)
+    }
 
 
 def get_health(name: str, now: float | None = None) -> DestinationHealth:
@@ -417,7 +312,6 @@ def get_health(name: str, now: float | None = None) -> DestinationHealth:
 
 def known_destinations() -> list[str]:
     """Every destination configured or ever sent to, sorted (one SMEMBERS)."""
-    from outbox.store.connection import get_repository
 
     return sorted(set(outbox_settings.DESTINATIONS) | set(get_repository().destinations()))
 
@@ -431,29 +325,18 @@ def timeline(
     messages); ``name`` None sums the destinations ``names`` (default: every destination
     configured or seen, :func:`known_destinations`). One round trip: per destination and
     minute one HGETALL and one ZCOUNT of its parked set."""
-    from outbox.store.connection import get_repository
 
-    repo = get_repository()
     minutes = max(1, min(int(minutes), 120))
     if name is not None:
         names = [name]
     elif names is None:
         names = known_destinations()
     span = _minutes(time.time() if now is None else now, minutes)
-    pipe = repo.connection.pipeline(transaction=False)
-    for n in names:
-        for m in span:
-            pipe.hgetall(repo.keys.health(n, m))
-        for j, m in enumerate(span):
-            low = "-inf" if j == 0 else m * 60
-            high = "+inf" if j == len(span) - 1 else f"({(m + 1) * 60}"
-            pipe.zcount(repo.keys.parked(n), low, high)
-    replies = pipe.execute()
-    step = 2 * len(span)
+    rows = destination_reads.minute_rows(get_repository(), names, span)
     out = []
     for j, m in enumerate(span):
-        hashes = [_decode(replies[i * step + j]) for i in range(len(names))]
-        parked = sum(int(replies[i * step + len(span) + j]) for i in range(len(names)))
+        hashes = [row_hashes[j] for row_hashes, _ in rows]
+        parked = sum(counts[j] for _, counts in rows)
         w = _window(hashes, 60)
         out.append(MinuteStats(m, w.succeeded, w.retryable, w.permanent, w.p50_ms, w.p95_ms, parked))
     return out
@@ -462,16 +345,12 @@ def timeline(
 def error_groups(name: str, limit: int = 10, now: float | None = None) -> list[ErrorGroup]:
     """Failures of the last 24 hours grouped by (status code, error class), most
     frequent first, at most ``limit`` (24 hourly hashes, one round trip)."""
-    from outbox.store.connection import get_repository
 
-    repo = get_repository()
     hour = int((time.time() if now is None else now) // 3600)
-    pipe = repo.connection.pipeline(transaction=False)
-    for h in range(hour - ERROR_HOURS + 1, hour + 1):
-        pipe.hgetall(repo.keys.errors(name, h))
+    hours = range(hour - ERROR_HOURS + 1, hour + 1)
     groups: dict[str, dict[str, Any]] = {}
-    for raw in pipe.execute():  # oldest hour first: newer last_error overwrite older
-        fields = _decode(raw)
+    for fields in destination_reads.error_hashes(get_repository(), name, hours):  # oldest hour first:
+        # newer last_error overwrite older
         for key, value in fields.items():
             kind, _, group = key.partition(":")
             g = groups.setdefault(group, {"count": 0, "last_at": 0.0, "last_error": ""})
@@ -486,121 +365,6 @@ def error_groups(name: str, limit: int = 10, now: float | None = None) -> list[E
         out.append(ErrorGroup(int(code) or None, cls, g["count"], g["last_at"], g["last_error"]))
     out.sort(key=lambda e: (-e.count, -e.last_at))
     return out[:limit]
-
-
-# -- operator actions ----------------------------------------------------------------------
-def _check(name: str) -> None:
-    if not isinstance(name, str) or name not in outbox_settings.DESTINATIONS:
-        known = ", ".join(sorted(outbox_settings.DESTINATIONS)) or "none configured"
-        raise UnknownDestination(f"unknown destination {name!r} (known: {known})", field="destination")
-
-
-def _act(name: str, action: str, reason: str) -> bool:
-    from outbox.store.connection import get_repository
-
-    _check(name)
-    raw = get_repository().destination_action(name, action, time.time(), reason)
-    if raw:
-        notify([DestinationEvent.from_json(raw)])
-    return raw is not None
-
-
-def pause(name: str, *, reason: str = "") -> None:
-    """Stop delivering to ``name``: its messages wait (parked) until :func:`resume`.
-    Attempts in flight finish; a retryable failure among them parks with no retry charged.
-
-    Raises:
-        UnknownDestination: not a configured destination.
-    """
-    _act(name, "pause", reason)
-
-
-def resume(name: str) -> int:
-    """Deliver to a paused destination again; returns how many parked messages were put
-    back in their queue (oldest due first). Its breaker, if open, still gates them.
-
-    Raises:
-        UnknownDestination: not a configured destination.
-    """
-    _act(name, "resume", "")
-    return unpark_all(name)
-
-
-def disable(name: str, *, reason: str = "") -> None:
-    """Disable ``name`` (as :func:`pause`, shown as disabled, with a reason; also done
-    automatically on ``410 Gone`` and after ``DISABLE_AFTER`` of continuous failure).
-
-    Raises:
-        UnknownDestination: not a configured destination.
-    """
-    _act(name, "disable", reason or "manual")
-
-
-def enable(name: str) -> int:
-    """Enable a disabled destination: its breaker closes and its failure run is
-    forgotten; returns how many parked messages were put back (oldest due first).
-
-    Raises:
-        UnknownDestination: not a configured destination.
-    """
-    _act(name, "enable", "")
-    return unpark_all(name)
-
-
-def unpark_all(name: str, now: float | None = None, *, budget: float | None = None) -> int:
-    """Put back every parked message of ``name`` its gate allows (``lua/unpark.lua``,
-    :data:`UNPARK_BATCH` per call, while calls move full batches: an open breaker lets
-    one probe go, not one per call) and wake their queues; returns how many moved.
-
-    ``budget`` (seconds) stops early; the rest is left to the wake check
-    (:func:`release_parked_due`), which the script keeps informed through ``outbox:probes``.
-    """
-    from outbox.store import wakeups as dispatch
-    from outbox.store.connection import get_repository
-
-    repo = get_repository()
-    stop_at = None if budget is None else time.monotonic() + budget
-    total = 0
-    while True:
-        moved, woken, left = repo.unpark(name, time.time() if now is None else now, UNPARK_BATCH)
-        dispatch.enqueue_wakeups(woken)
-        total += moved
-        if moved < UNPARK_BATCH or not left or (stop_at is not None and time.monotonic() > stop_at):
-            return total
-
-
-def release_parked_due(now: float | None = None, budget: float = 0.5) -> int:
-    """The wake check's part (run each ``WAKE_INTERVAL`` by every ``outbox_worker``): for
-    each destination in ``outbox:probes`` whose time has come, unpark what its gate
-    allows (the one probe of an open breaker, or batches behind one that closed, for up
-    to ``budget`` seconds per destination) and wake the queues. Returns messages moved."""
-    from outbox.store.connection import get_repository
-
-    now = time.time() if now is None else now
-    return sum(unpark_all(name, now, budget=budget) for name in get_repository().due_probes(now))
-
-
-def parse_events(raw: Iterable[str | bytes]) -> list[DestinationEvent]:
-    """Events from the JSON the scripts return (unparseable ones are logged and skipped)."""
-    out = []
-    for item in raw:
-        try:
-            out.append(DestinationEvent.from_json(item))
-        except (ValueError, KeyError, TypeError):
-            logger.warning("outbox: unreadable destination event %r", item)
-    return out
-
-
-def notify(events: Sequence[DestinationEvent]) -> None:
-    """Hand events to :func:`outbox.destinations.alerts.notify` (signals, alerts); never raises."""
-    if not events:
-        return
-    try:
-        from outbox.destinations.alerts import notify as alerts_notify
-
-        alerts_notify(events)
-    except Exception:
-        logger.exception("outbox: handing destination events to outbox.destinations.alerts failed")
 
 
 def status_line(h: DestinationHealth) -> str:

@@ -27,7 +27,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _float_to_go_string
 
-from outbox.destinations.health import STATES
+from outbox.conf import outbox_settings
+from outbox.delivery.liveness import LIVENESS, workers
+from outbox.destinations.health import STATES, get_all_health
+from outbox.store.connection import get_repository
+from outbox.store.gauges import read_gauges
 
 #: prometheus_client's own rendering of a bucket bound ("+Inf", "0.25"); its function is unannotated.
 floatToGoString: Callable[[float], str] = _float_to_go_string
@@ -191,10 +195,6 @@ class OutboxCollector(Collector):
             redis.exceptions.RedisError: Redis could not be reached.
             django.core.exceptions.ImproperlyConfigured: the outbox's settings are wrong.
         """
-        from outbox.conf import outbox_settings
-        from outbox.destinations.health import get_all_health
-        from outbox.store.connection import get_repository
-        from outbox.store.gauges import read_gauges
 
         gauges = read_gauges(get_repository(), outbox_settings.DESTINATIONS, outbox_settings.queue_names, now)
         messages = METRICS["outbox_messages"].family()
@@ -248,7 +248,6 @@ def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:
 def worker_families(queues: list[str], now: float) -> list[Metric]:
     """``outbox_workers`` by liveness (:func:`outbox.delivery.liveness.workers`), or nothing when
     RQ's Redis cannot be read (logged; the outbox's own metrics are still served)."""
-    from outbox.delivery.liveness import LIVENESS, workers
 
     try:
         _, listed = workers(queues, now)

@@ -24,6 +24,7 @@ from django.views.decorators.http import require_safe
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from outbox.conf import outbox_settings
 from outbox.metrics.collector import OutboxCollector
 
 _registry: CollectorRegistry | None = None
@@ -48,7 +49,6 @@ def configured_tokens() -> list[str]:
         ImproperlyConfigured: the setting is neither None, a non-empty str, nor a
             non-empty list of non-empty str.
     """
-    from outbox.conf import outbox_settings
 
     value = outbox_settings.METRICS_TOKEN
     if value is None:

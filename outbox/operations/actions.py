@@ -17,7 +17,7 @@ from itertools import islice
 
 from outbox.events import send_bulk_signal
 from outbox.records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
-from outbox.store import wakeups as dispatch
+from outbox.store import wakeups
 from outbox.store.connection import get_repository
 
 CHUNK = 1000
@@ -153,7 +153,7 @@ def _writer(
             unset=unset,
             step=TIE_BREAK,
         )
-        dispatch.enqueue_wakeups(result.woken)
+        wakeups.enqueue_wakeups(result.woken)
         return result.applied
 
     return execute

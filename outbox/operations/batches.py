@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from outbox.store import MessageRepository
+from outbox.store.batches import add_to_batch
 
 if TYPE_CHECKING:
     from outbox.operations.operation import Operation
@@ -54,11 +55,7 @@ class BatchRecorder:
     def __call__(self, ids: Sequence[str]) -> None:
         if not ids:
             return
-        key = self.repo.keys.batch(self.token)
-        pipe = self.repo.connection.pipeline(transaction=False)
-        pipe.zadd(key, {message_id: self.count + i for i, message_id in enumerate(ids)}, nx=True)
-        pipe.expire(key, TTL)
-        pipe.execute()
+        add_to_batch(self.repo, self.token, ids, self.count, TTL)
         self.count += len(ids)
 
 

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 
+from outbox.conf import outbox_settings
 from outbox.exceptions import OutboxUnavailable
 from outbox.models import CapturedMessage
 from outbox.records import Message
@@ -201,7 +202,6 @@ def relay(
         redis.exceptions.RedisError: Redis is unreachable (the rows stay).
         django.db.DatabaseError: the database is (the rows stay).
     """
-    from outbox.conf import outbox_settings
 
     wait = outbox_settings.RELAY_AFTER if older_than is None else older_than
     pushed = 0

@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
+from django.utils.module_loading import import_string
+
 from outbox.conf import outbox_settings
 from outbox.exceptions import IdempotencyConflict
 from outbox.records import Message
-from outbox.store import Created
-from outbox.store import wakeups as dispatch
+from outbox.store import Created, wakeups
 from outbox.store.connection import get_repository
 
 
@@ -38,21 +39,26 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
     if not messages:
         return []
     result = get_repository().create(
-        messages, time.time() if now is None else now, due_slack=dispatch.DUE_SLACK, repeat=repeat
+        messages, time.time() if now is None else now, due_slack=wakeups.DUE_SLACK, repeat=repeat
     )
     if outbox_settings.EAGER:
         deliver_now({m.queue for m in messages})
     else:
-        dispatch.enqueue_wakeups(result.woken)
+        wakeups.enqueue_wakeups(result.woken)
     return result.created
+
+
+#: What ``OUTBOX["EAGER"]`` runs in this process instead of waking a worker, by dotted
+#: path, as RQ finds ``outbox.jobs.deliver``: the sending side never imports the worker side.
+EAGER_RUN = "outbox.delivery.run"
 
 
 def deliver_now(queues: Iterable[str]) -> None:
     """``OUTBOX["EAGER"]``: deliver what is due on ``queues`` in this process, at once,
-    with the worker's own code (:func:`outbox.delivery.run`), instead of waking a worker.
-    A failed attempt is recorded and its retry left waiting (nothing sleeps)."""
-    from outbox.delivery.loop import run
-
+    with the worker's own code (:data:`EAGER_RUN`, :func:`outbox.delivery.run`), instead
+    of waking a worker. A failed attempt is recorded and its retry left waiting (nothing
+    sleeps)."""
+    run = import_string(EAGER_RUN)
     for queue in sorted(queues):
         run(queue)
 

@@ -1,4 +1,5 @@
-"""Checks and conversions of ``send()`` arguments, done before anything is written.
+"""Checks and conversions of ``send()`` arguments, done before anything is written, and
+:func:`build_message`, which turns them into a :class:`~outbox.records.Message`.
 
 Every function raises :class:`~outbox.exceptions.InvalidMessage` (a ``ValueError``)
 with the argument's name in ``field``.
@@ -7,7 +8,8 @@ with the argument's name in ``field``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +17,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from outbox import headers as header_rules
 from outbox.conf import PRIORITIES, outbox_settings
+from outbox.destinations.config import get_destination, get_transport, validate_max_retries
 from outbox.exceptions import InvalidMessage, MessageTooLarge, UnknownDestination
+from outbox.records import Message, Status, new_message_id
+from outbox.retry import RetryPolicy
 
 #: Kept for callers of the old names; the rules live in :mod:`outbox.headers`.
 MAX_HEADERS = header_rules.MAX_HEADERS
@@ -153,3 +158,57 @@ def clean_priority(priority: str | None) -> str:
     if priority is not None and priority not in PRIORITIES:
         raise InvalidMessage(f"priority must be one of {PRIORITIES}, not {shown(priority)}", field="priority")
     return outbox_settings.queue_name(priority)
+
+
+def build_message(
+    destination: str,
+    body: Any,
+    *,
+    content_type: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    max_retries: int | None = None,
+    retry: Mapping[str, Any] | Sequence[float] | None = None,
+    delay: float | timedelta | None = None,
+    priority: str | None = None,
+    now: float | None = None,
+) -> Message:
+    """Validate ``send()`` arguments and build the message, without writing it.
+
+    Raises:
+        InvalidMessage: any argument is invalid (see :func:`send`).
+    """
+    dest = get_destination(clean_destination(destination))
+    data, ctype = encode_body(body, content_type)
+    if max_retries is None:
+        max_retries = dest.max_retries
+    else:
+        try:
+            validate_max_retries(max_retries, "max_retries")
+        except ValueError as exc:
+            raise InvalidMessage(str(exc), field="max_retries") from exc
+    try:
+        policy = RetryPolicy.from_value(retry, default=dest.retry_policy)
+    except ValueError as exc:
+        raise InvalidMessage(f"retry: {exc}", field="retry") from exc
+    headers = clean_headers(headers)
+    get_transport(dest.name).check_message(data, ctype, headers)
+    now = time.time() if now is None else now
+    send_time = now + clean_delay(delay)
+    return Message(
+        id=new_message_id(now),
+        destination=dest.name,
+        body=data,
+        content_type=ctype,
+        headers=headers,
+        created_at=now,
+        idempotency_key=clean_idempotency_key(idempotency_key),
+        status=Status.PENDING.value,
+        retry_count=0,
+        max_retries=max_retries,
+        retry_policy=policy.to_dict(),
+        send_time=send_time,
+        next_attempt_at=send_time,
+        queue=clean_priority(priority),
+        updated_at=now,
+    )

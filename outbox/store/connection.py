@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from django_redis import get_redis_connection
 from redis import ConnectionPool, Redis
 from redis.exceptions import ClusterDownError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -40,7 +41,6 @@ def get_connection() -> Redis:
     Raises:
         ImproperlyConfigured: the alias is not a django-redis cache.
     """
-    from django_redis import get_redis_connection
 
     alias = outbox_settings.REDIS_ALIAS
     try:
@@ -68,6 +68,23 @@ def client_like(client: Redis, *, max_connections: int | None = None, **override
     kwargs = {**pool.connection_kwargs, **overrides}
     own = ConnectionPool(connection_class=pool.connection_class, max_connections=max_connections, **kwargs)
     return Redis(connection_pool=own)
+
+
+def ping() -> None:
+    """Send PING to the outbox's Redis (the alias's client and its timeouts).
+
+    Raises:
+        redis.exceptions.RedisError: Redis did not answer.
+    """
+    get_connection().ping()
+
+
+def empty_database() -> Redis:
+    """Empty the outbox's Redis database (``FLUSHDB``) and return its client: for tests
+    only (:func:`outbox.testing.state.empty_outbox`)."""
+    connection = get_connection()
+    connection.flushdb()
+    return connection
 
 
 @cache

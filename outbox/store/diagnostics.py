@@ -47,6 +47,9 @@ from django.conf import settings
 from redis import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from outbox.conf import outbox_settings
+from outbox.store.connection import client_like, get_connection
+
 INSPECT_TIMEOUT = 1.0  # seconds to connect and to wait for each reply when inspecting
 
 ERROR = "error"
@@ -217,7 +220,6 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
         module docstring). It never raises: an unreachable Redis gives ``source="none"``
         and one outbox.W007 finding.
     """
-    from outbox.store.connection import get_connection
 
     found = RedisSettings()
     try:
@@ -250,7 +252,6 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
 
 def _quick_client(connection: Redis, timeout: float) -> Redis:
     """A new client for the same server as ``connection``, with ``timeout``-second timeouts."""
-    from outbox.store.connection import client_like
 
     return client_like(
         connection,
@@ -273,7 +274,6 @@ def shared_alias_findings() -> list[Finding]:
     Returns:
         Zero or one :class:`Finding`.
     """
-    from outbox.conf import outbox_settings
 
     alias = outbox_settings.REDIS_ALIAS
     caches = getattr(settings, "CACHES", {})

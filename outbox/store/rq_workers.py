@@ -1,4 +1,6 @@
-"""RQ's registration of the workers on some queues, read without changing anything.
+"""Which workers are registered, read without changing anything: RQ's registration of
+the workers on some queues, and the outbox's own housekeeping heartbeat
+(:func:`housekeeping_heartbeat`).
 
 RQ keeps, per queue, the set of worker keys registered on it
 (``rq:workers:<queue>``) and, per worker, a hash that expires when the worker stops
@@ -14,6 +16,8 @@ from typing import Any, cast
 
 from rq.worker import Worker
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+
+from outbox.store.repository import MessageRepository
 
 #: The fields of RQ's worker hash that are read.
 WORKER_FIELDS = ("state", "queues", "hostname", "pid", "last_heartbeat", "current_job")
@@ -53,3 +57,14 @@ def registered_workers(
                     f: (v.decode() if v else "") for f, v in zip(WORKER_FIELDS, values, strict=True)
                 }
     return [{k.removeprefix(prefix) for k in ks} for ks in keys_per_queue], found
+
+
+def housekeeping_heartbeat(repo: MessageRepository) -> str | None:
+    """The ``host:pid`` of the ``outbox_worker`` whose housekeeping beat last, while its
+    heartbeat lives (``MessageRepository.beat``), else None. One GET.
+
+    Raises:
+        redis.exceptions.RedisError: Redis could not be reached.
+    """
+    value = cast("bytes | None", repo.connection.get(repo.keys.heartbeat()))
+    return value.decode() if value else None

@@ -1,4 +1,4 @@
-"""Dispatch: how workers learn that messages are due. The only module that enqueues
+"""Wake-ups: how workers learn that messages are due. The only module that enqueues
 delivery jobs (the admin's background bulk actions enqueue their own job, see
 ``admin_views.tasks``).
 
@@ -11,9 +11,9 @@ carries many messages. A job clears the flag when it starts, so work written aft
 wakes another.
 
 RQ's bookkeeping is never the truth about a message: a job lost with a killed worker, a
-flag whose job vanished, or a retry that becomes due later is found by :func:`wake_due`,
-which every ``outbox_worker`` runs each ``WAKE_INTERVAL`` (no dependency on RQ's
-scheduler or on any one process surviving).
+flag whose job vanished, or a retry that becomes due later is found by
+:func:`outbox.delivery.recovery.wake_due`, which every ``outbox_worker`` runs each
+``WAKE_INTERVAL`` (no dependency on RQ's scheduler or on any one process surviving).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from django.dispatch import receiver
 from rq import Queue
 
 from outbox.conf import outbox_settings
+from outbox.store.connection import get_connection, get_repository
 
 logger = logging.getLogger("outbox")
 
@@ -61,9 +62,7 @@ def get_queue(name: str) -> Queue:
     """
     queue = _queues.get(name)
     if queue is None:
-        import django_rq
-
-        from outbox.store.connection import get_connection
+        import django_rq  # django_rq reads Django settings when imported
 
         queue = django_rq.get_queue(name, connection=get_connection(), commit_mode="auto")
         _queues[name] = queue
@@ -75,7 +74,8 @@ def enqueue_wakeups(queues: Iterable[str]) -> None:
 
     The caller has set the queues' wake-up flags (the scripts that make work due do).
     A job runs with RQ's ``result_ttl=0``: nothing of it is kept once it has run. If
-    enqueueing fails, the message is safe in its due index and :func:`wake_due` in any
+    enqueueing fails, the message is safe in its due index and
+    :func:`~outbox.delivery.recovery.wake_due` in any
     ``outbox_worker`` wakes the queue once the flag is stale; the error is logged, not
     raised, since the caller's write has happened.
     """
@@ -83,8 +83,6 @@ def enqueue_wakeups(queues: Iterable[str]) -> None:
     if not names:
         return
     try:
-        from outbox.store.connection import get_connection
-
         with get_connection().pipeline() as pipe:
             pipe.multi()  # RQ queues its commands on a caller's pipeline in MULTI mode
             for name in names:
@@ -115,25 +113,11 @@ def wake(queues: Iterable[str], now: float | None = None) -> list[str]:
     Returns:
         The queues a job was enqueued for.
     """
-    from outbox.store.connection import get_repository
 
     names = list(dict.fromkeys(queues))
     woken = get_repository().wake_candidates(names, time.time() if now is None else now, WAKE_STALE_AFTER)
     enqueue_wakeups(woken)
     return woken
-
-
-def wake_due(now: float | None = None) -> list[str]:
-    """Wake every outbox queue that has a due message and no waiting job (see module doc).
-
-    First, parked messages whose time has come go back to their due index
-    (:func:`outbox.destinations.health.release_parked_due`): the probe of an open circuit breaker
-    after its cool-down, and what waits behind a breaker that closed.
-    """
-    from outbox.destinations.health import release_parked_due
-
-    release_parked_due(now)
-    return wake(outbox_settings.queue_names, now)
 
 
 @receiver(setting_changed)

@@ -6,13 +6,13 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import cast
 
 from outbox.conf import outbox_settings
+from outbox.delivery.loop import run
 from outbox.records import Status
 from outbox.store import Change
 from outbox.store.connection import get_repository
-from outbox.store.repository import Members
+from outbox.store.inspection import waiting_ids
 
 
 @dataclass
@@ -72,7 +72,6 @@ def deliver_all(
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
     """
-    from outbox.delivery.loop import run
 
     names = list(queues) if queues is not None else outbox_settings.queue_names
     report = Delivered()
@@ -95,7 +94,10 @@ def deliver_all(
 def _push_captured() -> int:
     """Push messages captured in the database (sent inside a transaction that has not
     committed: a test wrapped in one) to Redis, as the relay would; 0 without database access."""
-    from outbox.sending.capture import relay, relay_databases
+    from outbox.sending.capture import (  # capture imports Django models: `import outbox.testing` must not
+        relay,
+        relay_databases,
+    )
 
     pushed = 0
     for alias in relay_databases():
@@ -113,11 +115,7 @@ def _bring_forward(queues: Iterable[str]) -> int:
     now = time.time()
     changes = []
     for queue in queues:
-        ids = [
-            i.decode()
-            for key in (repo.keys.due(queue), repo.keys.quarantine(queue))  # suspects wait in the second
-            for i in cast(Members, repo.connection.zrangebyscore(key, f"({now}", "+inf"))
-        ]
+        ids = waiting_ids(repo, queue, now)
         if not ids:
             continue
         for message_id, status in zip(ids, repo.resend_field(ids, "status"), strict=True):

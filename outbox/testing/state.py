@@ -7,6 +7,10 @@ from contextlib import contextmanager
 
 from redis import Redis
 
+from outbox.conf import outbox_settings
+from outbox.destinations.config import close_transports
+from outbox.store.connection import empty_database, get_repository
+
 
 @contextmanager
 def empty_outbox() -> Iterator[Redis]:
@@ -15,15 +19,11 @@ def empty_outbox() -> Iterator[Redis]:
     forget the repository again. Used by the pytest plugin's ``outbox_redis`` fixture
     (and this project's own tests) after the settings point at a private server.
     """
-    from outbox.conf import outbox_settings
-    from outbox.destinations.config import close_transports
-    from outbox.store.connection import get_connection, get_repository
 
     outbox_settings.reload()
     get_repository.cache_clear()
     close_transports()
-    connection = get_connection()
-    connection.flushdb()
+    connection = empty_database()
     try:
         yield connection
     finally:

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
+
 if TYPE_CHECKING:
     from outbox.records import Message
 
@@ -23,7 +25,6 @@ def positive_seconds(value: Any, where: str) -> float:
     Raises:
         django.core.exceptions.ImproperlyConfigured: anything else.
     """
-    from django.core.exceptions import ImproperlyConfigured
 
     if (
         isinstance(value, bool)
@@ -81,8 +82,6 @@ class Transport:
     host: str = ""
 
     def __init__(self, destination: str, **options: Any) -> None:
-        from django.core.exceptions import ImproperlyConfigured
-
         unknown = set(options) - set(self.options)
         if unknown:
             raise ImproperlyConfigured(

@@ -22,6 +22,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
+from django.db import connections
+
 from outbox.exceptions import DeliveryError
 
 T = TypeVar("T")
@@ -115,12 +117,8 @@ def _closing_connections(function: Callable[[], T]) -> T:
     try:
         return function()
     finally:
-        try:
-            from django.db import connections
-
+        with contextlib.suppress(Exception):  # closing is best effort
             connections.close_all()
-        except Exception:  # pragma: no cover - closing is best effort
-            pass
 
 
 def call_with_deadline(function: Callable[[], T], seconds: float, what: str) -> T:

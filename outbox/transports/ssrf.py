@@ -25,14 +25,16 @@ import socket
 import ssl
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypedDict
+from urllib.parse import urlsplit
 
 import httpcore
 import httpx
 
-from outbox.exceptions import OutboxError
+from outbox.exceptions import DeliveryError, OutboxError
 from outbox.transports.deadlines import call_with_deadline
 
 
@@ -90,7 +92,6 @@ def resolve(host: str, port: int, timeout: float | None = None) -> list[str]:
         return [str(ipaddress.ip_address(host.strip("[]")))]
     except ValueError:
         pass
-    from outbox.exceptions import DeliveryError
 
     def lookup() -> list[Any]:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -214,8 +215,6 @@ class GuardedBackend(httpcore.NetworkBackend):
 def environment_proxy(url: str) -> str | None:
     """The proxy the environment names for ``url`` (``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``,
     minus ``NO_PROXY``; the standard library's reading of them), or None."""
-    import urllib.request
-    from urllib.parse import urlsplit
 
     proxies = urllib.request.getproxies_environment()
     parts = urlsplit(url)

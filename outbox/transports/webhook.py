@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import math
 import os
 import re
@@ -401,7 +402,6 @@ def url_host(url: str) -> str:
 
 def _charset(response: httpx.Response) -> str:
     """The response's declared charset if Python knows it, else UTF-8."""
-    import codecs
 
     try:
         return codecs.lookup(response.charset_encoding or "utf-8").name

@@ -15,6 +15,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from outbox.destinations import controls, health
+from outbox.exceptions import UnknownDestination
+
 ACTIONS = ("status", "pause", "resume", "disable", "enable")
 
 
@@ -30,9 +33,6 @@ class Command(BaseCommand):
         parser.add_argument("--reason", default="", help="why (pause, disable): shown with the state")
 
     def handle(self, *args: Any, action: str, name: str | None, reason: str, **options: Any) -> None:
-        from outbox.destinations import health
-        from outbox.exceptions import UnknownDestination
-
         if action == "status":
             known = health.known_destinations()
             if name and name not in known:
@@ -47,13 +47,13 @@ class Command(BaseCommand):
             raise CommandError(f"{action} needs a destination NAME")
         try:
             if action == "pause":
-                health.pause(name, reason=reason)
+                controls.pause(name, reason=reason)
                 self.stdout.write(f"{name}: paused; its messages wait until 'resume'")
             elif action == "disable":
-                health.disable(name, reason=reason)
+                controls.disable(name, reason=reason)
                 self.stdout.write(f"{name}: disabled; its messages wait until 'enable'")
             elif action == "resume":
-                moved = health.resume(name)
+                moved = controls.resume(name)
                 held = health.get_health(name)
                 self.stdout.write(
                     f"{name}: resumed; {moved} waiting message(s) queued again"
@@ -64,7 +64,7 @@ class Command(BaseCommand):
                     )
                 )
             else:
-                moved = health.enable(name)
+                moved = controls.enable(name)
                 self.stdout.write(f"{name}: enabled; {moved} waiting message(s) queued again")
         except UnknownDestination as exc:
             raise CommandError(str(exc)) from exc

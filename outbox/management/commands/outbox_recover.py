@@ -7,6 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from outbox.delivery.recovery import recover, wake_due
+
 
 class Command(BaseCommand):
     help = (
@@ -15,9 +17,6 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from outbox.delivery.recovery import recover
-        from outbox.store.wakeups import wake_due
-
         report = recover()
         woken = wake_due()
         self.stdout.write(

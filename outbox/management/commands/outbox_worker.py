@@ -23,6 +23,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.conf import outbox_settings
+from outbox.delivery.worker import run_worker
+from outbox.destinations.config import close_transports
+from outbox.store.diagnostics import log_startup_findings
 
 
 class Command(BaseCommand):
@@ -65,9 +68,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from outbox.delivery.worker import run_worker
-        from outbox.destinations.config import close_transports
-
         if options["sentry_dsn"]:
             init_sentry(options["sentry_dsn"], debug=options["sentry_debug"])
         verbosity = options["verbosity"]
@@ -80,7 +80,6 @@ class Command(BaseCommand):
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
             outbox_logger.addHandler(handler)
-        from outbox.store.diagnostics import log_startup_findings
 
         log_startup_findings(logging.getLogger("outbox"))  # eviction, persistence, shared alias
         try:
@@ -106,8 +105,8 @@ def init_sentry(dsn: str, *, debug: bool = False) -> None:
         CommandError: sentry-sdk is not installed.
     """
     try:
-        import sentry_sdk
-        from sentry_sdk.integrations.rq import RqIntegration
+        import sentry_sdk  # optional: only with a Sentry DSN
+        from sentry_sdk.integrations.rq import RqIntegration  # optional: only with a Sentry DSN
     except ImportError as exc:
         raise CommandError(f"--sentry-dsn needs the Sentry SDK: pip install sentry-sdk ({exc})") from exc
     sentry_sdk.init(dsn, integrations=[RqIntegration()], debug=debug)
