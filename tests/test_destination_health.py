@@ -152,13 +152,16 @@ def test_pause_delivers_nothing_loses_nothing_and_resume_delivers_all_oldest_fir
 
 
 def test_in_flight_failure_while_paused_parks_without_a_retry(receiver, worker, repo):
-    from outbox.delivery.loop import claim, decide, write
+    from outbox.delivery.loop import claim
+    from outbox.delivery.outcomes import decide, write
+    from outbox.records import Outcome
 
     with hook(receiver):
         m = outbox.send("hook", 1)
         (claimed,) = claim(outbox.get(m.id).queue)
         controls.pause("hook")
-        write([decide(claimed, now=time.time(), ok=False, error="HTTP 503", status_code=503)], time.time())
+        now = time.time()
+        write([decide(Outcome(claimed, now, 0.0, error="HTTP 503", status_code=503), now)], now)
         got = outbox.get(m.id)
         assert (got.status, got.retry_count, health.get_health("hook").parked) == ("pending", 0, 1)
         assert_index_invariant(repo)

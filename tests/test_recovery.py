@@ -103,13 +103,15 @@ def test_lost_message_without_retries_left_becomes_a_dead_letter_once_lost_alone
 
 
 def test_late_outcome_of_a_lost_worker_changes_nothing(hook, repo, settings):
-    from outbox.delivery.loop import decide, write
+    from outbox.delivery.outcomes import decide, write
+    from outbox.records import Outcome
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     m = outbox.send("hook", 1)
     (claimed,) = claim("outbox", time.time())
     recover(now=time.time() + 2)  # taken back: retrying
-    late = decide(claimed, now=time.time(), ok=True, status_code=200)
+    now = time.time()
+    late = decide(Outcome(claimed, now, 0.0, ok=True, status_code=200), now)
     assert write([late], time.time()) == [False]
     assert outbox.get(m.id).status == "retrying"
 
@@ -117,7 +119,8 @@ def test_late_outcome_of_a_lost_worker_changes_nothing(hook, repo, settings):
 def test_due_message_whose_wakeup_job_vanished_is_woken_again(hook, worker, repo):
     # Fault finding (b): a job taken off the queue by a worker killed before it ran it.
     # The outbox's own indexes are the truth: the stale wake-up flag is replaced.
-    from outbox.store.wakeups import WAKE_STALE_AFTER, get_queue, wake_due
+    from outbox.delivery.recovery import wake_due
+    from outbox.store.wakeups import WAKE_STALE_AFTER, get_queue
 
     m = outbox.send("hook", 1)
     get_queue("outbox").empty()  # the job is lost; its wake-up flag stays
@@ -250,11 +253,15 @@ def test_retention_deletes_old_finished_messages_but_keeps_dead_letters(repo, se
     outbox.cancel(withdrawn.id)
     dead = outbox.send("mem", "dead", max_retries=0)
     now = time.time()
-    from outbox.delivery.loop import decide, write
+    from outbox.delivery.outcomes import decide, write
+    from outbox.records import Outcome
 
     claimed = {m.id: m for m in claim("outbox", now)}
     write(
-        [decide(claimed[done.id], now=now, ok=True), decide(claimed[dead.id], now=now, ok=False, error="x")],
+        [
+            decide(Outcome(claimed[done.id], now, 0.0, ok=True), now),
+            decide(Outcome(claimed[dead.id], now, 0.0, error="x"), now),
+        ],
         now,
     )
     assert recover(now=now + 30).purged == 0  # younger than their retention

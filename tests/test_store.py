@@ -426,7 +426,9 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     scripts first, transition met NOSCRIPT and ran after the claim."""
     import uuid
 
-    from outbox.delivery.loop import claim, decide
+    from outbox.delivery.loop import claim
+    from outbox.delivery.outcomes import decide
+    from outbox.records import Outcome
     from outbox.store.connection import get_repository
     from outbox.store.scripts import sha, source
 
@@ -438,7 +440,7 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     get_repository.cache_clear()
     repo = get_repository()
     now = time.time()
-    decision = decide(claimed, now=now, ok=False, error="HTTP 503", status_code=503)
+    decision = decide(Outcome(claimed, now, 0.0, error="HTTP 503", status_code=503), now)
     assert decision.change.to == "retrying" and decision.change.score <= now + 0.01
     results, next_claim = repo.outcomes_and_claim(
         [decision.change],

@@ -1,4 +1,5 @@
-"""The worker side: claim due messages, attempt them concurrently, record each outcome.
+"""The claim loop: claim due messages, attempt them concurrently, record each outcome
+(attempts: :mod:`outbox.delivery.attempts`; outcomes: :mod:`outbox.delivery.outcomes`).
 
 :func:`run` is the body of the wake-up job ``outbox.jobs.deliver(queue)``. It repeats
 one cycle until nothing is due (or its time budget is spent):
@@ -36,13 +37,9 @@ attempt charged), and then re-raises.
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import dataclasses
 import functools
 import logging
 import math
-import os
-import socket
 import threading
 import time
 import uuid
@@ -50,29 +47,23 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from outbox import tracing
 from outbox.conf import outbox_settings
+from outbox.delivery import attempts
+from outbox.delivery.outcomes import Decision, announce, decide_outcome, health_outcome, log_attempt
 from outbox.destinations import config, controls
-from outbox.destinations.config import get_transport, usable_destinations
-from outbox.events import DestinationEvent, event_payload, send_exhausted_signal, send_signal
-from outbox.exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
-from outbox.records import Attempt, Message, Outcome, Status
-from outbox.redaction import redact_message_text
-from outbox.retry import RetryPolicy, retry_delay
-from outbox.store import Change, ChangeResult, MessageRepository, wakeups
+from outbox.destinations.config import usable_destinations
+from outbox.events import DestinationEvent
+from outbox.records import Message, Outcome
+from outbox.store import MessageRepository, wakeups
 from outbox.store.connection import get_repository
 from outbox.transports import deadlines
 
 logger = logging.getLogger("outbox")
 
-ERROR_LIMIT = 1000  # characters of an error kept in records
-HEALTH_ERROR_LIMIT = 300  # characters of an error kept in a destination's error groups
 HELD_WAIT = 1.0  # most seconds a run waits for messages a limit rescheduled, before it ends
 UNPARK_BUDGET = 1.0  # seconds a run spends putting back what waited behind a closed breaker
 DUE_SLACK = wakeups.DUE_SLACK  # a claim takes messages due up to this many seconds from now
@@ -126,310 +117,10 @@ class Stopping:
 STOPPING = Stopping()
 
 
-_worker_name: tuple[int, str] = (0, "")
-
-
-def worker_name() -> str:
-    """``host:pid`` of this process, written on each attempt record (computed once per
-    process: ``gethostname`` costs tens of microseconds)."""
-    global _worker_name
-    if _worker_name[0] != os.getpid():
-        _worker_name = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}")
-    return _worker_name[1]
-
-
 # -- one attempt -----------------------------------------------------------------------
-@tracing.traced_attempt  # OpenTelemetry "deliver" span around each attempt
-def attempt(message: Message) -> Outcome:
-    """Deliver one claimed message through its transport and time it.
-
-    Every exception of the transport becomes part of the :class:`Outcome`: a
-    :class:`~outbox.exceptions.DeliveryError` as the transport described it; any other
-    exception (a bug in a transport or a callable) as a retryable failure, logged with
-    its traceback. Safe to call from any thread.
-    """
-    started_at = time.time()
-    t0 = time.perf_counter()
-    outcome = Outcome(message, started_at, 0.0)
-    try:
-        try:
-            transport = get_transport(message.destination)
-        except (UnknownDestination, ImproperlyConfigured) as exc:
-            raise PermanentDeliveryError(
-                redact_message_text(f"destination {message.destination!r} cannot be used: {exc}", message),
-                error_class="destination_config",
-            ) from exc
-        outcome.host = transport.host
-        result = transport.deliver(message)
-        outcome.ok = True
-        outcome.status_code = result.status_code
-        outcome.detail = (result.detail or "")[:ERROR_LIMIT]
-    except DeliveryError as exc:
-        outcome.error = str(exc) or type(exc).__name__
-        outcome.status_code = exc.status_code
-        outcome.permanent = exc.permanent
-        outcome.retry_after = exc.retry_after
-        outcome.error_class = exc.error_class
-    except Exception as exc:  # a transport bug or an unexpected library error: retryable
-        outcome.error = redact_message_text(f"{type(exc).__name__}: {exc}", message)
-        outcome.error_class = type(exc).__name__[:64]
-        logger.warning(
-            "outbox attempt id=%s destination=%s raised %s (not a DeliveryError): a bug in the transport?",
-            message.id,
-            message.destination,
-            type(exc).__name__,
-            exc_info=exc,
-        )
-    outcome.duration_ms = (time.perf_counter() - t0) * 1000
-    outcome.error = outcome.error[:ERROR_LIMIT]
-    return outcome
 
 
 # -- deciding an outcome ------------------------------------------------------------------
-@dataclass
-class Decision:
-    """An outcome to be written: the status change and the attempt record."""
-
-    change: Change
-    attempt: Attempt
-    message: Message
-    exhausted: DestinationEvent | None = None  # its message.exhausted event, if its retries ran out
-    outcome: Outcome | None = None  # the attempt's result, logged once the decision is written
-
-
-def decide(
-    message: Message,
-    *,
-    now: float,
-    ok: bool,
-    error: str = "",
-    status_code: int | None = None,
-    permanent: bool = False,
-    retry_after: float | None = None,
-    started_at: float | None = None,
-    duration_ms: float = 0.0,
-    attempt_outcome: str | None = None,
-    detail: str = "",
-    error_class: str = "",
-    host: str = "",
-    suspect: int = 0,
-    charge: bool = True,
-) -> Decision:
-    """Turn an attempt's result into the status change for a ``sending`` message.
-
-    Success -> ``succeeded``. A failure -> ``retrying`` with a backoff delay (at least
-    ``retry_after``) while ``retry_count < max_retries`` and the error is not permanent,
-    and ``retry_count`` goes up by one (it counts retries: attempts after the first);
-    otherwise ``failed`` (dead letter), so a dead letter shows at most
-    ``max_retries / max_retries``.
-
-    A failure that is not permanent also carries a ``park`` alternative
-    (:attr:`outbox.store.Change.park`): if the destination is paused, disabled or its
-    circuit breaker not closed when the outcome is written, the message goes back to
-    waiting (parked) with its retry count unchanged and an attempt recorded with outcome
-    ``"parked"``: a destination's outage does not spend its messages' retries.
-
-    ``suspect``: the message's ``suspect`` mark after this outcome (the recovery sweep's
-    lost attempts, :mod:`outbox.delivery.recovery`); 0, the default, clears it: the attempt ended
-    in a live process. ``charge=False``: a retryable failure that does not count against
-    the retry budget (``retry_count`` unchanged; it is retried even when no retries are
-    left): a lost attempt beside others when the message has no retry left, so a
-    neighbour's crash alone never makes it a dead letter.
-
-    Never raises for a bad record: a retry policy that cannot be used (a record written
-    by an older version, or edited by hand) makes the message a dead letter whose error
-    says why, instead of stopping the worker or the recovery sweep.
-    """
-    next_at: float | None = None
-    try:
-        retrying = not ok and not permanent and (message.retry_count < message.max_retries or not charge)
-        if retrying:
-            policy = RetryPolicy.from_value(
-                message.retry_policy or None, default=outbox_settings.retry_policy
-            )
-            number = message.retry_count + 1 if charge else max(1, message.retry_count)
-            next_at = now + retry_delay(policy, number, retry_after)
-    except Exception as exc:
-        error = (
-            f"{error}; and its retry policy cannot be used ({type(exc).__name__}: {exc}), so it is failed"[
-                :ERROR_LIMIT
-            ]
-        )
-        retrying, ok = False, False
-    if not ok and not error_class:
-        error_class = "error"
-    base_set = {"last_status_code": str(status_code)} if status_code is not None else {}
-    unset = [] if status_code is not None else ["last_status_code"]
-    if not ok:
-        base_set["last_error_class"] = error_class
-    if suspect:
-        base_set["suspect"] = str(suspect)
-    elif message.suspect:
-        unset.append("suspect")
-    if ok:
-        status, retry_count = Status.SUCCEEDED.value, message.retry_count
-        fields = {**base_set}
-        unset += ["next_attempt_at", "lease", "last_error", "last_error_class"]
-        score = now
-    elif not retrying or next_at is None:
-        status, retry_count = Status.FAILED.value, message.retry_count
-        fields = {**base_set, "last_error": error}
-        unset += ["next_attempt_at", "lease"]
-        score = now
-    else:
-        status, retry_count = Status.RETRYING.value, message.retry_count + (1 if charge else 0)
-        fields = {
-            **base_set,
-            "last_error": error,
-            "retry_count": str(retry_count),
-            "next_attempt_at": repr(next_at),
-        }
-        unset += ["lease"]
-        score = next_at
-    record = Attempt(
-        started_at=now if started_at is None else started_at,
-        duration_ms=duration_ms,
-        outcome=attempt_outcome or status,
-        status_code=status_code,
-        error=error,
-        worker=worker_name(),
-        retry_count=retry_count,
-        detail=detail,
-        error_class="" if ok else error_class,
-        host=host,
-    )
-    change = Change(
-        id=message.id,
-        from_statuses=(Status.SENDING.value,),
-        to=status,
-        score=score,
-        set=fields,
-        unset=unset,
-        lease=message.lease,
-        attempt=record,
-        inline=record.inline_fields(),
-        event=event_payload(
-            status,
-            message,
-            at=now,
-            retry_count=retry_count,
-            status_code=status_code,
-            error=error,
-            next_attempt_at=next_at,
-        ),
-        stat=status,
-    )
-    exhausted = None
-    if (
-        not ok
-        and not permanent
-        and status == Status.FAILED.value
-        and message.retry_count >= message.max_retries
-    ):
-        exhausted = DestinationEvent(
-            "message.exhausted",
-            message.destination,
-            now,
-            {"id": message.id, "retry_count": retry_count, "status_code": status_code, "error": error},
-        )
-    park = None
-    if not ok and not permanent:
-        park = _park_change(message, now, record, fields, unset, error)
-    change.park = park
-    if exhausted is not None:
-        change.also = exhausted.to_json()
-    message.status, message.retry_count, message.next_attempt_at = (
-        status,
-        retry_count,
-        next_at if status == Status.RETRYING.value else None,
-    )
-    message.last_error = error if not ok else ""
-    message.last_error_class = error_class if not ok else ""
-    message.last_status_code = status_code
-    message.suspect = suspect
-    return Decision(change, record, message, exhausted)
-
-
-def _park_change(
-    message: Message, now: float, record: Attempt, fields: dict[str, str], unset: list[str], error: str
-) -> dict[str, Any]:
-    """The ``park`` alternative of a failed attempt's change (see :func:`decide`)."""
-    to = Status.RETRYING.value if message.retry_count > 0 else Status.PENDING.value
-    set_fields = {k: v for k, v in fields.items() if k not in ("retry_count", "next_attempt_at")}
-    set_fields["next_attempt_at"] = repr(now)
-    parked = dataclasses.replace(record, outcome="parked", retry_count=message.retry_count)
-    return {
-        "to": to,
-        "score": repr(now),
-        "set": set_fields,
-        "unset": [f for f in unset if f != "next_attempt_at"] or ["lease"],
-        "attempt": parked.to_json(),
-        "event": event_payload(
-            to, message, at=now, retry_count=message.retry_count, error=error, event="message.parked"
-        ),
-    }
-
-
-def decide_outcome(outcome: Outcome, now: float) -> Decision:
-    """:func:`decide` for an :class:`Outcome` of :func:`attempt`."""
-    return decide(
-        outcome.message,
-        now=now,
-        ok=outcome.ok,
-        error=outcome.error,
-        status_code=outcome.status_code,
-        permanent=outcome.permanent,
-        retry_after=outcome.retry_after,
-        started_at=outcome.started_at,
-        duration_ms=outcome.duration_ms,
-        detail=outcome.detail,
-        error_class=outcome.error_class,
-        host=outcome.host,
-    )
-
-
-def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> None:
-    """Send the Django signal of each written decision whose compare-and-set applied (a
-    parked one, whose status is not the decided one, sends none), and hand
-    ``message.exhausted`` events to :func:`outbox.alerts.notify`."""
-    exhausted = []
-    for d, r in zip(decisions, results, strict=True):
-        if r.applied and not r.parked:
-            send_signal(d.change.to, d.message, d.attempt)
-            if d.exhausted is not None:
-                exhausted.append(d.exhausted)
-                send_exhausted_signal(d.message, d.attempt, d.exhausted)
-    controls.notify(exhausted)
-
-
-def health_outcome(outcome: Outcome) -> list[Any]:
-    """An attempt as ``lua/health.lua`` records it (see
-    :meth:`outbox.store.MessageRepository.health_args`)."""
-    kind = "s" if outcome.ok else ("p" if outcome.permanent else "r")
-    return [
-        outcome.message.destination,
-        kind,
-        round(outcome.duration_ms, 3),
-        outcome.status_code or 0,
-        "" if outcome.ok else (outcome.error_class or "error"),
-        outcome.error[:HEALTH_ERROR_LIMIT],
-        outcome.retry_after or 0,
-        outcome.message.id,
-        outcome.started_at,
-    ]
-
-
-def write(decisions: Sequence[Decision], now: float) -> list[bool]:
-    """Write decisions (one script call) and send their signals.
-
-    Returns:
-        Per decision, True if its compare-and-set applied.
-    """
-    if not decisions:
-        return []
-    results = get_repository().transition([d.change for d in decisions], now)
-    announce(decisions, results)
-    return [r.applied for r in results]
 
 
 def claim(queue: str, now: float | None = None, limit: int | None = None) -> list[Message]:
@@ -452,26 +143,11 @@ def claim(queue: str, now: float | None = None, limit: int | None = None) -> lis
 
 
 # -- the run ------------------------------------------------------------------------------
-def _deadline_of(destination: str) -> float | None:
-    """The deadline of one attempt to ``destination`` (its transport's
-    ``longest_attempt()``, seconds), or None (no deadline, or no usable transport)."""
-    try:
-        return get_transport(destination).longest_attempt()
-    except (UnknownDestination, ImproperlyConfigured):
-        return None
 
 
 def _quick(done: set[Future[Outcome]]) -> bool:
     """True when an attempt among ``done`` took less than :data:`GATHER_WAIT`."""
     return any(f.exception() is None and f.result().duration_ms < GATHER_WAIT * 1000 for f in done)
-
-
-def _watched_attempt(message: Message, seconds: float | None) -> Outcome:
-    """:func:`attempt` in an attempt thread whose deadline the run watches, in a copy of
-    the thread's context (context variables a transport or a callable sets do not carry
-    over to the thread's next attempt)."""
-    with deadlines.watching(seconds):
-        return contextvars.copy_context().run(attempt, message)
 
 
 @dataclass
@@ -745,11 +421,11 @@ class _Run:
 
     def start(self, messages: Sequence[Message]) -> None:
         for index, message in enumerate(messages):
-            seconds = _deadline_of(message.destination)  # transports are built once and kept
+            seconds = attempts.deadline_of(message.destination)  # transports are built once and kept
             try:
                 started = time.time()
                 future = deadlines.attempt_threads.submit(
-                    functools.partial(_watched_attempt, message, seconds)
+                    functools.partial(attempts.watched_attempt, message, seconds)
                 )
             except BaseException:
                 self.release_unstarted(messages[index:])
@@ -876,35 +552,6 @@ class _Run:
                 "takes them back after their lease",
                 len(self.in_flight),
             )
-
-
-#: Log level of an attempt's line by the status it led to: a dead letter needs a person.
-ATTEMPT_LOG_LEVELS = {
-    Status.SUCCEEDED.value: logging.INFO,
-    Status.RETRYING.value: logging.WARNING,
-    Status.FAILED.value: logging.ERROR,
-    "parked": logging.WARNING,
-}
-
-
-def log_attempt(outcome: Outcome, decision: Decision, written: str | None = None) -> None:
-    """One log line per attempt on the ``outbox`` logger: INFO when delivered, WARNING
-    when a retry follows or the message was parked (its destination held, no retry
-    charged), ERROR for a dead letter. ``written`` is what the write did (``"parked"``,
-    ``"stale"``...), the decided status by default."""
-    status = written or decision.change.to
-    parked = status == "parked"
-    logger.log(
-        ATTEMPT_LOG_LEVELS.get(status, logging.INFO),
-        "outbox attempt id=%s destination=%s outcome=%s status_code=%s duration_ms=%.1f retry_count=%d%s",
-        outcome.message.id,
-        outcome.message.destination,
-        status,
-        outcome.status_code,
-        outcome.duration_ms,
-        decision.message.retry_count - (1 if parked and decision.change.to == Status.RETRYING.value else 0),
-        f" error={outcome.error!r}" if outcome.error else "",
-    )
 
 
 def run(queue: str, *, budget: float = RUN_BUDGET) -> RunReport:

@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass
 
 from outbox.conf import outbox_settings
-from outbox.delivery.loop import Decision, decide, write
+from outbox.delivery.outcomes import Decision, decide, write
 from outbox.destinations.controls import release_parked_due
-from outbox.records import Message, Status
+from outbox.records import Message, Outcome, Status
 from outbox.store import wakeups
 from outbox.store.connection import get_repository
 
@@ -149,17 +149,9 @@ def lost_decision(message: Message, now: float) -> Decision:
         error = f"{lost}, beside other attempts; quarantined: its next attempt is made alone"
     else:
         error = f"{lost}, beside other attempts; not charged (no retry left): quarantined, attempted alone once more"
-    return decide(
-        message,
-        now=now,
-        ok=False,
-        error=error,
-        started_at=message.last_attempt_at,
-        attempt_outcome="lost",
-        error_class="lease_expired",
-        suspect=message.suspect + 1,
-        charge=charge,
-    )
+    started_at = now if message.last_attempt_at is None else message.last_attempt_at
+    outcome = Outcome(message, started_at, 0.0, error=error, error_class="lease_expired")
+    return decide(outcome, now, attempt_outcome="lost", suspect=message.suspect + 1, charge=charge)
 
 
 def _recover_lost(now: float, limit: int, report: RecoveryReport) -> None:

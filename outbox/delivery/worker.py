@@ -60,7 +60,8 @@ from redis.exceptions import RedisError
 
 from outbox.alerts import flush_due
 from outbox.conf import outbox_settings
-from outbox.delivery.loop import worker_name
+from outbox.delivery.attempts import worker_name
+from outbox.delivery.loop import STOPPING
 from outbox.delivery.recovery import recover, wake_due
 from outbox.sending.capture import relay
 from outbox.store.connection import client_like, get_repository, ping
@@ -226,7 +227,7 @@ class StopRequest:
     (Redis went away) or not started yet; :func:`run_worker` installs :meth:`handle` for
     the time between, and RQ's handlers report to :meth:`request` through
     :func:`rq_worker`'s class. Setting it also tells delivery runs to claim nothing more
-    (:data:`outbox.delivery.STOPPING`). Once no job runs, the process gets
+    (:data:`outbox.delivery.loop.STOPPING`). Once no job runs, the process gets
     :data:`STOP_GRACE` seconds to end before a watchdog ends it (RQ's teardown on a Redis
     that hangs could otherwise hold it for RQ's whole read timeout).
     """
@@ -239,26 +240,20 @@ class StopRequest:
 
     @staticmethod
     def reset() -> None:
-        from outbox.delivery.loop import STOPPING  # local: delivery's imports load only where a worker runs
-
         STOPPING.clear()
 
     @staticmethod
     def is_set() -> bool:
-        from outbox.delivery.loop import STOPPING  # local: as in reset()
-
         return STOPPING.is_set()
 
     @staticmethod
     def event() -> threading.Event:
         """The event set by the request (:func:`wait_for_redis` waits on it)."""
-        from outbox.delivery.loop import STOPPING  # local: as in reset()
 
         return STOPPING.event
 
     def request(self, signum: int) -> None:
         """Record a stop request (idempotent): delivery runs stop claiming; the watchdog starts."""
-        from outbox.delivery.loop import STOPPING  # local: as in reset()
 
         if STOPPING.set():
             logger.warning(
