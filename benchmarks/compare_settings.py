@@ -30,7 +30,7 @@ from tests.settings import OUTBOX
 
 DEBUG = False
 OUTBOX = {
-    **{k: v for k, v in OUTBOX.items() if k not in ("VISIBILITY_TIMEOUT", "RECOVERY_GRACE", "DESTINATIONS")},
+    **{k: v for k, v in OUTBOX.items() if k not in ("VISIBILITY_TIMEOUT", "LATE_AFTER", "DESTINATIONS")},
     "DESTINATIONS": {
         # Thread-safe no-op callables: they may run concurrently.
         "noop": {"TRANSPORT": "callable", "OPTIONS": {"path": "benchmarks.peers.noop"}, "MAX_IN_FLIGHT": 32},

@@ -169,7 +169,7 @@ OUTBOX = {
     "RETRY": {"strategy": "exponential", "base": 0.5, "factor": 2, "max_delay": 5, "jitter": "equal"},
     "VISIBILITY_TIMEOUT": 120,
     "RECOVERY_INTERVAL": 5,
-    "RECOVERY_GRACE": 10,
+    "LATE_AFTER": 10,
     "DESTINATIONS": {
         "orders": {
             "TRANSPORT": "webhook",

@@ -35,6 +35,7 @@ outbox.W010    a webhook's host is (or resolves only to) a loopback, private or 
                non-public address that ``OUTBOX["BLOCK_PRIVATE_NETWORKS"]`` refuses: every
                message to it would be a dead letter (``blocked_address``) at its first
                attempt. ``OPTIONS["allow_private_networks"] = True`` allows it
+outbox.W011    a setting has its old name (``RECOVERY_GRACE``, now ``LATE_AFTER``)
 =============  =====================================================================
 
 Messages never print secret values: every error text goes through
@@ -63,7 +64,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from outbox.alerts import admin_addresses, channel_problems, parse_alert_settings
-from outbox.conf import DEFAULTS, PRIORITIES, outbox_settings
+from outbox.conf import DEFAULTS, PRIORITIES, RENAMED, outbox_settings
 from outbox.destinations.config import configuration_errors, get_destination, validate_max_retries
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.redaction import redact, secrets_for
@@ -76,7 +77,7 @@ POSITIVE_NUMBERS = (
     "MAX_BODY_BYTES",
     "VISIBILITY_TIMEOUT",
     "RECOVERY_INTERVAL",
-    "RECOVERY_GRACE",
+    "LATE_AFTER",
     "BATCH_SIZE",
     "ATTEMPTS_KEPT",
 )
@@ -116,7 +117,17 @@ def _check() -> list[CheckMessage]:
     user = getattr(settings, "OUTBOX", {})
     if not isinstance(user, dict):
         return [Error("settings.OUTBOX must be a dict", id="outbox.E001")]
-    unknown = set(user) - set(DEFAULTS)
+    unknown = set(user) - set(DEFAULTS) - set(RENAMED)
+    errors += [
+        Warning(
+            f"OUTBOX[{old!r}] is renamed {new!r}"
+            + (f" and {new!r} is set too: {old!r} is ignored" if new in user else ""),
+            hint=f"rename it {new!r}; the old name is read until 0.3",
+            id="outbox.W011",
+        )
+        for old, new in RENAMED.items()
+        if old in user
+    ]
     if unknown:
         errors.append(
             Error(

@@ -25,8 +25,9 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        recovery sweep takes it back (300): the lease. A worker starts
                        no attempt it could not finish within half of it.
 ``RECOVERY_INTERVAL``  seconds between recovery sweeps in ``outbox_worker`` (30).
-``RECOVERY_GRACE``     seconds a due message may wait before the dashboard shows it
-                       as late (60).
+``LATE_AFTER``         seconds a due message may wait before the dashboard shows it
+                       as late (60). Its old name ``RECOVERY_GRACE`` (before 0.2) is
+                       still read when ``LATE_AFTER`` is not set (check outbox.W011).
 ``BATCH_SIZE``         most messages one claim takes (100).
 ``CONCURRENCY``        attempts in flight at once per worker process (32; threads).
 ``MAX_IN_FLIGHT``      cap of attempts in flight per destination per worker process;
@@ -109,7 +110,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_BODY_BYTES": 1024 * 1024,
     "VISIBILITY_TIMEOUT": 300,
     "RECOVERY_INTERVAL": 30,
-    "RECOVERY_GRACE": 60,
+    "LATE_AFTER": 60,
     "BATCH_SIZE": 100,
     "CONCURRENCY": 32,
     "MAX_IN_FLIGHT": 16,
@@ -138,6 +139,11 @@ DEFAULTS: dict[str, Any] = {
     "TRACING": True,
 }
 
+#: Settings renamed, old name -> new name: the old name is read when the new one is not
+#: set (system check outbox.W011 says to rename it), and ``outbox_settings.<old>`` reads
+#: the new one.
+RENAMED = {"RECOVERY_GRACE": "LATE_AFTER"}
+
 PRIORITIES = ("high", "default", "low")
 MAX_RETRIES_LIMIT = 1000
 
@@ -160,10 +166,13 @@ class OutboxSettings:
         return value
 
     def __getattr__(self, name: str) -> Any:
+        name = RENAMED.get(name, name)
         if name.startswith("_") or name not in DEFAULTS:
             raise AttributeError(name)
         if name not in self._cache:
-            value = self.user_settings.get(name, DEFAULTS[name])
+            user = self.user_settings
+            old = [o for o, new in RENAMED.items() if new == name and o in user]
+            value = user.get(name, user[old[0]] if old else DEFAULTS[name])
             if name == "EVENTS_CHANNEL" and value == "":
                 value = f"{self.KEY_PREFIX}:events"
             self._cache[name] = value

@@ -131,7 +131,7 @@ OUTBOX = {
         },
     },
     "VISIBILITY_TIMEOUT": int(os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT", "30")),
-    "RECOVERY_GRACE": 1,
+    "LATE_AFTER": 1,
     # Most tests script failures and count retries: the circuit breaker would park their
     # messages. tests/test_destination_health.py turns it on per destination.
     "BREAKER": False,

@@ -132,3 +132,20 @@ def test_manage_py_check_shows_the_private_address_warning(settings, capsys):
     call_command("check")
     out, err = capsys.readouterr()
     assert "outbox.W010" in out + err
+
+
+def test_a_renamed_setting_is_still_read_and_the_check_says_to_rename_it(settings):
+    # RECOVERY_GRACE (the dashboard's "late" threshold) is LATE_AFTER since 0.2
+    from outbox.conf import outbox_settings
+
+    settings.OUTBOX = {**settings.OUTBOX, "RECOVERY_GRACE": 42}
+    settings.OUTBOX.pop("LATE_AFTER", None)
+    assert outbox_settings.LATE_AFTER == 42 and outbox_settings.RECOVERY_GRACE == 42
+    found = [m for m in check_outbox_settings() if m.id == "outbox.W011"]
+    assert len(found) == 1 and "LATE_AFTER" in found[0].msg
+    assert not [m for m in check_outbox_settings() if m.id == "outbox.E001"]  # not an unknown key
+    settings.OUTBOX = {**settings.OUTBOX, "LATE_AFTER": 7}
+    assert outbox_settings.LATE_AFTER == 7  # the new name wins
+    assert "is ignored" in [m for m in check_outbox_settings() if m.id == "outbox.W011"][0].msg
+    settings.OUTBOX = {k: v for k, v in settings.OUTBOX.items() if k != "RECOVERY_GRACE"}
+    assert not [m for m in check_outbox_settings() if m.id == "outbox.W011"]

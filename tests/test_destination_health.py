@@ -371,7 +371,7 @@ def test_a_probe_whose_lease_expired_lets_another_go(receiver, worker, repo, set
 
 def test_breaker_opens_on_the_failure_rate_with_enough_attempts(repo):
     # FAILURES out of reach: only the rate can open it. [failures, rate, min attempts,
-    # window, cool-down, max cool-down, disable after] as config.health_config_json() gives.
+    # window, cool-down, max cool-down, disable after] as config.breaker_config_json() gives.
     config = json.dumps({"hook": [100, 0.4, 10, 300, 15, 600, 0]})
     now = time.time()
 

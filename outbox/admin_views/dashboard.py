@@ -101,7 +101,7 @@ def _oldest(model_admin: ModelAdmin, found: tuple[str, float] | None, now: float
         due=moment(score),
         created=moment(created),
         overdue=score <= now,
-        late=now - score > outbox_settings.RECOVERY_GRACE,
+        late=now - score > outbox_settings.LATE_AFTER,
         wait=duration(abs(now - score)),
         age=duration(now - created),
     )

@@ -239,7 +239,7 @@ class _Run:
         # since its last one that did not.
         self.streak: Counter[str] = Counter()
         self.started_at: dict[Future[Outcome], float] = {}
-        self.health_config = config.health_config_json()
+        self.health_config = config.breaker_config_json()
         self.rate_limits = config.limits_json()
 
     def caps(self) -> dict[str, int]:

@@ -247,14 +247,14 @@ def close_transports() -> None:
 def clear_cache() -> None:
     """Forget built destinations, the scripts' views of them, and close their transports."""
     get_destination.cache_clear()
-    health_config_json.cache_clear()
+    breaker_config_json.cache_clear()
     limits_json.cache_clear()
     close_transports()
 
 
 # -- settings as the scripts take them ------------------------------------------------------
 @cache
-def health_config_json() -> str:
+def breaker_config_json() -> str:
     """JSON destination -> ``[failures (0 = no breaker), failure rate, min attempts, window,
     cool-down, max cool-down, disable after (0 = never)]`` for ``lua/health.lua``."""
     config = {}

@@ -6,8 +6,8 @@ Each parser takes the raw setting value and the place it came from (for the erro
 text) and returns a frozen value object, or raises ``ValueError`` saying what is wrong;
 :func:`outbox.destinations._build` turns that into ``ImproperlyConfigured`` (and the
 system check ``outbox.E002``; the global defaults as ``outbox.E001``). The Lua scripts
-get these values as JSON (:func:`outbox.destinations.health.health_config_json`,
-:func:`outbox.destinations.health.limits_json`), computed once per worker run.
+get these values as JSON (:func:`outbox.destinations.config.breaker_config_json`,
+:func:`outbox.destinations.config.limits_json`), computed once per worker run.
 """
 
 from __future__ import annotations

@@ -469,7 +469,7 @@ def environment(
             "FAULTS_CALLABLE_LOG": str(log_dir / "callable.log"),
             "FAULTS_VISIBILITY_TIMEOUT": "10",
             "FAULTS_RECOVERY_INTERVAL": "2",
-            "FAULTS_RECOVERY_GRACE": "2",
+            "FAULTS_LATE_AFTER": "2",
         }
         if pg_dsn:
             _pg_execute(pg_dsn, f"CREATE SCHEMA {schema}")

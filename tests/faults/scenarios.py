@@ -104,7 +104,7 @@ def faults_settings(visibility_timeout: float, recovery_interval: float, **more:
     return {
         "VISIBILITY_TIMEOUT": int(visibility_timeout),
         "RECOVERY_INTERVAL": recovery_interval,
-        "RECOVERY_GRACE": recovery_interval,
+        "LATE_AFTER": recovery_interval,
         **more,
     }
 

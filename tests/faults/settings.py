@@ -12,7 +12,7 @@ sets before starting Django and which worker subprocesses inherit:
 ``FAULTS_PG_SCHEMA``           this schema as search_path (the harness creates and drops it)
 ``FAULTS_VISIBILITY_TIMEOUT``  ``OUTBOX["VISIBILITY_TIMEOUT"]`` seconds (10)
 ``FAULTS_RECOVERY_INTERVAL``   ``OUTBOX["RECOVERY_INTERVAL"]`` seconds (2)
-``FAULTS_RECOVERY_GRACE``      ``OUTBOX["RECOVERY_GRACE"]`` seconds (2)
+``FAULTS_LATE_AFTER``      ``OUTBOX["LATE_AFTER"]`` seconds (2)
 ``FAULTS_HOOK_TIMEOUT``        the webhook transport's ``timeout`` seconds (2)
 ``FAULTS_HOOK_RETRIES``        ``MAX_RETRIES`` of ``hook`` (10)
 ``FAULTS_POISON_RETRIES``      ``MAX_RETRIES`` of ``poison`` (2)
@@ -116,7 +116,7 @@ OUTBOX = {
     },
     "VISIBILITY_TIMEOUT": int(_number("FAULTS_VISIBILITY_TIMEOUT", 10)),
     "RECOVERY_INTERVAL": _number("FAULTS_RECOVERY_INTERVAL", 2),
-    "RECOVERY_GRACE": _number("FAULTS_RECOVERY_GRACE", 2),
+    "LATE_AFTER": _number("FAULTS_LATE_AFTER", 2),
     "BATCH_SIZE": int(_number("FAULTS_BATCH_SIZE", 100)),
     # The breaker stays on (a fault opens it; its parked messages must be delivered too),
     # with cool-downs that fit the scenarios' settle bounds (the default is 15 s to 600 s).
