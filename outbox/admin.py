@@ -36,16 +36,16 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
+from outbox import models
 from outbox.admin_views import confirm, dashboard, destinations, detail, listing
-from outbox.models import Message
 
 if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[Message]
+    _ModelAdmin = admin.ModelAdmin[models.Message]
 else:  # Django's ModelAdmin is generic only in its stubs
     _ModelAdmin = admin.ModelAdmin
 
 
-@admin.register(Message)
+@admin.register(models.Message)
 class MessageAdmin(_ModelAdmin):
     """Admin pages over the messages in Redis (no database rows).
 

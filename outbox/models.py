@@ -7,7 +7,11 @@
   until Redis has the message (see :mod:`outbox.sending.capture`).
 
 :class:`Message`'s migration exists so that Django creates its content type and
-permissions:
+permissions. Its name is kept (renaming it would change the admin's URLs and these
+permission codenames), so two classes are named ``Message``: the message record,
+:class:`outbox.records.Message`, imported by name everywhere, and this model, always
+written ``models.Message`` or imported under another name (``MessageModel``); a test in
+tests/structure holds it so:
 
 ==========================  =====================================================
 permission                  lets a staff user

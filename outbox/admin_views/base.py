@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 
     from django.contrib import admin
 
-    from outbox.models import Message
+    from outbox import models
 
     #: The console's admin (outbox.admin.MessageAdmin), as the console's views see it.
-    ModelAdmin: TypeAlias = admin.ModelAdmin[Message]
+    ModelAdmin: TypeAlias = admin.ModelAdmin[models.Message]
 
 #: Template directory of the console.
 TEMPLATES = "admin/outbox"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 
-from outbox.models import Message
+from outbox import models
 from outbox.operations.operation import Operation
 
 #: The admin history's action flag per operation.
@@ -17,7 +17,7 @@ def record_change(user_id: int, text: str, object_repr: str) -> LogEntry:
     paused, resumed ...): ``object_repr`` names it, e.g. ``destination hook``."""
     return LogEntry.objects.create(
         user_id=user_id,
-        content_type=ContentType.objects.get_for_model(Message, for_concrete_model=False),
+        content_type=ContentType.objects.get_for_model(models.Message, for_concrete_model=False),
         object_id=None,
         object_repr=object_repr[:200],
         action_flag=CHANGE,
@@ -39,7 +39,7 @@ def record(user_id: int, op: Operation, text: str, object_id: str | None = None)
     """
     return LogEntry.objects.create(
         user_id=user_id,
-        content_type=ContentType.objects.get_for_model(Message, for_concrete_model=False),
+        content_type=ContentType.objects.get_for_model(models.Message, for_concrete_model=False),
         object_id=object_id,
         object_repr=(object_id or "messages")[:200],
         action_flag=LOG_FLAGS[op.name],

@@ -193,3 +193,15 @@ def test_the_redis_check_sees_a_pipeline(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f(repo):\n    pipe = repo.connection.pipeline()\n")
     assert redis_use(module)
+
+
+def test_the_admin_model_is_always_written_models_message():
+    # outbox.records.Message is the message record; outbox.models.Message, the unmanaged
+    # model that gives the console its URLs and permissions, is never imported by that
+    # name (module-qualified, or under an alias such as MessageModel).
+    by_name = [
+        shown(path)
+        for path in python_files() + sorted((ROOT / "tests").rglob("*.py"))
+        if re.search(r"from outbox\.models import [^\n]*\bMessage\b(?!\s+as\s+\w)", path.read_text())
+    ]
+    assert by_name == []
