@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.compare                 # 3 interleaved rounds, ~6 min
     .venv/bin/python -m benchmarks.compare --quick         # 1 round, small N (development)
+    .venv/bin/python -m benchmarks.compare --baseline DIR  # the outbox's cases, this checkout vs DIR
 
 Every measurement ("case") runs in a process of its own with its own private Redis
 (:class:`outbox.testing.RedisServer`), so memory figures are clean; workers are real
@@ -63,11 +64,12 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run_json(args: list[str], env: dict | None = None, timeout: float = 600) -> dict:
-    """Run ``python -m benchmarks.compare ARGS`` and parse its last stdout line as JSON."""
+def run_json(args: list[str], env: dict | None = None, timeout: float = 600, root: Path = ROOT) -> dict:
+    """Run ``python -m benchmarks.compare ARGS`` in the checkout ``root`` (its code) and
+    parse its last stdout line as JSON."""
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.compare", *args],
-        cwd=ROOT,
+        cwd=root,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
@@ -830,6 +832,63 @@ def settings_rows(m, vals, row) -> None:
     )
 
 
+#: The outbox's own cases, and their figures, of ``--baseline``.
+BASELINE_CASES = {
+    "outbox-send": ("send_per_s", "deliver_per_s", "pending_bytes", "succeeded_bytes", "server_cmds_per_msg"),
+    "outbox-many": ("send_per_s", "deliver_per_s"),
+    "webhook-outbox": ("deliver_per_s",),
+    "latency-outbox": ("median_ms", "p99_ms"),
+}
+
+
+def baseline_run(args: argparse.Namespace, argv: list[str]) -> None:
+    """The outbox's cases in this checkout and in ``args.baseline`` (another checkout, e.g.
+    a git worktree of an older commit, whose ``benchmarks.compare`` has the same cases),
+    interleaved: each round runs every case in both, in alternating order. Prints and
+    writes each figure of both with its spread, and this/baseline."""
+    baseline = Path(args.baseline).resolve()
+    sizes = {"webhook-outbox": args.webhook_n, "latency-outbox": int(LATENCY_RATE * args.latency_seconds)}
+    trees = {"this": ROOT, "baseline": baseline}
+    results: dict[tuple[str, str], list[dict]] = {(t, c): [] for t in trees for c in BASELINE_CASES}
+    started = time.time()
+    for r in range(1, args.rounds + 1):
+        for name in BASELINE_CASES:
+            order = list(trees) if (r + list(BASELINE_CASES).index(name)) % 2 else list(reversed(trees))
+            for tree in order:
+                t = time.perf_counter()
+                res = run_json(["case", name, "--n", str(sizes.get(name, args.n))], root=trees[tree])
+                results[(tree, name)].append(res)
+                figures = {k: round(res[k], 2) for k in BASELINE_CASES[name]}
+                print(
+                    f"round {r} {tree:8s} {name:15s} {time.perf_counter() - t:5.1f} s  load {loadavg()}  {figures}",
+                    flush=True,
+                )
+    lines = [
+        f"# This checkout against a baseline ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))})",
+        "",
+        f"`python -m benchmarks.compare {' '.join(argv)}`; this: {ROOT}, baseline: {baseline}.",
+        f"{args.rounds} interleaved round(s); median (min-max of the rounds).",
+        "",
+        "| case | figure | this | baseline | this/baseline |",
+        "|---|---|---|---|---|",
+    ]
+    for name, keys in BASELINE_CASES.items():
+        for key in keys:
+            ours = [res[key] for res in results[("this", name)]]
+            base = [res[key] for res in results[("baseline", name)]]
+            ratio = (
+                statistics.median(ours) / statistics.median(base) if statistics.median(base) else float("nan")
+            )
+            lines.append(f"| {name} | {key} | {med(ours)} | {med(base)} | {ratio:.3f} |")
+    text = "\n".join(lines) + "\n"
+    print()
+    print(text)
+    out = Path(args.out) if args.out != str(RESULTS) else RESULTS.with_name("baseline.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"written to {out}")
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="Issue 7's side-by-side benchmark (see docs/benchmarks.md).")
     parser.add_argument("--rounds", type=int, default=3)
@@ -854,11 +913,20 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="only the delivery rows out of the box beside tuned (no-op and webhook; Dramatiq for reference)",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="another checkout (e.g. `git worktree add /tmp/base <commit>`): only the outbox's cases, "
+        "run interleaved in both; before/after figures (benchmarks/results/baseline.md)",
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.n, args.webhook_n, args.latency_seconds = 1, 500, 300, 3
         args.admin_total, args.admin_failed = min(args.admin_total, 20_000), 2_000
+    if args.baseline:
+        baseline_run(args, argv)
+        return
     ensure_dramatiq()
     import dramatiq
     import redis
