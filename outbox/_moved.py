@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def forward(old: str, *new: str) -> Callable[[str], Any]:
+def forward(old: str, *new: str, renamed: Mapping[str, str] | None = None) -> Callable[[str], Any]:
     """A module ``__getattr__`` (PEP 562) for the shim at ``old`` that reads each name
-    from the first of the modules ``new`` that has it (a module split in two names both).
+    from the first of the modules ``new`` that has it (a module split in two names both);
+    ``renamed`` maps a name that changed to its new dotted path.
 
     Raises (from the returned function):
         AttributeError: none of ``new`` has the attribute.
@@ -25,6 +26,15 @@ def forward(old: str, *new: str) -> Callable[[str], Any]:
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        if renamed and name in renamed:
+            path, _, attribute = renamed[name].rpartition(".")
+            warnings.warn(
+                f"{old}.{name} moved to {path}.{attribute} in django-redis-outbox 0.2; "
+                "the old path goes in 0.3",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(importlib.import_module(path), attribute)
         for path in new:
             module = importlib.import_module(path)
             if hasattr(module, name):

@@ -6,7 +6,11 @@ from outbox._moved import forward
 __getattr__ = forward(
     __name__,
     "outbox.destinations.health",
+    "outbox.events",
     "outbox.destinations.controls",
     "outbox.destinations.config",
-    "outbox.events",
+    renamed={
+        "EVENTS": "outbox.events.DESTINATION_EVENTS",
+        "health_config_json": "outbox.destinations.config.breaker_config_json",
+    },
 )

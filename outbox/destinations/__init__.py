@@ -9,6 +9,7 @@
 """
 
 from outbox.destinations.config import (
+    DESTINATION_KEYS,
     Destination,
     clear_cache,
     close_transports,
@@ -20,6 +21,7 @@ from outbox.destinations.config import (
 )
 
 __all__ = [
+    "DESTINATION_KEYS",
     "Destination",
     "clear_cache",
     "close_transports",

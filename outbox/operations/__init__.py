@@ -7,6 +7,11 @@
 """
 
 from outbox.operations.operation import (
+    CANCEL,
+    DELETE,
+    MAX_SELECTED,
+    REQUEUE,
+    RETRY_NOW,
     Operation,
     Selection,
     execute,
@@ -15,4 +20,16 @@ from outbox.operations.operation import (
     report,
 )
 
-__all__ = ["Operation", "Selection", "execute", "recover_selection", "recover_since", "report"]
+__all__ = [
+    "CANCEL",
+    "DELETE",
+    "MAX_SELECTED",
+    "REQUEUE",
+    "RETRY_NOW",
+    "Operation",
+    "Selection",
+    "execute",
+    "recover_selection",
+    "recover_since",
+    "report",
+]

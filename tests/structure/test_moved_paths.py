@@ -15,7 +15,7 @@ MOVED = [
     ("outbox.connection", "get_repository", "outbox.store.connection"),
     ("outbox.health", "get_health", "outbox.destinations.health"),
     ("outbox.health", "pause", "outbox.destinations.controls"),
-    ("outbox.health", "DestinationEvent", "outbox.destinations.health"),  # the class of outbox.events
+    ("outbox.health", "DestinationEvent", "outbox.events"),
     ("outbox.dispatch", "enqueue_wakeups", "outbox.store.wakeups"),
     ("outbox.dispatch", "wake_due", "outbox.delivery.recovery"),
     ("outbox.worker", "run_worker", "outbox.delivery.worker"),
@@ -33,6 +33,54 @@ def test_an_old_path_still_works_and_warns(old, name, new):
     with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new}\.{name}"):
         value = getattr(importlib.import_module(old), name)
     assert value is getattr(importlib.import_module(new), name)
+
+
+#: The public names of outbox/health.py before it was split (git show 4db0e98:outbox/health.py)
+OLD_HEALTH = [
+    "DestinationEvent",
+    "DestinationHealth",
+    "DestinationState",
+    "ErrorGroup",
+    "MinuteStats",
+    "Window",
+    "destination_state",
+    "disable",
+    "enable",
+    "error_groups",
+    "get_all_health",
+    "get_health",
+    "health_config_json",
+    "known_destinations",
+    "limits_json",
+    "notify",
+    "parse_events",
+    "pause",
+    "percentile",
+    "release_parked_due",
+    "resume",
+    "status_line",
+    "timeline",
+    "unpark_all",
+    "BOUNDS",
+    "BUCKETS",
+    "ERROR_HOURS",
+    "EVENTS",
+    "FAILING_CONSECUTIVE",
+    "FAILING_MIN_ATTEMPTS",
+    "FAILING_RATE",
+    "HELD_STATES",
+    "OUTCOME_KINDS",
+    "STATES",
+    "TROUBLE_STATES",
+    "UNPARK_BATCH",
+    "WINDOW_SECONDS",
+]
+
+
+@pytest.mark.parametrize("name", OLD_HEALTH)
+def test_every_name_of_the_split_health_module_is_still_read_through_it(name):
+    with pytest.warns(DeprecationWarning):
+        assert getattr(importlib.import_module("outbox.health"), name) is not None
 
 
 def test_an_old_path_refuses_a_name_it_never_had():
