@@ -45,7 +45,7 @@ from outbox.admin_views.filters import parse_as_of
 from outbox.admin_views.formatting import duration, moment
 from outbox.admin_views.history import record_change
 from outbox.conf import outbox_settings
-from outbox.destinations import health
+from outbox.destinations import controls, health
 from outbox.destinations.config import get_destination, get_transport
 from outbox.exceptions import UnknownDestination
 from outbox.operations.batches import BatchRecorder
@@ -291,11 +291,11 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
             ),
         )
     if action.name in ("pause", "disable"):
-        getattr(health, action.name)(name, reason=reason)
+        getattr(controls, action.name)(name, reason=reason)
         text = (PAUSED if action.name == "pause" else DISABLED) % {"name": name}
         text = text + (f" ({reason})" if reason else "") + "."
     else:
-        moved = getattr(health, action.name)(name)
+        moved = getattr(controls, action.name)(name)
         text = ngettext(
             "Destination %(name)s %(done)s: %(n)s parked message put back.",
             "Destination %(name)s %(done)s: %(n)s parked messages put back.",
