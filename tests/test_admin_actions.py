@@ -1,11 +1,8 @@
 """Bulk actions through the console: confirmation, execution, permissions, history."""
-# ruff: noqa: F811  (fixtures imported from test_admin_support are used as arguments)
 
 from __future__ import annotations
 
-import re
 import time
-from html import unescape
 
 import pytest
 from django.contrib import admin
@@ -14,47 +11,20 @@ from django.test import Client
 
 import outbox
 from outbox.models import Message as MessageModel
-
-from .test_admin_support import (  # noqa: F401  (fixtures)
-    admin_client,
-    element_text,
-    make,
-    staff,
-    superuser,
-    text_of,
-    u,
-    viewer_client,
-)
+from tests.support.console import element_text, make, messages_of, post, staff, text_of, u
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
-
-
-def post(client, data: dict, confirm: bool = False):
-    """POST the action form (and, with ``confirm``, the confirmation)."""
-    return client.post(u("message_action"), {**data, **({"post": "yes"} if confirm else {})})
 
 
 def statuses(ids) -> list[str]:
     return [outbox.get(i).status for i in ids]
 
 
-def messages_of(response) -> list[str]:
-    """The texts of the messages shown to the user (without the batch link)."""
-    return [re.sub(r" <a [^>]*>.*</a>$", "", str(m)) for m in response.wsgi_request._messages]
-
-
-def batch_links(response) -> list[str]:
-    """The batch links ("Show the N messages requeued") of the messages shown to the user."""
-    return [
-        unescape(h) for m in response.wsgi_request._messages for h in re.findall(r'href="([^"]+)"', str(m))
-    ]
-
-
 # -- selected messages ---------------------------------------------------------------
-def test_requeue_selected_confirms_then_acts(admin_client, repo, superuser):
+def test_requeue_selected_confirms_then_acts(superuser_client, repo, superuser):
     failed = make(repo, 3, "failed")
     chosen = [failed[0].id, failed[1].id]
-    response = post(admin_client, {"action": "requeue", "_selected_action": chosen})
+    response = post(superuser_client, {"action": "requeue", "_selected_action": chosen})
     assert response.status_code == 200
     html = text_of(response)
     assert element_text(html, "action-count") == "2"
@@ -63,7 +33,7 @@ def test_requeue_selected_confirms_then_acts(admin_client, repo, superuser):
     assert statuses(chosen) == ["failed", "failed"]  # the confirmation changes nothing
 
     response = post(
-        admin_client, {"action": "requeue", "_selected_action": chosen, "next": u("message_list")}, True
+        superuser_client, {"action": "requeue", "_selected_action": chosen, "next": u("message_list")}, True
     )
     assert response.status_code == 302 and response["Location"] == u("message_list")
     assert statuses(chosen) == ["pending", "pending"]
@@ -77,84 +47,86 @@ def test_requeue_selected_confirms_then_acts(admin_client, repo, superuser):
     assert entry.get_change_message() == "Requeue 2 selected messages: 2 requeued."
 
 
-def test_skipped_when_changed_meanwhile(admin_client, repo):
+def test_skipped_when_changed_meanwhile(superuser_client, repo):
     failed = make(repo, 3, "failed")
     ids = [m.id for m in failed]
     assert (
         element_text(
-            text_of(post(admin_client, {"action": "requeue", "_selected_action": ids})), "action-count"
+            text_of(post(superuser_client, {"action": "requeue", "_selected_action": ids})), "action-count"
         )
         == "3"
     )
     outbox.requeue(ids[0])  # someone else got there first
-    response = post(admin_client, {"action": "requeue", "_selected_action": ids}, True)
+    response = post(superuser_client, {"action": "requeue", "_selected_action": ids}, True)
     assert "Requeue 3 selected messages: 2 requeued, 1 skipped (in another status or changed meanwhile)." in (
         messages_of(response)
     )
 
 
-def test_confirmation_counts_only_eligible_selected(admin_client, repo):
+def test_confirmation_counts_only_eligible_selected(superuser_client, repo):
     failed = make(repo, 2, "failed")
     pending = make(repo, 1)
     ids = [failed[0].id, failed[1].id, pending[0].id]
-    html = text_of(post(admin_client, {"action": "requeue", "_selected_action": ids}))
+    html = text_of(post(superuser_client, {"action": "requeue", "_selected_action": ids}))
     assert element_text(html, "action-count") == "2"
     assert "the others are not failed, cancelled, succeeded and will be skipped" in html
 
 
-def test_cancel_and_delete_single_from_the_detail_page(admin_client, repo):
+def test_cancel_and_delete_single_from_the_detail_page(superuser_client, repo):
     m = make(repo, 1)[0]
     detail = u("message_detail", m.id)
-    html = text_of(admin_client.get(detail))
+    html = text_of(superuser_client.get(detail))
     assert 'id="detail-cancel"' in html
-    response = post(admin_client, {"action": "cancel", "_selected_action": m.id, "next": detail}, True)
+    response = post(superuser_client, {"action": "cancel", "_selected_action": m.id, "next": detail}, True)
     assert response["Location"] == detail
     assert outbox.get(m.id).status == "cancelled"
     assert LogEntry.objects.get().object_id == m.id
-    index = text_of(admin_client.get("/admin/"))  # "Recent actions" links the message
+    index = text_of(superuser_client.get("/admin/"))  # "Recent actions" links the message
     link = LogEntry.objects.get().get_admin_url()
     assert f'href="{link}"' in index
-    assert admin_client.get(link)["Location"] == detail
+    assert superuser_client.get(link)["Location"] == detail
 
     response = post(
-        admin_client, {"action": "delete", "_selected_action": m.id, "next": u("message_list")}, True
+        superuser_client, {"action": "delete", "_selected_action": m.id, "next": u("message_list")}, True
     )
-    assert admin_client.get(detail).status_code == 404
+    assert superuser_client.get(detail).status_code == 404
     entry = LogEntry.objects.latest("id")
     assert entry.action_flag == DELETION
     assert entry.get_change_message() == f"Delete message {m.id}: 1 deleted."
     assert repo.count() == 0
 
 
-def test_nothing_selected_or_no_action(admin_client, repo):
+def test_nothing_selected_or_no_action(superuser_client, repo):
     make(repo, 2, "failed")
-    response = post(admin_client, {"action": "requeue", "next": u("message_list")})
+    response = post(superuser_client, {"action": "requeue", "next": u("message_list")})
     assert response.status_code == 302
     assert "Items must be selected" in messages_of(response)[0]
-    response = post(admin_client, {"action": "", "_selected_action": "x"})
+    response = post(superuser_client, {"action": "", "_selected_action": "x"})
     assert response.status_code == 302 and "No action selected." in messages_of(response)
     assert repo.counts()["failed"] == 2
 
 
-def test_next_must_be_local(admin_client, repo):
+def test_next_must_be_local(superuser_client, repo):
     m = make(repo, 1, "failed")[0]
     response = post(
-        admin_client, {"action": "requeue", "_selected_action": m.id, "next": "https://evil.example/"}, True
+        superuser_client,
+        {"action": "requeue", "_selected_action": m.id, "next": "https://evil.example/"},
+        True,
     )
     assert response["Location"] == u("message_list")
 
 
 # -- all matching --------------------------------------------------------------------
-def test_requeue_all_matching_a_filter(admin_client, repo):
+def test_requeue_all_matching_a_filter(superuser_client, repo):
     hook_failed = make(repo, 60, "failed", destination="hook")
     mem_failed = make(repo, 10, "failed", destination="mem")
     make(repo, 5, "pending", destination="hook")
     data = {"action": "requeue", "select_across": "1", "status": "failed", "destination": "hook"}
-    html = text_of(post(admin_client, data))
+    html = text_of(post(superuser_client, data))
     assert element_text(html, "action-count") == "60"
     assert 'value="Yes, requeue 60 messages"' in html
     assert "all messages matching status failed, destination hook" in html
-    response = post(admin_client, data, True)
+    response = post(superuser_client, data, True)
     assert response.status_code == 302
     assert set(statuses(m.id for m in hook_failed)) == {"pending"}
     assert set(statuses(m.id for m in mem_failed)) == {"failed"}
@@ -163,35 +135,39 @@ def test_requeue_all_matching_a_filter(admin_client, repo):
     )
 
 
-def test_all_matching_without_status_acts_on_eligible_statuses(admin_client, repo):
+def test_all_matching_without_status_acts_on_eligible_statuses(superuser_client, repo):
     pending = make(repo, 3, "pending", destination="hook")
     retrying = make(repo, 2, "retrying", destination="hook")
     failed = make(repo, 2, "failed", destination="hook")
     other = make(repo, 2, "pending", destination="mem")
     data = {"action": "cancel", "select_across": "1", "destination": "hook"}
-    assert element_text(text_of(post(admin_client, data)), "action-count") == "5"
-    post(admin_client, data, True)
+    assert element_text(text_of(post(superuser_client, data)), "action-count") == "5"
+    post(superuser_client, data, True)
     assert set(statuses(m.id for m in pending + retrying)) == {"cancelled"}
     assert set(statuses(m.id for m in failed)) == {"failed"}
     assert set(statuses(m.id for m in other)) == {"pending"}
 
 
-def test_all_matching_leaves_messages_that_match_after_confirmation(admin_client, repo):
+def test_all_matching_leaves_messages_that_match_after_confirmation(superuser_client, repo):
     first = make(repo, 3, "failed")
-    html = text_of(post(admin_client, {"action": "requeue", "select_across": "1", "status": "failed"}))
+    html = text_of(post(superuser_client, {"action": "requeue", "select_across": "1", "status": "failed"}))
     as_of = html.split('name="as_of" value="')[1].split('"')[0]
     time.sleep(0.01)
     later = make(repo, 2, "failed")
-    post(admin_client, {"action": "requeue", "select_across": "1", "status": "failed", "as_of": as_of}, True)
+    post(
+        superuser_client,
+        {"action": "requeue", "select_across": "1", "status": "failed", "as_of": as_of},
+        True,
+    )
     assert set(statuses(m.id for m in first)) == {"pending"}
     assert set(statuses(m.id for m in later)) == {"failed"}
 
 
-def test_all_matching_with_a_queue_filter(admin_client, repo):
+def test_all_matching_with_a_queue_filter(superuser_client, repo):
     high = make(repo, 3, "failed", priority="high")
     default = make(repo, 4, "failed")
     post(
-        admin_client,
+        superuser_client,
         {"action": "delete", "select_across": "1", "status": "failed", "queue": "outbox_high"},
         True,
     )
@@ -200,20 +176,20 @@ def test_all_matching_with_a_queue_filter(admin_client, repo):
     assert set(statuses(m.id for m in default)) == {"failed"}
 
 
-def test_invalid_filter_acts_on_nothing(admin_client, repo):
+def test_invalid_filter_acts_on_nothing(superuser_client, repo):
     make(repo, 3, "failed")
     data = {"action": "delete", "select_across": "1", "status": "failed", "created_from": "soonish"}
-    response = post(admin_client, data, True)
+    response = post(superuser_client, data, True)
     assert response.status_code == 400
     assert "The filter is not valid, so nothing was changed" in response.content.decode()
     assert repo.count("failed") == 3
 
 
-def test_select_all_with_a_search_acts_on_the_found_message(admin_client, repo):
+def test_select_all_with_a_search_acts_on_the_found_message(superuser_client, repo):
     make(repo, 3, "failed")
     keyed = outbox.send("mem", "x", idempotency_key="abc")
     repo.transition([_to_failed(keyed.id)], time.time())
-    post(admin_client, {"action": "requeue", "select_across": "1", "q": "abc"}, True)
+    post(superuser_client, {"action": "requeue", "select_across": "1", "q": "abc"}, True)
     assert outbox.get(keyed.id).status == "pending"
     assert repo.count("failed") == 3
 
@@ -224,24 +200,24 @@ def _to_failed(message_id):
     return Change(id=message_id, from_statuses=("pending",), to="failed", score=time.time())
 
 
-def test_large_selection_runs_in_the_background(admin_client, repo, monkeypatch, worker, superuser):
+def test_large_selection_runs_in_the_background(superuser_client, repo, monkeypatch, worker, superuser):
     model_admin = admin.site._registry[MessageModel]
     monkeypatch.setattr(model_admin, "sync_action_limit", 5)
     failed = make(repo, 12, "failed")
     data = {"action": "requeue", "select_across": "1", "status": "failed"}
-    assert "runs in the background" in text_of(post(admin_client, data))
-    response = post(admin_client, data, True)
+    assert "runs in the background" in text_of(post(superuser_client, data))
+    response = post(superuser_client, data, True)
     assert response.status_code == 302
     status_url = response["Location"]
     assert status_url.startswith(u("message_list").replace("messages/", "action/"))
-    html = text_of(admin_client.get(status_url))
+    html = text_of(superuser_client.get(status_url))
     assert element_text(html, "task-state") == "queued"
     assert '<meta http-equiv="refresh" content="2">' in html
     assert repo.count("failed") == 12  # nothing happened in the request
 
     worker(simple=True)  # runs the action job (high queue first), then the deliveries
 
-    html = text_of(admin_client.get(status_url))
+    html = text_of(superuser_client.get(status_url))
     assert element_text(html, "task-state") == "finished"
     assert element_text(html, "task-acted") == "12"
     assert element_text(html, "task-skipped") == "0"
@@ -255,8 +231,8 @@ def test_large_selection_runs_in_the_background(admin_client, repo, monkeypatch,
     assert all(e.user == superuser for e in LogEntry.objects.all())
 
 
-def test_background_status_of_unknown_job_is_404(admin_client, repo):
-    assert admin_client.get(u("message_action_status", "nope")).status_code == 404
+def test_background_status_of_unknown_job_is_404(superuser_client, repo):
+    assert superuser_client.get(u("message_action_status", "nope")).status_code == 404
 
 
 # -- permissions and CSRF ------------------------------------------------------------
@@ -315,7 +291,7 @@ def test_posts_need_a_csrf_token(superuser, repo):
 
 
 # -- the whole story -----------------------------------------------------------------
-def test_failed_messages_requeued_from_the_console_are_delivered(admin_client, repo, hook, worker):
+def test_failed_messages_requeued_from_the_console_are_delivered(superuser_client, repo, hook, worker):
     hook.respond(500)
     sent = outbox.send_many([{"destination": "hook", "body": {"order": i}} for i in range(5)])
     worker()
@@ -323,17 +299,17 @@ def test_failed_messages_requeued_from_the_console_are_delivered(admin_client, r
     assert all(outbox.get(m.id).retry_count == 3 for m in sent)
     attempts_before = len(outbox.attempts(sent[0].id))
 
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&destination=hook"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&destination=hook"))
     assert 'data-total="5"' in html
     data = {"action": "requeue", "select_across": "1", "status": "failed", "destination": "hook"}
-    assert element_text(text_of(post(admin_client, data)), "action-count") == "5"
-    post(admin_client, data, True)
+    assert element_text(text_of(post(superuser_client, data)), "action-count") == "5"
+    post(superuser_client, data, True)
     assert all(outbox.get(m.id).retry_count == 0 for m in sent)
 
     hook.respond(200)
     worker()
     assert set(statuses(m.id for m in sent)) == {"succeeded"}
     assert len(outbox.attempts(sent[0].id)) == attempts_before + 1  # history kept
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert element_text(html, "count-succeeded") == "5"
     assert element_text(html, "count-failed") == "0"

@@ -3,7 +3,6 @@ and failing since from recent attempts, the attempts chart by outcome (one desti
 all), the destination page (settings, state, error groups linked to their messages),
 pause/resume/disable/enable (``outbox.manage_destination``) and Recover since. Real Redis,
 real workers, a real HTTP receiver."""
-# ruff: noqa: F811  (fixtures imported from test_admin_support are used as arguments)
 
 from __future__ import annotations
 
@@ -16,21 +15,18 @@ from django.contrib.admin.models import LogEntry
 
 import outbox
 from outbox.destinations import health
-
-from .conftest import settle_due
-from .test_admin_actions import batch_links, messages_of
-from .test_admin_support import (  # noqa: F401  (fixtures)
-    admin_client,
+from tests.support import settle_due
+from tests.support.console import (
+    batch_links,
     deliver,
     element_text,
     ids,
     listed_ids,
     make,
+    messages_of,
     staff,
-    superuser,
     text_of,
     u,
-    viewer_client,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
@@ -46,19 +42,19 @@ def manager_client(client, django_user_model):
 
 
 # -- dashboard ---------------------------------------------------------------------------
-def test_dashboard_failing_comes_from_recent_attempts_and_clears_on_recovery(admin_client, hook, worker):
+def test_dashboard_failing_comes_from_recent_attempts_and_clears_on_recovery(superuser_client, hook, worker):
     sent = deliver(hook, worker, 503, 2, max_retries=1)  # 4 failed attempts in a row
     h = health.get_health("hook")
     assert {outbox.get(m.id).status for m in sent} == {"failed"}, [outbox.attempts(m.id) for m in sent]
     assert h.consecutive_failures == 4, h
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert 'class="destination-row failing" data-destination="hook" data-state="failing"' in html
     row = row_of(html, "hook")
     assert '<td class="last-success">–</td>' in row
     assert "<time" in row.split('class="failing-since"')[1]
 
     deliver(hook, worker, 200, 1)  # it recovered: the two dead letters stay, the flag goes
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert 'class="destination-row" data-destination="hook" data-state="healthy"' in html
     row = row_of(html, "hook")
     assert "<time" in row.split('class="last-success"')[1].split("</td>")[0]
@@ -68,30 +64,30 @@ def test_dashboard_failing_comes_from_recent_attempts_and_clears_on_recovery(adm
     assert f'href="{u("destination", "hook")}" class="destination-page-link"' in row
 
 
-def test_dashboard_chart_can_be_narrowed_to_one_destination(admin_client, hook, worker):
+def test_dashboard_chart_can_be_narrowed_to_one_destination(superuser_client, hook, worker):
     deliver(hook, worker, 503, 1, retry=[3600])  # one retryable attempt to hook
     outbox.send_many([{"destination": "mem", "body": {"i": i}} for i in range(3)])
     worker()
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert element_text(html, "chart-total-succeeded") == "3"
     assert element_text(html, "chart-total-retryable") == "1"
-    html = text_of(admin_client.get(u("dashboard") + "?chart=hook"))
+    html = text_of(superuser_client.get(u("dashboard") + "?chart=hook"))
     assert element_text(html, "chart-total-succeeded") == "0"
     assert element_text(html, "chart-total-retryable") == "1"
     assert "Showing hook only" in html
-    html = text_of(admin_client.get(u("dashboard") + "?chart=mem"))
+    html = text_of(superuser_client.get(u("dashboard") + "?chart=mem"))
     assert element_text(html, "chart-total-succeeded") == "3"
     assert element_text(html, "chart-total-retryable") == "0"
-    html = text_of(admin_client.get(u("dashboard") + "?chart=nope"))  # unknown: all of them
+    html = text_of(superuser_client.get(u("dashboard") + "?chart=nope"))  # unknown: all of them
     assert element_text(html, "chart-total-succeeded") == "3"
 
 
 # -- the destination page ----------------------------------------------------------------
-def test_destination_page_shows_settings_state_and_error_groups(admin_client, hook, worker):
+def test_destination_page_shows_settings_state_and_error_groups(superuser_client, hook, worker):
     unavailable = deliver(hook, worker, 503, 2, max_retries=1)  # 4 attempts: 503 http
     bad_request = deliver(hook, worker, 400, 3)  # 3 attempts: 400 http, permanent
     host = hook.url.split("/")[2]
-    html = text_of(admin_client.get(u("destination", "hook")))
+    html = text_of(superuser_client.get(u("destination", "hook")))
     assert element_text(html, "destination-host") == host
     assert "webhook" in html.split('id="destination-transport"')[1].split("</td>")[0]
     assert 'data-state="failing"' in html  # 7 failures in a row
@@ -103,12 +99,12 @@ def test_destination_page_shows_settings_state_and_error_groups(admin_client, ho
     assert groups == [("503", "http", "4"), ("400", "http", "3")]
     assert f"(host {host})" in html  # the latest error names the host
     links = [unescape(h) for h in re.findall(r'class="error-group-link" href="([^"]+)"', html)]
-    assert set(listed_ids(text_of(admin_client.get(links[0])))) == ids(unavailable)
-    assert set(listed_ids(text_of(admin_client.get(links[1])))) == ids(bad_request)
+    assert set(listed_ids(text_of(superuser_client.get(links[0])))) == ids(unavailable)
+    assert set(listed_ids(text_of(superuser_client.get(links[1])))) == ids(bad_request)
 
 
-def test_unknown_destination_is_404(admin_client, repo):
-    assert admin_client.get(u("destination", "nope")).status_code == 404
+def test_unknown_destination_is_404(superuser_client, repo):
+    assert superuser_client.get(u("destination", "nope")).status_code == 404
 
 
 def test_read_only_users_see_no_buttons_and_cannot_pause(viewer_client, repo):
@@ -167,7 +163,7 @@ def test_bad_destination_action_and_get_refused(client, django_user_model):
 
 
 # -- recover since -------------------------------------------------------------------------
-def test_recover_since_requeues_only_the_dead_letters_failed_since(admin_client, repo, hook, worker):
+def test_recover_since_requeues_only_the_dead_letters_failed_since(superuser_client, repo, hook, worker):
     older = make(repo, 3, "failed", destination="hook")
     time.sleep(0.05)
     since = time.time()
@@ -175,37 +171,39 @@ def test_recover_since_requeues_only_the_dead_letters_failed_since(admin_client,
     newer = make(repo, 4, "failed", destination="hook")
     other = make(repo, 2, "failed", destination="mem")
     data = {"since": repr(since)}
-    html = text_of(admin_client.post(u("destination_recover", "hook"), data))
+    html = text_of(superuser_client.post(u("destination_recover", "hook"), data))
     assert element_text(html, "recover-count") == "4"
     as_of = html.split('name="as_of" value="')[1].split('"')[0]
-    response = admin_client.post(u("destination_recover", "hook"), {**data, "as_of": as_of, "post": "yes"})
+    response = superuser_client.post(
+        u("destination_recover", "hook"), {**data, "as_of": as_of, "post": "yes"}
+    )
     assert response.status_code == 302
     assert {outbox.get(m.id).status for m in newer} == {"pending"}
     assert {outbox.get(m.id).status for m in older + other} == {"failed"}
     (link,) = batch_links(response)
-    assert set(listed_ids(text_of(admin_client.get(link)))) == ids(newer)
+    assert set(listed_ids(text_of(superuser_client.get(link)))) == ids(newer)
     hook.respond(200)
     settle_due(worker, newer)
     assert {outbox.get(m.id).status for m in newer} == {"succeeded"}
 
 
-def test_recover_since_defaults_to_failing_since(admin_client, repo, hook, worker):
+def test_recover_since_defaults_to_failing_since(superuser_client, repo, hook, worker):
     older = make(repo, 2, "failed", destination="hook")  # dead letters from before the outage
     time.sleep(0.05)
     outage = deliver(hook, worker, 503, 2, max_retries=1)
     assert health.get_health("hook").failing_since is not None
-    html = text_of(admin_client.get(u("destination", "hook")))
+    html = text_of(superuser_client.get(u("destination", "hook")))
     assert 'id="recover-form"' in html and "when it started failing" in html
-    html = text_of(admin_client.post(u("destination_recover", "hook"), {}))
+    html = text_of(superuser_client.post(u("destination_recover", "hook"), {}))
     assert element_text(html, "recover-count") == "2"
-    response = admin_client.post(u("destination_recover", "hook"), {"post": "yes"})
+    response = superuser_client.post(u("destination_recover", "hook"), {"post": "yes"})
     assert {outbox.get(m.id).status for m in outage} == {"pending"}
     assert {outbox.get(m.id).status for m in older} == {"failed"}
     assert any("2 requeued" in m for m in messages_of(response))
 
 
 def test_recover_since_after_recovery_defaults_to_when_the_last_outage_started(
-    admin_client, repo, hook, worker
+    superuser_client, repo, hook, worker
 ):
     """Once the destination delivers again (failing since cleared), the default still
     reaches back to the start of the outage, not to its last failure (which would find
@@ -217,10 +215,10 @@ def test_recover_since_after_recovery_defaults_to_when_the_last_outage_started(
     deliver(hook, worker, 200, 1)
     h = health.get_health("hook")
     assert h.failing_since is None and h.last_failing_since is not None
-    assert "when its last outage started" in text_of(admin_client.get(u("destination", "hook")))
-    html = text_of(admin_client.post(u("destination_recover", "hook"), {}))
+    assert "when its last outage started" in text_of(superuser_client.get(u("destination", "hook")))
+    html = text_of(superuser_client.post(u("destination_recover", "hook"), {}))
     assert element_text(html, "recover-count") == "3"
-    admin_client.post(u("destination_recover", "hook"), {"post": "yes"})
+    superuser_client.post(u("destination_recover", "hook"), {"post": "yes"})
     assert {outbox.get(m.id).status for m in outage} == {"pending"}
     assert {outbox.get(m.id).status for m in older} == {"failed"}
 
@@ -233,17 +231,17 @@ def test_recover_needs_the_requeue_permission(client, django_user_model, repo):
     assert repo.count("failed") == 1
 
 
-def test_recover_since_a_bad_time_changes_nothing(admin_client, repo):
+def test_recover_since_a_bad_time_changes_nothing(superuser_client, repo):
     make(repo, 1, "failed", destination="hook")
-    response = admin_client.post(u("destination_recover", "hook"), {"since": "soonish", "post": "yes"})
+    response = superuser_client.post(u("destination_recover", "hook"), {"since": "soonish", "post": "yes"})
     assert response.status_code == 400
     assert repo.count("failed") == 1
 
 
-def test_a_destination_no_longer_configured_has_a_page_without_actions(admin_client, repo, settings):
+def test_a_destination_no_longer_configured_has_a_page_without_actions(superuser_client, repo, settings):
     make(repo, 2, "failed", destination="mem")
     settings.OUTBOX = {**settings.OUTBOX, "DESTINATIONS": {"hook": settings.OUTBOX["DESTINATIONS"]["hook"]}}
-    html = text_of(admin_client.get(u("destination", "mem")))
+    html = text_of(superuser_client.get(u("destination", "mem")))
     assert "any more: its messages cannot be delivered" in html
     assert 'id="state-actions"' not in html and 'id="recover-form"' not in html
     assert 'data-status="failed" data-count="2"' in html

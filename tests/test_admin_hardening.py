@@ -2,7 +2,6 @@
 message, never a 500 or a traceback (issue 6, items 5, 9, 10), including for
 arbitrary query parameters (hypothesis)."""
 
-# ruff: noqa: F811  (fixtures imported from test_admin_support are used as arguments)
 from __future__ import annotations
 
 import pytest
@@ -16,9 +15,8 @@ from hypothesis import strategies as st
 
 import outbox
 from outbox.admin_views.filters import FILTER_PARAMS, LIST_PARAMS, parse_as_of, parse_time
-from tests.conftest import redis_down
-
-from .test_admin_support import admin_client, make, superuser, u  # noqa: F401  (fixtures)
+from tests.support import redis_down
+from tests.support.console import make, u
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,15 +35,15 @@ def post_action(client, data: dict):
 
 
 @pytest.mark.parametrize("job_id", ["a.b", "a b", "a%2Fb", "ü", "x" * 200])
-def test_an_action_status_id_outside_the_job_id_alphabet_is_404(admin_client, repo, job_id):
-    response = admin_client.get(f"/admin/outbox/message/action/{job_id}/")
+def test_an_action_status_id_outside_the_job_id_alphabet_is_404(superuser_client, repo, job_id):
+    response = superuser_client.get(f"/admin/outbox/message/action/{job_id}/")
     assert response.status_code == 404
 
 
-def test_a_history_link_to_an_id_with_a_slash_is_404(admin_client, repo):
-    assert admin_client.get("/admin/outbox/message/messages/_2F/change/").status_code == 404
+def test_a_history_link_to_an_id_with_a_slash_is_404(superuser_client, repo):
+    assert superuser_client.get("/admin/outbox/message/messages/_2F/change/").status_code == 404
     (m,) = make(repo, 1)
-    assert admin_client.get(f"/admin/outbox/message/messages/{m.id}/change/").status_code == 302
+    assert superuser_client.get(f"/admin/outbox/message/messages/{m.id}/change/").status_code == 302
 
 
 @pytest.mark.parametrize(
@@ -58,23 +56,23 @@ def test_a_history_link_to_an_id_with_a_slash_is_404(admin_client, repo):
         "updated_to=1e400",
     ],
 )
-def test_non_finite_time_filters_are_400_with_a_message(admin_client, repo, query):
+def test_non_finite_time_filters_are_400_with_a_message(superuser_client, repo, query):
     make(repo, 2, "failed")
-    response = admin_client.get(u("message_list") + "?" + query)
+    response = superuser_client.get(u("message_list") + "?" + query)
     assert response.status_code == 400
     assert "not a time" in response.content.decode()
 
 
 @pytest.mark.parametrize("confirm", [False, True])
-def test_select_all_with_a_non_finite_filter_or_as_of_is_400(admin_client, repo, confirm):
+def test_select_all_with_a_non_finite_filter_or_as_of_is_400(superuser_client, repo, confirm):
     make(repo, 2, "failed")
     data = {"action": "delete", "select_across": "1", "status": "failed", "updated_from": "nan"}
     if confirm:
         data["post"] = "yes"
-    response = post_action(admin_client, data)
+    response = post_action(superuser_client, data)
     assert response.status_code == 400 and "nothing was changed" in response.content.decode()
     data = {"action": "delete", "select_across": "1", "status": "failed", "as_of": "nan", "post": "yes"}
-    response = post_action(admin_client, data)
+    response = post_action(superuser_client, data)
     assert response.status_code == 400 and "as_of" in response.content.decode()
     assert repo.count("failed") == 2
 
@@ -95,12 +93,12 @@ def test_parse_time_and_as_of_refuse_non_finite_values():
 # -- item 10: search keeps what was typed ----------------------------------------------------------
 
 
-def test_an_idempotency_key_with_surrounding_spaces_can_be_found(admin_client, repo):
+def test_an_idempotency_key_with_surrounding_spaces_can_be_found(superuser_client, repo):
     m = outbox.send("mem", {"a": 1}, idempotency_key="  spaced key ")
     other = outbox.send("mem", {"a": 2}, idempotency_key="spaced key")
-    html = admin_client.get(u("message_list"), {"q": "  spaced key "}).content.decode()
+    html = superuser_client.get(u("message_list"), {"q": "  spaced key "}).content.decode()
     assert m.id in html
-    html = admin_client.get(u("message_list"), {"q": "spaced key"}).content.decode()
+    html = superuser_client.get(u("message_list"), {"q": "spaced key"}).content.decode()
     assert other.id in html and m.id not in html
 
 
@@ -108,7 +106,7 @@ def test_an_idempotency_key_with_surrounding_spaces_can_be_found(admin_client, r
 
 
 @pytest.mark.parametrize("page", ["dashboard", "message_list", "detail", "body", "status"])
-def test_console_pages_answer_503_with_what_to_check_when_redis_is_down(admin_client, repo, page):
+def test_console_pages_answer_503_with_what_to_check_when_redis_is_down(superuser_client, repo, page):
     (m,) = make(repo, 1)
     paths = {
         "dashboard": u("dashboard"),
@@ -118,15 +116,17 @@ def test_console_pages_answer_503_with_what_to_check_when_redis_is_down(admin_cl
         "status": u("message_action_status", "abc"),
     }
     with redis_down():
-        response = admin_client.get(paths[page])
+        response = superuser_client.get(paths[page])
     assert response.status_code == 503
     html = response.content.decode()
     assert "Redis is unavailable" in html and "CACHES[&#x27;default&#x27;]" in html and "running" in html
 
 
-def test_a_bulk_action_answers_503_when_redis_is_down(admin_client, repo):
+def test_a_bulk_action_answers_503_when_redis_is_down(superuser_client, repo):
     with redis_down():
-        response = post_action(admin_client, {"action": "requeue", "select_across": "1", "status": "failed"})
+        response = post_action(
+            superuser_client, {"action": "requeue", "select_across": "1", "status": "failed"}
+        )
     assert response.status_code == 503
 
 
@@ -167,8 +167,8 @@ param_values = st.one_of(
 
 @PROPERTY
 @given(params=st.dictionaries(st.sampled_from(LIST_PARAMS), param_values, max_size=5))
-def test_the_message_list_never_answers_500(admin_client, repo, params):
-    response = admin_client.get(u("message_list"), params)
+def test_the_message_list_never_answers_500(superuser_client, repo, params):
+    response = superuser_client.get(u("message_list"), params)
     assert response.status_code in (200, 400)
 
 
@@ -178,7 +178,7 @@ def test_the_message_list_never_answers_500(admin_client, repo, params):
     action=st.sampled_from(["requeue", "cancel", "delete", "bogus"]),
     confirm=st.booleans(),
 )
-def test_bulk_actions_never_answer_500(admin_client, repo, params, action, confirm):
+def test_bulk_actions_never_answer_500(superuser_client, repo, params, action, confirm):
     data = {"action": action, "select_across": "1", **params, **({"post": "yes"} if confirm else {})}
-    response = post_action(admin_client, data)
+    response = post_action(superuser_client, data)
     assert response.status_code in (200, 302, 400)

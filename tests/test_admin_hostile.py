@@ -7,7 +7,6 @@ firing bad combinations at once, with messages in two destinations (so lists are
 in Redis, ``lua/lib/merge.lua``).
 """
 
-# ruff: noqa: F811  (fixtures imported from test_admin_support are used as arguments)
 from __future__ import annotations
 
 import itertools
@@ -21,8 +20,7 @@ from redis.exceptions import ResponseError
 
 from outbox.store import queries
 from outbox.store.connection import REDIS_UNAVAILABLE
-
-from .test_admin_support import admin_client, make, superuser, u  # noqa: F401  (fixtures)
+from tests.support.console import make, u
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,13 +41,13 @@ HOSTILE_LIST = [
 ]
 
 
-def test_a_page_past_the_end_of_a_merged_list_is_the_last_page(admin_client, repo):
+def test_a_page_past_the_end_of_a_merged_list_is_the_last_page(superuser_client, repo):
     """The issue's reproduction: messages in two destinations and ``p=10**19`` answered
     503 "Redis is unavailable: ResponseError: value is not an integer or out of range"."""
     make(repo, 60, "failed", "mem")
     make(repo, 3, "failed", "hook")
     for p in HUGE:
-        response = admin_client.get(u("message_list"), {"p": p})
+        response = superuser_client.get(u("message_list"), {"p": p})
         assert response.status_code == 200, (p, response.status_code)
         html = response.content.decode()
         assert "There is no such page; this is the last page, 2." in html
@@ -58,8 +56,8 @@ def test_a_page_past_the_end_of_a_merged_list_is_the_last_page(admin_client, rep
         assert "Redis is unavailable" not in html
 
 
-def test_a_page_past_the_end_of_an_empty_list_is_page_one(admin_client, repo):
-    response = admin_client.get(u("message_list"), {"status": "cancelled", "p": HUGE[1]})
+def test_a_page_past_the_end_of_an_empty_list_is_page_one(superuser_client, repo):
+    response = superuser_client.get(u("message_list"), {"status": "cancelled", "p": HUGE[1]})
     assert response.status_code == 200
     assert response.context["page_number"] == 1 and response.context["rows"] == []
 
@@ -71,27 +69,27 @@ def test_a_query_past_the_end_never_asks_redis_for_that_rank(repo):
     assert (found.ids, found.total) == ([], 4)
 
 
-def test_recover_since_before_1970_and_a_non_finite_as_of_are_not_5xx(admin_client, repo):
+def test_recover_since_before_1970_and_a_non_finite_as_of_are_not_5xx(superuser_client, repo):
     make(repo, 2, "failed", "mem")
     path = u("destination_recover", "mem")
     # Before 1970 is "since the beginning": the confirmation counts both.
-    response = admin_client.post(path, {"since": "-1e11"})
+    response = superuser_client.post(path, {"since": "-1e11"})
     assert response.status_code == 200 and response.context["count"] == 2
     for as_of in ("nan", "inf", "-inf", "1e400", "abc"):
-        response = admin_client.post(path, {"since": "-1e11", "as_of": as_of, "post": "yes"})
+        response = superuser_client.post(path, {"since": "-1e11", "as_of": as_of, "post": "yes"})
         assert response.status_code == 400, as_of
         assert "nothing was changed" in response.content.decode()
     assert repo.count("failed", "mem") == 2
 
 
-def test_only_an_outage_is_reported_as_redis_unavailable(admin_client, repo):
+def test_only_an_outage_is_reported_as_redis_unavailable(superuser_client, repo):
     """A Redis error that is not an outage (here WRONGTYPE: a key holding what the console
     does not expect) is a bug: Django's 500, logged, not a 503 blaming Redis's reachability."""
     make(repo, 1, "failed", "mem")
     repo.connection.set(repo.keys.status("failed", "mem"), "not a sorted set")
     assert not issubclass(ResponseError, REDIS_UNAVAILABLE)
-    admin_client.raise_request_exception = False
-    response = admin_client.get(u("message_list"), {"status": "failed", "destination": "mem"})
+    superuser_client.raise_request_exception = False
+    response = superuser_client.get(u("message_list"), {"status": "failed", "destination": "mem"})
     assert response.status_code == 500
     assert b"Redis is unavailable" not in response.content
 
@@ -139,7 +137,7 @@ def hostile_requests(live_url: str) -> list[tuple[str, str, dict[str, str] | Non
     return requests
 
 
-def test_concurrent_hostile_requests_never_answer_5xx(admin_client, superuser, repo):
+def test_concurrent_hostile_requests_never_answer_5xx(superuser_client, superuser, repo):
     """Eight threads fire every bad combination (three rounds) at the admin at once, each
     with its own signed-in test client (and database connection)."""
     make(repo, 60, "failed", "mem")

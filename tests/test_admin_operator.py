@@ -2,7 +2,6 @@
 console's parts): searching by the id as the list shows it, attempt times precise enough
 to see a 0.5 s backoff, and a destination without a circuit breaker not claiming one."""
 
-# ruff: noqa: F811  (fixtures imported from test_admin_support are used as arguments)
 from __future__ import annotations
 
 import os
@@ -13,9 +12,8 @@ import pytest
 import outbox
 from outbox.store import queries
 from outbox.templatetags.outbox_admin import id_parts
-from tests.conftest import settle, with_destinations
-
-from .test_admin_support import admin_client, make, superuser, text_of, u  # noqa: F401  (fixtures)
+from tests.support import settle, with_destinations
+from tests.support.console import make, text_of, u
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,34 +24,34 @@ def listed(html: str) -> list[str]:
     return ROW_ID.findall(html)
 
 
-def test_the_list_finds_a_message_by_the_id_it_displays(admin_client, repo):
+def test_the_list_finds_a_message_by_the_id_it_displays(superuser_client, repo):
     """The list shows ``msg_…6024cb0c`` (the prefix and the end); typed back into the
     search, with or without the prefix and the ellipsis, it finds that message."""
     messages = make(repo, 30, "failed", "mem") + make(repo, 5, "pending", "hook")
     for target in (messages[7], messages[-1]):
         prefix, _, end = id_parts(target.id)
-        html = text_of(admin_client.get(u("message_list")))
+        html = text_of(superuser_client.get(u("message_list")))
         for typed in (f"{prefix}…{end}", end, f"{prefix}...{end}", f" {end} ", end.upper()):
-            response = admin_client.get(u("message_list"), {"q": typed})
+            response = superuser_client.get(u("message_list"), {"q": typed})
             assert response.status_code == 200, typed
             assert listed(text_of(response)) == [target.id], typed
     assert listed(html)  # the list shows rows (the regex reads it)
 
 
-def test_a_displayed_id_that_matches_nothing_finds_nothing(admin_client, repo):
+def test_a_displayed_id_that_matches_nothing_finds_nothing(superuser_client, repo):
     make(repo, 3, "failed", "mem")
-    response = admin_client.get(u("message_list"), {"q": "msg_…00000000"})
+    response = superuser_client.get(u("message_list"), {"q": "msg_…00000000"})
     assert response.status_code == 200 and listed(text_of(response)) == []
 
 
-def test_attempt_times_on_the_detail_page_show_milliseconds(admin_client, repo, worker):
+def test_attempt_times_on_the_detail_page_show_milliseconds(superuser_client, repo, worker):
     """Two attempts 0.5 s apart (the retry policy's backoff) differ in what the page shows."""
     with with_destinations(
         flaky={"TRANSPORT": "locmem", "MAX_RETRIES": 1, "RETRY": [0.5], "OPTIONS": {"fail_with": "boom"}}
     ):
         message = outbox.send("flaky", {"n": 1})
         settle(worker, [message.id])
-        html = text_of(admin_client.get(u("message_detail", message.id)))
+        html = text_of(superuser_client.get(u("message_detail", message.id)))
     shown = re.findall(r'<td class="attempt-time"><time datetime="[^"]+">([^<]+)</time>', html)
     assert len(shown) == 2, html
     assert all(re.search(r"\d\d:\d\d:\d\d\.\d{3} ", s) for s in shown), shown
@@ -63,42 +61,42 @@ def test_attempt_times_on_the_detail_page_show_milliseconds(admin_client, repo, 
         assert cell and (cell.group(1) == "–" or re.search(r"\d\d:\d\d:\d\d\.\d{3} ", cell.group(1))), label
 
 
-def test_a_destination_without_a_breaker_says_the_breaker_is_off(admin_client, repo):
+def test_a_destination_without_a_breaker_says_the_breaker_is_off(superuser_client, repo):
     """With ``BREAKER: False``, the state does not say "closed" beside "Settings: none"."""
     with with_destinations(
         nobreaker={"TRANSPORT": "locmem", "BREAKER": False},
         breaker={"TRANSPORT": "locmem", "BREAKER": {"FAILURES": 5}},
     ):
         outbox.send("nobreaker", {"n": 1})
-        html = text_of(admin_client.get(u("destination", "nobreaker")))
+        html = text_of(superuser_client.get(u("destination", "nobreaker")))
         cell = re.search(r'<td id="destination-breaker" data-breaker="([^"]*)">(.*?)</td>', html)
         assert cell is not None, html
         assert cell.group(1) == "off" and "off" in cell.group(2) and "closed" not in cell.group(2), (
             cell.group(0)
         )
         outbox.send("breaker", {"n": 1})
-        html = text_of(admin_client.get(u("destination", "breaker")))
+        html = text_of(superuser_client.get(u("destination", "breaker")))
         cell = re.search(r'<td id="destination-breaker" data-breaker="([^"]*)">', html)
         assert cell is not None and cell.group(1) == "closed", html
 
 
-def test_the_list_finds_messages_by_the_start_of_their_id(admin_client, repo):
+def test_the_list_finds_messages_by_the_start_of_their_id(superuser_client, repo):
     """A start (``msg_`` and the first hex digits: the creation time) is a time range."""
     messages = make(repo, 5, "failed", "mem")
     target = messages[2]
-    response = admin_client.get(u("message_list"), {"q": target.id[:-3]})
+    response = superuser_client.get(u("message_list"), {"q": target.id[:-3]})
     assert listed(text_of(response)) == [target.id]
     common = os.path.commonprefix([m.id for m in messages])
     assert len(common) > len("msg_")
-    response = admin_client.get(u("message_list"), {"q": common})
+    response = superuser_client.get(u("message_list"), {"q": common})
     assert sorted(listed(text_of(response))) == sorted(m.id for m in messages)
 
 
-def test_a_search_by_part_of_an_id_that_stops_early_says_so(admin_client, repo, monkeypatch):
+def test_a_search_by_part_of_an_id_that_stops_early_says_so(superuser_client, repo, monkeypatch):
     messages = make(repo, 5, "failed", "mem")
     monkeypatch.setattr(queries, "ID_MATCHES", 2)
     common = os.path.commonprefix([m.id for m in messages])
-    response = admin_client.get(u("message_list"), {"q": common})
+    response = superuser_client.get(u("message_list"), {"q": common})
     html = text_of(response)
     assert len(listed(html)) == 2
     assert "The search by part of an id stopped after 2 matches" in html

@@ -1,5 +1,4 @@
 """The console's pages through the Django test client, against the real test Redis."""
-# ruff: noqa: F811  (fixtures imported from test_admin_support are used as arguments)
 
 from __future__ import annotations
 
@@ -11,25 +10,14 @@ import pytest
 import outbox
 from outbox.admin_views.formatting import BODY_PREVIEW_BYTES
 from outbox.records import STATUSES
-
-from .test_admin_support import (  # noqa: F401  (fixtures)
-    admin_client,
-    element_text,
-    listed_ids,
-    make,
-    staff,
-    superuser,
-    text_of,
-    u,
-    viewer_client,
-)
+from tests.support.console import element_text, listed_ids, make, staff, text_of, u
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
 
 # -- admin index and access ---------------------------------------------------------
-def test_admin_index_links_the_dashboard(admin_client):
-    html = text_of(admin_client.get("/admin/"))
+def test_admin_index_links_the_dashboard(superuser_client):
+    html = text_of(superuser_client.get("/admin/"))
     assert "Outbox" in html
     assert f'href="{u("message_changelist")}"' in html
     assert u("message_changelist") == u("dashboard")
@@ -61,12 +49,12 @@ def test_viewer_sees_pages_but_no_actions(viewer_client, repo):
 
 
 # -- dashboard -----------------------------------------------------------------------
-def test_dashboard_counts_per_status_and_destination(admin_client, repo):
+def test_dashboard_counts_per_status_and_destination(superuser_client, repo):
     make(repo, 4, "failed", destination="hook")
     make(repo, 1, "succeeded", destination="hook")
     make(repo, 3, "pending", destination="mem")
     make(repo, 2, "cancelled", destination="mem")
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     expected = {"pending": 3, "sending": 0, "retrying": 0, "succeeded": 1, "failed": 4, "cancelled": 2}
     for status in STATUSES:
         assert element_text(html, f"count-{status}") == str(expected[status])
@@ -79,10 +67,10 @@ def test_dashboard_counts_per_status_and_destination(admin_client, repo):
     assert f'href="{u("message_list")}?status=failed&amp;destination=hook"' in html
 
 
-def test_dashboard_queues_workers_and_oldest(admin_client, repo):
+def test_dashboard_queues_workers_and_oldest(superuser_client, repo):
     make(repo, 3)  # three pending messages, one wake-up job queued
     outbox.send("mem", "later", delay=3600)  # due later: no job
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert '<tr data-queue="outbox">' in html
     row = html.split('<tr data-queue="outbox">')[1].split("</tr>")[0]
     assert '<td class="due">3</td>' in row and '<td class="later">1</td>' in row
@@ -94,23 +82,23 @@ def test_dashboard_queues_workers_and_oldest(admin_client, repo):
     assert element_text(html, "purge-backlog") == "0"
 
 
-def test_dashboard_shows_the_purge_backlog(admin_client, repo, settings):
+def test_dashboard_shows_the_purge_backlog(superuser_client, repo, settings):
     settings.OUTBOX = {**settings.OUTBOX, "RETENTION": {"succeeded": 60, "cancelled": 0, "failed": None}}
     sent = make(repo, 3)
     outbox.cancel([m.id for m in sent])
     time.sleep(0.01)
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert element_text(html, "purge-backlog") == "3"
 
 
-def test_dashboard_chart_counts_outcomes_of_real_deliveries(admin_client, repo, hook, worker):
+def test_dashboard_chart_counts_outcomes_of_real_deliveries(superuser_client, repo, hook, worker):
     hook.respond(200)
     outbox.send_many([{"destination": "hook", "body": {"i": i}} for i in range(3)])
     worker()
     outbox.send("hook", {"fails": True}, max_retries=0)
     hook.respond(400)
     worker()
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert '<svg id="outcome-chart"' in html
     assert element_text(html, "chart-total-succeeded") == "3"
     assert element_text(html, "chart-total-permanent") == "1"
@@ -122,15 +110,15 @@ def test_dashboard_chart_counts_outcomes_of_real_deliveries(admin_client, repo, 
     hook.respond(503)
     outbox.send("hook", {"outage": True}, retry=[3600])
     worker()
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert element_text(html, "chart-total-retryable") == "1"
     assert element_text(html, "count-retrying") == "1"
 
 
 # -- message list --------------------------------------------------------------------
-def test_list_shows_columns_and_true_count(admin_client, repo):
+def test_list_shows_columns_and_true_count(superuser_client, repo):
     make(repo, 3, "failed", destination="hook")
-    html = text_of(admin_client.get(u("message_list")))
+    html = text_of(superuser_client.get(u("message_list")))
     assert len(listed_ids(html)) == 3
     assert 'data-total="3"' in html
     for label in ("Destination", "Status", "Retries", "Next attempt", "Last error", "Created", "Updated"):
@@ -139,130 +127,132 @@ def test_list_shows_columns_and_true_count(admin_client, repo):
     assert "HTTP 500 from receiver" in html
 
 
-def test_list_filters_by_status_and_destination(admin_client, repo):
+def test_list_filters_by_status_and_destination(superuser_client, repo):
     failed_hook = make(repo, 3, "failed", destination="hook")
     make(repo, 2, "failed", destination="mem")
     make(repo, 4, "pending", destination="hook")
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&destination=hook"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&destination=hook"))
     assert set(listed_ids(html)) == {m.id for m in failed_hook}
     assert 'data-total="3"' in html
     # Sidebar: status links with counts for the destination; the filter links keep each other.
     assert 'id="status-filter-failed"' in html
     assert "Failed (3)" in html and "Pending (4)" in html
     assert 'data-destination="hook"' in html and 'data-destination="mem"' in html
-    html = text_of(admin_client.get(u("message_list") + "?destination=hook"))
+    html = text_of(superuser_client.get(u("message_list") + "?destination=hook"))
     assert 'data-total="7"' in html
 
 
-def test_list_filters_by_queue(admin_client, repo):
+def test_list_filters_by_queue(superuser_client, repo):
     high = make(repo, 2, "failed", priority="high")
     make(repo, 3, "failed")
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&queue=outbox_high"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&queue=outbox_high"))
     assert set(listed_ids(html)) == {m.id for m in high}
     assert 'data-exact="true"' in html  # the scan covered the whole (small) index
 
 
-def test_list_bounded_scan_says_so(admin_client, repo, monkeypatch):
+def test_list_bounded_scan_says_so(superuser_client, repo, monkeypatch):
     from outbox.store import queries
 
     monkeypatch.setattr(queries, "SCAN_LIMIT", 5)
     make(repo, 12, "failed")
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&queue=outbox"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&queue=outbox"))
     assert 'data-exact="false"' in html
     assert "only the first 5 of 12 messages were checked" in html
     assert len(listed_ids(html)) == 5
 
 
-def test_list_created_range(admin_client, repo):
+def test_list_created_range(superuser_client, repo):
     old = make(repo, 2, "failed")
     time.sleep(0.05)
     cut = time.time()
     time.sleep(0.05)
     new = make(repo, 3, "failed")
-    html = text_of(admin_client.get(u("message_list") + f"?created_from={cut}"))
+    html = text_of(superuser_client.get(u("message_list") + f"?created_from={cut}"))
     assert set(listed_ids(html)) == {m.id for m in new}
     # With a status the created range is checked id by id (from the id itself).
-    html = text_of(admin_client.get(u("message_list") + f"?status=failed&created_to={cut}"))
+    html = text_of(superuser_client.get(u("message_list") + f"?status=failed&created_to={cut}"))
     assert set(listed_ids(html)) == {m.id for m in old}
 
 
-def test_list_updated_range_on_a_finished_status(admin_client, repo):
+def test_list_updated_range_on_a_finished_status(superuser_client, repo):
     first = make(repo, 2, "failed")
     time.sleep(0.05)
     cut = time.time()
     make(repo, 3, "failed")
-    html = text_of(admin_client.get(u("message_list") + f"?status=failed&updated_to={cut}"))
+    html = text_of(superuser_client.get(u("message_list") + f"?status=failed&updated_to={cut}"))
     assert set(listed_ids(html)) == {m.id for m in first}
     assert 'data-exact="true"' in html
 
 
-def test_list_iso_time_filter_and_bad_values(admin_client, repo):
+def test_list_iso_time_filter_and_bad_values(superuser_client, repo):
     make(repo, 2)
-    html = text_of(admin_client.get(u("message_list") + "?created_from=2000-01-01T00:00&status=nope"))
+    html = text_of(superuser_client.get(u("message_list") + "?created_from=2000-01-01T00:00&status=nope"))
     assert len(listed_ids(html)) == 2
     assert "Unknown status" in html
-    html = text_of(admin_client.get(u("message_list") + "?created_from=yesterday-ish"))
+    html = text_of(superuser_client.get(u("message_list") + "?created_from=yesterday-ish"))
     assert "not a time" in html
 
 
-def test_list_search_by_id_and_idempotency_key(admin_client, repo):
+def test_list_search_by_id_and_idempotency_key(superuser_client, repo):
     make(repo, 3)
     keyed = outbox.send("mem", {"order": 7}, idempotency_key="order-7")
-    html = text_of(admin_client.get(u("message_list") + f"?q={keyed.id}"))
+    html = text_of(superuser_client.get(u("message_list") + f"?q={keyed.id}"))
     assert listed_ids(html) == [keyed.id]
-    html = text_of(admin_client.get(u("message_list") + "?q=order-7"))
+    html = text_of(superuser_client.get(u("message_list") + "?q=order-7"))
     assert listed_ids(html) == [keyed.id]
-    html = text_of(admin_client.get(u("message_list") + "?q=no-such-thing"))
+    html = text_of(superuser_client.get(u("message_list") + "?q=no-such-thing"))
     assert listed_ids(html) == []
     assert "0 results" in html
 
 
-def test_list_sorts_by_the_serving_index(admin_client, repo):
+def test_list_sorts_by_the_serving_index(superuser_client, repo):
     messages = []
     for _ in range(3):  # one at a time: messages of one send_many share their created_at
         messages += make(repo, 1, "failed")
         time.sleep(0.002)
     ids = [m.id for m in messages]  # created (and failed) in this order
-    html = text_of(admin_client.get(u("message_list") + "?o=created"))
+    html = text_of(superuser_client.get(u("message_list") + "?o=created"))
     assert listed_ids(html) == ids
-    html = text_of(admin_client.get(u("message_list") + "?o=-created"))
+    html = text_of(superuser_client.get(u("message_list") + "?o=-created"))
     assert listed_ids(html) == ids[::-1]
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&o=updated"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&o=updated"))
     assert listed_ids(html) == ids
     assert 'id="sort-updated"' in html and 'aria-sort="ascending"' in html
     assert 'id="sort-created"' not in html  # not served with a status
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&o=created"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&o=created"))
     assert "Sorting by created is not available for failed messages" in html
     assert listed_ids(html) == ids[::-1]  # the default: latest failed first
 
 
-def test_list_pending_sorted_by_next_attempt(admin_client, repo):
+def test_list_pending_sorted_by_next_attempt(superuser_client, repo):
     later = outbox.send("mem", "later", delay=600)
     sooner = outbox.send("mem", "sooner", delay=60)
     now = outbox.send("mem", "now")
-    html = text_of(admin_client.get(u("message_list") + "?status=pending"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=pending"))
     assert listed_ids(html) == [now.id, sooner.id, later.id]  # soonest due first by default
-    html = text_of(admin_client.get(u("message_list") + "?status=pending&o=-next_attempt"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=pending&o=-next_attempt"))
     assert listed_ids(html) == [later.id, sooner.id, now.id]
 
 
-def test_list_pagination(admin_client, repo):
+def test_list_pagination(superuser_client, repo):
     messages = make(repo, 120, "failed")
     newest_first = [m.id for m in messages][::-1]
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&p=2"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&p=2"))
     assert listed_ids(html) == newest_first[50:100]
     assert 'data-total="120"' in html
     assert '<span class="this-page" aria-current="page">2</span>' in html
     assert "?status=failed&amp;p=3" in html
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&p=3"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&p=3"))
     assert listed_ids(html) == newest_first[100:]
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&p=9"))  # past the end: the last page
+    html = text_of(
+        superuser_client.get(u("message_list") + "?status=failed&p=9")
+    )  # past the end: the last page
     assert listed_ids(html) == newest_first[100:] and "this is the last page, 3." in html
 
 
-def test_list_select_across_control_and_action_menu(admin_client, repo):
+def test_list_select_across_control_and_action_menu(superuser_client, repo):
     make(repo, 60, "failed", destination="hook")
-    html = text_of(admin_client.get(u("message_list") + "?status=failed&destination=hook"))
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed&destination=hook"))
     for element in (
         "action-select",
         "action-go",
@@ -280,7 +270,7 @@ def test_list_select_across_control_and_action_menu(admin_client, repo):
 
 
 # -- detail and body -----------------------------------------------------------------
-def test_detail_shows_records_masked_headers_and_escaped_body(admin_client, repo):
+def test_detail_shows_records_masked_headers_and_escaped_body(superuser_client, repo):
     m = outbox.send(
         "hook",
         "<script>alert(1)</script>",
@@ -293,7 +283,7 @@ def test_detail_shows_records_masked_headers_and_escaped_body(admin_client, repo
         },
         idempotency_key="key-1",
     )
-    html = text_of(admin_client.get(u("message_detail", m.id)))
+    html = text_of(superuser_client.get(u("message_detail", m.id)))
     assert "<script>alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "sekrit" not in html and "k123" not in html and "s=1" not in html
@@ -305,7 +295,7 @@ def test_detail_shows_records_masked_headers_and_escaped_body(admin_client, repo
     assert 'id="detail-requeue"' not in html  # pending cannot be requeued
 
 
-def test_xss_in_every_field_is_escaped(admin_client, repo):
+def test_xss_in_every_field_is_escaped(superuser_client, repo):
     evil = "<img src=x onerror=alert(1)>"
     m = outbox.send("mem", {"x": evil}, headers={"X-Evil": evil}, idempotency_key="k<b>")
     make(repo, 0)
@@ -315,26 +305,26 @@ def test_xss_in_every_field_is_escaped(admin_client, repo):
         u("message_list") + "?q=" + evil,
         u("dashboard"),
     ):
-        html = text_of(admin_client.get(path))
+        html = text_of(superuser_client.get(path))
         assert evil not in html, path
         assert "<b>" not in html
 
 
-def test_detail_pretty_prints_json(admin_client, repo):
+def test_detail_pretty_prints_json(superuser_client, repo):
     m = outbox.send("mem", {"b": [1, 2], "a": "é"})
-    html = text_of(admin_client.get(u("message_detail", m.id)))
+    html = text_of(superuser_client.get(u("message_detail", m.id)))
     pretty = json.dumps({"b": [1, 2], "a": "é"}, indent=2, ensure_ascii=False).replace('"', "&quot;")
     assert pretty in html
     assert "JSON, pretty-printed" in html
 
 
-def test_detail_truncates_large_bodies_and_download_serves_all(admin_client, repo):
+def test_detail_truncates_large_bodies_and_download_serves_all(superuser_client, repo):
     body = "x" * (BODY_PREVIEW_BYTES + 1000)
     m = outbox.send("mem", body, content_type="text/plain")
-    html = text_of(admin_client.get(u("message_detail", m.id)))
+    html = text_of(superuser_client.get(u("message_detail", m.id)))
     assert "only its first part is shown" in html
     assert "x" * (BODY_PREVIEW_BYTES + 1) not in html
-    response = admin_client.get(u("message_body", m.id))
+    response = superuser_client.get(u("message_body", m.id))
     assert response.status_code == 200
     assert response.content == body.encode()
     assert response["Content-Type"] == "text/plain"
@@ -342,12 +332,12 @@ def test_detail_truncates_large_bodies_and_download_serves_all(admin_client, rep
     assert response["X-Content-Type-Options"] == "nosniff"
 
 
-def test_detail_attempt_history_from_real_deliveries(admin_client, repo, hook, worker):
+def test_detail_attempt_history_from_real_deliveries(superuser_client, repo, hook, worker):
     hook.respond(500, 500, 500, 500)
     m = outbox.send("hook", {"order": 1})
     worker()
     assert outbox.get(m.id).status == "failed"
-    html = text_of(admin_client.get(u("message_detail", m.id)))
+    html = text_of(superuser_client.get(u("message_detail", m.id)))
     assert 'id="attempts"' in html
     assert html.count('<tr class="attempt outcome-') == 4  # 1 attempt + 3 retries
     assert "outcome-retrying" in html and "outcome-failed" in html
@@ -358,9 +348,9 @@ def test_detail_attempt_history_from_real_deliveries(admin_client, repo, hook, w
     assert 'id="detail-requeue"' in html and 'id="detail-delete"' in html
 
 
-def test_detail_404_for_unknown_message(admin_client, repo):
-    assert admin_client.get(u("message_detail", "msg_nope")).status_code == 404
-    assert admin_client.get(u("message_body", "msg_nope")).status_code == 404
+def test_detail_404_for_unknown_message(superuser_client, repo):
+    assert superuser_client.get(u("message_detail", "msg_nope")).status_code == 404
+    assert superuser_client.get(u("message_body", "msg_nope")).status_code == 404
 
 
 # -- GET never changes state ---------------------------------------------------------
@@ -368,7 +358,7 @@ def _snapshot(conn) -> dict:
     return {key: conn.dump(key) for key in sorted(conn.keys("*"))}
 
 
-def test_get_pages_change_nothing(admin_client, repo, redis):
+def test_get_pages_change_nothing(superuser_client, repo, redis):
     failed = make(repo, 3, "failed", destination="hook")
     make(repo, 2, "retrying")
     make(repo, 2, "sending")
@@ -383,7 +373,7 @@ def test_get_pages_change_nothing(admin_client, repo, redis):
         u("message_body", failed[0].id),
     ]
     for path in paths:
-        assert admin_client.get(path).status_code == 200, path
+        assert superuser_client.get(path).status_code == 200, path
     # The action URL refuses GET outright.
-    assert admin_client.get(u("message_action") + "?action=delete&select_across=1").status_code == 405
+    assert superuser_client.get(u("message_action") + "?action=delete&select_across=1").status_code == 405
     assert _snapshot(redis) == before

@@ -16,8 +16,7 @@ from outbox.operations.operation import REQUEUE, Selection
 from outbox.store import queries
 from outbox.store.queries import MessageFilter, TimeRange
 from outbox.store.repository import Index
-
-from .test_admin_support import make
+from tests.support.console import make
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import django
 import pytest
 
-from tests.test_admin_support import make
-from tests.test_browser import TIMEOUT_MS, logged_in_page, prepare, shot
+from tests.support.browser import TIMEOUT_MS, logged_in_page, prepare, shot
+from tests.support.console import make
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -10,8 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 import outbox
-
-from .test_admin_support import make, statuses
+from tests.support.console import make, statuses
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 

@@ -12,7 +12,7 @@ import outbox
 from outbox.conf import outbox_settings
 from outbox.delivery import loop as delivery
 from outbox.destinations.config import get_destination
-from tests.conftest import assert_index_invariant, hook_settings, with_destinations
+from tests.support import assert_index_invariant, hook_settings, with_destinations
 
 N = 300
 
@@ -51,9 +51,7 @@ def test_a_destination_at_its_cap_is_not_read_again_while_other_destinations_hav
     take one: 43 HGETALLs per delivered message. A claim now asks only for the slots the
     capped destination freed until IDLE_POLL has passed (one read per claimed message,
     plus one full look per IDLE_POLL)."""
-    with with_destinations(
-        "callable", single={"OPTIONS": {"path": "tests.test_claim_loop.noop"}, "MAX_IN_FLIGHT": 1}
-    ):
+    with with_destinations("callable", single={"OPTIONS": {"path": f"{__name__}.noop"}, "MAX_IN_FLIGHT": 1}):
         assert get_destination("single").max_in_flight == 1
         used = drain(repo, "single")
     assert used["hgetall"] <= 3 * N, used.most_common(8)
@@ -65,7 +63,7 @@ def test_out_of_the_box_a_callable_destination_costs_at_most_ten_commands_per_me
     delivered message (the benchmark's target; ~6 measured), where one attempt at a time
     (the callable's old default cap of 1) cost about 30 even without rereading the
     queue: one round trip of three scripts per message."""
-    with with_destinations("callable", plain={"OPTIONS": {"path": "tests.test_claim_loop.noop"}}):
+    with with_destinations("callable", plain={"OPTIONS": {"path": f"{__name__}.noop"}}):
         used = drain(repo, "plain")
         assert sum(used.values()) <= 10 * N, used.most_common(8)
         assert get_destination("plain").max_in_flight == outbox_settings.CONCURRENCY

@@ -19,7 +19,7 @@ from outbox.transports.callable import DEFAULT_DEADLINE, CallableTransport
 from outbox.transports.email import DEFAULT_TIMEOUT, EmailTransport
 from outbox.transports.locmem import LocmemTransport
 from outbox.transports.webhook import WebhookTransport
-from tests.conftest import serving, with_destinations
+from tests.support import serving, with_destinations
 
 release = threading.Event()
 

@@ -8,7 +8,7 @@ import pytest
 import outbox
 from outbox import events
 from outbox.testing import free_port
-from tests.conftest import assert_index_invariant, hook_settings
+from tests.support import assert_index_invariant, hook_settings
 
 
 def test_delivered_on_first_try(hook, worker, repo):
@@ -50,7 +50,7 @@ def returns_a_long_detail(message):
 
 
 def test_a_success_whose_fields_would_not_stay_compact_goes_on_the_attempts_list(worker, repo):
-    from tests.conftest import with_destinations
+    from tests.support import with_destinations
 
     fn = {"OPTIONS": {"path": f"{__name__}.returns_a_long_detail"}}
     with with_destinations("callable", fn=fn):

@@ -14,7 +14,7 @@ import outbox
 from outbox import events
 from outbox.destinations import health
 from outbox.exceptions import UnknownDestination
-from tests.conftest import assert_index_invariant, hook_settings
+from tests.support import assert_index_invariant, hook_settings
 
 BREAKER = {"FAILURES": 3, "COOLDOWN": 60, "MAX_COOLDOWN": 600}
 

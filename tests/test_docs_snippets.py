@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import outbox
-from tests.conftest import hook_settings, serving
+from tests.support import hook_settings, serving
 
 SNIPPETS = Path(__file__).resolve().parent.parent / "docs" / "snippets"
 SECRET = "whsec_" + base64.b64encode(b"docs-snippet-secret-key-32-bytes").decode()

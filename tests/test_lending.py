@@ -18,7 +18,7 @@ import outbox
 from outbox.conf import outbox_settings
 from outbox.delivery import loop as delivery
 from outbox.destinations.config import get_destination
-from tests.conftest import assert_index_invariant, hook_settings, receiving, with_destinations
+from tests.support import assert_index_invariant, hook_settings, receiving, with_destinations
 
 SLOW = 0.2  # seconds each receiver takes to answer: attempts overlap, rounds are visible
 

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
@@ -17,8 +16,7 @@ from django.test import override_settings
 
 import outbox
 from outbox.testing import RedisServer, free_port
-from tests.conftest import assert_index_invariant, wait_for
-from tests.test_recovery import start_worker
+from tests.support import ROOT, assert_index_invariant, wait_for
 
 DEAD_REDIS = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
 
@@ -141,14 +139,18 @@ def test_same_key_from_eight_concurrent_transactions_returns_the_id_that_exists(
 
 
 # -- 2. a poison message in a batch --------------------------------------------------------
-def test_a_poison_message_in_a_batch_dead_letters_without_repeating_its_batch_mates(repo, tmp_path):
+def test_a_poison_message_in_a_batch_dead_letters_without_repeating_its_batch_mates(
+    repo, tmp_path, processes
+):
     log = tmp_path / "delivered.txt"
     bodies = [{"n": i, "poison": i == 10} for i in range(20)]
     sent = outbox.send_many([{"destination": "poison", "body": b} for b in bodies])
     poison = sent[10]
     env = {"OUTBOX_TEST_DELIVERY_LOG": str(log)}
     for _ in range(8):  # each worker run dies on the poison until it is a dead letter
-        worker = start_worker("http://127.0.0.1:9/hook", 2, env=env)
+        worker = processes.worker(
+            "--burst", hook_url="http://127.0.0.1:9/hook", visibility_timeout=2, env=env
+        )
         worker.communicate(timeout=60)
         if outbox.get(poison.id).status == "failed" and all(
             outbox.get(m.id).status == "succeeded" for m in sent if m is not poison
@@ -172,11 +174,11 @@ def test_a_poison_message_in_a_batch_dead_letters_without_repeating_its_batch_ma
 
 
 # -- 8. workers ride out a Redis restart ---------------------------------------------------
-def test_a_worker_rides_out_a_redis_restart(receiver, tmp_path):
+def test_a_worker_rides_out_a_redis_restart(receiver, tmp_path, processes):
     port = free_port()
     server = RedisServer(port=port).start()
     url = server.url
-    worker = start_worker(receiver.url, 30, "--no-burst", env={"OUTBOX_TEST_REDIS_URL": url})
+    worker = processes.worker(hook_url=receiver.url, visibility_timeout=30, redis_url=url)
     try:
         with redis_at(url), override_settings(OUTBOX={**django_settings.OUTBOX}):
             first = outbox.send("hook", {"n": 1})
@@ -209,5 +211,4 @@ def worker_output(process) -> str:
     return out.decode(errors="replace")[-3000:]
 
 
-ROOT = Path(__file__).resolve().parent.parent
 assert os.path.isdir(ROOT / "outbox")

@@ -18,7 +18,7 @@ from outbox.destinations import health
 from outbox.metrics import METRICS, OutboxCollector, register, unregister
 from outbox.metrics.collector import DESTINATION_STATES
 from outbox.sending import intake
-from tests.conftest import redis_down, settle, with_destinations
+from tests.support import redis_down, settle, with_destinations
 
 pytestmark = pytest.mark.urls("tests.metrics_urls")
 

@@ -6,7 +6,6 @@ same one; parked messages are not counted as overdue; the attempts chart draws p
 messages; an RQ worker whose ``outbox_worker`` stopped beating is shown stale, not live.
 Real Redis, real workers, a real HTTP receiver.
 """
-# ruff: noqa: F811  (fixtures imported from test_admin_support are used as arguments)
 
 from __future__ import annotations
 
@@ -21,15 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import outbox
 from outbox.destinations import health
 from outbox.metrics import OutboxCollector
-
-from .test_admin_support import (  # noqa: F401  (fixtures)
-    admin_client,
-    deliver,
-    element_text,
-    superuser,
-    text_of,
-    u,
-)
+from tests.support.console import deliver, element_text, text_of, u
 
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
@@ -65,7 +56,7 @@ def row_of(html: str, name: str) -> str:
 
 
 # -- (a) one state ---------------------------------------------------------------------
-def test_one_failure_after_a_success_is_one_non_healthy_state_everywhere(admin_client, hook, worker):
+def test_one_failure_after_a_success_is_one_non_healthy_state_everywhere(superuser_client, hook, worker):
     deliver(hook, worker, 200, 1)
     assert health.get_health("hook").state == "healthy"
     (failed,) = deliver(hook, worker, 503, 1, retry=[3600])  # one failure, its retry an hour away
@@ -78,11 +69,11 @@ def test_one_failure_after_a_success_is_one_non_healthy_state_everywhere(admin_c
     assert health.destination_state(h).name == state
     assert "last attempt failed" in h.state_reason
 
-    dashboard = text_of(admin_client.get(u("dashboard")))
+    dashboard = text_of(superuser_client.get(u("dashboard")))
     row = row_of(dashboard, "hook")
     assert f'data-state="{state}"' in dashboard.split('data-destination="hook"')[1][:40]
     assert f"state-{state}" in row and "state-healthy" not in row
-    page = text_of(admin_client.get(u("destination", "hook")))
+    page = text_of(superuser_client.get(u("destination", "hook")))
     assert f'data-state="{state}"' in page and "state-healthy" not in page
     assert h.state_reason in page
     line = status_line("hook")
@@ -92,7 +83,7 @@ def test_one_failure_after_a_success_is_one_non_healthy_state_everywhere(admin_c
 
     deliver(hook, worker, 200, 1)  # the next success: healthy again, everywhere
     assert health.get_health("hook").state == "healthy"
-    assert 'data-state="healthy"' in text_of(admin_client.get(u("destination", "hook")))
+    assert 'data-state="healthy"' in text_of(superuser_client.get(u("destination", "hook")))
     assert status_line("hook").startswith("hook: healthy (")
     assert metric_state(scrape(), "hook") == "healthy"
 
@@ -120,13 +111,13 @@ def cell(html: str, element_id: str) -> str:
     return html.split(f'id="{element_id}"')[1].split("</td>")[0]
 
 
-def test_parked_messages_are_not_counted_as_overdue_but_shown_apart(admin_client, hook, worker):
+def test_parked_messages_are_not_counted_as_overdue_but_shown_apart(superuser_client, hook, worker):
     health.pause("hook", reason="receiver maintenance")
     held = outbox.send("hook", {"n": 1})
     worker(simple=True)  # the claim parks it: its destination is paused
     assert health.get_health("hook").parked == 1
     assert outbox.get(held.id).status == "pending"
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     pending = cell(html, "oldest-pending-wait")
     assert "due" not in pending and "none" in pending, pending  # not "due 0 s ago", not late
     parked = cell(html, "oldest-parked")
@@ -134,7 +125,7 @@ def test_parked_messages_are_not_counted_as_overdue_but_shown_apart(admin_client
     assert "late" not in parked
 
     due = outbox.send("mem", {"n": 2}, delay=60)  # another destination's message: counted as before
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert due.id in cell(html, "oldest-pending-wait") and "next due in" in cell(html, "oldest-pending-wait")
     assert held.id not in cell(html, "oldest-pending-wait")
 
@@ -146,7 +137,7 @@ def worker_rows(html: str) -> dict[str, str]:
     return dict(re.findall(r'<tr class="worker-row" data-worker="([^"]+)" data-liveness="([^"]+)"', html))
 
 
-def test_a_listed_rq_worker_whose_outbox_heartbeat_stopped_is_stale(admin_client, repo):
+def test_a_listed_rq_worker_whose_outbox_heartbeat_stopped_is_stale(superuser_client, repo):
     import time
 
     from django_rq import get_queue
@@ -170,7 +161,7 @@ def test_a_listed_rq_worker_whose_outbox_heartbeat_stopped_is_stale(admin_client
     repo.beat(f"{alive.hostname}:900002", 65.0, now)
     listed("plain", 900003)  # a plain rqworker: never beat
 
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert worker_rows(html) == {"alive": "live", "ghost": "stale", "plain": "no_heartbeat"}
     assert element_text(html, "worker-count") == "2"  # ghost is not counted live
     assert element_text(html, "stale-worker-count") == "1"
@@ -179,15 +170,16 @@ def test_a_listed_rq_worker_whose_outbox_heartbeat_stopped_is_stale(admin_client
     assert workers == {"live": 1, "stale": 1, "no_heartbeat": 1}
 
 
-def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admin_client, receiver, settings):
+def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(
+    superuser_client, receiver, settings, processes
+):
     import os
     import signal
     import time
 
     from outbox.admin_views.rq_stats import queue_stats
     from outbox.delivery.worker import heartbeat_ttl
-
-    from .test_recovery import start_worker, wait_for
+    from tests.support import wait_for
 
     settings.OUTBOX = {**settings.OUTBOX, "RECOVERY_INTERVAL": 0.5}  # heartbeats valid 6 s
     names = ["outbox_high", "outbox", "outbox_low"]
@@ -195,10 +187,10 @@ def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admi
     def liveness() -> set[str]:
         return {w.liveness for w in queue_stats(names)[1]}
 
-    process = start_worker(receiver.url, 30, "--no-burst", "--recovery-interval", "0.5")
+    process = processes.worker("--recovery-interval", "0.5", hook_url=receiver.url, visibility_timeout=30)
     try:
         assert wait_for(lambda: liveness() == {"live"}, timeout=30), liveness()
-        html = text_of(admin_client.get(u("dashboard")))
+        html = text_of(superuser_client.get(u("dashboard")))
         assert element_text(html, "worker-count") == "1"
         os.kill(process.pid, signal.SIGKILL)
         process.wait(5)
@@ -210,7 +202,7 @@ def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admi
     finally:
         if process.poll() is None:
             process.kill()
-    html = text_of(admin_client.get(u("dashboard")))
+    html = text_of(superuser_client.get(u("dashboard")))
     assert list(worker_rows(html).values()) == ["stale"]
     assert element_text(html, "worker-count") == "0" and element_text(html, "stale-worker-count") == "1"
     assert "no worker is running" in html
@@ -218,7 +210,7 @@ def test_a_killed_outbox_worker_process_is_stale_once_its_heartbeat_expires(admi
 
 
 # -- (c) the attempts chart draws parked messages ------------------------------------------
-def test_the_attempts_chart_draws_parked_messages_while_nothing_is_attempted(admin_client, hook, worker):
+def test_the_attempts_chart_draws_parked_messages_while_nothing_is_attempted(superuser_client, hook, worker):
     from outbox.admin_views.chart import CHART_MINUTES
 
     health.pause("hook")
@@ -229,7 +221,7 @@ def test_the_attempts_chart_draws_parked_messages_while_nothing_is_attempted(adm
     assert sum(m.succeeded + m.retryable + m.permanent for m in minutes) == 0
     assert sum(m.parked for m in minutes) == 3 and minutes[-1].parked == 3  # due this minute
     for page in (u("dashboard"), u("dashboard") + "?chart=hook", u("destination", "hook")):
-        html = text_of(admin_client.get(page))
+        html = text_of(superuser_client.get(page))
         assert element_text(html, "chart-total-parked") == "3", page
         assert 'class="series-parked"' in html, page  # a bar is drawn
 

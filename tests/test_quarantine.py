@@ -9,93 +9,31 @@ that ends its process with ``os._exit(1)`` (``tests/poison.py``).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 import outbox
 from tests import settings_quarantine as q
-from tests.conftest import assert_index_invariant, wait_for, with_destinations
-from tests.test_admin_support import admin_client, superuser, text_of, u  # noqa: F401 (fixtures)
+from tests.support import Supervisor, assert_index_invariant, wait_for, with_destinations
+from tests.support.console import text_of, u
 
-ROOT = Path(__file__).resolve().parent.parent
 #: Past VISIBILITY_TIMEOUT + RECOVERY_INTERVAL + the first backoff: the wake-up that
 #: follows a sweep (WAKE_INTERVAL 0.2 s), the claim round trips, and the innocent
 #: messages' own attempts one at a time (50 ms each, over two workers).
 SLACK = 1.5
 
 
-class Supervisor:
-    """``outbox_worker`` processes, each started again 0.2 s after it exits (as systemd
-    or Kubernetes would); their output goes to files in ``folder``."""
-
-    def __init__(self, count: int, folder: Path, env: dict[str, str]) -> None:
-        self.folder, self.env = folder, env
-        self.exits: list[int] = []
-        self.started = 0
-        self.stopping = threading.Event()
-        self.processes = [self.start() for _ in range(count)]
-        self.thread = threading.Thread(target=self.watch, daemon=True)
-        self.thread.start()
-
-    def start(self) -> subprocess.Popen:
-        self.started += 1
-        out = open(self.folder / f"worker-{self.started}.log", "wb")  # noqa: SIM115 (the process keeps it)
-        return subprocess.Popen(
-            [sys.executable, "-m", "django", "outbox_worker"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-    def watch(self) -> None:
-        while not self.stopping.is_set():
-            for i, process in enumerate(self.processes):
-                if process.poll() is not None and not self.stopping.is_set():
-                    self.exits.append(process.returncode)
-                    time.sleep(0.2)
-                    self.processes[i] = self.start()
-            time.sleep(0.05)
-
-    def ready(self, count: int) -> bool:
-        logs = [p.read_text(errors="replace") for p in self.folder.glob("worker-*.log")]
-        return sum("Listening on" in text for text in logs) >= count
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        for process in self.processes:
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    def output(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
-            for p in sorted(self.folder.glob("worker-*.log"))
-        )
-
-
 def test_a_poison_message_mid_batch_is_singled_out_and_its_batch_mates_are_charged_once(repo, tmp_path):
     log = tmp_path / "delivered.txt"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings_quarantine",
-        "PYTHONPATH": str(ROOT),
-        "OUTBOX_TEST_DELIVERY_LOG": str(log),
-    }
-    supervisor = Supervisor(2, tmp_path, env)
+    # outbox_worker processes, each started again 0.2 s after it exits (as systemd or
+    # Kubernetes would); their output goes to files in tmp_path.
+    supervisor = Supervisor(tmp_path, restart=True)
+    for _ in range(2):
+        supervisor.worker(
+            settings_module="tests.settings_quarantine", env={"OUTBOX_TEST_DELIVERY_LOG": str(log)}
+        )
     try:
         assert wait_for(lambda: supervisor.ready(2), 30), supervisor.output()
         with with_destinations(crasher=q.CRASHER):
@@ -170,7 +108,7 @@ def tracked(max_retries: int = 2):
     return with_destinations(
         tracked={
             "TRANSPORT": "callable",
-            "OPTIONS": {"path": "tests.test_quarantine.track"},
+            "OPTIONS": {"path": f"{__name__}.track"},
             "MAX_IN_FLIGHT": 16,
             "MAX_RETRIES": max_retries,
         }
@@ -279,11 +217,11 @@ def test_quarantined_messages_are_woken_cancelled_and_deleted_like_due_ones(repo
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_detail_page_says_a_message_is_quarantined(repo, admin_client):  # noqa: F811 (a fixture)
+def test_the_detail_page_says_a_message_is_quarantined(repo, superuser_client):
     with tracked():
         (m,) = outbox.send_many([{"destination": "tracked", "body": 0}])
         lose(repo, [m.id])
-        html = text_of(admin_client.get(u("message_detail", m.id)))
+        html = text_of(superuser_client.get(u("message_detail", m.id)))
     assert "Quarantined" in html and "attempted alone" in html
     assert "quarantined: its next attempt is made alone" in html  # the lost attempt's error
 

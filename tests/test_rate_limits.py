@@ -9,16 +9,17 @@ import json
 import outbox
 from outbox.conf import outbox_settings
 from outbox.store import wakeups as dispatch
-from tests.conftest import assert_index_invariant, hook_settings
-from tests.test_recovery import start_worker
+from tests.support import assert_index_invariant, hook_settings
 
 
-def run_two_workers(receiver, extra: dict) -> list[str]:
+def run_two_workers(processes, receiver, extra: dict) -> list[str]:
     """Two burst ``outbox_worker`` processes, each with a wake-up job of its own, the
     'hook' destination configured with ``extra``; returns their output."""
     dispatch.enqueue_wakeups([outbox_settings.queue_name(None)])  # a second job: one per worker
     env = {"OUTBOX_TEST_HOOK_EXTRA": json.dumps(extra)}
-    workers = [start_worker(receiver.url, 30, env=env) for _ in range(2)]
+    workers = [
+        processes.worker("--burst", hook_url=receiver.url, visibility_timeout=30, env=env) for _ in range(2)
+    ]
     outputs = []
     for w in workers:
         out, _ = w.communicate(timeout=90)
@@ -27,11 +28,11 @@ def run_two_workers(receiver, extra: dict) -> list[str]:
     return outputs
 
 
-def test_rate_limit_spaces_deliveries_across_two_workers(receiver, repo):
+def test_rate_limit_spaces_deliveries_across_two_workers(receiver, repo, processes):
     extra = {"RATE_LIMIT": "5/s", "BREAKER": False}  # one attempt per 0.2 s, all workers together
     with hook_settings(receiver.url, **extra):
         sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(15)])
-    outputs = run_two_workers(receiver, extra)
+    outputs = run_two_workers(processes, receiver, extra)
     assert repo.counts()["succeeded"] == 15, outputs
     assert len({a.worker for m in sent for a in outbox.attempts(m.id)}) == 2  # both delivered
     times = sorted(r.at for r in receiver.requests)
@@ -56,13 +57,13 @@ def test_rate_limit_burst_lets_that_many_through_at_once(receiver, worker, repo)
     assert times[4] - times[0] >= 2 * 0.5 * 0.8  # then one per 0.5 s
 
 
-def test_max_concurrency_holds_across_two_workers(receiver, repo):
+def test_max_concurrency_holds_across_two_workers(receiver, repo, processes):
     receiver.respond((200, {}, 0.4))
     # Each process may have 2 in flight (MAX_IN_FLIGHT), 4 together; the cap is 3.
     extra = {"MAX_CONCURRENCY": 3, "MAX_IN_FLIGHT": 2, "BREAKER": False}
     with hook_settings(receiver.url, **extra):
         sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(10)])
-    outputs = run_two_workers(receiver, extra)
+    outputs = run_two_workers(processes, receiver, extra)
     assert repo.counts()["succeeded"] == 10, outputs
     assert receiver.most_active == 3  # reached, never exceeded
     assert len({a.worker for m in sent for a in outbox.attempts(m.id)}) == 2  # both delivered

@@ -2,10 +2,7 @@
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from django.test import override_settings
@@ -15,41 +12,14 @@ from outbox.delivery.loop import claim
 from outbox.delivery.recovery import recover
 from outbox.delivery.worker import Housekeeper
 from outbox.records import STATUSES
-from tests.conftest import assert_index_invariant, hook_settings, wait_for
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import assert_index_invariant, hook_settings, wait_for
 
 
-def start_worker(
-    receiver_url: str, visibility_timeout: int, *extra: str, env: dict | None = None
-) -> subprocess.Popen:
-    """A real ``outbox_worker`` process on the test Redis (it inherits OUTBOX_TEST_REDIS_URL),
-    in burst mode unless ``extra`` holds ``"--no-burst"``."""
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "OUTBOX_TEST_HOOK_URL": receiver_url,
-        "OUTBOX_TEST_VISIBILITY_TIMEOUT": str(visibility_timeout),
-        "PYTHONPATH": str(ROOT),
-        **(env or {}),
-    }
-    args = [a for a in extra if a != "--no-burst"]
-    if len(args) == len(extra):
-        args.insert(0, "--burst")
-    return subprocess.Popen(
-        [sys.executable, "-m", "django", "outbox_worker", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def test_worker_killed_mid_delivery_then_delivered_by_another(receiver, repo):
+def test_worker_killed_mid_delivery_then_delivered_by_another(receiver, repo, processes):
     receiver.respond((200, {}, 30.0), (200, {}, 0.0))  # the first request hangs
     with hook_settings(receiver.url):
         m = outbox.send("hook", {"order": "killed"})
-    first = start_worker(receiver.url, visibility_timeout=2)
+    first = processes.worker("--burst", hook_url=receiver.url, visibility_timeout=2)
     try:
         assert wait_for(lambda: len(receiver.requests) == 1), (
             first.stdout.read1().decode() if first.stdout else ""
@@ -62,7 +32,7 @@ def test_worker_killed_mid_delivery_then_delivered_by_another(receiver, repo):
             first.kill()
     assert outbox.get(m.id).status == "sending"  # nobody finished it
     time.sleep(2.1)  # past the visibility timeout
-    second = start_worker(receiver.url, visibility_timeout=2)
+    second = processes.worker("--burst", hook_url=receiver.url, visibility_timeout=2)
     output, _ = second.communicate(timeout=60)
     assert second.returncode == 0, output.decode()
     got = outbox.get(m.id)
@@ -130,13 +100,15 @@ def test_due_message_whose_wakeup_job_vanished_is_woken_again(hook, worker, repo
     assert outbox.get(m.id).status == "succeeded" and len(hook.requests) == 1
 
 
-def test_a_due_retry_does_not_depend_on_rq_scheduler(receiver, repo):
+def test_a_due_retry_does_not_depend_on_rq_scheduler(receiver, repo, processes):
     # Fault finding (a): retries sat overdue while a killed process held RQ's scheduler
     # lock. Due retries are found from the retrying index by any outbox_worker.
     receiver.respond(500, 200)
     with hook_settings(receiver.url, RETRY=[1]):
         m = outbox.send("hook", 1)
-        worker = start_worker(receiver.url, 30)  # burst: one pass, no RQ scheduler
+        worker = processes.worker(
+            "--burst", hook_url=receiver.url, visibility_timeout=30
+        )  # burst: one pass, no RQ scheduler
         worker.communicate(timeout=60)
         got = outbox.get(m.id)
         assert got.status == "retrying"
@@ -144,7 +116,7 @@ def test_a_due_retry_does_not_depend_on_rq_scheduler(receiver, repo):
 
         assert get_queue("outbox").scheduled_job_registry.count == 0  # nothing left to RQ
         time.sleep(max(0.0, got.next_attempt_at - time.time()) + 0.1)
-        second = start_worker(receiver.url, 30)
+        second = processes.worker("--burst", hook_url=receiver.url, visibility_timeout=30)
         output, _ = second.communicate(timeout=60)
     assert outbox.get(m.id).status == "succeeded", output.decode()
 

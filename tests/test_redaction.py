@@ -10,9 +10,8 @@ import pytest
 import outbox
 from outbox.checks import check_outbox_settings
 from outbox.redaction import REDACTED, is_sensitive_header, redact, redact_message_text, secrets_for
-from tests.conftest import hook_settings, with_destinations
-
-from .test_admin_support import admin_client, superuser, u  # noqa: F401  (fixtures)
+from tests.support import hook_settings, with_destinations
+from tests.support.console import u
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(100, 132))).decode()
 
@@ -146,7 +145,7 @@ def test_invalid_message_never_prints_a_header_value(redis):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_detail_page_masks_sensitive_headers_and_redacts_errors(admin_client, repo):  # noqa: F811
+def test_detail_page_masks_sensitive_headers_and_redacts_errors(superuser_client, repo):
     headers = {
         "X-Authentication": "V-AUTHN-1",
         "X-Access-Key": "V-ACCESS-2",
@@ -161,7 +160,7 @@ def test_detail_page_masks_sensitive_headers_and_redacts_errors(admin_client, re
         "last_error",
         "HTTP 400: echoed X-Session-Id: V-SESSION-4 Authorization: Bearer zzzzzzzzzz",
     )
-    html = admin_client.get(u("message_detail", m.id)).content.decode()
+    html = superuser_client.get(u("message_detail", m.id)).content.decode()
     for value in ("V-AUTHN-1", "V-ACCESS-2", "V-AUTH-3", "V-SESSION-4", "V-PRIVATE-5", "zzzzzzzzzz"):
         assert value not in html, value
     assert "visible-42" in html

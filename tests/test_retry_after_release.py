@@ -7,72 +7,40 @@ first second after the block, at once, answered 503), not durations."""
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import outbox
 from outbox.conf import outbox_settings
 from outbox.delivery import loop as delivery
 from outbox.destinations import health
-from tests.conftest import assert_index_invariant, hook_settings, serving
+from tests.support import Received, Receiver, assert_index_invariant, hook_settings, receiving
 
 HELD = 40
 RAMP_FIRST = 4  # lua/claim.lua: messages in the first second after a block
 
 
-class Overloadable:
-    """A receiver that answers 429 with ``Retry-After: 1`` to its first request, then 200
+def overloadable(room: int):
+    """A receiver's ``answer``: 429 with ``Retry-After: 1`` to its first request, then 200
     after 50 ms, or 503 to a request that arrives while ``room`` others are being answered
-    (a receiver shedding load). It records when each request arrived and the most it
-    answered at once."""
+    (a receiver shedding load). The receiver records when each request arrived, each
+    status in the order answered, and the most it answered at once."""
 
-    def __init__(self, room: int) -> None:
-        self.room = room
-        self.lock = threading.Lock()
-        self.arrived: list[float] = []
-        self.statuses: list[int] = []
-        self.active = self.most_active = 0
+    def answer(receiver: Receiver, request: Received) -> tuple:
+        if len(receiver.requests) == 1:
+            return (429, {"Retry-After": "1"}, 0.0, b"")
+        if receiver.active >= room:
+            return (503, {}, 0.0, b"")
+        return (200, {}, 0.05, b"")
 
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        state = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with state.lock:
-                    state.arrived.append(time.time())
-                    first = len(state.arrived) == 1
-                    shed = state.active >= state.room
-                    state.active += 1
-                    state.most_active = max(state.most_active, state.active)
-                status, headers = (429, {"Retry-After": "1"}) if first else ((503, {}) if shed else (200, {}))
-                if status == 200:
-                    time.sleep(0.05)
-                with state.lock:
-                    state.active -= 1
-                    state.statuses.append(status)
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        return Handler
+    return answer
 
 
-def blocked_then_backlog(repo, receiver: Overloadable, url: str, **destination) -> float:
+def blocked_then_backlog(repo, receiver: Receiver, **destination) -> float:
     """One message answered 429 Retry-After: 1 (the destination is blocked for a second),
     then HELD more sent while blocked; runs until all are delivered or 30 s passed.
     Returns when the block ended (epoch seconds)."""
     queue = outbox_settings.queue_name(None)
-    with hook_settings(url, **destination):
+    with hook_settings(receiver.url, **destination):
         outbox.send("hook", {"n": -1})
         delivery.run(queue)
         assert receiver.statuses == [429]
@@ -87,11 +55,9 @@ def blocked_then_backlog(repo, receiver: Overloadable, url: str, **destination) 
 
 
 def test_messages_held_by_a_retry_after_are_released_gradually_after_it(repo):
-    receiver = Overloadable(room=1000)  # never sheds
-    with serving(ThreadingHTTPServer(("127.0.0.1", 0), receiver.handler())) as server:
-        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-        blocked_until = blocked_then_backlog(repo, receiver, url)
-    after = receiver.arrived[1:]
+    with receiving(answer=overloadable(room=1000)) as receiver:  # never sheds
+        blocked_until = blocked_then_backlog(repo, receiver)
+    after = [r.at for r in receiver.requests[1:]]
     assert repo.count("succeeded") == HELD + 1 and len(after) == HELD + 1
     assert min(after) >= blocked_until  # nothing went during the block
     # Before: all 41 were due at the block's end and went MAX_IN_FLIGHT (16) at a time.
@@ -108,10 +74,8 @@ def test_a_receiver_shedding_load_after_the_block_does_not_trip_the_breaker(repo
     breaker stays closed. A run that wakes late (a loaded machine: seen in CI's oldest
     matrix session) takes the release slots that passed meanwhile at once, which a
     receiver this tight may answer with a few 503s (4 of 41 there), never 5 in a row."""
-    receiver = Overloadable(room=4)
-    with serving(ThreadingHTTPServer(("127.0.0.1", 0), receiver.handler())) as server:
-        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-        blocked_then_backlog(repo, receiver, url, BREAKER={"FAILURES": 5, "COOLDOWN": 60})
+    with receiving(answer=overloadable(room=4)) as receiver:
+        blocked_then_backlog(repo, receiver, BREAKER={"FAILURES": 5, "COOLDOWN": 60})
     assert receiver.statuses.count(503) <= 8, receiver.statuses  # 83 on the old code
     assert "503, 503, 503, 503, 503" not in str(receiver.statuses), receiver.statuses
     assert health.get_health("hook").breaker == "closed"

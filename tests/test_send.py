@@ -8,7 +8,7 @@ from django.db import transaction
 
 import outbox
 from outbox.exceptions import InvalidMessage, MessageTooLarge, UnknownDestination
-from tests.conftest import assert_index_invariant
+from tests.support import assert_index_invariant
 
 
 def nothing_written(repo):

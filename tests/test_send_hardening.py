@@ -26,7 +26,7 @@ from outbox.delivery.loop import run as deliver_queue
 from outbox.headers import clean_content_type
 from outbox.retry import RetryPolicy, retry_delay
 from outbox.sending.validation import clean_destination
-from tests.conftest import hook_settings, with_destinations
+from tests.support import hook_settings, with_destinations
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(40, 72))).decode()
 #: Bounded example counts keep these tests to a few seconds (see also tests/test_admin_hardening.py).

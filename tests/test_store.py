@@ -10,7 +10,7 @@ import outbox
 from outbox.delivery import loop as delivery
 from outbox.records import STATUSES, Attempt, Message
 from outbox.store import Change
-from tests.conftest import assert_index_invariant
+from tests.support import assert_index_invariant
 
 
 def make(repo, n=1, **kwargs):

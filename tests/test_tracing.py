@@ -11,7 +11,7 @@ from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_tra
 
 import outbox
 from outbox import tracing
-from tests.conftest import redis_down, settle
+from tests.support import redis_down, settle
 
 
 @pytest.fixture
@@ -173,10 +173,10 @@ def note_current_span(message) -> None:
 def test_a_callable_runs_inside_its_attempts_span(spans, worker):
     """The callable runs in a deadline thread: the attempt's context goes with it, so the
     project's own spans there are children of the attempt."""
-    from tests.conftest import with_destinations
+    from tests.support import with_destinations
 
     SEEN_SPANS.clear()
-    with with_destinations("callable", traced={"OPTIONS": {"path": "tests.test_tracing.note_current_span"}}):
+    with with_destinations("callable", traced={"OPTIONS": {"path": f"{__name__}.note_current_span"}}):
         m = outbox.send("traced", "x")
         settle(worker, [m.id])
     (attempt,) = by_name(spans, "deliver")

@@ -12,7 +12,7 @@ from outbox.checks import check_outbox_settings
 from outbox.exceptions import DeliveryError
 from outbox.transports import DeliveryResult
 from outbox.transports.callable import CallableTransport
-from tests.conftest import assert_index_invariant, with_destinations
+from tests.support import assert_index_invariant, with_destinations
 
 calls: list[outbox.Message] = []
 statuses: list[str] = []  # the message's status when the function was called

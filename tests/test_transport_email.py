@@ -20,7 +20,7 @@ import outbox
 from outbox.checks import check_outbox_settings
 from outbox.testing import free_port
 from outbox.transports.email import HAS_MAILERS, EmailTransport
-from tests.conftest import assert_index_invariant, serving, with_destinations
+from tests.support import assert_index_invariant, serving, with_destinations
 
 SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 

@@ -8,7 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 import outbox
 from outbox.transports import ALIASES, DeliveryResult, Transport, locmem, transport_class
 from outbox.transports.locmem import LocmemTransport
-from tests.conftest import assert_index_invariant, with_destinations
+from tests.support import assert_index_invariant, with_destinations
 
 
 @pytest.fixture(autouse=True)

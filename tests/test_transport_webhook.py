@@ -10,12 +10,8 @@ import base64
 import json
 import math
 import os
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.conf import settings
@@ -28,108 +24,9 @@ import outbox
 from outbox.checks import check_outbox_settings
 from outbox.testing import free_port
 from outbox.transports.webhook import DEFAULT_RETRY_STATUSES, WebhookTransport, parse_retry_after
-from tests.conftest import assert_index_invariant, hook_settings, serving, with_destinations
+from tests.support import ENDLESS, assert_index_invariant, hook_settings, with_destinations
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
-ENDLESS = b"<endless>"  # a response body marker: stream chunks until the client hangs up
-
-
-# -- a scriptable receiver that also records which TCP connection each request came on --
-
-
-@dataclass
-class Hit:
-    path: str
-    headers: dict[str, str]
-    header_items: list[tuple[str, str]]
-    body: bytes
-    port: int  # the client's source port: one per TCP connection
-
-
-@dataclass
-class Server:
-    """A threaded HTTP/1.1 server on 127.0.0.1 answering per path from ``script``.
-
-    ``script[path]`` is a list of responses ``(status, headers, delay_seconds, body)``
-    used in turn per path; the last repeats; unscripted paths answer 200.
-    """
-
-    base: str = ""
-    hits: list[Hit] = field(default_factory=list)
-    script: dict[str, list[tuple[int, dict[str, str], float, bytes]]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on(self, path: str, *responses: int | tuple) -> str:
-        """Script ``path`` and return its URL."""
-        full = []
-        for r in responses:
-            r = (r,) if isinstance(r, int) else r
-            full.append(
-                (r[0], r[1] if len(r) > 1 else {}, r[2] if len(r) > 2 else 0.0, r[3] if len(r) > 3 else b"ok")
-            )
-        self.script[path] = full
-        return self.base + path
-
-    def for_path(self, path: str) -> list[Hit]:
-        return [h for h in self.hits if h.path == path]
-
-    def ports(self, path: str | None = None) -> set[int]:
-        return {h.port for h in self.hits if path is None or h.path == path}
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    state = Server()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
-
-        def do_POST(self):
-            length = int(self.headers.get("Content-Length", 0))
-            body = self.rfile.read(length)
-            with state.lock:
-                seen = len(state.for_path(self.path))
-                state.hits.append(
-                    Hit(
-                        self.path,
-                        {k.lower(): v for k, v in self.headers.items()},
-                        list(self.headers.items()),
-                        body,
-                        self.client_address[1],
-                    )
-                )
-                responses = state.script.get(self.path, [(200, {}, 0.0, b"ok")])
-                status, headers, delay, payload = responses[min(seen, len(responses) - 1)]
-            try:
-                if delay:
-                    time.sleep(delay)
-                self.send_response(status)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                if payload == ENDLESS:
-                    self.send_header("Transfer-Encoding", "chunked")
-                    self.end_headers()
-                    chunk = b"x" * 8192
-                    deadline = time.monotonic() + 10
-                    while time.monotonic() < deadline:  # until the client hangs up
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                    return
-                if status in (204, 304):
-                    self.end_headers()
-                    return
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-            except OSError:  # the client gave up (timeout, size cap): nothing to answer
-                self.close_connection = True
-
-        def log_message(self, *args):
-            pass
-
-    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Handler)) as httpd:
-        state.base = f"http://127.0.0.1:{httpd.server_address[1]}"
-        yield state
 
 
 def destinations(**entries: dict) -> override_settings:
@@ -245,12 +142,12 @@ def test_a_non_ascii_header_value_is_refused_at_send(hook, redis):
     assert info.value.field == "headers" and redis.dbsize() == 0
 
 
-def test_message_headers_override_destination_headers_whatever_the_case(server, worker):
-    url = server.on("/h", 200)
+def test_message_headers_override_destination_headers_whatever_the_case(receiver, worker):
+    url = receiver.on("/h", 200)
     with destinations(h={"OPTIONS": {"url": url, "headers": {"X-Tenant": "default", "X-Fixed": "1"}}}):
         outbox.send("h", {"a": 1}, headers={"x-tenant": "acme"})
         worker()
-    (hit,) = server.hits
+    (hit,) = receiver.requests
     tenants = [v for k, v in hit.header_items if k.lower() == "x-tenant"]
     assert tenants == ["acme"] and hit.headers["x-fixed"] == "1"
     assert [k for k, _ in hit.header_items if k.lower() == "content-type"] == ["Content-Type"]
@@ -263,11 +160,11 @@ PERMANENT = (400, 401, 403, 404, 410, 422)
 RETRIED = (408, 409, 425, 429, 500, 502, 503)
 
 
-def test_status_codes_succeed_retry_or_fail_at_once(server, worker, repo):
+def test_status_codes_succeed_retry_or_fail_at_once(receiver, worker, repo):
     entries, items = {}, []
     for code in SUCCESS + PERMANENT + RETRIED:
         script = (code,) if code in SUCCESS + PERMANENT else (code, 200)
-        entries[f"s{code}"] = {"OPTIONS": {"url": server.on(f"/s{code}", *script)}}
+        entries[f"s{code}"] = {"OPTIONS": {"url": receiver.on(f"/s{code}", *script)}}
         items.append({"destination": f"s{code}", "body": {"code": code}})
     with destinations(**entries):
         sent = {m.destination: m for m in outbox.send_many(items)}  # one job: one connection for all
@@ -279,7 +176,7 @@ def test_status_codes_succeed_retry_or_fail_at_once(server, worker, repo):
         got = outbox.get(sent[f"s{code}"].id)
         assert (got.status, got.retry_count, got.last_status_code) == ("failed", 0, code), code
         assert got.last_error.startswith(f"HTTP {code}")
-        assert len(server.for_path(f"/s{code}")) == 1, f"{code} was retried"
+        assert len(receiver.for_path(f"/s{code}")) == 1, f"{code} was retried"
     for code in RETRIED:
         got = outbox.get(sent[f"s{code}"].id)
         assert (got.status, got.retry_count, got.last_status_code) == ("succeeded", 1, 200), code
@@ -287,12 +184,12 @@ def test_status_codes_succeed_retry_or_fail_at_once(server, worker, repo):
         assert (first.outcome, first.status_code) == ("retrying", code) and first.error.startswith(
             f"HTTP {code}"
         )
-        assert len(server.for_path(f"/s{code}")) == 2
+        assert len(receiver.for_path(f"/s{code}")) == 2
     assert_index_invariant(repo)
 
 
-def test_failed_response_body_is_kept_short_in_the_error(server, worker):
-    url = server.on("/big", (500, {}, 0.0, b"E" * 5000))
+def test_failed_response_body_is_kept_short_in_the_error(receiver, worker):
+    url = receiver.on("/big", (500, {}, 0.0, b"E" * 5000))
     with destinations(big={"OPTIONS": {"url": url}, "MAX_RETRIES": 0}):
         m = outbox.send("big", {"a": 1})
         worker()
@@ -301,11 +198,11 @@ def test_failed_response_body_is_kept_short_in_the_error(server, worker):
     assert len(got.last_error) < 300
 
 
-def test_retry_statuses_option_replaces_the_default_list(server, worker):
+def test_retry_statuses_option_replaces_the_default_list(receiver, worker):
     entries = {
-        "only404": {"OPTIONS": {"url": server.on("/a404", 404, 200), "retry_statuses": [404]}},
-        "not429": {"OPTIONS": {"url": server.on("/a429", 429, 200), "retry_statuses": [404]}},
-        "none": {"OPTIONS": {"url": server.on("/n408", 408, 200), "retry_statuses": []}},
+        "only404": {"OPTIONS": {"url": receiver.on("/a404", 404, 200), "retry_statuses": [404]}},
+        "not429": {"OPTIONS": {"url": receiver.on("/a429", 429, 200), "retry_statuses": [404]}},
+        "none": {"OPTIONS": {"url": receiver.on("/n408", 408, 200), "retry_statuses": []}},
     }
     with destinations(**entries):
         m404 = outbox.send("only404", {"a": 1})
@@ -317,14 +214,14 @@ def test_retry_statuses_option_replaces_the_default_list(server, worker):
     assert (outbox.get(m408.id).status, outbox.get(m408.id).last_status_code) == ("failed", 408)
 
 
-def test_redirect_is_not_followed_and_not_a_success(server, worker):
-    url = server.on("/moved", (302, {"Location": server.base + "/elsewhere"}))
+def test_redirect_is_not_followed_and_not_a_success(receiver, worker):
+    url = receiver.on("/moved", (302, {"Location": receiver.base + "/elsewhere"}))
     with destinations(moved={"OPTIONS": {"url": url}, "MAX_RETRIES": 1}):
         m = outbox.send("moved", {"a": 1})
         worker()
     got = outbox.get(m.id)
     assert (got.status, got.retry_count, got.last_status_code) == ("failed", 1, 302)
-    assert server.for_path("/elsewhere") == []
+    assert receiver.for_path("/elsewhere") == []
 
 
 def test_connection_refused_is_retried(worker, repo):
@@ -352,8 +249,8 @@ def test_read_timeout_is_retried(receiver, worker):
     assert 250 <= first.duration_ms < 1000
 
 
-def test_endless_response_body_does_not_hold_the_worker(server, worker):
-    url = server.on("/endless", (200, {}, 0.0, ENDLESS))
+def test_endless_response_body_does_not_hold_the_worker(receiver, worker):
+    url = receiver.on("/endless", (200, {}, 0.0, ENDLESS))
     with destinations(endless={"OPTIONS": {"url": url, "timeout": 2}}):
         m = outbox.send("endless", {"a": 1})
         t0 = time.monotonic()
@@ -437,31 +334,31 @@ def test_parse_retry_after_date_relative_to_the_clock():
 # -- connection reuse ---------------------------------------------------------------------------
 
 
-def test_a_batch_opens_at_most_max_in_flight_connections_and_reuses_them(server, worker):
-    url = server.on("/batch", 200)
+def test_a_batch_opens_at_most_max_in_flight_connections_and_reuses_them(receiver, worker):
+    url = receiver.on("/batch", 200)
     with destinations(batch={"OPTIONS": {"url": url}, "MAX_IN_FLIGHT": 2}):
         sent = outbox.send_many([{"destination": "batch", "body": {"n": n}} for n in range(6)])
         worker(simple=True)
-        first = server.ports()
+        first = receiver.ports()
         sent += outbox.send_many([{"destination": "batch", "body": {"n": n}} for n in range(6)])
         worker(simple=True)
     assert {outbox.get(m.id).status for m in sent} == {"succeeded"}
-    assert len(server.hits) == 12
+    assert len(receiver.requests) == 12
     assert 1 <= len(first) <= 2, f"{len(first)} connections for a destination capped at 2 in flight"
-    assert server.ports() == first, "the second batch opened new connections instead of reusing the pool"
+    assert receiver.ports() == first, "the second batch opened new connections instead of reusing the pool"
 
 
-def test_a_simple_worker_keeps_the_connection_across_jobs(server, worker):
-    url = server.on("/jobs", 200)
+def test_a_simple_worker_keeps_the_connection_across_jobs(receiver, worker):
+    url = receiver.on("/jobs", 200)
     with destinations(jobs={"OPTIONS": {"url": url}, "MAX_IN_FLIGHT": 1}):
         sent = [outbox.send("jobs", {"n": n}) for n in range(4)]
         worker(simple=True)
     assert {outbox.get(m.id).status for m in sent} == {"succeeded"}
-    assert len(server.hits) == 4 and len(server.ports()) == 1
+    assert len(receiver.requests) == 4 and len(receiver.ports()) == 1
 
 
-def test_a_forked_work_horse_does_not_share_its_parents_connection(server, worker):
-    url = server.on("/fork", 200)
+def test_a_forked_work_horse_does_not_share_its_parents_connection(receiver, worker):
+    url = receiver.on("/fork", 200)
     with destinations(fork={"OPTIONS": {"url": url}, "MAX_IN_FLIGHT": 1}):
         from outbox.delivery.loop import run
 
@@ -471,19 +368,19 @@ def test_a_forked_work_horse_does_not_share_its_parents_connection(server, worke
         worker()  # a forked horse must open its own, not write on the inherited socket
         outbox.send("fork", {"n": 3})
         run("outbox")  # this process's connection survived the horse
-    first, second, third = (h.port for h in server.hits)
+    first, second, third = (h.port for h in receiver.requests)
     assert second != first and third == first
 
 
-def test_close_releases_the_connection_and_a_later_delivery_reconnects(server):
-    url = server.on("/close", 200)
+def test_close_releases_the_connection_and_a_later_delivery_reconnects(receiver):
+    url = receiver.on("/close", 200)
     transport = WebhookTransport("close", url=url, allow_private_networks=True)
     message = outbox.Message(id="msg_0001", destination="close", body=b"{}", content_type="application/json")
     assert transport.deliver(message).status_code == 200
     transport.close()
     assert transport.deliver(message).status_code == 200
     transport.close()
-    assert len(server.ports()) == 2
+    assert len(receiver.ports()) == 2
 
 
 # -- options ------------------------------------------------------------------------------------
@@ -597,11 +494,11 @@ def test_sent_json_round_trips(hook, worker):
 # -- found here, to be fixed in core ------------------------------------------------------------
 
 
-def test_a_run_to_a_slow_receiver_stops_claiming_when_half_its_lease_is_spent(server, worker):
+def test_a_run_to_a_slow_receiver_stops_claiming_when_half_its_lease_is_spent(receiver, worker):
     # 4 messages of 0.4 s each, one at a time, under a 2 s lease: a run claims nothing
     # after half the lease; the rest stay pending (no attempt charged) and the run wakes
     # a new job for them.
-    url = server.on("/slow", (200, {}, 0.4, b"ok"))
+    url = receiver.on("/slow", (200, {}, 0.4, b"ok"))
     slow = {"OPTIONS": {"url": url}, "MAX_IN_FLIGHT": 1}
     with destinations(slow=slow), override_settings(OUTBOX={**settings.OUTBOX, "VISIBILITY_TIMEOUT": 2}):
         sent = outbox.send_many([{"destination": "slow", "body": {"n": n}} for n in range(4)])

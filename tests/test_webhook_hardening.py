@@ -7,7 +7,6 @@ import socketserver
 import time
 import tracemalloc
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.test import override_settings
@@ -16,7 +15,7 @@ import outbox
 from outbox.exceptions import DeliveryError, PermanentDeliveryError
 from outbox.transports.ssrf import is_public_address
 from outbox.transports.webhook import WebhookTransport
-from tests.conftest import hook_settings, serving
+from tests.support import hook_settings, receiving, serving
 
 
 def message(headers: dict[str, str] | None = None, destination: str = "hook") -> outbox.Message:
@@ -27,23 +26,6 @@ def message(headers: dict[str, str] | None = None, destination: str = "hook") ->
         content_type="application/json",
         headers=headers or {},
     )
-
-
-def http_server(handler_body) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            handler_body(self)
-
-        def do_GET(self):
-            handler_body(self)
-
-        def log_message(self, *args):
-            pass
-
-    return ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 
 
 # -- item 2: secrets never leave a transport in clear -----------------------------------------
@@ -69,8 +51,8 @@ def test_an_echoed_request_is_redacted_in_every_record(worker, repo):
     events = []
     pubsub = repo.connection.pubsub()
     pubsub.subscribe("outbox:events")
-    with serving(http_server(echo)) as server:
-        url = f"http://127.0.0.1:{server.server_address[1]}/"
+    with receiving(handler=echo) as server:
+        url = server.base + "/"
         options = {"headers": {"X-Api-Key": "DEST-KEY-SECRET"}}
         with hook_settings(url, OPTIONS=options, MAX_RETRIES=0):
             m = outbox.send("hook", {"a": 1}, headers={"Authorization": "Bearer MSG-SECRET-TOKEN"})
@@ -107,8 +89,8 @@ def test_a_gzip_bomb_costs_the_worker_little_memory():
         handler.end_headers()
         handler.wfile.write(bomb)
 
-    with serving(http_server(answer)) as server:
-        url = f"http://127.0.0.1:{server.server_address[1]}/"
+    with receiving(handler=answer) as server:
+        url = server.base + "/"
         transport = WebhookTransport("hook", url=url, allow_private_networks=True)
         tracemalloc.start()
         try:
@@ -133,10 +115,8 @@ def test_a_gzip_error_body_is_shown_decompressed():
         handler.end_headers()
         handler.wfile.write(body)
 
-    with serving(http_server(answer)) as server:
-        transport = WebhookTransport(
-            "hook", url=f"http://127.0.0.1:{server.server_address[1]}/", allow_private_networks=True
-        )
+    with receiving(handler=answer) as server:
+        transport = WebhookTransport("hook", url=server.base + "/", allow_private_networks=True)
         with pytest.raises(DeliveryError, match="HTTP 502 Bad Gateway: upstream said no"):
             transport.deliver(message())
         transport.close()
@@ -161,11 +141,11 @@ def proxy_env(monkeypatch):
         handler.send_header("Content-Length", "0")
         handler.end_headers()
 
-    with serving(http_server(answer)) as server:
+    with receiving(handler=answer) as server:
         for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
             monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.server_address[1]}")
-        monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv("HTTP_PROXY", server.base)
+        monkeypatch.setenv("http_proxy", server.base)
         yield seen
 
 

@@ -8,23 +8,19 @@ Redis use a private server of their own, never the suite's.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from pathlib import Path
 
 import pytest
 from django.test import override_settings
 
 import outbox
 from outbox.testing import RedisServer
-from tests.conftest import wait_for
+from tests.support import Supervisor, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 ALIAS_TIMEOUT = 1.0  # seconds: the read bound the tests give the outbox's alias (the README says 5)
 
 
@@ -46,33 +42,14 @@ def short_read_timeout(settings) -> Iterator[None]:
 
 
 def start_worker(
-    *args: str, redis_url: str | None = None, env: dict | None = None, preexec_fn=None
+    processes: Supervisor, *args: str, redis_url: str | None = None, env: dict | None = None, preexec_fn=None
 ) -> subprocess.Popen:
     """A real ``outbox_worker`` (not burst) whose alias bounds reads at ALIAS_TIMEOUT s."""
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-        "OUTBOX_TEST_SOCKET_TIMEOUT": str(ALIAS_TIMEOUT),
-        **({"OUTBOX_TEST_REDIS_URL": redis_url} if redis_url else {}),
-        **(env or {}),
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "django", "outbox_worker", "-v", "2", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        preexec_fn=preexec_fn,
-    )
+    env = {"PYTHONUNBUFFERED": "1", "OUTBOX_TEST_SOCKET_TIMEOUT": str(ALIAS_TIMEOUT), **(env or {})}
+    return processes.worker("-v", "2", *args, redis_url=redis_url, env=env, preexec_fn=preexec_fn)
 
 
-def output_of(process: subprocess.Popen) -> str:
-    if process.poll() is None:
-        process.kill()
-    out, _ = process.communicate(timeout=10)
-    return out.decode(errors="replace")
+output_of = Supervisor.output_of
 
 
 def wait_until_listening(process: subprocess.Popen, conn) -> None:
@@ -125,11 +102,11 @@ def test_the_blocking_wait_outlasts_a_connection_made_before_rq_took_the_pool(se
         rq.connection.connection_pool.disconnect()
 
 
-def test_an_idle_worker_delivers_at_once(settings, redis):
+def test_an_idle_worker_delivers_at_once(settings, redis, processes):
     """A real worker with a 1 s read bound on its alias, idle for several times that
     bound, delivers a message within about a second of ``send()``, and never logs that
     it could not reach Redis."""
-    process = start_worker()
+    process = start_worker(processes)
     try:
         wait_until_listening(process, redis)
         time.sleep(ALIAS_TIMEOUT * 5)  # idle: past the alias's bound several times over
@@ -171,44 +148,45 @@ def _stops_within(process: subprocess.Popen, sig: int, bound: float) -> float:
     return took
 
 
-def test_sigterm_stops_an_idle_worker(redis):
-    process = start_worker()
+def test_sigterm_stops_an_idle_worker(redis, processes):
+    process = start_worker(processes)
     wait_until_listening(process, redis)
     _stops_within(process, signal.SIGTERM, STOP_BOUND)
     assert process.returncode == 0
 
 
 @pytest.mark.parametrize("down_for", [0.5, 4.0, 9.0])
-def test_sigterm_stops_a_worker_while_redis_is_down(own_redis, down_for):
+def test_sigterm_stops_a_worker_while_redis_is_down(own_redis, down_for, processes):
     """Redis stopped under a running worker, then SIGTERM: at once (RQ's reconnection
     backoff), a little later and a while later (RQ's loop has quit and the outbox waits for
     Redis to start a new one): every time the worker ends within the bound."""
     import redis as redis_py
 
-    process = start_worker(redis_url=own_redis.url)
+    process = start_worker(processes, redis_url=own_redis.url)
     wait_until_listening(process, redis_py.Redis.from_url(own_redis.url))
     own_redis.halt()
     time.sleep(down_for)
     _stops_within(process, signal.SIGTERM, STOP_BOUND)
 
 
-def test_sigint_stops_a_worker_while_redis_is_down(own_redis):
+def test_sigint_stops_a_worker_while_redis_is_down(own_redis, processes):
     import redis as redis_py
 
-    process = start_worker(redis_url=own_redis.url)
+    process = start_worker(processes, redis_url=own_redis.url)
     wait_until_listening(process, redis_py.Redis.from_url(own_redis.url))
     own_redis.halt()
     time.sleep(2.0)
     _stops_within(process, signal.SIGINT, STOP_BOUND)
 
 
-def test_sigterm_lets_the_attempt_in_flight_finish_and_claims_nothing_more(receiver, redis):
+def test_sigterm_lets_the_attempt_in_flight_finish_and_claims_nothing_more(receiver, redis, processes):
     """A stop during an attempt: that attempt is answered and written as succeeded, the
     messages not yet claimed stay pending for the next worker, and the worker exits soon
     after the attempt ends."""
     receiver.respond((200, {}, 2.0))
     process = start_worker(
-        env={"OUTBOX_TEST_HOOK_URL": receiver.url, "OUTBOX_TEST_HOOK_EXTRA": '{"MAX_IN_FLIGHT": 1}'}
+        processes,
+        env={"OUTBOX_TEST_HOOK_URL": receiver.url, "OUTBOX_TEST_HOOK_EXTRA": '{"MAX_IN_FLIGHT": 1}'},
     )
     try:
         wait_until_listening(process, redis)
@@ -225,7 +203,7 @@ def test_sigterm_lets_the_attempt_in_flight_finish_and_claims_nothing_more(recei
     assert {outbox.get(m.id).status for m in rest} == {"pending"}
 
 
-def test_a_stop_while_redis_goes_away_gives_up_writing_outcomes_after_a_grace(receiver, own_redis):
+def test_a_stop_while_redis_goes_away_gives_up_writing_outcomes_after_a_grace(receiver, own_redis, processes):
     """SIGTERM during an attempt, then Redis stops: the run tries to write the outcome for
     STOP_WRITE_GRACE seconds after the request (not half the lease), and the worker ends.
     The unwritten outcome is an attempt in flight lost: the recovery sweep takes it back."""
@@ -236,6 +214,7 @@ def test_a_stop_while_redis_goes_away_gives_up_writing_outcomes_after_a_grace(re
     receiver.respond((200, {}, 2.0))
     conn = redis_py.Redis.from_url(own_redis.url)
     process = start_worker(
+        processes,
         redis_url=own_redis.url,
         env={"OUTBOX_TEST_HOOK_URL": receiver.url, "OUTBOX_TEST_VISIBILITY_TIMEOUT": "120"},
     )
@@ -253,11 +232,11 @@ def test_a_stop_while_redis_goes_away_gives_up_writing_outcomes_after_a_grace(re
     _stops_within(process, signal.SIGTERM, 2.0 + STOP_WRITE_GRACE + 3.0)
 
 
-def test_a_worker_started_with_sigint_ignored_keeps_ignoring_it(redis):
+def test_a_worker_started_with_sigint_ignored_keeps_ignoring_it(redis, processes):
     """A shell starts its background commands with SIGINT ignored (scripts/demo's worker:
     a Ctrl-C reaches the whole process group); the worker keeps it so (RQ would not) and
     stops on SIGTERM."""
-    process = start_worker(preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    process = start_worker(processes, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     wait_until_listening(process, redis)
     process.send_signal(signal.SIGINT)
     time.sleep(2.0)
