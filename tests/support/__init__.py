@@ -15,6 +15,7 @@ from tests.support.http import ENDLESS, Received, Receiver, receiving, serving
 from tests.support.messages import (
     assert_index_invariant,
     hook_settings,
+    redis_at,
     redis_down,
     run_worker,
     settle,
@@ -33,6 +34,7 @@ __all__ = [
     "assert_index_invariant",
     "hook_settings",
     "receiving",
+    "redis_at",
     "redis_down",
     "run_worker",
     "serving",

@@ -74,6 +74,21 @@ def redis_down() -> override_settings:
     return override_settings(CACHES=caches)
 
 
+def redis_at(url: str) -> override_settings:
+    """override_settings: the outbox's cache alias pointed at ``url`` (short socket timeouts)."""
+    from django.conf import settings
+
+    caches = {
+        **settings.CACHES,
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": url,
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 1},
+        },
+    }
+    return override_settings(CACHES=caches)
+
+
 def assert_index_invariant(repo) -> None:
     """Every message id is in exactly one status index, the one its resend record names,
     of its own destination, and in that destination's created index; no index across

@@ -7,10 +7,10 @@ like those of one of the admin's own pages (the app index, ``/admin/outbox/``) o
 Django that runs the test: same element, colours, padding, height, font, separators.
 
 Run it on the oldest and the newest Django supported (the nox sessions leave the browser
-marker out): ``pytest tests/test_browser_look.py`` in this virtualenv (Django 5.2) and in
+marker out): ``pytest tests/console/test_browser_look.py`` in this virtualenv (Django 5.2) and in
 one with Django 6.1 (Python 3.12+). Screenshots (named after the Django version) go to
 ``docs/screenshots/`` with ``OUTBOX_SCREENSHOTS=1``, else to the test's temporary
-directory; Chromium and Playwright as in :mod:`tests.test_browser`.
+directory; Chromium and Playwright as in :mod:`tests.support.browser`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from django.test import RequestFactory, override_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
+
 SETTLED = re.compile(
     r"^settled: (?P<sent>\d+) sent, (?P<succeeded>\d+) succeeded, (?P<failed>\d+) failed, "
     r"(?P<lost>\d+) lost, (?P<accepted>\d+) distinct ids accepted by the receiver$"

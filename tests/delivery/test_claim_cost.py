@@ -72,7 +72,7 @@ def test_out_of_the_box_a_callable_destination_costs_at_most_ten_commands_per_me
 def test_out_of_the_box_a_webhook_destination_lent_idle_slots_does_not_spin(repo, receiver):
     """One webhook destination with no MAX_IN_FLIGHT (its default 16 is a share: a run
     lends it idle slots while it alone is busy, up to CONCURRENCY minus a reserve,
-    tests/test_lending.py). Lending must not bring back the busy loop: a claim at the
+    tests/delivery/test_slot_lending.py). Lending must not bring back the busy loop: a claim at the
     raised cap that comes up short waits for an attempt to finish like one at the cap
     (one HGETALL per claimed message plus one full look per IDLE_POLL; the spin read
     40-70 per delivered message), and the whole run stays near the 22-26 server

@@ -16,14 +16,13 @@ import subprocess
 import urllib.error
 import urllib.request
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 import outbox
-from tests.support import hook_settings, serving
+from tests.support import ROOT, hook_settings, serving
 
-SNIPPETS = Path(__file__).resolve().parent.parent / "docs" / "snippets"
+SNIPPETS = ROOT / "docs" / "snippets"
 SECRET = "whsec_" + base64.b64encode(b"docs-snippet-secret-key-32-bytes").decode()
 
 

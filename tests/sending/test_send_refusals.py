@@ -29,7 +29,7 @@ from outbox.sending.validation import clean_destination
 from tests.support import hook_settings, with_destinations
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(40, 72))).decode()
-#: Bounded example counts keep these tests to a few seconds (see also tests/test_admin_hardening.py).
+#: Bounded example counts keep these tests to a few seconds (see also tests/console/test_bad_input.py).
 PROPERTY = settings(
     max_examples=60,
     deadline=None,

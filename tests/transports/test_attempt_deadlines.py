@@ -1,5 +1,5 @@
 """Every attempt has a hard deadline its transport enforces, and outbox.W003 compares it
-with half the lease (issue 11). The webhook's is tested in test_webhook_hardening.py."""
+with half the lease (issue 11). The webhook's is tested in test_webhook_hostile_receivers.py."""
 
 from __future__ import annotations
 

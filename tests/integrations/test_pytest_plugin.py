@@ -86,9 +86,9 @@ urlpatterns = [path("signup/", signup)]
 def test_the_first_example_of_docs_testing_md_passes_as_written(pytester):
     """docs/testing.md's first example, copied as it stands, in a project whose signup
     view writes a user and sends to 'crm' (issue 20, item 14: it lacked django_db)."""
-    from pathlib import Path
+    from tests.support import ROOT
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
+    doc = (ROOT / "docs" / "testing.md").read_text()
     blocks = doc.split("```python\n")[1:]
     (example,) = [b.split("```", 1)[0] for b in blocks if "def test_signup_notifies_the_crm" in b]
     pytester.makepyfile(

@@ -11,7 +11,7 @@ the test is skipped with the reason, except when ``CI`` is set: then it fails, s
 cannot pass without running it.
 
 Screenshots are written to ``docs/screenshots/`` when ``OUTBOX_SCREENSHOTS=1``
-(``OUTBOX_SCREENSHOTS=1 pytest tests/test_browser.py``), else to a temporary directory.
+(``OUTBOX_SCREENSHOTS=1 pytest tests/console/test_browser.py``), else to a temporary directory.
 """
 
 from __future__ import annotations
