@@ -49,7 +49,7 @@ PYTEST = [
 #: look-oldest, look-newest): it depends on the Django version (6.1 changed the admin's
 #: markup), unlike the rest of the browser tests. Needs /usr/bin/chromium (scripts/test
 #: installs it on CI).
-LOOK = ["-q", "-p", "no:cacheprovider", "-m", "browser", "tests/test_browser_look.py"]
+LOOK = ["-q", "-p", "no:cacheprovider", "-m", "browser", "tests/console/test_browser_look.py"]
 
 
 def _run(

@@ -1,4 +1,4 @@
-"""URLs for tests/test_metrics.py: the outbox's metrics view, and django-prometheus's /metrics."""
+"""URLs for tests/integrations/test_metrics.py: the outbox's metrics view, and django-prometheus's /metrics."""
 
 from django.urls import include, path
 

@@ -90,7 +90,7 @@ CACHES = {
         "LOCATION": REDIS_URL,
         "OPTIONS": {
             "CLIENT_CLASS": "django_redis.client.DefaultClient",
-            # Worker subprocesses of tests/test_worker_process.py bound reads as a project's
+            # Worker subprocesses of tests/delivery/test_worker_process.py bound reads as a project's
             # settings would (the README's block says SOCKET_TIMEOUT: 5).
             **(
                 {"SOCKET_TIMEOUT": float(os.environ["OUTBOX_TEST_SOCKET_TIMEOUT"])}
@@ -119,7 +119,7 @@ OUTBOX = {
             },
             "RETRY": [0],
             "MAX_RETRIES": 3,
-            # Worker subprocesses of tests/test_rate_limits.py get limits this way.
+            # Worker subprocesses of tests/destinations/test_rate_limits.py get limits this way.
             **json.loads(os.environ.get("OUTBOX_TEST_HOOK_EXTRA", "{}")),
         },
         "mem": {"TRANSPORT": "locmem", "RETRY": [0], "MAX_RETRIES": 2},
@@ -133,7 +133,7 @@ OUTBOX = {
     "VISIBILITY_TIMEOUT": int(os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT", "30")),
     "LATE_AFTER": 1,
     # Most tests script failures and count retries: the circuit breaker would park their
-    # messages. tests/test_destination_health.py turns it on per destination.
+    # messages. tests/destinations/test_health.py turns it on per destination.
     "BREAKER": False,
 }
 LOGGING = {

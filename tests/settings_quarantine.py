@@ -1,4 +1,4 @@
-"""Settings of the worker processes of tests/test_quarantine.py: the test settings with
+"""Settings of the worker processes of tests/delivery/test_poison_quarantine.py: the test settings with
 short leases and sweeps, and the ``crasher`` destination (:func:`tests.poison.crash_or_record`,
 ``MAX_IN_FLIGHT`` 16 as an operator sets it for throughput, ``max_retries`` 2, one retry
 delay of 0.5 s)."""

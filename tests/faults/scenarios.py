@@ -5,7 +5,7 @@ Every scenario sends a known set of messages through the public API against real
 receiver process), breaks something on purpose, waits until every message settled (or a
 time limit passed), and counts: see :class:`tests.faults.harness.Result`. ``SHORT`` and
 ``FULL`` parameters are in :data:`SCENARIOS`; the CLI (``scripts/faults``) runs the full
-ones by default, the pytest tests (``tests/test_faults.py``) the short ones.
+ones by default, the pytest tests (``tests/faults/test_short_scenarios.py``) the short ones.
 
 Scenarios take their sizes, durations and timeouts as parameters and only use the
 public surface, so a new delivery core (batch claims, transactional capture) needs no

@@ -1,0 +1,123 @@
+"""Work-conserving lending of a worker's idle attempt slots (issue 20, item 13).
+
+A destination's default ``MAX_IN_FLIGHT`` (16: set neither by the destination, nor by
+``OUTBOX["MAX_IN_FLIGHT"]``, nor by its transport) is its share of the worker's
+``CONCURRENCY`` (32) when destinations compete, not a ceiling while the other slots sit
+idle: one busy destination whose attempts succeed quickly may use up to ``CONCURRENCY``
+minus a reserve. A run (``outbox.delivery.run``) here drains a backlog in this process,
+as the wake-up job does in a worker, against real receivers on loopback that count the
+requests they answer at once.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.test import override_settings
+
+import outbox
+from outbox.conf import outbox_settings
+from outbox.delivery import loop as delivery
+from outbox.destinations.config import get_destination
+from tests.support import assert_index_invariant, hook_settings, receiving, with_destinations
+
+SLOW = 0.2  # seconds each receiver takes to answer: attempts overlap, rounds are visible
+
+
+def lend_limit(concurrency: int) -> int:
+    """Most attempts of one destination a run may have in flight by borrowing: the
+    worker's ``CONCURRENCY`` minus a reserve of a quarter of it (at least 1)."""
+    return concurrency - max(1, concurrency // 4)
+
+
+def send(destination: str, n: int) -> list[str]:
+    return [
+        m.id for m in outbox.send_many([{"destination": destination, "body": {"n": i}} for i in range(n)])
+    ]
+
+
+def test_one_busy_webhook_destination_borrows_idle_slots_up_to_the_reserve(repo, receiver):
+    """Out of the box, one webhook destination with 60 messages due and every other
+    destination idle: the run goes past the default cap of 16 once the destination's
+    attempts succeed, and never past CONCURRENCY minus the reserve (24). Before lending
+    it stayed at 16 while the other 16 slots sat idle."""
+    receiver.respond((200, {}, SLOW))
+    with hook_settings(receiver.url):
+        assert get_destination("hook").max_in_flight == outbox_settings.MAX_IN_FLIGHT == 16
+        ids = send("hook", 60)
+        report = delivery.run(outbox_settings.queue_name(None))
+    assert len(report.claimed) == 60 and repo.count("succeeded") == 60, report.as_dict()
+    assert {outbox.get(i).status for i in ids} == {"succeeded"}
+    assert len(receiver.requests) == 60  # each delivered once
+    assert 16 < receiver.most_active <= lend_limit(outbox_settings.CONCURRENCY), receiver.most_active
+    assert_index_invariant(repo)
+
+
+def test_two_busy_destinations_each_keep_to_their_share(repo):
+    """Two webhook destinations out of the box, both with messages due the whole run (it
+    claims for half a second, then lets its attempts finish), in a worker of 64 slots:
+    32 slots sit idle, yet neither destination goes past its default cap of 16. Lending
+    is for one busy destination; between busy destinations the cap is the share."""
+    with receiving() as a, receiving() as b:
+        a.respond((200, {}, SLOW))
+        b.respond((200, {}, SLOW))
+        with (
+            with_destinations("webhook", a={"OPTIONS": {"url": a.url}}, b={"OPTIONS": {"url": b.url}}),
+            override_settings(OUTBOX={**settings.OUTBOX, "CONCURRENCY": 64}),
+        ):
+            assert outbox_settings.CONCURRENCY == 64
+            assert get_destination("a").max_in_flight == get_destination("b").max_in_flight == 16
+            # interleaved: every claim meets both destinations
+            outbox.send_many([{"destination": d, "body": {"n": i}} for i in range(100) for d in ("a", "b")])
+            report = delivery.run(outbox_settings.queue_name(None), budget=0.5)
+    assert a.most_active == 16 and b.most_active == 16, (a.most_active, b.most_active)
+    assert repo.count("succeeded") == len(report.claimed) < 200  # both still had messages due
+    assert_index_invariant(repo)
+
+
+def test_an_explicit_max_in_flight_is_never_exceeded(repo, receiver):
+    """MAX_IN_FLIGHT 16 set by the destination, or by OUTBOX["MAX_IN_FLIGHT"] for every
+    destination: a limit the user chose (to protect a receiver), not a share. One busy
+    destination stays at 16 with the other 16 slots idle."""
+    receiver.respond((200, {}, SLOW))
+    with hook_settings(receiver.url, MAX_IN_FLIGHT=16):
+        send("hook", 60)
+        delivery.run(outbox_settings.queue_name(None))
+    assert receiver.most_active == 16
+    assert repo.count("succeeded") == 60
+
+    receiver.most_active = 0
+    with (
+        hook_settings(receiver.url),
+        override_settings(OUTBOX={**settings.OUTBOX, "MAX_IN_FLIGHT": 16}),
+    ):
+        assert get_destination("hook").max_in_flight == 16
+        send("hook", 60)
+        delivery.run(outbox_settings.queue_name(None))
+    assert receiver.most_active == 16
+    assert repo.count("succeeded") == 120
+    assert_index_invariant(repo)
+
+
+def test_a_failing_destination_is_not_lent_slots(repo, receiver):
+    """Out of the box, one busy destination whose receiver answers 500 (no retries: each
+    message fails once): it stays at its default cap of 16."""
+    receiver.respond((500, {}, SLOW))
+    with hook_settings(receiver.url, MAX_RETRIES=0):
+        send("hook", 60)
+        delivery.run(outbox_settings.queue_name(None))
+    assert len(receiver.requests) == 60 and repo.count("failed") == 60
+    assert receiver.most_active == 16
+    assert_index_invariant(repo)
+
+
+def test_a_slow_destination_is_not_lent_slots(repo, receiver):
+    """Out of the box, one busy destination whose receiver answers 200 but slower than
+    LEND_LATENCY (1 s): its attempts succeed, yet it stays at its default cap of 16
+    (a slow receiver would hold lent slots long after another destination needs them)."""
+    receiver.respond((200, {}, 1.2))
+    with hook_settings(receiver.url):
+        send("hook", 40)
+        delivery.run(outbox_settings.queue_name(None))
+    assert repo.count("succeeded") == 40
+    assert receiver.most_active == 16
+    assert_index_invariant(repo)

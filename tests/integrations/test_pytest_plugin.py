@@ -1,0 +1,102 @@
+"""The pytest plugin (``pytest11`` entry point ``outbox``) in a new project's test run:
+``outbox_redis`` starts a private server, ``outbox_sent`` sees what a test sent,
+``outbox_deliver`` delivers it in process."""
+
+from __future__ import annotations
+
+import textwrap
+
+SETTINGS = """
+SECRET_KEY = "plugin-test"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_rq", "outbox"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+# a Redis nobody runs: the plugin's outbox_redis points the alias at its private server
+CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}}
+RQ_QUEUES = {"outbox": {"USE_REDIS_CACHE": "default"}, "outbox_high": {"HOST": "elsewhere", "PORT": 1},
+             "outbox_low": {"USE_REDIS_CACHE": "default"}}
+OUTBOX = {"DESTINATIONS": {"audit": {"TRANSPORT": "callable", "OPTIONS": {"path": "project_hooks.record"}}}}
+"""
+
+HOOKS = """
+received = []
+
+def record(message):
+    received.append(message.json())
+"""
+
+TESTS = """
+import outbox
+import project_hooks
+
+
+def test_sent_and_delivered(outbox_sent, outbox_deliver):
+    outbox_sent.assert_nothing_sent()
+    outbox.send("audit", {"event": "signup"})
+    outbox_sent.assert_sent("audit", count=1, body={"event": "signup"})
+    report = outbox_deliver()
+    assert report.succeeded == 1
+    assert project_hooks.received == [{"event": "signup"}]
+    assert outbox.get(outbox_sent[0].id).status == "succeeded"
+
+
+def test_each_test_starts_empty(outbox_sent, outbox_redis):
+    assert outbox_redis.dbsize() == 0
+    outbox_sent.assert_nothing_sent()
+"""
+
+
+def test_plugin_fixtures_in_a_new_project(pytester):
+    pytester.makepyfile(project_settings=SETTINGS, project_hooks=HOOKS, test_project=TESTS)
+    pytester.makeini(
+        textwrap.dedent(
+            """
+            [pytest]
+            pythonpath = .
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ds=project_settings")
+    result.assert_outcomes(passed=2)
+
+
+DOC_PROJECT_SETTINGS = (
+    SETTINGS.replace('"audit": {"TRANSPORT": "callable"', '"crm": {"TRANSPORT": "callable"')
+    + 'ROOT_URLCONF = "project_urls"\nMIDDLEWARE = []\n'
+)
+
+DOC_PROJECT_URLS = """
+from django.contrib.auth.models import User
+from django.http import HttpResponse
+from django.urls import path
+
+import outbox
+
+
+def signup(request):
+    User.objects.create(username=request.POST["email"])
+    outbox.send("crm", {"email": request.POST["email"]})
+    return HttpResponse("welcome")
+
+
+urlpatterns = [path("signup/", signup)]
+"""
+
+
+def test_the_first_example_of_docs_testing_md_passes_as_written(pytester):
+    """docs/testing.md's first example, copied as it stands, in a project whose signup
+    view writes a user and sends to 'crm' (issue 20, item 14: it lacked django_db)."""
+    from tests.support import ROOT
+
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    blocks = doc.split("```python\n")[1:]
+    (example,) = [b.split("```", 1)[0] for b in blocks if "def test_signup_notifies_the_crm" in b]
+    pytester.makepyfile(
+        project_settings=DOC_PROJECT_SETTINGS,
+        project_hooks=HOOKS,
+        project_urls=DOC_PROJECT_URLS,
+        test_doc_example=example,
+    )
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ds=project_settings")
+    result.assert_outcomes(passed=1)
