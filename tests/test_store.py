@@ -10,7 +10,7 @@ import outbox
 from outbox.delivery import loop as delivery
 from outbox.records import STATUSES, Attempt, Message
 from outbox.store import Change
-from tests.conftest import assert_index_invariant
+from tests.conftest import assert_index_invariant, with_destinations
 
 
 def make(repo, n=1, **kwargs):
@@ -390,6 +390,19 @@ def test_delete_removes_everything_but_refuses_sending(repo):
         == 0
     )
     assert repo.count() == 1 and repo.count("sending") == 1
+    assert_index_invariant(repo)
+
+
+def test_delete_drops_the_idempotency_key_of_a_destination_named_in_non_ascii(repo):
+    # delete.lua once counted the destination's length in bytes (4 for "zoë") where
+    # keys.py counts characters (3): it looked for another key and left this one behind.
+    from django.conf import settings
+
+    with with_destinations(zoë=settings.OUTBOX["DESTINATIONS"]["mem"]):
+        m = outbox.send("zoë", "x", idempotency_key="k-ë")
+        assert repo.connection.exists(repo.keys.idempotency("zoë", "k-ë")) == 1
+        assert repo.delete([m.id], ("pending",)) == [True]
+        assert repo.connection.exists(repo.keys.idempotency("zoë", "k-ë")) == 0
     assert_index_invariant(repo)
 
 

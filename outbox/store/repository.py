@@ -17,7 +17,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from outbox.exceptions import MessageNotFound
 from outbox.records import INLINE_ATTEMPT_FIELDS, STATUSES, Attempt, Message
 from outbox.store.keys import Keys
-from outbox.store.scripts import names, sha, source
+from outbox.store.scripts import field_names, named, names, sha, source
 from outbox.store.thread_client import ThreadClients
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
@@ -48,6 +48,51 @@ ReleaseReply = tuple[list[bytes], list[bytes]]
 
 #: Where a walk over an index stopped: (score as Redis wrote it, id) of the last entry read.
 Cursor = tuple[bytes, bytes]
+
+#: One call of :meth:`MessageRepository.run_scripts`: (script name in ``lua/``, ARGV) or
+#: (script name, ARGV, KEYS).
+ScriptCall = tuple[str, Sequence[Any]] | tuple[str, Sequence[Any], Sequence[str]]
+
+#: The fields of each message of ``lua/create.lua``, in the order :meth:`MessageRepository.create_args` sends them.
+CREATE_FIELDS = ("id", "keyed", "fp", "dest", "queue", "status", "score", "created", "record", "n_resend")
+#: The fields of each change of ``lua/transition.lua``, in the order :meth:`Change.args` sends them.
+CHANGE_FIELDS = (
+    "id",
+    "from",
+    "to",
+    "score",
+    "lease",
+    "due_by",
+    "attempt",
+    "event",
+    "stat",
+    "load",
+    "also",
+    "park",
+    "n_set",
+    "n_unset",
+    "n_inline",
+)
+#: The fields of each attempt outcome given to :meth:`MessageRepository.health_args`, in order.
+OUTCOME_FIELDS = ("destination", "kind", "ms", "code", "class", "error", "retry_after", "id", "started_at")
+#: The fields of each destination's breaker settings in the health config JSON, in order
+#: (:func:`outbox.destinations.health.health_config_json`).
+BREAKER_FIELDS = (
+    "failures",
+    "failure_rate",
+    "min_attempts",
+    "window",
+    "cooldown",
+    "max_cooldown",
+    "disable_after",
+)
+
+
+def script_call(call: ScriptCall) -> tuple[str, Sequence[Any], Sequence[str]]:
+    """A :data:`ScriptCall` as (name, ARGV, KEYS)."""
+    if len(call) == 3:
+        return call
+    return call[0], call[1], ()
 
 
 @dataclass(frozen=True)
@@ -107,7 +152,8 @@ class Change:
     park: dict[str, Any] | None = None
 
     def args(self) -> list[Any]:
-        """This change as ``lua/transition.lua`` reads it: 12 fixed values (id, from
+        """This change as ``lua/transition.lua`` reads it (named by :data:`CHANGE_FIELDS`):
+        12 fixed values (id, from
         statuses joined by commas, to, score, lease, due_by, attempt JSON, event JSON,
         stat, load "1", also, park JSON; "" where absent), the number of ``set`` pairs, of
         ``unset`` fields and of ``inline`` pairs, then the pairs, the fields and the
@@ -283,7 +329,7 @@ class MessageRepository:
         pipe.execute()
         self.scripts_loaded = True
 
-    def run_scripts(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+    def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run Lua scripts in one round trip (a pipeline without MULTI), in order.
 
         Each script is atomic by itself; the calls are not atomic together. Every script
@@ -294,7 +340,7 @@ class MessageRepository:
         before an outcome write only misses a retry due at once until the next claim).
 
         Args:
-            calls: (script name in ``lua/``, ARGV) per call.
+            calls: (script name in ``lua/``, ARGV) or (name, ARGV, KEYS) per call.
 
         Returns:
             The raw reply of each call, in order.
@@ -305,16 +351,18 @@ class MessageRepository:
         """
         if not self.scripts_loaded:
             self.load_scripts()
+        parts = [script_call(call) for call in calls]
         pipe = self.connection.pipeline(transaction=False)
-        for name, args in calls:
-            pipe.evalsha(sha(name), 0, *args)
+        for name, args, keys in parts:
+            pipe.evalsha(sha(name), len(keys), *keys, *args)
         replies = pipe.execute(raise_on_error=False)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
             self.load_scripts()
             pipe = self.connection.pipeline(transaction=False)
             for i in missing:
-                pipe.evalsha(sha(calls[i][0]), 0, *calls[i][1])
+                name, args, keys = parts[i]
+                pipe.evalsha(sha(name), len(keys), *keys, *args)
             for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
                 replies[i] = reply
         for reply in replies:
@@ -322,33 +370,36 @@ class MessageRepository:
                 raise reply
         return replies
 
-    def run_script(self, name: str, args: Sequence[Any], client: Redis | None = None) -> Any:
+    def run_script(
+        self, name: str, args: Sequence[Any], client: Redis | None = None, *, keys: Sequence[str] = ()
+    ) -> Any:
         """Run one Lua script by SHA1 (loading the scripts first, and after ``NOSCRIPT``)
         and return its reply. ``client``: the redis-py client to run it on (default: the
-        repository's pooled one)."""
+        repository's pooled one); ``keys``: its KEYS (names from :attr:`keys`)."""
         client = client or self.connection
         if not self.scripts_loaded:
             self.load_scripts()
         try:
-            return client.evalsha(sha(name), 0, *args)
+            return client.evalsha(sha(name), len(keys), *keys, *args)
         except NoScriptError:
             self.load_scripts()
-            return client.evalsha(sha(name), 0, *args)
+            return client.evalsha(sha(name), len(keys), *keys, *args)
 
     # -- writing ------------------------------------------------------------------
     def create_args(
         self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool = True
     ) -> list[Any]:
-        """ARGV of ``lua/create.lua`` for ``messages`` (see :meth:`create`)."""
-        args: list[Any] = [
-            self.keys.prefix,
-            self.idempotency_ttl,
-            self.wake_ttl_ms,
-            repr(now),
-            repr(due_slack),
-            "1" if repeat else "0",
-            len(messages),
-        ]
+        """ARGV of ``lua/create.lua`` for ``messages`` (see :meth:`create`; its KEYS:
+        :meth:`create_keys`)."""
+        args: list[Any] = named(
+            idem_ttl=self.idempotency_ttl,
+            wake_ttl_ms=self.wake_ttl_ms,
+            now=repr(now),
+            slack=repr(due_slack),
+            repeat="1" if repeat else "0",
+            fields=field_names(CREATE_FIELDS),
+            n=len(messages),
+        )
         for m in messages:
             idem = m.idempotency_key
             score = repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at)
@@ -358,7 +409,7 @@ class MessageRepository:
                 rfields.pop(name, None)
             args += [
                 m.id,
-                self.keys.idempotency_scope(m.destination, idem) if idem else "",
+                "1" if idem else "",
                 m.fingerprint() if idem else "",
                 m.destination,
                 m.queue,
@@ -371,6 +422,25 @@ class MessageRepository:
             for pair in rfields.items():
                 args += pair
         return args
+
+    def create_keys(self, messages: Sequence[Message]) -> list[str]:
+        """KEYS of ``lua/create.lua`` for ``messages``: the destinations set, then per
+        message its records, status, due and created index entries' sorted sets, its
+        queue's wake-up flag and, if it has one, its idempotency key."""
+        keys = [self.keys.destinations]
+        for m in messages:
+            status = m.status
+            keys += [
+                self.keys.message(m.id),
+                self.keys.resend(m.id),
+                self.keys.status(status, m.destination),
+                self.keys.due(m.queue),
+                self.keys.created(m.destination),
+                self.keys.wake(m.queue),
+            ]
+            if m.idempotency_key:
+                keys.append(self.keys.idempotency(m.destination, m.idempotency_key))
+        return keys
 
     def create(
         self, messages: Sequence[Message], now: float, *, due_slack: float = 1.0, repeat: bool = True
@@ -389,7 +459,8 @@ class MessageRepository:
         if not messages:
             return CreateResult([], [])
         args = self.create_args(messages, now, due_slack, repeat)
-        reply = self.thread_clients.run(lambda client: self.run_script("create", args, client))
+        keys = self.create_keys(messages)
+        reply = self.thread_clients.run(lambda client: self.run_script("create", args, client, keys=keys))
         return self.parse_create(messages, reply)
 
     @staticmethod
@@ -420,24 +491,28 @@ class MessageRepository:
         limits: str = "{}",
         quarantine: bool = False,
     ) -> list[Any]:
-        """ARGV of ``lua/claim.lua`` (see :meth:`claim`)."""
+        """ARGV of ``lua/claim.lua`` (see :meth:`claim`; its KEYS: :meth:`claim_keys`)."""
         # Entries looked at: a few per message wanted. Messages of a destination at its
         # cap are skipped (they stay due), so the scan stays short when one destination
         # holds the head of the queue.
         scan = scan if scan is not None else limit * 2 + 8
-        return [
-            self.keys.prefix,
-            repr(now),
-            queue,
-            lease,
-            repr(deadline),
-            limit,
-            scan,
-            json.dumps(caps or {}, separators=(",", ":")),
-            repr(due_slack),
-            limits,
-            "q" if quarantine else "",
-        ]
+        return named(
+            prefix=self.keys.prefix,
+            now=repr(now),
+            queue=queue,
+            lease=lease,
+            deadline=repr(deadline),
+            limit=limit,
+            scan=scan,
+            caps=json.dumps(caps or {}, separators=(",", ":")),
+            slack=repr(due_slack),
+            limits=limits,
+            lane="q" if quarantine else "",
+        )
+
+    def claim_keys(self, queue: str) -> list[str]:
+        """KEYS of ``lua/claim.lua``: the queue's due and quarantine indexes, ``outbox:probes``."""
+        return [self.keys.due(queue), self.keys.quarantine(queue), self.keys.probes]
 
     def claim(self, queue: str, now: float, **options: Any) -> Claim:
         """Claim up to ``limit`` due messages of ``queue`` for delivery, in due order.
@@ -456,7 +531,9 @@ class MessageRepository:
         Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
         ``caps``, ``due_slack``, ``scan``, ``limits``, ``quarantine``).
         """
-        return self.parse_claim(self.run_script("claim", self.claim_args(queue, now, **options)))
+        return self.parse_claim(
+            self.run_script("claim", self.claim_args(queue, now, **options), keys=self.claim_keys(queue))
+        )
 
     @staticmethod
     def parse_claim(reply: ClaimReply) -> Claim:
@@ -472,11 +549,27 @@ class MessageRepository:
         )
 
     def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:
-        """ARGV of ``lua/transition.lua`` (see :meth:`transition` and :meth:`Change.args`)."""
-        args: list[Any] = [self.keys.prefix, repr(now), self.attempts_kept, self.events_channel, len(changes)]
+        """ARGV of ``lua/transition.lua`` (see :meth:`transition` and :meth:`Change.args`;
+        its KEYS: :meth:`transition_keys`)."""
+        args: list[Any] = named(
+            prefix=self.keys.prefix,
+            now=repr(now),
+            kept=self.attempts_kept,
+            channel=self.events_channel,
+            n=len(changes),
+            fields=field_names(CHANGE_FIELDS),
+        )
         for change in changes:
             args += change.args()
         return args
+
+    def transition_keys(self, changes: Sequence[Change]) -> list[str]:
+        """KEYS of ``lua/transition.lua``: per change, the message's resend record,
+        attempts list and message record."""
+        keys: list[str] = []
+        for change in changes:
+            keys += [self.keys.resend(change.id), self.keys.attempts(change.id), self.keys.message(change.id)]
+        return keys
 
     def transition(self, changes: Sequence[Change], now: float) -> list[ChangeResult]:
         """Apply compare-and-set status changes atomically (one script call).
@@ -491,7 +584,10 @@ class MessageRepository:
         if not changes:
             return []
         return self.parse_transition(
-            changes, self.run_script("transition", self.transition_args(changes, now))
+            changes,
+            self.run_script(
+                "transition", self.transition_args(changes, now), keys=self.transition_keys(changes)
+            ),
         )
 
     def outcomes_and_claim(
@@ -513,12 +609,12 @@ class MessageRepository:
         ``lua/claim.lua``. The destination events of the health script are in
         :attr:`Claim.events`.
         """
-        calls: list[tuple[str, Sequence[Any]]] = []
+        calls: list[ScriptCall] = []
         if outcomes:
-            calls.append(("health", self.health_args(outcomes, health_config, now)))
+            calls.append(("health", self.health_args(outcomes, health_config, now), [self.keys.probes]))
         if changes:
-            calls.append(("transition", self.transition_args(changes, now)))
-        calls.append(("claim", self.claim_args(queue, now, **claim_options)))
+            calls.append(("transition", self.transition_args(changes, now), self.transition_keys(changes)))
+        calls.append(("claim", self.claim_args(queue, now, **claim_options), self.claim_keys(queue)))
         replies = self.run_scripts(calls)
         results = self.parse_transition(changes, replies[1 if outcomes else 0]) if changes else []
         claim = self.parse_claim(replies[-1])
@@ -527,29 +623,34 @@ class MessageRepository:
         return results, claim
 
     def health_args(self, outcomes: Sequence[Sequence[Any]], config: str, now: float) -> list[Any]:
-        """ARGV of ``lua/health.lua``.
+        """ARGV of ``lua/health.lua`` (its KEYS: ``[keys.probes]``).
 
         Args:
             outcomes: per attempt ``[destination, kind ("s", "r", "p"), duration ms,
                 status code (0 = none), error class, error text, retry-after seconds
-                (0 = none), message id]``.
-            config: JSON destination -> breaker settings (:func:`outbox.destinations.health.health_config_json`).
+                (0 = none), message id, started_at (epoch seconds, optional)]``
+                (:data:`OUTCOME_FIELDS`).
+            config: JSON destination -> breaker settings (:data:`BREAKER_FIELDS`,
+                :func:`outbox.destinations.health.health_config_json`).
             now: epoch seconds.
         """
-        return [
-            self.keys.prefix,
-            repr(now),
-            self.events_channel,
-            config,
-            json.dumps(list(outcomes), separators=(",", ":")),
-        ]
+        return named(
+            prefix=self.keys.prefix,
+            now=repr(now),
+            channel=self.events_channel,
+            config=config,
+            config_fields=field_names(BREAKER_FIELDS),
+            outcomes=json.dumps(list(outcomes), separators=(",", ":")),
+            outcome_fields=field_names(OUTCOME_FIELDS),
+        )
 
     def record_outcomes(self, outcomes: Sequence[Sequence[Any]], config: str, now: float) -> list[str]:
         """Record attempt outcomes in destination health alone (``lua/health.lua``);
         returns the destination events (JSON strings)."""
         if not outcomes:
             return []
-        return [e.decode() for e in self.run_script("health", self.health_args(outcomes, config, now))]
+        reply = self.run_script("health", self.health_args(outcomes, config, now), keys=[self.keys.probes])
+        return [e.decode() for e in reply]
 
     def unpark(self, destination: str, now: float, batch: int = 1000) -> tuple[int, list[str], int]:
         """Put parked messages of ``destination`` back in their due index as far as its
@@ -559,7 +660,15 @@ class MessageRepository:
             (messages moved, queues whose wake-up flag the call set, messages still parked).
         """
         moved, woken, left = self.run_script(
-            "unpark", [self.keys.prefix, repr(now), destination, batch, self.wake_ttl_ms]
+            "unpark",
+            named(
+                prefix=self.keys.prefix,
+                now=repr(now),
+                destination=destination,
+                batch=batch,
+                wake_ttl_ms=self.wake_ttl_ms,
+            ),
+            keys=[self.keys.parked(destination), self.keys.probes, self.keys.dest(destination)],
         )
         return int(moved), [q.decode() for q in woken], int(left)
 
@@ -570,7 +679,15 @@ class MessageRepository:
             The event published (JSON), or None when the state did not change.
         """
         reply = self.run_script(
-            "admin", [self.keys.prefix, repr(now), self.events_channel, destination, action, reason]
+            "admin",
+            named(
+                now=repr(now),
+                channel=self.events_channel,
+                destination=destination,
+                action=action,
+                reason=reason,
+            ),
+            keys=[self.keys.dest(destination)],
         )
         return bytes(reply).decode() if reply else None
 
@@ -610,16 +727,20 @@ class MessageRepository:
         """
         reply = self.run_script(
             "alert",
-            [
-                self.keys.prefix,
-                event,
-                destination,
-                add,
-                repr(since),
-                repr(now),
-                max(1, int(window * 1000)),
-                "1" if trailing else "0",
-                last,
+            named(
+                event=event,
+                destination=destination,
+                add=add,
+                since=repr(since),
+                now=repr(now),
+                window_ms=max(1, int(window * 1000)),
+                trailing="1" if trailing else "0",
+                last=last,
+            ),
+            keys=[
+                self.keys.alert_sent(event, destination),
+                self.keys.alert_count(event, destination),
+                self.keys.alert_flush,
             ],
         )
         if int(reply[0]) != 1:
@@ -665,29 +786,24 @@ class MessageRepository:
             set: other resend-record fields to write; unset: fields to delete.
             step: seconds between the index scores of successive messages (no ties).
         """
-        args: list[Any] = [
-            self.keys.prefix,
-            repr(now),
-            self.events_channel,
-            action,
-            to,
-            ",".join(from_statuses),
-        ]
+        args: list[Any] = named(
+            prefix=self.keys.prefix,
+            now=repr(now),
+            channel=self.events_channel,
+            action=action,
+            to=to,
+            **{"from": ",".join(from_statuses)},
+            unset=",".join(unset),
+            score=repr(now),
+            step=repr(step),
+            wake_ttl_ms=self.wake_ttl_ms,
+        )
         set = set or {}
         args.append(len(set))
         for field_name, value in set.items():
             args += [field_name, value]
-        args += [
-            ",".join(unset),
-            repr(now),
-            repr(step),
-            self.wake_ttl_ms,
-            1,
-            "",
-            len(ids),
-            *ids,
-        ]  # one group, no job id
-        reply: BulkReply = self.run_script("bulk", args)
+        args += [1, "", len(ids), *ids]  # one group, no job id
+        reply: BulkReply = self.run_script("bulk", args, keys=[self.keys.resend(i) for i in ids])
         flags, woken = reply
         return BulkResult(
             [i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken]
@@ -714,7 +830,18 @@ class MessageRepository:
             ids: the messages to release, if known.
         """
         reply: ReleaseReply = self.run_script(
-            "release", [self.keys.prefix, repr(now), lease, repr(deadline), self.wake_ttl_ms, *ids]
+            "release",
+            [
+                *named(
+                    prefix=self.keys.prefix,
+                    now=repr(now),
+                    lease=lease,
+                    deadline=repr(deadline),
+                    wake_ttl_ms=self.wake_ttl_ms,
+                ),
+                *ids,
+            ],
+            keys=[self.keys.destinations, *(self.keys.resend(i) for i in ids)],
         )
         released, woken = reply
         return BulkResult([i.decode() for i in released], [q.decode() for q in woken])
@@ -727,8 +854,11 @@ class MessageRepository:
         """
         if not queues:
             return []
+        keys: list[str] = []
+        for queue in queues:
+            keys += [self.keys.due(queue), self.keys.quarantine(queue), self.keys.wake(queue)]
         reply: list[bytes] = self.run_script(
-            "wake", [self.keys.prefix, repr(now), self.wake_ttl_ms, repr(stale_after), *queues]
+            "wake", [repr(now), self.wake_ttl_ms, repr(stale_after), *queues], keys=keys
         )
         return [q.decode() for q in reply]
 
@@ -744,7 +874,14 @@ class MessageRepository:
         """
         if not ids:
             return []
-        reply: list[int] = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids])
+        keys: list[str] = []
+        for message_id in ids:
+            keys += [
+                self.keys.resend(message_id),
+                self.keys.message(message_id),
+                self.keys.attempts(message_id),
+            ]
+        reply: list[int] = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids], keys=keys)
         return [bool(x) for x in reply]
 
     # -- reading ------------------------------------------------------------------
@@ -934,19 +1071,19 @@ class MessageRepository:
         when none was or the index is one sorted set read without ``after``)."""
         matched, examined, last_score, last_id = self.run_script(
             "filter",
-            [
-                self.keys.prefix,
-                checks,
-                "range",
-                score_bound(lo, "-inf"),
-                score_bound(hi, "+inf"),
-                offset,
-                count,
-                int(descending),
-                after[0] if after else "",
-                after[1] if after else "",
-                *index.keys,
-            ],
+            named(
+                prefix=self.keys.prefix,
+                checks=checks,
+                mode="range",
+                lo=score_bound(lo, "-inf"),
+                hi=score_bound(hi, "+inf"),
+                offset=offset,
+                count=count,
+                descending=int(descending),
+                after_score=after[0] if after else "",
+                after_id=after[1] if after else "",
+            ),
+            keys=index.keys,
         )
         cursor = (last_score, last_id) if last_score is not None else None
         return [raw.decode() for raw in matched], int(examined), cursor
@@ -1174,9 +1311,10 @@ class MessageRepository:
             for status in ("pending", "retrying"):
                 first = 0
                 while True:
-                    read, put = (
-                        int(x) for x in self.run_script("backfill", [self.keys.prefix, status, first, batch])
+                    reply = self.run_script(
+                        "backfill", [self.keys.prefix, first, batch], keys=[self.keys.legacy_status(status)]
                     )
+                    read, put = (int(x) for x in reply)
                     added += put
                     first += batch
                     if read < batch:
