@@ -58,7 +58,7 @@ key                                 type         holds
 
 There is no index across destinations (older versions: ``outbox:status:<status>`` and
 ``outbox:created``): a list or count over every destination reads the destinations'
-indexes together (:class:`~outbox.store.repository.Index`), so a status change moves a
+indexes together (:class:`~outbox.store.indexes.Index`), so a status change moves a
 message in two sorted sets, not four, and a finished message has two index entries.
 
 Status index scores: ``pending`` and ``retrying`` by next_attempt_at (so due messages

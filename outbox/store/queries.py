@@ -51,7 +51,9 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from outbox.records import STATUSES, Message, Status
-from outbox.store.repository import Cursor, Index, Members, MessageRepository
+from outbox.store.base import Members
+from outbox.store.indexes import Cursor, Index
+from outbox.store.repository import MessageRepository
 from outbox.store.scripts import named
 
 #: Index entries a page whose filter no index serves may examine.
