@@ -58,15 +58,19 @@ key                                 type         holds
 
 There is no index across destinations (older versions: ``outbox:status:<status>`` and
 ``outbox:created``): a list or count over every destination reads the destinations'
-indexes together (:class:`~outbox.store.repository.Index`), so a status change moves a
+indexes together (:class:`~outbox.store.indexes.Index`), so a status change moves a
 message in two sorted sets, not four, and a finished message has two index entries.
 
 Status index scores: ``pending`` and ``retrying`` by next_attempt_at (so due messages
 are a range query), ``sending`` by lease deadline (claim time + visibility timeout),
 the others by the time they entered the status.
 
-The Lua scripts in ``lua/`` build the same names from the prefix; keep both in step.
-Multi-key scripts that build names make the outbox unsuitable for Redis Cluster.
+Every key a Lua script (``lua/``) can know before it runs is built here and passed to
+it in ``KEYS``. Keys a script finds only at run time (ids it reads from an index, the
+destination or queue a resend record names) are built by one Lua helper,
+``lua/lib/keys.lua``, from the prefix the script is given: ``tests/test_lua_keys.py``
+runs it in Redis and checks each name against the method of the same name here. Those
+run-time keys are what still keeps the multi-key scripts off Redis Cluster.
 """
 
 from __future__ import annotations
@@ -99,7 +103,12 @@ class Keys:
     def legacy_indexes(self, statuses: Iterable[str]) -> list[str]:
         """The indexes across destinations that older versions kept (``outbox:created``
         and ``outbox:status:<status>``): read by the 0.1 upgrade, deleted by the schema 3 one."""
-        return [f"{self.prefix}:created", *(f"{self.prefix}:status:{s}" for s in statuses)]
+        return [f"{self.prefix}:created", *(self.legacy_status(s) for s in statuses)]
+
+    def legacy_status(self, status: str) -> str:
+        """The index across destinations of one status that older versions kept
+        (``outbox:status:<status>``): read by ``lua/backfill.lua``."""
+        return f"{self.prefix}:status:{status}"
 
     @property
     def destinations(self) -> str:

@@ -51,7 +51,10 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from outbox.records import STATUSES, Message, Status
-from outbox.store.repository import Cursor, Index, Members, MessageRepository
+from outbox.store.base import Members
+from outbox.store.indexes import Cursor, Index
+from outbox.store.repository import MessageRepository
+from outbox.store.scripts import named
 
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000
@@ -269,7 +272,11 @@ def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
     out = [i for i in ids if p.check_created.contains(created_at_of(i))] if p.check_created else list(ids)
     if not out or not p.reads_records:
         return out
-    matched = repo.run_script("filter", [repo.keys.prefix, _checks_json(p), "ids", *out])[0]
+    matched = repo.run_script(
+        "filter",
+        [*named(prefix=repo.keys.prefix, checks=_checks_json(p), mode="ids"), *out],
+        keys=[repo.keys.resend(i) for i in out],
+    )[0]
     return [raw.decode() for raw in matched]
 
 

@@ -9,13 +9,19 @@ compiled script by the SHA1 of its source (Redis docs, "Scripting with Lua").
 
 A line ``--! include <name>`` in a script is replaced by ``lua/lib/<name>.lua``: code
 that several scripts share is written once.
+
+Scripts take their keys in ``KEYS`` (built by :mod:`outbox.store.keys`) and their other
+inputs by name where they have more than three (:func:`named`, read by
+``lua/lib/args.lua``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
+from typing import Any
 
 INCLUDE = "--! include "
 
@@ -45,3 +51,22 @@ def names() -> tuple[str, ...]:
     """The names of every script in ``lua/`` (without ``.lua``), sorted."""
     folder = resources.files("outbox.store").joinpath("lua")
     return tuple(sorted(p.name[: -len(".lua")] for p in folder.iterdir() if p.name.endswith(".lua")))
+
+
+def named(**values: Any) -> list[Any]:
+    """Named inputs of a script, as ``named_args()`` of ``lua/lib/args.lua`` reads them at
+    the start of ARGV: their number, then name/value pairs (values as redis-py sends
+    them: str, bytes, int or float; the script gets strings).
+
+    Example: ``named(now="1.5", queue="q")`` -> ``[2, "now", "1.5", "queue", "q"]``.
+    """
+    out: list[Any] = [len(values)]
+    for pair in values.items():
+        out += pair
+    return out
+
+
+def field_names(names: Sequence[str]) -> str:
+    """The names of a repeated group's fields (``row_at`` of ``lua/lib/args.lua``), as one
+    comma-separated input."""
+    return ",".join(names)

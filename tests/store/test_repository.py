@@ -10,7 +10,7 @@ import outbox
 from outbox.delivery import loop as delivery
 from outbox.records import STATUSES, Attempt, Message
 from outbox.store import Change
-from tests.support import assert_index_invariant
+from tests.support import assert_index_invariant, with_destinations
 
 
 def make(repo, n=1, **kwargs):
@@ -390,6 +390,37 @@ def test_delete_removes_everything_but_refuses_sending(repo):
         == 0
     )
     assert repo.count() == 1 and repo.count("sending") == 1
+    assert_index_invariant(repo)
+
+
+def test_delete_drops_the_idempotency_key_of_a_destination_named_in_non_ascii(repo):
+    # delete.lua once counted the destination's length in bytes (4 for "zoë") where
+    # keys.py counts characters (3): it looked for another key and left this one behind.
+    from django.conf import settings
+
+    with with_destinations(zoë=settings.OUTBOX["DESTINATIONS"]["mem"]):
+        m = outbox.send("zoë", "x", idempotency_key="k-ë")
+        assert repo.connection.exists(repo.keys.idempotency("zoë", "k-ë")) == 1
+        assert repo.delete([m.id], ("pending",)) == [True]
+        assert repo.connection.exists(repo.keys.idempotency("zoë", "k-ë")) == 0
+    assert_index_invariant(repo)
+
+
+def test_release_gives_back_a_claim_whose_reply_was_lost_and_only_that_claim(repo):
+    # Without ids, release.lua finds the claim's messages by its exact lease deadline in
+    # every destination's sending index (the run-time keys of lib/keys.lua).
+    a, b, c = make(repo, 3)
+    now = time.time()
+    lost = repo.claim("outbox", now, lease="lost", deadline=now + 60, limit=2)
+    other = repo.claim("outbox", now, lease="other", deadline=now + 61, limit=1)
+    assert len(lost.messages) == 2 and len(other.messages) == 1
+    released = repo.release("other-token", now + 60, now)
+    assert released.applied == []  # the lease must match too
+    repo.clear_wake_flag("outbox")  # set by the send: the release sets it again
+    released = repo.release("lost", now + 60, now)
+    assert sorted(released.applied) == sorted(m.id for m in lost.messages)
+    assert released.woken == ["outbox"]
+    assert repo.count("sending") == 1 and repo.count("pending") == 2
     assert_index_invariant(repo)
 
 

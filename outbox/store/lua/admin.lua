@@ -2,12 +2,14 @@
 -- enable do not move parked messages themselves: the caller runs unpark.lua (in batches)
 -- after this call.
 --
--- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] Pub/Sub channel ("" = none)
--- ARGV[4] destination  ARGV[5] action ("pause", "resume", "disable", "enable")
--- ARGV[6] reason ("" = none)
+-- KEYS[1] the destination's state hash (outbox:dest:<d>)
+-- ARGV: named (lib/args.lua): now (epoch seconds), channel (Pub/Sub, "" = none),
+--   destination, action ("pause", "resume", "disable", "enable"), reason ("" = none)
 -- Returns the event JSON when the state changed (also PUBLISHed), else false.
-local prefix, now_s, channel, dest, action, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local dkey = prefix .. ':dest:' .. dest
+--! include args
+local opts = named_args()
+local now_s, channel, dest, action, reason = opts.now, opts.channel, opts.destination, opts.action, opts.reason
+local dkey = KEYS[1]
 local admin = redis.call('HGET', dkey, 'admin') or 'active'
 local to, name
 if action == 'pause' then

@@ -3,24 +3,23 @@
 -- The window is a key set with SET NX PX (Redis docs, "SET": NX sets only if absent,
 -- PX expires after milliseconds): the first caller in a window wins, every other waits.
 --
--- ARGV[1] prefix  ARGV[2] event ("destination.opened", "message.exhausted" ...)
--- ARGV[3] destination  ARGV[4] occurrences to add (0 = a trailing flush: nothing new)
--- ARGV[5] since: epoch seconds of the first of them  ARGV[6] now (epoch seconds)
--- ARGV[7] suppression window (milliseconds)
--- ARGV[8] "1": when suppressed, schedule a trailing flush at the window's end
--- ARGV[9] JSON detail of the newest occurrence ("" with a flush)
--- Keys: <prefix>:alert:sent:<event>:<d>   string, the window (holds its start)
---       <prefix>:alert:count:<event>:<d>  hash n, since, last: occurrences not reported yet
---       <prefix>:alert:flush              sorted set "<event>|<d>" -> when its window ends
+-- KEYS[1] outbox:alert:sent:<event>:<d>   string, the window (holds its start)
+-- KEYS[2] outbox:alert:count:<event>:<d>  hash n, since, last: occurrences not reported yet
+-- KEYS[3] outbox:alert:flush              sorted set "<event>|<d>" -> when its window ends
+-- ARGV: named (lib/args.lua): event ("destination.opened", "message.exhausted" ...),
+--   destination, add (occurrences to add; 0 = a trailing flush: nothing new), since
+--   (epoch seconds of the first of them), now (epoch seconds), window_ms (suppression
+--   window), trailing ("1": when suppressed, schedule a trailing flush at the window's
+--   end), last (JSON detail of the newest occurrence; "" with a flush)
 -- Returns {1, n, since, last} when the alert goes now (the count is taken and reset),
 -- {0} when suppressed (counted), {-1} for a flush that has nothing to report.
-local prefix, event, dest = ARGV[1], ARGV[2], ARGV[3]
-local add, since, now = tonumber(ARGV[4]), ARGV[5], ARGV[6]
-local window_ms, trailing, last = tonumber(ARGV[7]), ARGV[8], ARGV[9]
+--! include args
+local opts = named_args()
+local event, dest = opts.event, opts.destination
+local add, since, now = tonumber(opts.add), opts.since, opts.now
+local window_ms, trailing, last = tonumber(opts.window_ms), opts.trailing, opts.last
 local KEEP = 7 * 24 * 3600  -- seconds an unreported count is kept
-local sent = prefix .. ':alert:sent:' .. event .. ':' .. dest
-local count = prefix .. ':alert:count:' .. event .. ':' .. dest
-local flush = prefix .. ':alert:flush'
+local sent, count, flush = KEYS[1], KEYS[2], KEYS[3]
 local member = event .. '|' .. dest
 
 if add > 0 then

@@ -3,17 +3,20 @@
 -- next_attempt_at, unless they are there already. It reads outbox:status:<status>, the
 -- index across destinations that older versions kept (0.1 records have it).
 --
--- ARGV[1] prefix  ARGV[2] status  ARGV[3] first rank  ARGV[4] how many
+-- KEYS[1] that index (outbox:status:<status>)
+-- ARGV[1] prefix (of the keys found at run time: lib/keys.lua)  ARGV[2] first rank
+-- ARGV[3] how many
 -- Returns {ids read (fewer than asked: the index is done), ids added to a due index}.
-local prefix, status = ARGV[1], ARGV[2]
-local first, count = tonumber(ARGV[3]), tonumber(ARGV[4])
-local ids = redis.call('ZRANGE', prefix .. ':status:' .. status, first, first + count - 1, 'WITHSCORES')
+--! include keys
+local prefix = ARGV[1]
+local first, count = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ids = redis.call('ZRANGE', KEYS[1], first, first + count - 1, 'WITHSCORES')
 local added = 0
 for i = 1, #ids, 2 do
   local id, score = ids[i], ids[i + 1]
-  local cur = redis.call('HMGET', prefix .. ':resend:' .. id, 'queue', 'next_attempt_at')
+  local cur = redis.call('HMGET', K.resend(prefix, id), 'queue', 'next_attempt_at')
   if cur[1] then
-    added = added + redis.call('ZADD', prefix .. ':due:' .. cur[1], 'NX', cur[2] or score, id)
+    added = added + redis.call('ZADD', K.due(prefix, cur[1]), 'NX', cur[2] or score, id)
   end
 end
 return {#ids / 2, added}

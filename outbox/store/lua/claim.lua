@@ -34,47 +34,56 @@
 --   attempt at `now` is allowed if now >= TAT - tau, and then TAT = max(TAT, now) + T.
 -- A rescheduled message keeps its retry count: no attempt was made.
 --
--- ARGV[1] prefix        ARGV[2] now (epoch seconds, string)
--- ARGV[3] queue         ARGV[4] lease token
--- ARGV[5] lease deadline (epoch seconds; the message's score in the sending index)
--- ARGV[6] most messages to claim
--- ARGV[7] most due index entries to look at (claims may skip some, see ARGV[8])
--- ARGV[8] JSON object destination -> most messages of it this call may claim
---         (a destination at its cap is skipped, its messages stay due); "{}" = no caps
--- ARGV[9] due slack (seconds): messages due by now + slack are taken
--- ARGV[10] JSON object destination -> [emission interval T (0 = no rate limit),
---          tolerance tau, max concurrency (0 = none)]; "{}" = no limits
--- ARGV[11] "q": the quarantine lane: claim from outbox:quarantine:<queue> instead of the
---          due index (the caller asks for one message, with nothing else in flight).
---          Otherwise a suspect (its resend record has 'suspect': taken back from a lost
---          worker, docs/architecture.md) met in the due index is moved to the quarantine
---          index at the same score, not claimed: it is attempted alone, never in a batch.
+-- KEYS[1] the queue's due index (outbox:due:<queue>)
+-- KEYS[2] the queue's quarantine index (outbox:quarantine:<queue>)
+-- KEYS[3] outbox:probes
+-- ARGV: named (lib/args.lua):
+--   prefix: of the keys found at run time (lib/keys.lua: each message's records, each
+--     destination's state, sending index, parked set and GCRA TAT)
+--   now: epoch seconds (string)       queue: the queue's name
+--   lease: lease token                deadline: lease deadline (epoch seconds; the
+--                                     message's score in the sending index)
+--   limit: most messages to claim
+--   scan: most due index entries to look at (claims may skip some, see caps)
+--   caps: JSON object destination -> most messages of it this call may claim
+--     (a destination at its cap is skipped, its messages stay due); "{}" = no caps
+--   slack: due slack (seconds): messages due by now + slack are taken
+--   limits: JSON object destination -> [emission interval T (0 = no rate limit),
+--     tolerance tau, max concurrency (0 = none)]; "{}" = no limits
+--   lane: "q": the quarantine lane: claim from the quarantine index instead of the
+--     due index (the caller asks for one message, with nothing else in flight).
+--     Otherwise a suspect (its resend record has 'suspect': taken back from a lost
+--     worker, docs/architecture.md) met in the due index is moved to the quarantine
+--     index at the same score, not claimed: it is attempted alone, never in a batch.
 -- Returns {claimed, next_due, held, capped}: claimed is a flat list of the message record
 -- ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's
 -- own fields appended: later pairs win) per claimed message; next_due is the score of
 -- the earliest entry left in the due index (a string), or false when it is empty; held
 -- counts messages rescheduled by a limit (the caller may wait for them rather than end
 -- its run); capped lists the destinations whose due entries were skipped at their cap
--- (ARGV[8]), each once: until an attempt of one of them finishes, a claim of the same
+-- (caps), each once: until an attempt of one of them finishes, a claim of the same
 -- head of the queue would read the same entries again and take nothing (the caller
 -- waits instead: outbox/delivery.py); next_suspect is the score of the earliest entry of
 -- the quarantine index (a string), or false.
 -- Index writes and the message reads are made once per index for the whole call
 -- (lib/writes.lua, MGET): a claim of N messages costs two commands per message (the
 -- resend record's HGETALL and HSET) and a few per call.
+--! include args
+--! include keys
 --! include message
 --! include writes
-local prefix, now_s, queue, lease, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local opts = named_args()
+local prefix, now_s, queue, lease, deadline = opts.prefix, opts.now, opts.queue, opts.lease, opts.deadline
 local now = tonumber(now_s)
-local limit, scan = tonumber(ARGV[6]), tonumber(ARGV[7])
-local caps = cjson.decode(ARGV[8])
-local limits = cjson.decode(ARGV[10] or '{}')
+local limit, scan = tonumber(opts.limit), tonumber(opts.scan)
+local caps = cjson.decode(opts.caps)
+local limits = cjson.decode(opts.limits or '{}')
 local CONCURRENCY_DELAY = 0.2  -- seconds a message over MAX_CONCURRENCY waits before it is looked at again
 local RAMP_STEP, RAMP_FIRST, RAMP_WINDOW = 1.0, 4, 30  -- release after a Retry-After (above): seconds, messages, seconds
 local LOG2 = math.log(2)
-local quarantine_key = prefix .. ':quarantine:' .. queue
-local in_quarantine = ARGV[11] == 'q'
-local due_key = in_quarantine and quarantine_key or (prefix .. ':due:' .. queue)
+local queue_due_key, quarantine_key, probes_key = KEYS[1], KEYS[2], KEYS[3]
+local in_quarantine = opts.lane == 'q'
+local due_key = in_quarantine and quarantine_key or queue_due_key
 local out = {}
 local taken_ids = {}  -- positions in out of the claimed ids, whose records are read at the end
 local taken, held = 0, 0
@@ -86,7 +95,7 @@ local ramp_changed = {}  -- destinations whose release counter (ramp_k) this cal
 local function gate(dest)
   local g = gates[dest]
   if g then return g end
-  local v = redis.call('HMGET', prefix .. ':dest:' .. dest, 'admin', 'breaker', 'next_probe_at',
+  local v = redis.call('HMGET', K.dest(prefix, dest), 'admin', 'breaker', 'next_probe_at',
                        'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k')
   g = {admin = v[1] or 'active', breaker = v[2] or 'closed', next_probe = tonumber(v[3] or '0'),
        probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = limits[dest], spaced = 0}
@@ -98,10 +107,10 @@ local function gate(dest)
     if g.lim and g.lim[1] > 0 then g.ramp_first = math.max(RAMP_FIRST, RAMP_STEP / g.lim[1]) end
   end
   if g.lim and g.lim[3] > 0 then
-    g.sending = redis.call('ZCARD', prefix .. ':status:sending:dest:' .. dest)
+    g.sending = redis.call('ZCARD', K.status(prefix, 'sending', dest))
   end
   if g.lim and g.lim[1] > 0 then
-    g.tat = tonumber(redis.call('GET', prefix .. ':gcra:' .. dest) or '0')
+    g.tat = tonumber(redis.call('GET', K.gcra(prefix, dest)) or '0')
   end
   gates[dest] = g
   return g
@@ -110,8 +119,8 @@ end
 local function reschedule(id, status, dest, at)
   local s = string.format('%.6f', at)
   zadd_later(due_key, s, id)
-  zadd_later(prefix .. ':status:' .. status .. ':dest:' .. dest, s, id)
-  redis.call('HSET', prefix .. ':resend:' .. id, 'next_attempt_at', s)
+  zadd_later(K.status(prefix, status, dest), s, id)
+  redis.call('HSET', K.resend(prefix, id), 'next_attempt_at', s)
   held = held + 1
 end
 
@@ -130,9 +139,9 @@ local function take(id, rkey, record, status, dest)
   local g = gates[dest]
   if g.sending then g.sending = g.sending + 1 end
   zrem_later(due_key, id)
-  if in_quarantine then zrem_later(prefix .. ':due:' .. queue, id) end  -- in both after a "retry now"
-  zrem_later(prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-  zadd_later(prefix .. ':status:sending:dest:' .. dest, deadline, id)
+  if in_quarantine then zrem_later(queue_due_key, id) end  -- in both after a "retry now"
+  zrem_later(K.status(prefix, status, dest), id)
+  zadd_later(K.status(prefix, 'sending', dest), deadline, id)
   local claimed = {'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s}
   redis.call('HSET', rkey, unpack(claimed))
   out[#out + 1] = id  -- replaced by the message record after the loop (one MGET)
@@ -157,19 +166,19 @@ local function status_and_destination(record)
 end
 
 if limit > 0 then
-  local rows = redis.call('ZRANGEBYSCORE', due_key, '-inf', now + tonumber(ARGV[9]), 'WITHSCORES', 'LIMIT', 0, scan)
+  local rows = redis.call('ZRANGEBYSCORE', due_key, '-inf', now + tonumber(opts.slack), 'WITHSCORES', 'LIMIT', 0, scan)
   write_at_once(#rows == 2)
   for i = 1, #rows, 2 do
     if taken >= limit then break end
     local id, score = rows[i], rows[i + 1]
-    local rkey = prefix .. ':resend:' .. id
+    local rkey = K.resend(prefix, id)
     local record = redis.call('HGETALL', rkey)
     local status, dest, suspect = status_and_destination(record)
     if (status == 'pending' or status == 'retrying') and (suspect and true or false) ~= in_quarantine then
       -- a suspect in the due index goes to the quarantine lane; an entry of the
       -- quarantine index that is no suspect (any more) goes back to the due index
       zrem_later(due_key, id)
-      zadd_later(in_quarantine and (prefix .. ':due:' .. queue) or quarantine_key, score, id)
+      zadd_later(in_quarantine and queue_due_key or quarantine_key, score, id)
     elseif status == 'pending' or status == 'retrying' then
       local g = gate(dest)
       local probe = false
@@ -183,12 +192,12 @@ if limit > 0 then
       end
       if park then
         zrem_later(due_key, id)
-        zadd_later(prefix .. ':parked:' .. dest, score, id)
+        zadd_later(K.parked(prefix, dest), score, id)
       elseif probe then
         take(id, rkey, record, status, dest)
         g.breaker, g.probe_deadline = 'half_open', tonumber(deadline)
-        redis.call('HSET', prefix .. ':dest:' .. dest, 'breaker', 'half_open', 'probe_id', id, 'probe_deadline', deadline)
-        redis.call('ZADD', prefix .. ':probes', deadline, dest)
+        redis.call('HSET', K.dest(prefix, dest), 'breaker', 'half_open', 'probe_id', id, 'probe_deadline', deadline)
+        redis.call('ZADD', probes_key, deadline, dest)
       elseif g.ramp_of and tonumber(score) < g.blocked and ramp_slot(g, dest) > now then
         -- held by the block: rescheduled to its release slot (the slot just counted)
         reschedule(id, status, dest, g.last_slot)
@@ -231,28 +240,28 @@ if limit > 0 then
 end
 for _, dest in ipairs(ramp_changed) do
   local g = gates[dest]
-  redis.call('HSET', prefix .. ':dest:' .. dest, 'ramp_of', g.ramp_of, 'ramp_k', g.ramp_k)
+  redis.call('HSET', K.dest(prefix, dest), 'ramp_of', g.ramp_of, 'ramp_k', g.ramp_k)
 end
 for _, dest in ipairs(tat_changed) do
   local tat = gates[dest].tat
-  redis.call('SET', prefix .. ':gcra:' .. dest, string.format('%.6f', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+  redis.call('SET', K.gcra(prefix, dest), string.format('%.6f', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
 end
 flush_writes()
 for first = 1, #taken_ids, WRITE_CHUNK do
   local last = math.min(first + WRITE_CHUNK - 1, #taken_ids)
   local mkeys = {}
-  for i = first, last do mkeys[#mkeys + 1] = prefix .. ':message:' .. out[taken_ids[i]] end
+  for i = first, last do mkeys[#mkeys + 1] = K.message(prefix, out[taken_ids[i]]) end
   local raws = redis.call('MGET', unpack(mkeys))
   for i = first, last do
     local pos, raw = taken_ids[i], raws[i - first + 1]
     -- false: no such key, or an older version's hash (MGET answers nil for another type)
-    if raw then out[pos] = {out[pos], raw} else out[pos] = message_record(prefix, out[pos]) end
+    if raw then out[pos] = {out[pos], raw} else out[pos] = message_record(K.message(prefix, out[pos]), out[pos]) end
   end
 end
 local function first_score(key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   return first[2] or false
 end
-local next_due = first_score(prefix .. ':due:' .. queue)
+local next_due = first_score(queue_due_key)
 local next_suspect = first_score(quarantine_key)
 return {out, next_due, held, capped, next_suspect}

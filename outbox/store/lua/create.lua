@@ -4,22 +4,24 @@
 -- Atomic per call. Idempotent on the message id: a message whose record exists is
 -- left as it is (the on-commit fast path and the relay may both push it).
 --
--- ARGV[1] prefix
--- ARGV[2] idempotency TTL in seconds (0 = keep for ever)
--- ARGV[3] wake flag TTL in milliseconds
--- ARGV[4] now (epoch seconds), ARGV[5] due slack (seconds): a message due by now+slack wakes its queue
--- ARGV[6] "1" to check whether each id was already written (a push of captured
---         messages, which the fast path and the relay may both make), "0" for new ids
---         (the call itself may still run twice: see "guarded" below)
--- ARGV[7] number of messages N, then per message:
---   id, idempotency key name ("" = none; already scoped by destination),
---   fingerprint (of body and content type; "" without a key), destination, queue,
---   status, status score (when it is due: also its resend record's next_attempt_at),
---   created_at, the message record (one string: its header line and the body,
---   outbox.records.Message.message_value), n_resend_fields, then the resend record's
---   other field/value pairs (n_resend_fields of them). The script writes status,
---   destination, queue and next_attempt_at itself from the arguments above, so they
---   are not sent twice (each argument costs Redis and the client about 0.4 us).
+-- KEYS[1] outbox:destinations; then per message, in order: its message record, its
+--   resend record, its status index (outbox:status:<status>:dest:<d>), its queue's due
+--   index, its destination's created index, its queue's wake-up flag, and, when it has
+--   an idempotency key, that key (outbox:idempotency:<n>:<d>:<key>)
+-- ARGV: named (lib/args.lua): idem_ttl (seconds; 0 = keep for ever), wake_ttl_ms (wake
+--   flag TTL), now (epoch seconds), slack (seconds: a message due by now + slack wakes
+--   its queue), repeat ("1" to check whether each id was already written: a push of
+--   captured messages, which the fast path and the relay may both make; "0" for new ids,
+--   the call itself may still run twice: see "guarded" below), fields (the names of
+--   each message's fields below, comma-separated), n (number of messages N);
+-- then per message its fields (lib/args.lua row_at): id, keyed ("1" when it has an
+--   idempotency key), fp (fingerprint of body and content type; "" without a key),
+--   dest, queue, status, score (status score; when it is due, also its resend record's
+--   next_attempt_at), created (created_at), record (the message record: one string, its
+--   header line and the body, outbox.records.Message.message_value), n_resend; then the
+--   resend record's other field/value pairs (n_resend of them). The script writes
+--   status, destination, queue and next_attempt_at itself from the fields above, so
+--   they are not sent twice (each argument costs Redis and the client about 0.4 us).
 -- The pairs go to HSET as a range of ARGV (unpack, in C): the script never walks them.
 -- Returns one flat array: the number of queues whose wake-up flag this call set, those
 -- queue names (the caller enqueues their job), then, for each message that was not
@@ -31,33 +33,38 @@
 -- Every message not listed was written ("new"): the common reply is {0} or {1, queue}.
 -- The message records and index entries are written once per key for the whole call
 -- (lib/writes.lua: one MSET, one ZADD per index).
+--! include args
 --! include writes
 --! include wakeup
-local prefix = ARGV[1]
-local idem_ttl = tonumber(ARGV[2])
-local wake_ttl = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-local due_by = now + tonumber(ARGV[5])
-local check_exists = ARGV[6] == '1'
-local n = tonumber(ARGV[7])
+local opts, pos = named_args()
+local idem_ttl = tonumber(opts.idem_ttl)
+local wake_ttl = tonumber(opts.wake_ttl_ms)
+local now = tonumber(opts.now)
+local due_by = now + tonumber(opts.slack)
+local check_exists = opts['repeat'] == '1'
+local n = tonumber(opts.n)
+local FIELDS = split(opts.fields)
 write_at_once(n == 1)
-local pos = 8
 local msgs = {}
 local conflict = false
+local k = 2  -- the next message's first key
 for i = 1, n do
-  -- One constructor, so Lua sizes the table once instead of growing it field by field.
-  local last = pos + 9 + tonumber(ARGV[pos + 9]) * 2
-  local m = {
-    id = ARGV[pos], idem = ARGV[pos + 1], fp = ARGV[pos + 2], dest = ARGV[pos + 3],
-    queue = ARGV[pos + 4], status = ARGV[pos + 5], score = ARGV[pos + 6], created = ARGV[pos + 7],
-    record = pos + 8, rfirst = pos + 10, rlast = last, code = 'new', standing = ARGV[pos],
-  }
-  pos = last + 1
+  local m = row_at(FIELDS, pos)
+  local first = pos + #FIELDS
+  m.rfirst, m.rlast = first, first + tonumber(m.n_resend) * 2 - 1
+  m.code, m.standing = 'new', m.id
+  m.mkey, m.rkey, m.skey, m.dkey, m.ckey, m.wkey = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
+  k = k + 6
+  if m.keyed == '1' then
+    m.ikey = KEYS[k]
+    k = k + 1
+  end
+  pos = m.rlast + 1
   -- First pass: what would happen to each message.
-  if check_exists and redis.call('EXISTS', prefix .. ':message:' .. m.id) == 1 then
+  if check_exists and redis.call('EXISTS', m.mkey) == 1 then
     m.code = 'exists'
-  elseif m.idem ~= '' then
-    local held = redis.call('GET', prefix .. ':idempotency:' .. m.idem)
+  elseif m.ikey then
+    local held = redis.call('GET', m.ikey)
     if held then
       local sep = string.find(held, '|', 1, true)
       local held_id, held_fp = held, ''
@@ -70,7 +77,7 @@ for i = 1, n do
   end
   msgs[i] = m
 end
--- A call for fresh ids (ARGV[6] "0") that runs again (redis-py's Retry resends a command
+-- A call for fresh ids (repeat "0") that runs again (redis-py's Retry resends a command
 -- after a ConnectionError or TimeoutError, also when the first run reached Redis and only
 -- its reply was lost) must not write anything again: a worker may have claimed or
 -- delivered the messages meanwhile. The call is atomic, so its first new message's record
@@ -79,7 +86,7 @@ local guarded = nil
 if not check_exists and not conflict then
   for _, m in ipairs(msgs) do
     if m.code == 'new' then
-      if redis.call('SET', prefix .. ':message:' .. m.id, ARGV[m.record], 'NX') then
+      if redis.call('SET', m.mkey, m.record, 'NX') then
         guarded = m
       else
         for _, again in ipairs(msgs) do
@@ -96,25 +103,25 @@ for i, m in ipairs(msgs) do
   -- Second pass: write, unless a conflict refuses the whole call (nothing half-written).
   if m.code == 'new' and not conflict then
     local id, dest, queue, status, score = m.id, m.dest, m.queue, m.status, m.score
-    if m.idem ~= '' then
-      local ikey = prefix .. ':idempotency:' .. m.idem
+    if m.ikey then
+      local ikey = m.ikey
       if idem_ttl > 0 then
         redis.call('SET', ikey, id .. '|' .. m.fp, 'EX', idem_ttl)
       else
         redis.call('SET', ikey, id .. '|' .. m.fp)
       end
     end
-    if m ~= guarded then mset_later(prefix .. ':message:' .. id, ARGV[m.record]) end
-    redis.call('HSET', prefix .. ':resend:' .. id, 'status', status, 'destination', dest, 'queue', queue,
+    if m ~= guarded then mset_later(m.mkey, m.record) end
+    redis.call('HSET', m.rkey, 'status', status, 'destination', dest, 'queue', queue,
       'next_attempt_at', score, unpack(ARGV, m.rfirst, m.rlast))
-    zadd_later(prefix .. ':status:' .. status .. ':dest:' .. dest, score, id)
-    zadd_later(prefix .. ':due:' .. queue, score, id)
-    zadd_later(prefix .. ':created:dest:' .. dest, m.created, id)
+    zadd_later(m.skey, score, id)
+    zadd_later(m.dkey, score, id)
+    zadd_later(m.ckey, m.created, id)
     if not dests[dest] then
       dests[dest] = true
-      redis.call('SADD', prefix .. ':destinations', dest)
+      redis.call('SADD', KEYS[1], dest)
     end
-    if tonumber(score) <= due_by then wake_queue(prefix, queue, ARGV[4], wake_ttl) end
+    if tonumber(score) <= due_by then wake_queue(m.wkey, queue, opts.now, wake_ttl) end
   else
     if m.code == 'new' then m.code = 'refused' end
     others[#others + 1] = {i, m.standing, m.code}

@@ -1,16 +1,19 @@
 -- Delete messages in one of the allowed statuses: both records, attempts, every index
 -- entry, and the idempotency key if it still points at the message.
 --
--- ARGV[1] prefix, ARGV[2] comma-separated allowed statuses, ARGV[3..] ids
+-- KEYS: per id, in order: its resend record, its message record, its attempts list
+-- ARGV[1] prefix (of the keys found at run time: lib/keys.lua), ARGV[2] comma-separated
+-- allowed statuses, ARGV[3..] ids
 -- Returns, per id: 1 deleted, 0 refused (status not allowed, or no such message).
+--! include keys
 local prefix = ARGV[1]
 local allowed = {}
 for s in string.gmatch(ARGV[2], '[^,]+') do allowed[s] = true end
 local out = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
-  local rkey = prefix .. ':resend:' .. id
-  local mkey = prefix .. ':message:' .. id
+  local k = 3 * (i - 3)
+  local rkey, mkey, akey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue')
   local status, dest = cur[1], cur[2]
   if status and allowed[status] then
@@ -30,16 +33,16 @@ for i = 3, #ARGV do
       end
     end
     if idem then
-      local ikey = prefix .. ':idempotency:' .. string.len(dest) .. ':' .. dest .. ':' .. idem
+      local ikey = K.idempotency(prefix, dest, idem)
       local held = redis.call('GET', ikey)
       if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
     end
-    redis.call('ZREM', prefix .. ':due:' .. (cur[3] or ''), id)
-    redis.call('ZREM', prefix .. ':quarantine:' .. (cur[3] or ''), id)
-    redis.call('ZREM', prefix .. ':parked:' .. dest, id)
-    redis.call('ZREM', prefix .. ':status:' .. status .. ':dest:' .. dest, id)
-    redis.call('ZREM', prefix .. ':created:dest:' .. dest, id)
-    redis.call('DEL', rkey, mkey, prefix .. ':attempts:' .. id)
+    redis.call('ZREM', K.due(prefix, cur[3] or ''), id)
+    redis.call('ZREM', K.quarantine(prefix, cur[3] or ''), id)
+    redis.call('ZREM', K.parked(prefix, dest), id)
+    redis.call('ZREM', K.status(prefix, status, dest), id)
+    redis.call('ZREM', K.created(prefix, dest), id)
+    redis.call('DEL', rkey, mkey, akey)
     out[#out + 1] = 1
   else
     out[#out + 1] = 0

@@ -3,21 +3,34 @@
 -- before, transition.lua: an outcome that opens the breaker is seen by the transition,
 -- which then parks the message instead of charging a retry.
 --
--- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] Pub/Sub channel ("" = none)
--- ARGV[4] JSON object destination -> [failures (0 = no breaker), failure rate,
---         min attempts, window seconds, cool-down, max cool-down, disable after (0 = never)]
--- ARGV[5] JSON list of outcomes, each [destination, kind ("s" success, "r" retryable
---         failure, "p" permanent failure), duration ms, status code (0 = none),
---         error class, error text, retry-after seconds (0 = none), message id,
---         when the attempt started (epoch seconds; its failure starts a run of failures
---         then, before its message's dead-letter time, so "recover since" finds it)]
+-- KEYS[1] outbox:probes
+-- ARGV: named (lib/args.lua):
+--   prefix: of each destination's keys (its state hash, health per minute, errors per
+--     hour: lib/keys.lua), found at run time in the outcomes
+--   now: epoch seconds   channel: Pub/Sub channel ("" = none)
+--   config: JSON object destination -> [breaker settings], named by config_fields
+--     (comma-separated): failures (0 = no breaker), failure_rate, min_attempts,
+--     window (seconds), cooldown, max_cooldown, disable_after (0 = never)
+--   outcomes: JSON list of outcomes, each a list named by outcome_fields
+--     (comma-separated): destination, kind ("s" success, "r" retryable failure, "p"
+--     permanent failure), ms (duration), code (status code, 0 = none), class (error
+--     class), error (text), retry_after (seconds, 0 = none), id (message id),
+--     started_at (when the attempt started, epoch seconds; its failure starts a run of
+--     failures then, before its message's dead-letter time, so "recover since" finds
+--     it; may be absent)
 -- Returns the events of the state changes made (JSON strings), each also PUBLISHed:
 --   {"event": "destination.<failing|recovered|opened|closed|disabled>",
 --    "destination": ..., "at": now, ...detail}
-local prefix, now_s, channel = ARGV[1], ARGV[2], ARGV[3]
+--! include args
+--! include keys
+local opts = named_args()
+local prefix, now_s, channel = opts.prefix, opts.now, opts.channel
 local now = tonumber(now_s)
-local configs = cjson.decode(ARGV[4])
-local outcomes = cjson.decode(ARGV[5])
+local CONFIG_FIELDS, OUTCOME_FIELDS = split(opts.config_fields), split(opts.outcome_fields)
+local configs = {}
+for dest, values in pairs(cjson.decode(opts.config)) do configs[dest] = named_list(values, CONFIG_FIELDS) end
+local outcomes = cjson.decode(opts.outcomes)
+local probes_key = KEYS[1]
 local minute = math.floor(now / 60)
 local hour = math.floor(now / 3600)
 local NB = 16             -- buckets 0..15: latency <= 2^i ms; bucket 16: above 32.768 s
@@ -53,7 +66,7 @@ local states, order = {}, {}
 local function state(dest)
   local st = states[dest]
   if st then return st end
-  local v = redis.call('HMGET', prefix .. ':dest:' .. dest, unpack(FIELDS))
+  local v = redis.call('HMGET', K.dest(prefix, dest), unpack(FIELDS))
   st = {admin = v[1] or 'active', breaker = v[2] or 'closed', consecutive = tonumber(v[3] or '0'),
         failing_since = v[4] and tonumber(v[4]) or nil, failing_notified = v[5] == '1',
         cooldown = tonumber(v[6] or '0'), probe_id = v[7] or '', blocked_until = tonumber(v[8] or '0'),
@@ -74,15 +87,15 @@ end
 
 local function open(dest, st, cfg, reason, detail)
   st.breaker = 'open'
-  st.cooldown = cfg[5]
-  st.next_probe_at = now + cfg[5]
+  st.cooldown = cfg.cooldown
+  st.next_probe_at = now + cfg.cooldown
   put(st, 'breaker', 'open')
   put(st, 'opened_at', now_s)
   put(st, 'cooldown', st.cooldown)
   put(st, 'next_probe_at', st.next_probe_at)
   drop(st, 'probe_id')
   drop(st, 'probe_deadline')
-  redis.call('ZADD', prefix .. ':probes', st.next_probe_at, dest)
+  redis.call('ZADD', probes_key, st.next_probe_at, dest)
   detail.reason, detail.next_probe_at = reason, st.next_probe_at
   emit('destination.opened', dest, detail)
 end
@@ -95,8 +108,10 @@ local function disable(dest, st, reason)
   emit('destination.disabled', dest, {reason = reason})
 end
 
-for _, o in ipairs(outcomes) do
-  local dest, kind, ms, code, cls, err, ra, id = o[1], o[2], tonumber(o[3]), tonumber(o[4]), o[5], o[6], tonumber(o[7]), o[8]
+for _, values in ipairs(outcomes) do
+  local o = named_list(values, OUTCOME_FIELDS)
+  local dest, kind, ms, code, cls, err = o.destination, o.kind, tonumber(o.ms), tonumber(o.code), o.class, o.error
+  local ra, id = tonumber(o.retry_after), o.id
   local st = state(dest)
   local cfg = configs[dest]
   local agg = st.agg
@@ -123,7 +138,7 @@ for _, o in ipairs(outcomes) do
       put(st, 'breaker', 'closed')
       for _, f in ipairs({'opened_at', 'next_probe_at', 'cooldown', 'probe_id', 'probe_deadline'}) do drop(st, f) end
       -- The wake check unparks what waited (the worker does at once too: belt and braces).
-      redis.call('ZADD', prefix .. ':probes', now, dest)
+      redis.call('ZADD', probes_key, now, dest)
       emit('destination.closed', dest, {})
     end
   else
@@ -132,7 +147,7 @@ for _, o in ipairs(outcomes) do
     put(st, 'consecutive', st.consecutive)
     put(st, 'last_failure_at', now_s)
     if not st.failing_since then
-      local started = tonumber(o[9]) or now
+      local started = tonumber(o.started_at) or now
       if started > now then started = now end
       st.failing_since = started
       put(st, 'failing_since', string.format('%.6f', started))
@@ -146,7 +161,7 @@ for _, o in ipairs(outcomes) do
       put(st, 'blocked_until', st.blocked_until)
     end
     local threshold = FAILING_AFTER
-    if cfg and cfg[1] > 0 and cfg[1] < threshold then threshold = cfg[1] end
+    if cfg and cfg.failures > 0 and cfg.failures < threshold then threshold = cfg.failures end
     if not st.failing_notified and st.consecutive >= threshold then
       st.failing_notified = true
       put(st, 'failing_notified', '1')
@@ -154,24 +169,24 @@ for _, o in ipairs(outcomes) do
                                          status_code = code, error_class = cls, error = err})
     end
     if code == 410 and st.admin ~= 'disabled' then disable(dest, st, '410 Gone') end
-    if cfg and cfg[1] > 0 then
-      if st.breaker == 'closed' and st.consecutive >= cfg[1] then
+    if cfg and cfg.failures > 0 then
+      if st.breaker == 'closed' and st.consecutive >= cfg.failures then
         open(dest, st, cfg, 'consecutive failures', {consecutive_failures = st.consecutive})
       elseif st.breaker == 'half_open' and id == st.probe_id then
         -- The probe failed: open again, with twice the cool-down (capped).
         st.breaker = 'open'
-        st.cooldown = math.min(math.max(st.cooldown, cfg[5]) * 2, cfg[6])
+        st.cooldown = math.min(math.max(st.cooldown, cfg.cooldown) * 2, cfg.max_cooldown)
         st.next_probe_at = now + st.cooldown
         put(st, 'breaker', 'open')
         put(st, 'cooldown', st.cooldown)
         put(st, 'next_probe_at', st.next_probe_at)
         drop(st, 'probe_id')
         drop(st, 'probe_deadline')
-        redis.call('ZADD', prefix .. ':probes', st.next_probe_at, dest)
+        redis.call('ZADD', probes_key, st.next_probe_at, dest)
       end
     end
-    if cfg and cfg[7] > 0 and st.admin == 'active' and now - st.failing_since >= cfg[7] then
-      disable(dest, st, 'failing for ' .. human(cfg[7]))
+    if cfg and cfg.disable_after > 0 and st.admin == 'active' and now - st.failing_since >= cfg.disable_after then
+      disable(dest, st, 'failing for ' .. human(cfg.disable_after))
     end
   end
 end
@@ -179,8 +194,8 @@ end
 for _, dest in ipairs(order) do
   local st = states[dest]
   local agg = st.agg
-  local hkey = prefix .. ':health:' .. dest .. ':' .. minute
-  local dkey = prefix .. ':dest:' .. dest
+  local hkey = K.health(prefix, dest, minute)
+  local dkey = K.dest(prefix, dest)
   for _, k in ipairs({'s', 'r', 'p'}) do
     if agg[k] > 0 then
       redis.call('HINCRBY', hkey, k, agg[k])
@@ -194,7 +209,7 @@ for _, dest in ipairs(order) do
   redis.call('HINCRBYFLOAT', dkey, 'lat_sum', agg.sum / 1000)
   redis.call('EXPIRE', hkey, 7200)
   if next(st.errors) then
-    local ekey = prefix .. ':errors:' .. dest .. ':' .. hour
+    local ekey = K.errors(prefix, dest, hour)
     for g, v in pairs(st.errors) do
       redis.call('HINCRBY', ekey, 'c:' .. g, v.n)
       redis.call('HSET', ekey, 't:' .. g, now_s, 'e:' .. g, v.err)
@@ -203,14 +218,14 @@ for _, dest in ipairs(order) do
   end
   -- The failure rate over the window (whole minutes, this call's attempts included).
   local cfg = configs[dest]
-  if cfg and cfg[1] > 0 and st.failed and st.breaker == 'closed' then
+  if cfg and cfg.failures > 0 and st.failed and st.breaker == 'closed' then
     local n, failed = 0, 0
-    for m = minute - math.ceil(cfg[4] / 60) + 1, minute do
-      local v = redis.call('HMGET', prefix .. ':health:' .. dest .. ':' .. m, 's', 'r', 'p')
+    for m = minute - math.ceil(cfg.window / 60) + 1, minute do
+      local v = redis.call('HMGET', K.health(prefix, dest, m), 's', 'r', 'p')
       local s, r, p = tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')
       n, failed = n + s + r + p, failed + r + p
     end
-    if n >= cfg[3] and failed / n > cfg[2] then
+    if n >= cfg.min_attempts and failed / n > cfg.failure_rate then
       open(dest, st, cfg, 'failure rate', {consecutive_failures = st.consecutive, failure_rate = failed / n, attempts = n})
     end
   end

@@ -2,29 +2,37 @@
 -- retries yet) or retrying, due now, back in their queue's due index, which is woken.
 -- Only messages still held under the given lease are released.
 --
--- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] lease token
--- ARGV[4] lease deadline: when no ids follow, every id in a sending index (of any
---         destination) with this exact score is a candidate (a claim whose reply was lost)
--- ARGV[5] wake flag TTL (ms)  ARGV[6..] ids (optional)
+-- KEYS[1] outbox:destinations; KEYS[2..] the resend records of the ids below, in order
+-- ARGV: named (lib/args.lua): prefix (of the keys found at run time: lib/keys.lua), now
+--   (epoch seconds), lease (token), deadline (lease deadline: when no ids follow, every
+--   id in a sending index, of any destination, with this exact score is a candidate: a
+--   claim whose reply was lost), wake_ttl_ms (wake flag TTL); then the ids (optional)
 -- Returns {ids released, queues whose wake-up flag this call set}.
 -- Index writes are made once per index for the whole call (lib/writes.lua, lib/move.lua).
+--! include args
+--! include keys
 --! include writes
 --! include move
 --! include wakeup
-local prefix, now_s, lease, deadline, wake_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-local ids = {}
-if #ARGV > 5 then
-  for i = 6, #ARGV do ids[#ids + 1] = ARGV[i] end
+local opts, pos = named_args()
+local prefix, now_s, lease, deadline, wake_ttl = opts.prefix, opts.now, opts.lease, opts.deadline, tonumber(opts.wake_ttl_ms)
+local ids, rkeys = {}, {}
+if #ARGV >= pos then
+  for i = pos, #ARGV do
+    ids[#ids + 1] = ARGV[i]
+    rkeys[#rkeys + 1] = KEYS[#rkeys + 2]
+  end
 else
-  for _, dest in ipairs(redis.call('SMEMBERS', prefix .. ':destinations')) do
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', prefix .. ':status:sending:dest:' .. dest, deadline, deadline)) do
+  for _, dest in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.status(prefix, 'sending', dest), deadline, deadline)) do
       ids[#ids + 1] = id
+      rkeys[#rkeys + 1] = K.resend(prefix, id)
     end
   end
 end
 local released = {}
-for _, id in ipairs(ids) do
-  local rkey = prefix .. ':resend:' .. id
+for i, id in ipairs(ids) do
+  local rkey = rkeys[i]
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'lease', 'retry_count')
   if cur[1] == 'sending' and cur[4] == lease then
     local dest, queue = cur[2], cur[3] or ''
@@ -34,7 +42,7 @@ for _, id in ipairs(ids) do
     redis.call('HSET', rkey, 'status', to, 'next_attempt_at', now_s, 'updated_at', now_s)
     redis.call('HDEL', rkey, 'lease')
     released[#released + 1] = id
-    wake_queue(prefix, queue, now_s, wake_ttl)
+    wake_queue(K.wake(prefix, queue), queue, now_s, wake_ttl)
   end
 end
 flush_writes()

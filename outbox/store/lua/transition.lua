@@ -4,12 +4,15 @@
 -- destination's status indexes and the queue's due index (pending|retrying, by due
 -- time) in step.
 --
--- ARGV[1] prefix
--- ARGV[2] now (epoch seconds, string)
--- ARGV[3] attempts kept per message
--- ARGV[4] Pub/Sub channel for events ("" = publish nothing; nothing is published either
---         while the channel has no subscriber, PUBSUB NUMSUB, and no pattern subscription)
--- ARGV[5] number of changes; from ARGV[6], each change as flat strings ("" = absent):
+-- KEYS: per change, in order: the message's resend record, its attempts list, its message
+--   record
+-- ARGV: named (lib/args.lua): prefix (of the keys found at run time: lib/keys.lua, the
+--   message's indexes, its destination's state, the stats counters), now (epoch
+--   seconds, string), kept (attempts kept per message), channel (Pub/Sub channel for
+--   events; "" = publish nothing; nothing is published either while the channel has no
+--   subscriber, PUBSUB NUMSUB, and no pattern subscription), n (number of changes),
+--   fields (the names of each change's fields below, comma-separated);
+-- then each change as flat strings named by fields (lib/args.lua row_at; "" = absent):
 --   id, from (statuses joined by ","), to, score, lease (must match), due_by
 --   (next_attempt_at must be <= this epoch time), attempt (JSON pushed on the attempts
 --   list), event (JSON published), stat (outcome counted per minute), load ("1": return
@@ -30,17 +33,21 @@
 --                       HGETALL when load and applied]}
 -- Index writes are gathered and made once per index for the whole call
 -- (lib/writes.lua).
+--! include args
+--! include keys
 --! include message
 --! include writes
 --! include move
-local prefix = ARGV[1]
-local now = tonumber(ARGV[2])
-local kept = tonumber(ARGV[3])
-local channel = ARGV[4]
+local opts, pos = named_args()
+local prefix = opts.prefix
+local now = tonumber(opts.now)
+local kept = tonumber(opts.kept)
+local channel = opts.channel
 if channel ~= '' and redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0 and redis.call('PUBSUB', 'NUMPAT') == 0 then
   channel = ''  -- nobody listens: Pub/Sub keeps nothing, so a PUBLISH would change nothing
 end
-local n = tonumber(ARGV[5])
+local n = tonumber(opts.n)
+local FIELDS = split(opts.fields)
 write_at_once(n == 1)
 local minute = math.floor(now / 60)
 local out = {}
@@ -48,23 +55,23 @@ local stats = {}  -- outcome -> count, written once per call
 local held = {}   -- destination -> true when paused, disabled or its breaker not closed
 local function holds(dest)
   if held[dest] == nil then
-    local v = redis.call('HMGET', prefix .. ':dest:' .. dest, 'admin', 'breaker')
+    local v = redis.call('HMGET', K.dest(prefix, dest), 'admin', 'breaker')
     held[dest] = (v[1] == 'paused' or v[1] == 'disabled' or v[2] == 'open' or v[2] == 'half_open')
   end
   return held[dest]
 end
 local function opt(v) if v == '' then return nil end return v end
-local pos = 6
 for i = 1, n do
-  local id, from, to, score = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3]
-  local lease, due_by, attempt, event = opt(ARGV[pos + 4]), opt(ARGV[pos + 5]), opt(ARGV[pos + 6]), opt(ARGV[pos + 7])
-  local stat, load, also, park = opt(ARGV[pos + 8]), ARGV[pos + 9] == '1', opt(ARGV[pos + 10]), opt(ARGV[pos + 11])
-  local nset, nunset, ninline = tonumber(ARGV[pos + 12]), tonumber(ARGV[pos + 13]), tonumber(ARGV[pos + 14])
-  local set_first = pos + 15
+  local c = row_at(FIELDS, pos)
+  local id, from, to, score = c.id, c.from, c.to, c.score
+  local lease, due_by, attempt, event = opt(c.lease), opt(c.due_by), opt(c.attempt), opt(c.event)
+  local stat, load, also, park = opt(c.stat), c.load == '1', opt(c.also), opt(c.park)
+  local nset, nunset, ninline = tonumber(c.n_set), tonumber(c.n_unset), tonumber(c.n_inline)
+  local set_first = pos + #FIELDS
   local unset_first = set_first + 2 * nset
   local inline_first = unset_first + nunset
   pos = inline_first + 2 * ninline
-  local rkey = prefix .. ':resend:' .. id
+  local rkey, akey, mkey = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease', 'queue', 'ok_at')
   local status = cur[1]
   local applied = 0
@@ -74,7 +81,7 @@ for i = 1, n do
     if allowed and lease and lease ~= cur[4] then allowed = false end
     local dest = cur[2] or ''
     local parking = false
-    local fields = {'status', to, 'updated_at', ARGV[2]}
+    local fields = {'status', to, 'updated_at', opts.now}
     local unset = nil
     if allowed and park and holds(dest) then
       -- the park alternative replaces the outcome's fields (decoded only here)
@@ -104,7 +111,6 @@ for i = 1, n do
         redis.call('HDEL', rkey, unpack(ARGV, unset_first, inline_first - 1))
       end
       if attempt then
-        local akey = prefix .. ':attempts:' .. id
         if redis.call('LPUSH', akey, attempt) > kept then redis.call('LTRIM', akey, 0, kept - 1) end
       end
       if stat then stats[stat] = (stats[stat] or 0) + 1 end
@@ -116,14 +122,14 @@ for i = 1, n do
   end
   local row = {applied, status or ''}
   if applied > 0 and load then
-    row[3] = message_record(prefix, id)
+    row[3] = message_record(mkey, id)
     row[4] = redis.call('HGETALL', rkey)
   end
   out[i] = row
 end
 flush_writes()
 for stat, n in pairs(stats) do
-  local skey = prefix .. ':stats:' .. stat .. ':' .. minute
+  local skey = K.stats(prefix, stat, minute)
   redis.call('INCRBY', skey, n)
   redis.call('EXPIRE', skey, 7200)
 end

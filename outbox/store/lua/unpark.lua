@@ -5,15 +5,20 @@
 -- message moved on (no longer pending/retrying) or was deleted are dropped. Keeps the
 -- destination's entry in outbox:probes (when the wake check must look again) true.
 --
--- ARGV[1] prefix  ARGV[2] now (epoch seconds)  ARGV[3] destination
--- ARGV[4] most messages to move  ARGV[5] wake flag TTL (ms)
+-- KEYS[1] the destination's parked set (outbox:parked:<d>)  KEYS[2] outbox:probes
+-- KEYS[3] the destination's state hash (outbox:dest:<d>)
+-- ARGV: named (lib/args.lua): prefix (of the keys found at run time: lib/keys.lua, each
+--   message's resend record, its queue's due index and wake-up flag), now (epoch
+--   seconds), destination, batch (most messages to move), wake_ttl_ms (wake flag TTL)
 -- Returns {moved, queues whose wake-up flag this call set, parked left}.
+--! include args
+--! include keys
 --! include wakeup
-local prefix, now_s, dest, batch, wake_ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local opts = named_args()
+local prefix, now_s, dest, batch, wake_ttl = opts.prefix, opts.now, opts.destination, tonumber(opts.batch), tonumber(opts.wake_ttl_ms)
 local now = tonumber(now_s)
-local pkey = prefix .. ':parked:' .. dest
-local probes = prefix .. ':probes'
-local v = redis.call('HMGET', prefix .. ':dest:' .. dest, 'admin', 'breaker', 'next_probe_at', 'probe_deadline')
+local pkey, probes = KEYS[1], KEYS[2]
+local v = redis.call('HMGET', KEYS[3], 'admin', 'breaker', 'next_probe_at', 'probe_deadline')
 local admin, breaker = v[1] or 'active', v[2] or 'closed'
 local next_probe, probe_deadline = tonumber(v[3] or '0'), tonumber(v[4] or '0')
 if admin ~= 'active' then
@@ -38,11 +43,11 @@ while moved < want and looked < batch do
     local id, score = rows[i], rows[i + 1]
     looked = looked + 1
     redis.call('ZREM', pkey, id)
-    local cur = redis.call('HMGET', prefix .. ':resend:' .. id, 'status', 'destination', 'queue')
+    local cur = redis.call('HMGET', K.resend(prefix, id), 'status', 'destination', 'queue')
     if (cur[1] == 'pending' or cur[1] == 'retrying') and cur[2] == dest and cur[3] then
-      redis.call('ZADD', prefix .. ':due:' .. cur[3], score, id)
+      redis.call('ZADD', K.due(prefix, cur[3]), score, id)
       moved = moved + 1
-      wake_queue(prefix, cur[3], now_s, wake_ttl)
+      wake_queue(K.wake(prefix, cur[3]), cur[3], now_s, wake_ttl)
     end
   end
 end

@@ -8,19 +8,21 @@
 -- * its queue's quarantine index (suspects, attempted alone): out when it leaves
 --   pending|retrying or moves within them; only claim.lua puts a suspect there.
 -- claim.lua takes messages only from the due index, never parked, and moves their three
--- entries itself. Needs lib/writes.lua included before this file.
+-- entries itself. Needs lib/writes.lua and lib/keys.lua included before this file (the
+-- keys are found at run time: the message's destination and queue are read from its
+-- resend record).
 local function waiting(status) return status == 'pending' or status == 'retrying' end
 
 local function move_indexes(prefix, id, dest, queue, from, to, score, park)
-  zrem_later(prefix .. ':status:' .. from .. ':dest:' .. dest, id)
-  zadd_later(prefix .. ':status:' .. to .. ':dest:' .. dest, score, id)
-  local due_key = prefix .. ':due:' .. queue
+  zrem_later(K.status(prefix, from, dest), id)
+  zadd_later(K.status(prefix, to, dest), score, id)
+  local due_key = K.due(prefix, queue)
   if waiting(from) then
-    zrem_later(prefix .. ':parked:' .. dest, id)
-    zrem_later(prefix .. ':quarantine:' .. queue, id)
+    zrem_later(K.parked(prefix, dest), id)
+    zrem_later(K.quarantine(prefix, queue), id)
   end
   if park then
-    zadd_later(prefix .. ':parked:' .. dest, score, id)
+    zadd_later(K.parked(prefix, dest), score, id)
   elseif waiting(to) then
     zadd_later(due_key, score, id)
   elseif waiting(from) then

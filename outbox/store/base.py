@@ -1,0 +1,133 @@
+"""The base of the repository (:class:`~outbox.store.repository.MessageRepository`): its
+Redis client, key names (:class:`~outbox.store.keys.Keys`) and settings, and how it runs
+the Lua scripts of ``lua/`` (by SHA1, with their KEYS and ARGV). Every part of the
+repository (messages, indexes, destination state, alerts, maintenance) extends it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import NoScriptError
+
+from outbox.store.keys import Keys
+from outbox.store.scripts import names, sha, source
+from outbox.store.thread_client import ThreadClients
+
+# Replies as this repository's connection returns them (``decode_responses=False``): bytes.
+# redis-py's own types also allow str (``decode_responses=True``) and give one type to
+# sorted-set reads with and without WITHSCORES, so replies are cast to these where parsed.
+Members = list[bytes]
+ScoredMembers = list[tuple[bytes, float]]
+
+#: One call of :meth:`MessageRepository.run_scripts`: (script name in ``lua/``, ARGV) or
+#: (script name, ARGV, KEYS).
+ScriptCall = tuple[str, Sequence[Any]] | tuple[str, Sequence[Any], Sequence[str]]
+
+
+def script_call(call: ScriptCall) -> tuple[str, Sequence[Any], Sequence[str]]:
+    """A :data:`ScriptCall` as (name, ARGV, KEYS)."""
+    if len(call) == 3:
+        return call
+    return call[0], call[1], ()
+
+
+class RepositoryBase:
+    """Messages in Redis under one key prefix: the connection, key names and settings
+    every part of the repository shares, and the running of scripts. Arguments: see
+    :class:`~outbox.store.repository.MessageRepository`.
+
+    Scripts are called by SHA1 (``EVALSHA``) and loaded again after a ``NOSCRIPT``
+    reply (a restarted Redis forgets them). Redis errors (``redis.exceptions.RedisError``)
+    propagate unchanged.
+    """
+
+    def __init__(
+        self,
+        connection: Redis,
+        prefix: str = "outbox",
+        *,
+        attempts_kept: int = 50,
+        events_channel: str = "",
+        idempotency_ttl: int = 0,
+        wake_ttl: float = 60.0,
+    ) -> None:
+        self.connection = connection
+        #: send()'s client: one connection held per thread (see :mod:`.thread_client`).
+        self.thread_clients = ThreadClients(connection)
+        self.keys = Keys(prefix)
+        self.attempts_kept = attempts_kept
+        self.events_channel = events_channel or ""
+        self.idempotency_ttl = idempotency_ttl
+        self.wake_ttl_ms = max(1, int(wake_ttl * 1000))
+        self.scripts_loaded = False
+
+    def load_scripts(self) -> None:
+        """Load every Lua script into Redis's script cache (one round trip, ``SCRIPT LOAD``).
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached.
+        """
+        pipe = self.connection.pipeline(transaction=False)
+        for name in names():
+            pipe.script_load(source(name))
+        pipe.execute()
+        self.scripts_loaded = True
+
+    def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run Lua scripts in one round trip (a pipeline without MULTI), in order.
+
+        Each script is atomic by itself; the calls are not atomic together. Every script
+        is loaded before the first call (:meth:`load_scripts`), so the calls run in order.
+        Only when Redis lost its script cache between two calls (a restart, ``SCRIPT
+        FLUSH``) do the calls that met ``NOSCRIPT`` run again after the others: the
+        scripts are written so that this costs time, never a message (a claim that runs
+        before an outcome write only misses a retry due at once until the next claim).
+
+        Args:
+            calls: (script name in ``lua/``, ARGV) or (name, ARGV, KEYS) per call.
+
+        Returns:
+            The raw reply of each call, in order.
+
+        Raises:
+            redis.exceptions.RedisError: a call failed (after loading the scripts and
+                running the calls that hit ``NOSCRIPT`` once more).
+        """
+        if not self.scripts_loaded:
+            self.load_scripts()
+        parts = [script_call(call) for call in calls]
+        pipe = self.connection.pipeline(transaction=False)
+        for name, args, keys in parts:
+            pipe.evalsha(sha(name), len(keys), *keys, *args)
+        replies = pipe.execute(raise_on_error=False)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            self.load_scripts()
+            pipe = self.connection.pipeline(transaction=False)
+            for i in missing:
+                name, args, keys = parts[i]
+                pipe.evalsha(sha(name), len(keys), *keys, *args)
+            for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def run_script(
+        self, name: str, args: Sequence[Any], client: Redis | None = None, *, keys: Sequence[str] = ()
+    ) -> Any:
+        """Run one Lua script by SHA1 (loading the scripts first, and after ``NOSCRIPT``)
+        and return its reply. ``client``: the redis-py client to run it on (default: the
+        repository's pooled one); ``keys``: its KEYS (names from :attr:`keys`)."""
+        client = client or self.connection
+        if not self.scripts_loaded:
+            self.load_scripts()
+        try:
+            return client.evalsha(sha(name), len(keys), *keys, *args)
+        except NoScriptError:
+            self.load_scripts()
+            return client.evalsha(sha(name), len(keys), *keys, *args)

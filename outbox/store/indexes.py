@@ -1,0 +1,352 @@
+"""Index reads in Redis: lists and counts of messages by status and destination (one
+sorted set per destination, see :mod:`outbox.store.keys`), pages by rank, merged ranges
+across destinations (``lua/filter.lua``), walks, the destinations ever used, and the
+per-minute outcome counters. Read only, but for :meth:`IndexReads.drop_index_entry`
+(a repair). The queries of the admin console and bulk commands build on these
+(:mod:`outbox.store.queries`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from outbox.records import STATUSES
+from outbox.store.base import Members, RepositoryBase, ScoredMembers
+from outbox.store.scripts import named
+
+#: Where a walk over an index stopped: (score as Redis wrote it, id) of the last entry read.
+Cursor = tuple[bytes, bytes]
+
+
+@dataclass(frozen=True)
+class Index:
+    """A list of messages read as one sorted set: one sorted set per destination (of one
+    destination, or of every one), all with the same kind of score (see
+    :mod:`outbox.store.keys`); their union is the list, in score order (ties by id, as
+    Redis orders one sorted set).
+
+    Attributes:
+        keys: the sorted sets, one per destination.
+    """
+
+    keys: tuple[str, ...]
+
+
+class IndexReads(RepositoryBase):
+    """The index part of :class:`~outbox.store.repository.MessageRepository`."""
+
+    def index(self, status: str | None = None, destination: str | None = None) -> Index:
+        """The index listing messages with this status and/or destination: the status
+        index (or, without a status, the created index) of that destination, or of every
+        destination ever used when ``destination`` is None (one ``SMEMBERS``).
+
+        Raises:
+            ValueError: an unknown status.
+        """
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}; expected one of {STATUSES}")
+        names = [destination] if destination is not None else self.destinations()
+        if status is None:
+            return Index(tuple(self.keys.created(d) for d in names))
+        return Index(tuple(self.keys.status(status, d) for d in names))
+
+    def filter(
+        self,
+        status: str | None = None,
+        destination: str | None = None,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        newest_first: bool = True,
+        min_score: float | None = None,
+        max_score: float | None = None,
+    ) -> list[str]:
+        """Ids with this status and/or destination, a page at a time.
+
+        Ordered by the index score (see :mod:`outbox.store.keys`): created_at when no
+        status is given. ``min_score``/``max_score`` bound the score (epoch seconds).
+        See :meth:`range_by_rank` for what a deep page costs.
+        """
+        return self.range_by_rank(
+            self.index(status, destination),
+            min_score,
+            max_score,
+            offset=offset,
+            limit=limit,
+            descending=newest_first,
+        )
+
+    def range_by_rank(
+        self, index: Index, lo: float | None, hi: float | None, *, offset: int, limit: int, descending: bool
+    ) -> list[str]:
+        """A page of an index within a score range, read by rank.
+
+        One sorted set (one destination): unlike ``ZRANGEBYSCORE ... LIMIT offset`` (which
+        walks ``offset`` entries), this finds the rank where the range starts with ZCOUNT
+        and reads by rank, so a deep page costs O(log N) too; two round trips. Several
+        (every destination): ``lua/filter.lua`` merges them in Redis in one round trip,
+        reading ``offset + limit`` entries of each (O(destinations x (offset + limit))).
+        """
+        if limit <= 0 or not index.keys:
+            return []
+        if len(index.keys) > 1:
+            return self.merged_range(index, lo, hi, offset=offset, count=limit, descending=descending)[0]
+        key = index.keys[0]
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
+        if descending:
+            pipe.zcount(key, score_bound(hi, "+inf", exclusive=True), "+inf")
+        else:
+            pipe.zcount(key, "-inf", score_bound(lo, "-inf", exclusive=True))
+        counts: list[int] = pipe.execute()  # ZCOUNT, ZCOUNT
+        in_range, before = counts
+        if (descending and hi is None) or (not descending and lo is None):
+            before = 0
+        end = min(offset + limit, in_range)
+        if end <= offset:
+            return []
+        read = self.connection.zrevrange if descending else self.connection.zrange
+        return [raw.decode() for raw in cast(Members, read(key, before + offset, before + end - 1))]
+
+    def merged_range(
+        self,
+        index: Index,
+        lo: float | None,
+        hi: float | None,
+        *,
+        offset: int,
+        count: int,
+        descending: bool,
+        checks: str = "{}",
+        after: Cursor | None = None,
+    ) -> tuple[list[str], int, Cursor | None]:
+        """Entries ``offset`` to ``offset + count`` (by rank, in score order) of an index
+        within a score range, its sorted sets merged in Redis as if they were one, that
+        pass ``checks`` (the JSON of ``lua/filter.lua``'s per-record checks; none by
+        default). One round trip, read only.
+
+        ``after``: start right after this entry (the cursor a previous call returned)
+        instead of at ``offset``: a walk in chunks then reads ``count`` entries of each
+        sorted set per chunk instead of ``offset + count``.
+
+        Returns (the ids that pass, in order; how many entries were examined: fewer than
+        ``count`` at the end of the range; the cursor of the last entry examined, or None
+        when none was or the index is one sorted set read without ``after``)."""
+        matched, examined, last_score, last_id = self.run_script(
+            "filter",
+            named(
+                prefix=self.keys.prefix,
+                checks=checks,
+                mode="range",
+                lo=score_bound(lo, "-inf"),
+                hi=score_bound(hi, "+inf"),
+                offset=offset,
+                count=count,
+                descending=int(descending),
+                after_score=after[0] if after else "",
+                after_id=after[1] if after else "",
+            ),
+            keys=index.keys,
+        )
+        cursor = (last_score, last_id) if last_score is not None else None
+        return [raw.decode() for raw in matched], int(examined), cursor
+
+    def count(
+        self,
+        status: str | None = None,
+        destination: str | None = None,
+        *,
+        min_score: float | None = None,
+        max_score: float | None = None,
+    ) -> int:
+        """How many messages have this status and/or destination (ZCARD, or ZCOUNT with
+        bounds, per destination: O(log N) each)."""
+        return self.count_range(self.index(status, destination), min_score, max_score)
+
+    def count_range(self, index: Index, lo: float | None = None, hi: float | None = None) -> int:
+        """Entries of an index within a score range: ZCARD without bounds, else ZCOUNT
+        (O(log N)), per sorted set, in one round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        for key in index.keys:
+            if lo is None and hi is None:
+                pipe.zcard(key)
+            else:
+                pipe.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
+        counts: list[int] = pipe.execute()  # ZCARD or ZCOUNT per sorted set
+        return sum(counts)
+
+    def counts(self, destination: str | None = None) -> dict[str, int]:
+        """Message count per status, of one destination or all (one pipelined ZCARD per
+        status and destination, O(1) each)."""
+        names = [destination] if destination is not None else self.destinations()
+        return sum_counts(self.counts_by_destination(names).values())
+
+    def counts_by_destination(self, destinations: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Per destination, the message count per status: one pipeline of O(1) ZCARDs."""
+        names = list(destinations)
+        pipe = self.connection.pipeline(transaction=False)
+        self.queue_status_counts(pipe, names)
+        return self.parse_status_counts(names, pipe.execute())
+
+    def queue_status_counts(self, pipe: Any, destinations: Sequence[str]) -> None:
+        """Add to ``pipe`` one ZCARD per destination and status (in that order), for
+        :meth:`parse_status_counts`: a caller that reads more in the same round trip."""
+        for destination in destinations:
+            for status in STATUSES:
+                pipe.zcard(self.keys.status(status, destination))
+
+    @staticmethod
+    def parse_status_counts(destinations: Sequence[str], cards: Sequence[int]) -> dict[str, dict[str, int]]:
+        """The replies of :meth:`queue_status_counts` as destination -> status -> count."""
+        n = len(STATUSES)
+        return {
+            d: dict(zip(STATUSES, (int(c) for c in cards[i * n : (i + 1) * n]), strict=True))
+            for i, d in enumerate(destinations)
+        }
+
+    def count_past_retention(self, retention: dict[str, float | None], now: float) -> int:
+        """Messages kept longer than ``retention`` (status -> seconds, None = for ever)
+        allows: the purge backlog. One ZCOUNT per status and destination (O(log N))."""
+        names = self.destinations()
+        pipe = self.connection.pipeline(transaction=False)
+        for status, seconds in retention.items():
+            if seconds is not None:
+                for name in names:
+                    pipe.zcount(self.keys.status(status, name), "-inf", repr(now - seconds))
+        counts: list[int] = pipe.execute()  # ZCOUNT per status with a retention and destination
+        return sum(counts)
+
+    def destinations(self) -> list[str]:
+        """Names of every destination a message was ever sent to, sorted."""
+        return sorted(
+            d.decode() for d in cast("set[bytes]", self.connection.smembers(self.keys.destinations))
+        )
+
+    def oldest(
+        self, status: str, destination: str | None = None, *, among: Iterable[str] | None = None
+    ) -> tuple[str, float] | None:
+        """The (id, score) with the lowest score in a status index (of ``destination``,
+        of the destinations ``among``, or of every one), or None if empty. One round trip
+        (one ``ZRANGE`` of one entry per destination)."""
+        keys = (
+            self.index(status, destination).keys
+            if among is None
+            else tuple(self.keys.status(status, d) for d in among)
+        )
+        return self._lowest(keys)
+
+    def oldest_parked(self, destinations: Iterable[str]) -> tuple[str, float] | None:
+        """The (id, due score) of the parked message due first among ``destinations``
+        (held while paused, disabled or its breaker is open), or None when none is
+        parked. One round trip (one ``ZRANGE`` of one entry per destination)."""
+        return self._lowest(tuple(self.keys.parked(d) for d in destinations))
+
+    def _lowest(self, keys: Sequence[str]) -> tuple[str, float] | None:
+        """The (member, score) with the lowest score over the sorted sets ``keys``."""
+        if not keys:
+            return None
+        pipe = self.connection.pipeline(transaction=False)
+        for key in keys:
+            pipe.zrange(key, 0, 0, withscores=True)
+        firsts = [rows[0] for rows in cast(list[ScoredMembers], pipe.execute()) if rows]
+        if not firsts:
+            return None
+        raw, score = min(firsts, key=lambda row: (row[1], row[0]))
+        return raw.decode(), score
+
+    def iter_ids(
+        self,
+        status: str | None = None,
+        destination: str | None = None,
+        *,
+        batch: int = 1000,
+        min_score: float | None = None,
+        max_score: float | None = None,
+    ) -> Iterator[list[str]]:
+        """Yield every matching id, ``batch`` at a time: one destination after another
+        (sorted by name), oldest score first within each.
+
+        Walks each index by score with an exclusive lower bound, so ids that leave the
+        index meanwhile (a bulk action moving them) do not make it skip others.
+        """
+        for key in self.index(status, destination).keys:
+            yield from self._walk_by_score(key, batch, min_score, max_score)
+
+    def _walk_by_score(
+        self, key: str, batch: int, min_score: float | None, max_score: float | None
+    ) -> Iterator[list[str]]:
+        lo, hi = score_bound(min_score, "-inf"), score_bound(max_score, "+inf")
+        seen_at_score: set[str] = set()
+        last_score: float | None = None
+        while True:
+            rows = cast(
+                ScoredMembers,
+                self.connection.zrangebyscore(
+                    key, lo, hi, start=0, num=batch + len(seen_at_score), withscores=True
+                ),
+            )
+            ids = []
+            for raw, score in rows:
+                member = raw.decode()
+                if score == last_score and member in seen_at_score:
+                    continue
+                if score != last_score:
+                    last_score, seen_at_score = score, set()
+                seen_at_score.add(member)
+                ids.append(member)
+                if len(ids) == batch:
+                    break
+            if not ids:
+                return
+            yield ids
+            lo = repr(last_score)
+
+    def due(self, status: str, before: float, limit: int = 1000) -> list[tuple[str, float]]:
+        """Up to ``limit`` (id, score) pairs in a status index (every destination) with
+        score <= ``before``, lowest score first. One round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        for key in self.index(status).keys:
+            pipe.zrangebyscore(key, "-inf", repr(before), start=0, num=limit, withscores=True)
+        rows = [row for found in cast(list[ScoredMembers], pipe.execute()) for row in found]
+        rows.sort(key=lambda row: (row[1], row[0]))
+        return [(raw.decode(), score) for raw, score in rows[:limit]]
+
+    def stats(self, outcomes: Iterable[str], minutes: Sequence[int]) -> dict[str, list[int]]:
+        """Per-minute outcome counters: outcome -> counts for each minute (epoch // 60)."""
+        outcomes = list(outcomes)
+        pipe = self.connection.pipeline(transaction=False)
+        for outcome in outcomes:
+            for minute in minutes:
+                pipe.get(self.keys.stats(outcome, minute))
+        values: list[bytes | None] = pipe.execute()  # GET per outcome and minute
+        out: dict[str, list[int]] = {}
+        for i, outcome in enumerate(outcomes):
+            row = values[i * len(minutes) : (i + 1) * len(minutes)]
+            out[outcome] = [int(v) if v else 0 for v in row]
+        return out
+
+    def drop_index_entry(self, status: str, message_id: str) -> None:
+        """Remove an id from a status index of every destination (repairing an entry
+        without a record, whose destination is no longer known)."""
+        pipe = self.connection.pipeline(transaction=False)
+        for key in self.index(status).keys:
+            pipe.zrem(key, message_id)
+        pipe.execute()
+
+
+def sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts per status (of several destinations) added up, status by status."""
+    total = dict.fromkeys(STATUSES, 0)
+    for one in counts:
+        for status, n in one.items():
+            total[status] += n
+    return total
+
+
+def score_bound(value: float | None, default: str, exclusive: bool = False) -> str:
+    """A sorted-set score bound for ZCOUNT/ZRANGEBYSCORE: ``default`` when None, ``(x`` when exclusive."""
+    if value is None:
+        return default
+    return f"({value!r}" if exclusive else repr(value)

@@ -1,0 +1,84 @@
+"""Maintenance in Redis: the schema upgrade of records written by older versions
+(``lua/backfill.lua``), short locks, and the ``outbox_worker`` heartbeats.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from outbox.records import STATUSES
+from outbox.store.base import RepositoryBase, ScoredMembers
+
+#: Seconds an ``outbox:workers`` entry is kept after its heartbeat expired: longer than
+#: RQ keeps a dead worker's key (its ``worker_ttl``, 420 s, + 60), so a killed worker
+#: still listed by RQ is found stale, not unknown.
+WORKER_HEARTBEAT_KEPT = 3600.0
+
+
+class Maintenance(RepositoryBase):
+    """The maintenance part of :class:`~outbox.store.repository.MessageRepository`."""
+
+    SCHEMA = 3  # 2: per-queue due indexes; 3: no index across destinations, message record a string
+
+    def upgrade(self, batch: int = 1000) -> int:
+        """Bring records written by an older version up to :attr:`SCHEMA` (idempotent).
+
+        Version 0.1 kept no due index: its ``pending`` and ``retrying`` messages are put
+        in their queue's due index (``lua/backfill.lua``). Older versions (schema < 3)
+        also kept indexes across destinations (``outbox:created``,
+        ``outbox:status:<status>``): every id in them is in its destination's index too,
+        so they are deleted (``UNLINK``: freed in the background). Message records
+        written as hashes by older versions stay as they are: every reader accepts them.
+        Returns how many messages were put in a due index (0 when every one already was,
+        as on a new Redis).
+        """
+        key = f"{self.keys.prefix}:schema"
+        schema = int(self.connection.get(key) or 0)
+        if schema >= self.SCHEMA:
+            return 0
+        added = 0
+        if schema < 2:
+            for status in ("pending", "retrying"):
+                first = 0
+                while True:
+                    reply = self.run_script(
+                        "backfill", [self.keys.prefix, first, batch], keys=[self.keys.legacy_status(status)]
+                    )
+                    read, put = (int(x) for x in reply)
+                    added += put
+                    first += batch
+                    if read < batch:
+                        break
+        self.connection.unlink(*self.keys.legacy_indexes(STATUSES))
+        self.connection.set(key, self.SCHEMA)
+        return added
+
+    def acquire_lock(self, name: str, token: str, ttl: float) -> bool:
+        """Take a short lock (``SET NX PX``); True if this caller holds it now."""
+        return bool(self.connection.set(self.keys.lock(name), token, nx=True, px=max(1, int(ttl * 1000))))
+
+    def beat(self, member: str, ttl: float, now: float) -> None:
+        """Say that the ``outbox_worker`` ``member`` (``host:pid``) runs its housekeeping,
+        for ``ttl`` seconds from ``now`` (epoch seconds): the shared heartbeat
+        (``outbox:housekeeping``, expiring) and its own entry in ``outbox:workers`` (scored
+        by when it expires); entries expired over :data:`WORKER_HEARTBEAT_KEPT` seconds ago
+        are dropped. One round trip.
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached.
+        """
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.set(self.keys.heartbeat(), member, px=max(1, int(ttl * 1000)))
+        pipe.zadd(self.keys.workers, {member: now + ttl})
+        pipe.zremrangebyscore(self.keys.workers, "-inf", repr(now - WORKER_HEARTBEAT_KEPT))
+        pipe.execute()
+
+    def worker_heartbeats(self) -> dict[str, float]:
+        """``host:pid`` of each ``outbox_worker`` that beat lately -> when its heartbeat
+        expires (or expired), epoch seconds (one ``ZRANGE``; see :meth:`beat`).
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached.
+        """
+        rows = cast(ScoredMembers, self.connection.zrange(self.keys.workers, 0, -1, withscores=True))
+        return {raw.decode(): score for raw, score in rows}

@@ -1,0 +1,673 @@
+"""Messages in Redis: their records written and changed by the Lua scripts (create,
+claim, compare-and-set transitions, bulk changes, release, delete, wake checks) and
+read back (records, attempts, idempotency keys).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from redis.exceptions import ResponseError
+
+from outbox.exceptions import MessageNotFound
+from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message
+from outbox.store.base import RepositoryBase, ScriptCall
+from outbox.store.destination_state import health_args
+from outbox.store.scripts import field_names, named
+
+# The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
+# Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
+#: create.lua: [number of queues woken, their names..., then (position, standing id,
+#: code) for each message not written as new].
+CreateReply = list[Any]
+#: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
+#: resend HGETALL, ... per claimed message; next due score or None; messages a limit
+#: rescheduled; destinations skipped at their cap; next due score of the quarantine index or None).
+ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None]
+#: transition.lua, per change: (applied 0|1, status after[, message record, resend HGETALL]).
+TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[Any], list[bytes]]
+#: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
+BulkReply = tuple[list[int], list[bytes]]
+ReleaseReply = tuple[list[bytes], list[bytes]]
+
+#: The fields of each message of ``lua/create.lua``, in the order :meth:`MessageRepository.create_args` sends them.
+CREATE_FIELDS = ("id", "keyed", "fp", "dest", "queue", "status", "score", "created", "record", "n_resend")
+#: The fields of each change of ``lua/transition.lua``, in the order :meth:`Change.args` sends them.
+CHANGE_FIELDS = (
+    "id",
+    "from",
+    "to",
+    "score",
+    "lease",
+    "due_by",
+    "attempt",
+    "event",
+    "stat",
+    "load",
+    "also",
+    "park",
+    "n_set",
+    "n_unset",
+    "n_inline",
+)
+
+
+@dataclass
+class Change:
+    """One compare-and-set status change for :meth:`MessageRepository.transition`.
+
+    Attributes:
+        id: the message id.
+        from_statuses: statuses the message must be in for the change to apply.
+        to: the status after the change.
+        score: the message's score in the new status index (epoch seconds).
+        set: resend-record fields to write (values are strings).
+        unset: resend-record fields to delete.
+        lease: if given, the record's current lease must equal it.
+        due_by: if given, next_attempt_at must be <= this epoch time (seconds).
+        attempt: an attempt record to push on the capped attempts list.
+        inline: the attempt as resend-record fields (a success:
+            :meth:`~outbox.records.Attempt.inline_fields`), written instead of pushing
+            ``attempt`` when the record holds no inline success yet.
+        event: a JSON event to publish on the events channel.
+        stat: an outcome name counted in the per-minute statistics.
+        load: return both records when applied (saves a round trip on claim).
+        also: a second JSON event published with the change (``message.exhausted``).
+        park: what to write instead when the destination holds its messages (paused,
+            disabled, circuit breaker not closed; see ``lua/transition.lua``): a dict with
+            ``to``, ``score``, ``set``, ``unset``, ``attempt`` (JSON) and ``event``.
+    """
+
+    id: str
+    from_statuses: Sequence[str]
+    to: str
+    score: float
+    set: dict[str, str] = field(default_factory=dict)
+    unset: Sequence[str] = ()
+    lease: str | None = None
+    due_by: float | None = None
+    attempt: Attempt | None = None
+    inline: dict[str, str] | None = None
+    event: str | None = None
+    stat: str | None = None
+    load: bool = False
+    also: str | None = None
+    park: dict[str, Any] | None = None
+
+    def args(self) -> list[Any]:
+        """This change as ``lua/transition.lua`` reads it (named by :data:`CHANGE_FIELDS`):
+        12 fixed values (id, from
+        statuses joined by commas, to, score, lease, due_by, attempt JSON, event JSON,
+        stat, load "1", also, park JSON; "" where absent), the number of ``set`` pairs, of
+        ``unset`` fields and of ``inline`` pairs, then the pairs, the fields and the
+        inline pairs. Flat strings, not one JSON document: the script passes them to
+        ``HSET``/``HDEL`` as ranges of its arguments and decodes nothing but a ``park``
+        alternative (which gives all of its fields), and only when it applies."""
+        args: list[Any] = [
+            self.id,
+            ",".join(self.from_statuses),
+            self.to,
+            repr(self.score),
+            "" if self.lease is None else self.lease,
+            "" if self.due_by is None else repr(self.due_by),
+            "" if self.attempt is None else self.attempt.to_json(),
+            self.event or "",
+            self.stat or "",
+            "1" if self.load else "",
+            self.also or "",
+            "" if self.park is None else json.dumps(self.park, separators=(",", ":")),
+            len(self.set),
+            len(self.unset),
+            len(self.inline or ()),
+        ]
+        for pair in self.set.items():
+            args += pair
+        args += self.unset
+        for pair in (self.inline or {}).items():
+            args += pair
+        return args
+
+
+@dataclass
+class ChangeResult:
+    """What :meth:`MessageRepository.transition` did with one :class:`Change`.
+
+    Attributes:
+        id: the message id.
+        applied: True if the compare-and-set succeeded.
+        status: the status after the call ("" when no such message exists).
+        message: both records, when the change asked to ``load`` and was applied.
+        parked: True when the change applied as its ``park`` alternative (the
+            destination was held: the message waits, no retry charged).
+    """
+
+    id: str
+    applied: bool
+    status: str
+    message: Message | None = None
+    parked: bool = False
+
+
+@dataclass
+class Created:
+    """What :meth:`MessageRepository.create` did with one message.
+
+    Attributes:
+        id: the id the caller proposed.
+        standing_id: the id that stands for it: ``id``, or the message already sent under
+            the same idempotency key.
+        code: ``"new"`` (written), ``"exists"`` (a message with this id was already
+            written: a repeated push), ``"duplicate"`` (the key names another message
+            with the same body: nothing written) or ``"conflict"`` (the key names another
+            message with a different body: nothing written).
+    """
+
+    id: str
+    standing_id: str
+    code: str
+
+
+@dataclass
+class CreateResult:
+    """The reply of :meth:`MessageRepository.create`: one :class:`Created` per message,
+    in order, and the queues whose wake-up flag the call set (enqueue their job)."""
+
+    created: list[Created]
+    woken: list[str]
+
+
+@dataclass
+class Claim:
+    """The reply of :meth:`MessageRepository.claim`.
+
+    Attributes:
+        messages: the messages claimed (status ``sending``, this claim's lease), with both records.
+        next_due: epoch seconds when the earliest message left in the queue's due index
+            is due, or None when the index is empty.
+        held: messages the claim rescheduled because their destination was over a
+            limit (rate, concurrency, ``Retry-After``): due again soon.
+        events: destination events (JSON strings, see ``lua/health.lua``) caused by the
+            outcomes written in the same round trip (:meth:`MessageRepository.outcomes_and_claim`).
+        capped: destinations whose due messages the claim skipped because their cap
+            (``caps``) was reached: they stay due at the head of the queue.
+        next_suspect: epoch seconds when the earliest message of the queue's quarantine
+            index is due (a suspect, attempted alone: ``quarantine=True``), or None.
+    """
+
+    messages: list[Message]
+    next_due: float | None
+    held: int = 0
+    events: list[str] = field(default_factory=list)
+    capped: list[str] = field(default_factory=list)
+    next_suspect: float | None = None
+
+
+@dataclass
+class BulkResult:
+    """The reply of :meth:`MessageRepository.bulk_transition`: the ids changed and the
+    queues whose wake-up flag the call set."""
+
+    applied: list[str]
+    woken: list[str]
+
+
+class MessageStore(RepositoryBase):
+    """The messages part of :class:`~outbox.store.repository.MessageRepository`."""
+
+    def create_args(
+        self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool = True
+    ) -> list[Any]:
+        """ARGV of ``lua/create.lua`` for ``messages`` (see :meth:`create`; its KEYS:
+        :meth:`create_keys`)."""
+        args: list[Any] = named(
+            idem_ttl=self.idempotency_ttl,
+            wake_ttl_ms=self.wake_ttl_ms,
+            now=repr(now),
+            slack=repr(due_slack),
+            repeat="1" if repeat else "0",
+            fields=field_names(CREATE_FIELDS),
+            n=len(messages),
+        )
+        for m in messages:
+            idem = m.idempotency_key
+            score = repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at)
+            # The script writes these four resend fields from the arguments before them.
+            rfields = m.resend_fields()
+            for name in ("status", "destination", "queue", "next_attempt_at"):
+                rfields.pop(name, None)
+            args += [
+                m.id,
+                "1" if idem else "",
+                m.fingerprint() if idem else "",
+                m.destination,
+                m.queue,
+                m.status,
+                score,
+                repr(m.created_at),
+                m.message_value(),
+                len(rfields),
+            ]
+            for pair in rfields.items():
+                args += pair
+        return args
+
+    def create_keys(self, messages: Sequence[Message]) -> list[str]:
+        """KEYS of ``lua/create.lua`` for ``messages``: the destinations set, then per
+        message its records, status, due and created index entries' sorted sets, its
+        queue's wake-up flag and, if it has one, its idempotency key."""
+        keys = [self.keys.destinations]
+        for m in messages:
+            status = m.status
+            keys += [
+                self.keys.message(m.id),
+                self.keys.resend(m.id),
+                self.keys.status(status, m.destination),
+                self.keys.due(m.queue),
+                self.keys.created(m.destination),
+                self.keys.wake(m.queue),
+            ]
+            if m.idempotency_key:
+                keys.append(self.keys.idempotency(m.destination, m.idempotency_key))
+        return keys
+
+    def create(
+        self, messages: Sequence[Message], now: float, *, due_slack: float = 1.0, repeat: bool = True
+    ) -> CreateResult:
+        """Write new ``pending`` messages (one script call, atomic).
+
+        Idempotent on the message id when ``repeat`` (the default): pushing the same
+        message twice writes it once. ``repeat=False`` says the ids were never written
+        (a fresh ``send()``) and skips that check. A
+        message whose idempotency key (scoped to its destination) already names another
+        message is not written (see :class:`Created`). Each queue that gets a message due
+        by ``now + due_slack`` and has no wake-up flag gets one, and is listed in
+        :attr:`CreateResult.woken`. The call runs on this thread's own connection
+        (:mod:`.thread_client`): ``send()`` is the hottest path there is.
+        """
+        if not messages:
+            return CreateResult([], [])
+        args = self.create_args(messages, now, due_slack, repeat)
+        keys = self.create_keys(messages)
+        reply = self.thread_clients.run(lambda client: self.run_script("create", args, client, keys=keys))
+        return self.parse_create(messages, reply)
+
+    @staticmethod
+    def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
+        """Turn ``lua/create.lua``'s flat reply into a :class:`CreateResult`: the woken
+        queues first, then (position, standing id, code) for each message not written
+        as new."""
+        n_woken = int(reply[0])
+        woken = [q.decode() for q in reply[1 : 1 + n_woken]]
+        created = [Created(m.id, m.id, "new") for m in messages]
+        rest = reply[1 + n_woken :]
+        for at in range(0, len(rest), 3):
+            index = int(rest[at]) - 1
+            created[index] = Created(messages[index].id, rest[at + 1].decode(), rest[at + 2].decode())
+        return CreateResult(created, woken)
+
+    def claim_args(
+        self,
+        queue: str,
+        now: float,
+        *,
+        lease: str,
+        deadline: float,
+        limit: int,
+        caps: dict[str, int] | None = None,
+        due_slack: float = 0.0,
+        scan: int | None = None,
+        limits: str = "{}",
+        quarantine: bool = False,
+    ) -> list[Any]:
+        """ARGV of ``lua/claim.lua`` (see :meth:`claim`; its KEYS: :meth:`claim_keys`)."""
+        # Entries looked at: a few per message wanted. Messages of a destination at its
+        # cap are skipped (they stay due), so the scan stays short when one destination
+        # holds the head of the queue.
+        scan = scan if scan is not None else limit * 2 + 8
+        return named(
+            prefix=self.keys.prefix,
+            now=repr(now),
+            queue=queue,
+            lease=lease,
+            deadline=repr(deadline),
+            limit=limit,
+            scan=scan,
+            caps=json.dumps(caps or {}, separators=(",", ":")),
+            slack=repr(due_slack),
+            limits=limits,
+            lane="q" if quarantine else "",
+        )
+
+    def claim_keys(self, queue: str) -> list[str]:
+        """KEYS of ``lua/claim.lua``: the queue's due and quarantine indexes, ``outbox:probes``."""
+        return [self.keys.due(queue), self.keys.quarantine(queue), self.keys.probes]
+
+    def claim(self, queue: str, now: float, **options: Any) -> Claim:
+        """Claim up to ``limit`` due messages of ``queue`` for delivery, in due order.
+
+        ``pending``/``retrying`` -> ``sending`` with this claim's ``lease`` and the lease
+        ``deadline`` as the score in the sending index (``lua/claim.lua``). A destination
+        named in ``caps`` gives at most that many messages; its others stay due. The
+        destination gates apply (parking, probe, ``Retry-After``, ``limits``: the JSON of
+        :func:`outbox.destinations.health.limits_json`; see ``lua/claim.lua``).
+
+        A suspect (a message taken back from a lost worker: its resend record has
+        ``suspect``) is never claimed with others: met in the due index, it is moved to
+        the queue's quarantine index. ``quarantine=True`` claims from that index instead
+        (the caller asks for one message and has nothing else in flight).
+
+        Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
+        ``caps``, ``due_slack``, ``scan``, ``limits``, ``quarantine``).
+        """
+        return self.parse_claim(
+            self.run_script("claim", self.claim_args(queue, now, **options), keys=self.claim_keys(queue))
+        )
+
+    @staticmethod
+    def parse_claim(reply: ClaimReply) -> Claim:
+        """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
+        flat, next_due, held, capped, next_suspect = reply
+        messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+        return Claim(
+            messages,
+            float(next_due) if next_due else None,
+            int(held),
+            capped=[d.decode() for d in capped],
+            next_suspect=float(next_suspect) if next_suspect else None,
+        )
+
+    def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:
+        """ARGV of ``lua/transition.lua`` (see :meth:`transition` and :meth:`Change.args`;
+        its KEYS: :meth:`transition_keys`)."""
+        args: list[Any] = named(
+            prefix=self.keys.prefix,
+            now=repr(now),
+            kept=self.attempts_kept,
+            channel=self.events_channel,
+            n=len(changes),
+            fields=field_names(CHANGE_FIELDS),
+        )
+        for change in changes:
+            args += change.args()
+        return args
+
+    def transition_keys(self, changes: Sequence[Change]) -> list[str]:
+        """KEYS of ``lua/transition.lua``: per change, the message's resend record,
+        attempts list and message record."""
+        keys: list[str] = []
+        for change in changes:
+            keys += [self.keys.resend(change.id), self.keys.attempts(change.id), self.keys.message(change.id)]
+        return keys
+
+    def transition(self, changes: Sequence[Change], now: float) -> list[ChangeResult]:
+        """Apply compare-and-set status changes atomically (one script call).
+
+        Args:
+            changes: the changes; each applies only if its conditions hold.
+            now: epoch seconds, written as ``updated_at``.
+
+        Returns:
+            One :class:`ChangeResult` per change, in order.
+        """
+        if not changes:
+            return []
+        return self.parse_transition(
+            changes,
+            self.run_script(
+                "transition", self.transition_args(changes, now), keys=self.transition_keys(changes)
+            ),
+        )
+
+    def outcomes_and_claim(
+        self,
+        changes: Sequence[Change],
+        now: float,
+        queue: str,
+        *,
+        outcomes: Sequence[Sequence[Any]] = (),
+        health_config: str = "{}",
+        **claim_options: Any,
+    ) -> tuple[list[ChangeResult], Claim]:
+        """Record attempt outcomes in destination health, write the outcomes, then claim
+        the next messages, in one round trip.
+
+        The scripts run in order in one pipeline: ``lua/health.lua`` (``outcomes``, see
+        :func:`~outbox.store.destination_state.health_args`; it may open a circuit
+        breaker, so the transition that follows parks instead of charging a retry),
+        ``lua/transition.lua`` (``changes``), then ``lua/claim.lua``. The destination events of the health script are in
+        :attr:`Claim.events`.
+        """
+        calls: list[ScriptCall] = []
+        if outcomes:
+            calls.append(
+                (
+                    "health",
+                    health_args(self.keys, self.events_channel, outcomes, health_config, now),
+                    [self.keys.probes],
+                )
+            )
+        if changes:
+            calls.append(("transition", self.transition_args(changes, now), self.transition_keys(changes)))
+        calls.append(("claim", self.claim_args(queue, now, **claim_options), self.claim_keys(queue)))
+        replies = self.run_scripts(calls)
+        results = self.parse_transition(changes, replies[1 if outcomes else 0]) if changes else []
+        claim = self.parse_claim(replies[-1])
+        if outcomes:
+            claim.events = [e.decode() for e in replies[0]]
+        return results, claim
+
+    def bulk_transition(
+        self,
+        ids: Sequence[str],
+        *,
+        from_statuses: Sequence[str],
+        to: str,
+        now: float,
+        action: str,
+        set: dict[str, str] | None = None,
+        unset: Sequence[str] = (),
+        step: float = 1e-6,
+    ) -> BulkResult:
+        """One compare-and-set applied to many messages (``lua/bulk.lua``, one call).
+
+        Cheaper per message than :meth:`transition` for a user's bulk action: no
+        per-message JSON, and one Pub/Sub event (``messages.<action>`` with the ids) per
+        call instead of one per message. Messages that become ``pending`` enter their
+        queue's due index and wake it.
+
+        Args:
+            ids: the messages.
+            from_statuses: statuses a message must be in for the change to apply.
+            to: the status after the change.
+            now: epoch seconds (``updated_at``; the first index score).
+            action: the event name, e.g. ``"requeued"``.
+            set: other resend-record fields to write; unset: fields to delete.
+            step: seconds between the index scores of successive messages (no ties).
+        """
+        args: list[Any] = named(
+            prefix=self.keys.prefix,
+            now=repr(now),
+            channel=self.events_channel,
+            action=action,
+            to=to,
+            **{"from": ",".join(from_statuses)},
+            unset=",".join(unset),
+            score=repr(now),
+            step=repr(step),
+            wake_ttl_ms=self.wake_ttl_ms,
+        )
+        set = set or {}
+        args.append(len(set))
+        for field_name, value in set.items():
+            args += [field_name, value]
+        args += [1, "", len(ids), *ids]  # one group, no job id
+        reply: BulkReply = self.run_script("bulk", args, keys=[self.keys.resend(i) for i in ids])
+        flags, woken = reply
+        return BulkResult(
+            [i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken]
+        )
+
+    @staticmethod
+    def parse_transition(changes: Sequence[Change], reply: list[TransitionRow]) -> list[ChangeResult]:
+        """Turn the transition script's raw reply into :class:`ChangeResult` objects."""
+        results = []
+        for change, row in zip(changes, reply, strict=True):
+            message = Message.from_flat(row[2], row[3]) if len(row) > 2 else None
+            results.append(ChangeResult(change.id, bool(row[0]), row[1].decode(), message, row[0] == 2))
+        return results
+
+    def release(self, lease: str, deadline: float, now: float, ids: Sequence[str] = ()) -> BulkResult:
+        """Give claimed, unattempted messages back with no attempt charged (``lua/release.lua``).
+
+        Args:
+            lease: the claim's lease token; only messages still held under it are released.
+            deadline: the claim's lease deadline; with no ``ids``, every message in the
+                sending index at exactly this score is a candidate (a claim whose reply
+                was lost on the way).
+            now: epoch seconds: released messages are due now.
+            ids: the messages to release, if known.
+        """
+        reply: ReleaseReply = self.run_script(
+            "release",
+            [
+                *named(
+                    prefix=self.keys.prefix,
+                    now=repr(now),
+                    lease=lease,
+                    deadline=repr(deadline),
+                    wake_ttl_ms=self.wake_ttl_ms,
+                ),
+                *ids,
+            ],
+            keys=[self.keys.destinations, *(self.keys.resend(i) for i in ids)],
+        )
+        released, woken = reply
+        return BulkResult([i.decode() for i in released], [q.decode() for q in woken])
+
+    def wake_candidates(self, queues: Sequence[str], now: float, stale_after: float) -> list[str]:
+        """The queues that need a wake-up job now (``lua/wake.lua``); their flags are set.
+
+        A queue needs one when a message in its due index is due and its flag is absent
+        or older than ``stale_after`` seconds.
+        """
+        if not queues:
+            return []
+        keys: list[str] = []
+        for queue in queues:
+            keys += [self.keys.due(queue), self.keys.quarantine(queue), self.keys.wake(queue)]
+        reply: list[bytes] = self.run_script(
+            "wake", [repr(now), self.wake_ttl_ms, repr(stale_after), *queues], keys=keys
+        )
+        return [q.decode() for q in reply]
+
+    def clear_wake_flag(self, queue: str) -> None:
+        """A wake-up job of ``queue`` has started: the next message due needs a new one."""
+        self.connection.delete(self.keys.wake(queue))
+
+    def delete(self, ids: Sequence[str], statuses: Sequence[str]) -> list[bool]:
+        """Delete messages whose status is one of ``statuses`` (records, attempts, indexes).
+
+        Returns:
+            Per id, True if it was deleted.
+        """
+        if not ids:
+            return []
+        keys: list[str] = []
+        for message_id in ids:
+            keys += [
+                self.keys.resend(message_id),
+                self.keys.message(message_id),
+                self.keys.attempts(message_id),
+            ]
+        reply: list[int] = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids], keys=keys)
+        return [bool(x) for x in reply]
+
+    def get(self, message_id: str) -> Message:
+        """The message with this id.
+
+        Raises:
+            MessageNotFound: no such message.
+        """
+        message = self.get_many([message_id])[0]
+        if message is None:
+            raise MessageNotFound(f"no message with id {message_id!r}")
+        return message
+
+    def get_many(self, ids: Sequence[str]) -> list[Message | None]:
+        """The messages with these ids, in order; None where an id has no message.
+
+        One round trip (a second one only for records written by an older version, hashes)."""
+        if not ids:
+            return []
+        pipe = self.connection.pipeline(transaction=False)
+        for message_id in ids:
+            pipe.get(self.keys.message(message_id))
+            pipe.hgetall(self.keys.resend(message_id))
+        replies = pipe.execute(raise_on_error=False)  # GET, HGETALL per id
+        records = self.resolve_older_records(ids, replies[::2], lambda key, pipe: pipe.hgetall(key))
+        out: list[Message | None] = []
+        for i, record in enumerate(records):
+            resend = replies[2 * i + 1]
+            out.append(Message.from_redis(record, resend, ids[i]) if record and resend else None)
+        return out
+
+    def resolve_older_records(
+        self, ids: Sequence[str], replies: Sequence[Any], read: Callable[[str, Any], Any]
+    ) -> list[Any]:
+        """``replies`` to GET (or GETRANGE) of the message records, with each ``WRONGTYPE``
+        error (a hash, written by an older version) replaced by ``read(key, pipeline)``'s reply
+        (one more round trip, only if there is one). Other errors are raised."""
+        out = list(replies)
+        older = [i for i, reply in enumerate(out) if isinstance(reply, ResponseError)]
+        for i in older:
+            if not str(out[i]).startswith("WRONGTYPE"):
+                raise out[i]
+        if older:
+            pipe = self.connection.pipeline(transaction=False)
+            for i in older:
+                read(self.keys.message(ids[i]), pipe)
+            for i, reply in zip(older, pipe.execute(), strict=True):
+                out[i] = reply
+        return out
+
+    def ids_for_idempotency_keys(self, keys: Sequence[tuple[str, str]]) -> list[str | None]:
+        """The id sent under each (destination, idempotency key), or None. One round trip."""
+        if not keys:
+            return []
+        values = cast(
+            "list[bytes | None]", self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+        )
+        return [v.decode().split("|", 1)[0] if v else None for v in values]
+
+    def resend_field(self, ids: Sequence[str], field_name: str) -> list[str]:
+        """One field of each message's resend record (``"status"``, ``"queue"``...); ""
+        for a missing message or field. One round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        for message_id in ids:
+            pipe.hget(self.keys.resend(message_id), field_name)
+        values: list[bytes | None] = pipe.execute()  # HGET per id
+        return [v.decode() if v else "" for v in values]
+
+    def attempts(self, message_id: str, limit: int | None = None) -> list[Attempt]:
+        """The message's attempt records, newest first: those on its attempts list (at
+        most ``attempts_kept``) and the success kept in its resend record, if any (see
+        :meth:`~outbox.records.Attempt.inline_fields`). One round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.lrange(self.keys.attempts(message_id), 0, -1 if limit is None else limit - 1)
+        pipe.hmget(self.keys.resend(message_id), INLINE_ATTEMPT_FIELDS)
+        listed, inline_values = pipe.execute()  # LRANGE, HMGET
+        found = [Attempt.from_json(raw) for raw in listed]
+        inline = Attempt.from_inline(
+            {
+                k: v.decode()
+                for k, v in zip(INLINE_ATTEMPT_FIELDS, inline_values, strict=True)
+                if v is not None
+            }
+        )
+        if inline is not None:
+            found.append(inline)
+            found.sort(key=lambda a: a.started_at or 0.0, reverse=True)
+        return found if limit is None else found[:limit]
