@@ -16,7 +16,7 @@ from outbox.store.scripts import field_names, named
 #: The fields of each attempt outcome given to :meth:`MessageRepository.health_args`, in order.
 OUTCOME_FIELDS = ("destination", "kind", "ms", "code", "class", "error", "retry_after", "id", "started_at")
 #: The fields of each destination's breaker settings in the health config JSON, in order
-#: (:func:`outbox.destinations.health.health_config_json`).
+#: (:func:`outbox.destinations.config.breaker_config_json`).
 BREAKER_FIELDS = (
     "failures",
     "failure_rate",
@@ -41,7 +41,7 @@ def health_args(
             (0 = none), message id, started_at (epoch seconds, optional)]``
             (:data:`OUTCOME_FIELDS`).
         config: JSON destination -> breaker settings (:data:`BREAKER_FIELDS`,
-            :func:`outbox.destinations.health.health_config_json`).
+            :func:`outbox.destinations.config.breaker_config_json`).
         now: epoch seconds.
     """
     return named(

@@ -352,7 +352,7 @@ class MessageStore(RepositoryBase):
         ``deadline`` as the score in the sending index (``lua/claim.lua``). A destination
         named in ``caps`` gives at most that many messages; its others stay due. The
         destination gates apply (parking, probe, ``Retry-After``, ``limits``: the JSON of
-        :func:`outbox.destinations.health.limits_json`; see ``lua/claim.lua``).
+        :func:`outbox.destinations.config.limits_json`; see ``lua/claim.lua``).
 
         A suspect (a message taken back from a lost worker: its resend record has
         ``suspect``) is never claimed with others: met in the due index, it is moved to
