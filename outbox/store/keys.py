@@ -68,7 +68,7 @@ the others by the time they entered the status.
 Every key a Lua script (``lua/``) can know before it runs is built here and passed to
 it in ``KEYS``. Keys a script finds only at run time (ids it reads from an index, the
 destination or queue a resend record names) are built by one Lua helper,
-``lua/lib/keys.lua``, from the prefix the script is given: ``tests/test_lua_keys.py``
+``lua/lib/keys.lua``, from the prefix the script is given: ``tests/store/test_lua_keys.py``
 runs it in Redis and checks each name against the method of the same name here. Those
 run-time keys are what still keeps the multi-key scripts off Redis Cluster.
 """

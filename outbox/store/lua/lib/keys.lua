@@ -2,8 +2,8 @@
 -- or queue a resend record names), built from the prefix it is given: the one place in
 -- Lua that spells a key name. Every key a script can know before it runs is built by
 -- outbox/store/keys.py and passed in KEYS instead. Each function returns what the
--- Keys method of the same name returns for the same inputs (tests/test_lua_keys.py runs
--- these in Redis and compares).
+-- Keys method of the same name returns for the same inputs (tests/store/test_lua_keys.py
+-- runs these in Redis and compares).
 local K = {}
 -- Characters (code points) of UTF-8 text, as Python's len() counts them: bytes that are
 -- not continuation bytes (0x80-0xBF).
