@@ -4,7 +4,7 @@
   died or hung with the attempt in flight. The message goes back to ``retrying`` (due
   after its backoff) with a ``lost`` attempt recorded, and becomes a *suspect*: its next
   attempts are made alone, one per worker process (the quarantine lane: ``lua/claim.lua``,
-  :meth:`outbox.delivery._Run.lane`), until one ends in a live process. The sweep
+  :meth:`outbox.delivery.loop._Run.lane`), until one ends in a live process. The sweep
   cannot tell which of the attempts in flight ended the process, so:
 
   - lost beside others (not a suspect yet): the loss is charged once (retry count + 1),
