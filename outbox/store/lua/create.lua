@@ -4,19 +4,22 @@
 -- Atomic per call. Idempotent on the message id: a message whose record exists is
 -- left as it is (the on-commit fast path and the relay may both push it).
 --
--- KEYS[1] outbox:destinations; then per message, in order: its message record, its
---   resend record, its status index (outbox:status:<status>:dest:<d>), its queue's due
---   index, its destination's created index, its queue's wake-up flag, and, when it has
---   an idempotency key, that key (outbox:idempotency:<n>:<d>:<key>)
+-- KEYS[1] outbox:destinations; then per group of messages with one (status, destination,
+--   queue), in order: its status index (outbox:status:<status>:dest:<d>), its queue's due
+--   index, its destination's created index and its queue's wake-up flag (4 keys each,
+--   once per group: send_many shares them); then per message, in order: its message
+--   record, its resend record, and, when it has an idempotency key, that key
+--   (outbox:idempotency:<n>:<d>:<key>)
 -- ARGV: named (lib/args.lua): idem_ttl (seconds; 0 = keep for ever), wake_ttl_ms (wake
 --   flag TTL), now (epoch seconds), slack (seconds: a message due by now + slack wakes
 --   its queue), repeat ("1" to check whether each id was already written: a push of
 --   captured messages, which the fast path and the relay may both make; "0" for new ids,
 --   the call itself may still run twice: see "guarded" below), fields (the names of
---   each message's fields below, comma-separated), n (number of messages N);
+--   each message's fields below, comma-separated), n (number of messages N), groups
+--   (number of groups G);
 -- then per message its fields (lib/args.lua row_at): id, keyed ("1" when it has an
 --   idempotency key), fp (fingerprint of body and content type; "" without a key),
---   dest, queue, status, score (status score; when it is due, also its resend record's
+--   dest, queue, status, group (its group's number, 1..G), score (status score; when it is due, also its resend record's
 --   next_attempt_at), created (created_at), record (the message record: one string, its
 --   header line and the body, outbox.records.Message.message_value), n_resend; then the
 --   resend record's other field/value pairs (n_resend of them). The script writes
@@ -47,14 +50,16 @@ local FIELDS = split(opts.fields)
 write_at_once(n == 1)
 local msgs = {}
 local conflict = false
-local k = 2  -- the next message's first key
+local k = 2 + 4 * tonumber(opts.groups)  -- the next message's first key
 for i = 1, n do
   local m = row_at(FIELDS, pos)
   local first = pos + #FIELDS
   m.rfirst, m.rlast = first, first + tonumber(m.n_resend) * 2 - 1
   m.code, m.standing = 'new', m.id
-  m.mkey, m.rkey, m.skey, m.dkey, m.ckey, m.wkey = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5]
-  k = k + 6
+  local g = 2 + 4 * (tonumber(m.group) - 1)  -- its group's first key
+  m.skey, m.dkey, m.ckey, m.wkey = KEYS[g], KEYS[g + 1], KEYS[g + 2], KEYS[g + 3]
+  m.mkey, m.rkey = KEYS[k], KEYS[k + 1]
+  k = k + 2
   if m.keyed == '1' then
     m.ikey = KEYS[k]
     k = k + 1
