@@ -28,23 +28,16 @@ def forward(old: str, *new: str, renamed: Mapping[str, str] | None = None) -> Ca
             raise AttributeError(name)
         if renamed and name in renamed:
             path, _, attribute = renamed[name].rpartition(".")
-            warnings.warn(
-                f"{old}.{name} moved to {path}.{attribute} in django-redis-outbox 0.2; "
-                "the old path goes in 0.3",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return getattr(importlib.import_module(path), attribute)
-        for path in new:
-            module = importlib.import_module(path)
-            if hasattr(module, name):
-                warnings.warn(
-                    f"{old}.{name} moved to {path}.{name} in django-redis-outbox 0.2; "
-                    "the old path goes in 0.3",
-                    DeprecationWarning,
-                    stacklevel=2,
-                )
-                return getattr(module, name)
-        raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        else:
+            path = next((p for p in new if hasattr(importlib.import_module(p), name)), "")
+            attribute = name
+        if not path:
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{old}.{name} moved to {path}.{attribute} in django-redis-outbox 0.2; the old path goes in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(path), attribute)
 
     return __getattr__

@@ -12,5 +12,6 @@ __getattr__ = forward(
     renamed={
         "EVENTS": "outbox.events.DESTINATION_EVENTS",
         "health_config_json": "outbox.destinations.config.breaker_config_json",
+        "notify": "outbox.events.send_destination_events",
     },
 )

@@ -56,7 +56,7 @@ from outbox.delivery import attempts
 from outbox.delivery.outcomes import Decision, announce, decide_outcome, health_outcome, log_attempt
 from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
-from outbox.events import DestinationEvent
+from outbox.events import DestinationEvent, send_destination_events
 from outbox.records import Message, Outcome
 from outbox.store import MessageRepository, wakeups
 from outbox.store.connection import get_repository
@@ -407,7 +407,7 @@ class _Run:
     def destination_events(self, events: Sequence[DestinationEvent]) -> None:
         """Hand destination events to alerts; a breaker that closed gets its parked
         messages put back at once (the wake check would within ``WAKE_INTERVAL``)."""
-        controls.notify(events)
+        send_destination_events(events)
         for event in events:
             if event.event == "destination.closed":
                 try:

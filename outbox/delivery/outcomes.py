@@ -14,8 +14,13 @@ from typing import Any
 
 from outbox.conf import outbox_settings
 from outbox.delivery.attempts import ERROR_LIMIT, worker_name
-from outbox.destinations import controls
-from outbox.events import DestinationEvent, event_payload, send_exhausted_signal, send_signal
+from outbox.events import (
+    DestinationEvent,
+    event_payload,
+    send_destination_events,
+    send_exhausted_signal,
+    send_signal,
+)
 from outbox.records import Attempt, Message, Outcome, Status
 from outbox.retry import RetryPolicy, retry_delay
 from outbox.store import Change, ChangeResult
@@ -222,7 +227,7 @@ def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> 
             if d.exhausted is not None:
                 exhausted.append(d.exhausted)
                 send_exhausted_signal(d.message, d.attempt, d.exhausted)
-    controls.notify(exhausted)
+    send_destination_events(exhausted)
 
 
 def health_outcome(outcome: Outcome) -> list[Any]:

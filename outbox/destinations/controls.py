@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from outbox.conf import outbox_settings
 from outbox.events import DestinationEvent, send_destination_events
@@ -35,7 +35,7 @@ def _act(name: str, action: str, reason: str) -> bool:
     _check(name)
     raw = get_repository().destination_action(name, action, time.time(), reason)
     if raw:
-        notify([DestinationEvent.from_json(raw)])
+        send_destination_events([DestinationEvent.from_json(raw)])
     return raw is not None
 
 
@@ -118,9 +118,3 @@ def parse_events(raw: Iterable[str | bytes]) -> list[DestinationEvent]:
         except (ValueError, KeyError, TypeError):
             logger.warning("outbox: unreadable destination event %r", item)
     return out
-
-
-def notify(events: Sequence[DestinationEvent]) -> None:
-    """Send the signals of ``events`` (:func:`outbox.events.send_destination_events`: one
-    per event, then the batch signal the alerts listen to). Never raises."""
-    send_destination_events(events)

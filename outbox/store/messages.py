@@ -242,11 +242,17 @@ class MessageStore(RepositoryBase):
     """The messages part of :class:`~outbox.store.repository.MessageRepository`."""
 
     def create_args(
-        self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool = True
+        self,
+        messages: Sequence[Message],
+        now: float,
+        due_slack: float,
+        repeat: bool = True,
+        groups: dict[tuple[str, str, str], int] | None = None,
     ) -> list[Any]:
         """ARGV of ``lua/create.lua`` for ``messages`` (see :meth:`create`; its KEYS:
-        :meth:`create_keys`)."""
-        groups = create_groups(messages)
+        :meth:`create_keys`; ``groups``: :func:`create_groups` of ``messages``, computed
+        here when not given)."""
+        groups = create_groups(messages) if groups is None else groups
         args: list[Any] = named(
             idem_ttl=self.idempotency_ttl,
             wake_ttl_ms=self.wake_ttl_ms,
@@ -281,7 +287,9 @@ class MessageStore(RepositoryBase):
                 args += pair
         return args
 
-    def create_keys(self, messages: Sequence[Message]) -> list[str]:
+    def create_keys(
+        self, messages: Sequence[Message], groups: dict[tuple[str, str, str], int] | None = None
+    ) -> list[str]:
         """KEYS of ``lua/create.lua`` for ``messages``: the destinations set; then per
         group of messages with one (status, destination, queue) (:func:`create_groups`),
         its status index, due index, created index and wake-up flag, each once; then per
@@ -289,7 +297,7 @@ class MessageStore(RepositoryBase):
         (A key per message for the indexes it shares with the others of its group cost
         send_many(100) a fifth of its speed: each argument costs Redis and the client.)"""
         keys = [self.keys.destinations]
-        for status, destination, queue in create_groups(messages):
+        for status, destination, queue in create_groups(messages) if groups is None else groups:
             keys += [
                 self.keys.status(status, destination),
                 self.keys.due(queue),
@@ -318,8 +326,9 @@ class MessageStore(RepositoryBase):
         """
         if not messages:
             return CreateResult([], [])
-        args = self.create_args(messages, now, due_slack, repeat)
-        keys = self.create_keys(messages)
+        groups = create_groups(messages)
+        args = self.create_args(messages, now, due_slack, repeat, groups)
+        keys = self.create_keys(messages, groups)
         reply = self.thread_clients.run(lambda client: self.run_script("create", args, client, keys=keys))
         return self.parse_create(messages, reply)
 
