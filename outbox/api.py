@@ -24,6 +24,7 @@ from outbox.sending.validation import (
     build_message,
 )
 from outbox.store.connection import get_repository
+from outbox.store.keys import random_partition
 
 SEND_ARGUMENTS = frozenset(
     {
@@ -120,6 +121,9 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
     """
     now = time.time()
     built = []
+    # The messages without a key go to one partition (all-or-nothing together); see
+    # build_message.
+    partition = random_partition(outbox_settings.partitions)
     for index, item in enumerate(messages):
         if not isinstance(item, Mapping):
             raise InvalidMessage(
@@ -133,7 +137,7 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
                 field="messages",
             )
         try:
-            built.append(build_message(**item, now=now))
+            built.append(build_message(**item, now=now, partition=partition))
         except InvalidMessage as exc:
             exc.args = (f"send_many item {index}: {exc}", *exc.args[1:])
             raise

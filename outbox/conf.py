@@ -12,6 +12,12 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        ``outbox.W005``). Point django-rq's queues at the same alias with
                        ``USE_REDIS_CACHE``: workers listen where the wake-up jobs go.
 ``KEY_PREFIX``         prefix of every Redis key the outbox writes (``"outbox"``).
+``PARTITIONS``         partitions of the outbox's data (1): every key of a message carries
+                       its partition's hash tag, so a Redis or Valkey Cluster spreads them
+                       over its primaries (``docs/operations.md``, "Running on a
+                       cluster"). Fixed when a deployment is set up: changing it under
+                       existing data is refused (check outbox.E013). 1 keeps every key
+                       name as before partitions.
 ``QUEUES``             priority -> django-rq queue name
                        (``{"high": "outbox_high", "default": "outbox", "low": "outbox_low"}``).
 ``DESTINATIONS``       name -> ``{"TRANSPORT": alias or dotted path, "OPTIONS": {...},
@@ -103,6 +109,7 @@ from outbox.retry import RetryPolicy
 DEFAULTS: dict[str, Any] = {
     "REDIS_ALIAS": "default",
     "KEY_PREFIX": "outbox",
+    "PARTITIONS": 1,
     "QUEUES": {"high": "outbox_high", "default": "outbox", "low": "outbox_low"},
     "DESTINATIONS": {},
     "MAX_RETRIES": 10,
@@ -177,6 +184,18 @@ class OutboxSettings:
                 value = f"{self.KEY_PREFIX}:events"
             self._cache[name] = value
         return self._cache[name]
+
+    @property
+    def partitions(self) -> int:
+        """``PARTITIONS``, checked: an int from 1 to 16,384 (one hash slot each at most).
+
+        Raises:
+            ImproperlyConfigured: it is not such an int.
+        """
+        value = self.PARTITIONS
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 16384:
+            raise ImproperlyConfigured(f"OUTBOX['PARTITIONS'] must be an int from 1 to 16384, not {value!r}")
+        return value
 
     @property
     def retry_policy(self) -> RetryPolicy:

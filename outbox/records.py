@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,9 +50,26 @@ _id_lock = threading.Lock()
 _id_state = [0, 0]  # last millisecond, sequence within it
 
 
-def new_message_id(now: float | None = None) -> str:
+#: The end of a message id of a partitioned deployment (``PARTITIONS`` > 1): ``_p`` and
+#: the partition's number, e.g. ``msg_0196f0c1a2b300014f60b163a9e2_p17``.
+PARTITION_SUFFIX = re.compile(r"_p(\d+)$")
+
+
+def partition_of(message_id: str) -> int:
+    """The partition a message id names (its ``_p<k>`` end), 0 for an id without one (every
+    id of a deployment with one partition, and every id written before partitions).
+
+    The partition of a message is part of its id so that every operation finds the
+    message from its id alone (``docs/architecture.md``, "Partitions")."""
+    match = PARTITION_SUFFIX.search(message_id)
+    return int(match.group(1)) if match else 0
+
+
+def new_message_id(now: float | None = None, partition: int | None = None) -> str:
     """A new message id: ``msg_`` + 12 hex digits of milliseconds + 4 hex digits of a
-    sequence within that millisecond + 12 random hex digits.
+    sequence within that millisecond + 12 random hex digits, then, when ``partition`` is
+    given (a deployment with more than one partition), ``_p`` and the partition's number
+    (see :func:`partition_of`).
 
     Ids sort by creation time, and within one process in creation order (so messages
     sent in the same millisecond are claimed first-in, first-out: the due index orders
@@ -68,7 +86,8 @@ def new_message_id(now: float | None = None) -> str:
             seq = _id_state[1]
         else:  # an earlier time (given, or a clock stepped back), or 65,536 ids in one ms
             seq = 0xFFFF
-    return f"msg_{millis:012x}{seq:04x}{os.urandom(6).hex()}"
+    core = f"msg_{millis:012x}{seq:04x}{os.urandom(6).hex()}"
+    return core if partition is None else f"{core}_p{partition}"
 
 
 @dataclass

@@ -132,6 +132,8 @@ OUTBOX = {
     },
     "VISIBILITY_TIMEOUT": int(os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT", "30")),
     "LATE_AFTER": 1,
+    # OUTBOX_TEST_PARTITIONS=16 runs the suite with partitioned keys (scripts/test-partitions).
+    "PARTITIONS": int(os.environ.get("OUTBOX_TEST_PARTITIONS", "1")),
     # Most tests script failures and count retries: the circuit breaker would park their
     # messages. tests/destinations/test_health.py turns it on per destination.
     "BREAKER": False,

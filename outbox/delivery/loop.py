@@ -53,12 +53,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox.conf import outbox_settings
 from outbox.delivery import attempts
+from outbox.delivery.partitions import Ask, PartitionPlan
 from outbox.delivery.outcomes import Decision, announce, decide_outcome, health_outcome, log_attempt
 from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.records import Message, Outcome
-from outbox.store import MessageRepository, wakeups
+from outbox.store import Claim, MessageRepository, wakeups
 from outbox.store.connection import get_repository
 from outbox.transports import deadlines
 
@@ -127,19 +128,30 @@ def claim(queue: str, now: float | None = None, limit: int | None = None) -> lis
     """Claim up to ``limit`` (default ``BATCH_SIZE``) due messages of ``queue`` with a
     fresh lease, as a run does, without attempting them (for tools and tests).
 
+    With more than one partition, the partitions are asked in turn.
+
     Returns:
         The claimed messages (status ``sending``).
     """
     now = time.time() if now is None else now
-    claimed = get_repository().claim(
-        queue,
-        now,
-        lease=uuid.uuid4().hex,
-        deadline=now + outbox_settings.VISIBILITY_TIMEOUT,
-        limit=outbox_settings.BATCH_SIZE if limit is None else limit,
-        due_slack=DUE_SLACK,
-    )
-    return claimed.messages
+    repo = get_repository()
+    lease, left = uuid.uuid4().hex, outbox_settings.BATCH_SIZE if limit is None else limit
+    claimed: list[Message] = []
+    for partition in repo.keys.partition_numbers():  # in turn, until the limit is reached
+        if left <= 0:
+            break
+        messages = repo.claim(
+            queue,
+            now,
+            partition,
+            lease=lease,
+            deadline=now + outbox_settings.VISIBILITY_TIMEOUT,
+            limit=left,
+            due_slack=DUE_SLACK,
+        ).messages
+        claimed += messages
+        left -= len(messages)
+    return claimed
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -207,6 +219,27 @@ def lend_reserve(concurrency: int) -> int:
     return max(1, concurrency // 4)
 
 
+def merge_claims(claims: Sequence[Claim]) -> Claim:
+    """The claims of one round trip (one per partition asked) as one :class:`Claim`:
+    messages in the order claimed, ``held`` summed, ``capped`` joined, the earliest due
+    times, the first claim's destination events."""
+    if len(claims) == 1:
+        return claims[0]
+    capped: list[str] = []
+    for c in claims:
+        capped += [d for d in c.capped if d not in capped]
+    due = [c.next_due for c in claims if c.next_due is not None]
+    suspects = [c.next_suspect for c in claims if c.next_suspect is not None]
+    return Claim(
+        [m for c in claims for m in c.messages],
+        min(due) if due else None,
+        sum(c.held for c in claims),
+        events=claims[0].events,
+        capped=capped,
+        next_suspect=min(suspects) if suspects else None,
+    )
+
+
 class _Run:
     """State of one :func:`run`: attempts in flight and outcomes not yet written."""
 
@@ -227,6 +260,7 @@ class _Run:
         self.quarantine_after = 0.0  # a quarantine claim found none it could take: not before then
         self.shared = False  # this run woke another worker for the suspects it could not take
         self.held = 0
+        self.plan = PartitionPlan(repo.keys.partitions)  # which partitions each claim asks
         # Destinations the last short claim skipped at their MAX_IN_FLIGHT cap, and until
         # when claims look only for their freed slots (see :meth:`want`).
         self.capped: set[str] = set()
@@ -359,8 +393,12 @@ class _Run:
         while True:
             now = time.time()
             lease, deadline = uuid.uuid4().hex, now + outbox_settings.VISIBILITY_TIMEOUT
+            if quarantine:
+                asks = [Ask(self.plan.suspect_partition(now, DUE_SLACK), want, caps)]
+            else:
+                asks = self.plan.asks(want, caps, now, DUE_SLACK)
             try:
-                results, claim = self.repo.outcomes_and_claim(
+                results, claims = self.repo.outcomes_and_claim(
                     changes,
                     now,
                     self.queue,
@@ -373,6 +411,7 @@ class _Run:
                     health_config=self.health_config,
                     limits=self.rate_limits,
                     quarantine=quarantine,
+                    asks=[(a.partition, a.limit, a.caps or {}) for a in asks],
                 )
                 break
             except REDIS_ERRORS as exc:
@@ -395,7 +434,10 @@ class _Run:
             if d.outcome is not None:
                 log_attempt(d.outcome, d, written)
         self.decided.clear()
-        self.next_due, self.held, self.next_suspect = claim.next_due, claim.held, claim.next_suspect
+        for ask, one in zip(asks, claims, strict=True):
+            self.plan.note(ask.partition, one.next_due, one.next_suspect, now)
+        claim = merge_claims(claims)
+        self.next_due, self.held, self.next_suspect = self.plan.earliest_due, claim.held, self.plan.earliest_suspect
         self.note_claim(want, claim.messages, claim.capped)
         if want and not self.capped and len(claim.messages) < want and claim.capped:
             # A claim for every destination came up short at caps: narrow (see want()).

@@ -21,6 +21,7 @@ from outbox.destinations.config import get_destination, get_transport, validate_
 from outbox.exceptions import InvalidMessage, MessageTooLarge, UnknownDestination
 from outbox.records import Message, Status, new_message_id
 from outbox.retry import RetryPolicy
+from outbox.store.keys import partition_for, random_partition
 
 #: Kept for callers of the old names; the rules live in :mod:`outbox.headers`.
 MAX_HEADERS = header_rules.MAX_HEADERS
@@ -160,6 +161,17 @@ def clean_priority(priority: str | None) -> str:
     return outbox_settings.queue_name(priority)
 
 
+def message_partition(destination: str, key: str | None, partition: int | None = None) -> int | None:
+    """The partition of a new message of ``destination`` with idempotency ``key`` (None:
+    the deployment has one partition, and ids name none; see :func:`build_message`)."""
+    partitions = outbox_settings.partitions
+    if partitions == 1:
+        return None
+    if key is not None:
+        return partition_for(destination, key, partitions)
+    return random_partition(partitions) if partition is None else partition
+
+
 def build_message(
     destination: str,
     body: Any,
@@ -172,8 +184,15 @@ def build_message(
     delay: float | timedelta | None = None,
     priority: str | None = None,
     now: float | None = None,
+    partition: int | None = None,
 ) -> Message:
     """Validate ``send()`` arguments and build the message, without writing it.
+
+    With more than one partition (``OUTBOX["PARTITIONS"]``), the message's id names its
+    partition: the one its destination and idempotency key map to
+    (:func:`~outbox.store.keys.partition_for`), else ``partition`` (``send_many`` gives
+    the messages of a call without a key one partition, so they are written together),
+    else one at random.
 
     Raises:
         InvalidMessage: any argument is invalid (see :func:`send`).
@@ -195,14 +214,15 @@ def build_message(
     get_transport(dest.name).check_message(data, ctype, headers)
     now = time.time() if now is None else now
     send_time = now + clean_delay(delay)
+    idempotency_key = clean_idempotency_key(idempotency_key)
     return Message(
-        id=new_message_id(now),
+        id=new_message_id(now, message_partition(dest.name, idempotency_key, partition)),
         destination=dest.name,
         body=data,
         content_type=ctype,
         headers=headers,
         created_at=now,
-        idempotency_key=clean_idempotency_key(idempotency_key),
+        idempotency_key=idempotency_key,
         status=Status.PENDING.value,
         retry_count=0,
         max_retries=max_retries,

@@ -53,11 +53,12 @@ class RepositoryBase:
         events_channel: str = "",
         idempotency_ttl: int = 0,
         wake_ttl: float = 60.0,
+        partitions: int = 1,
     ) -> None:
         self.connection = connection
         #: send()'s client: one connection held per thread (see :mod:`.thread_client`).
         self.thread_clients = ThreadClients(connection)
-        self.keys = Keys(prefix)
+        self.keys = Keys(prefix, partitions)
         self.attempts_kept = attempts_kept
         self.events_channel = events_channel or ""
         self.idempotency_ttl = idempotency_ttl

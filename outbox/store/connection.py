@@ -97,6 +97,7 @@ def get_repository() -> MessageRepository:
         events_channel=outbox_settings.EVENTS_CHANNEL or "",
         idempotency_ttl=IDEMPOTENCY_TTL,
         wake_ttl=WAKE_TTL,
+        partitions=outbox_settings.partitions,
     )
 
 

@@ -32,15 +32,17 @@ def destination_rows(
     pipe = repo.connection.pipeline(transaction=False)
     for name in names:
         pipe.hgetall(repo.keys.dest(name))
-        pipe.zcard(repo.keys.parked(name))
         for m in minutes:
             pipe.hgetall(repo.keys.health(name, m))
+        for key in repo.keys.every("parked", name):
+            pipe.zcard(key)
     replies: list[Any] = pipe.execute()
-    step = 2 + len(minutes)
+    step = 1 + len(minutes) + repo.keys.partitions
     rows = []
     for i in range(len(names)):
         row = replies[i * step : (i + 1) * step]
-        rows.append((_text(row[0]), int(row[1]), [_text(h) for h in row[2:]]))
+        per_minute = row[1 : 1 + len(minutes)]
+        rows.append((_text(row[0]), sum(int(c) for c in row[1 + len(minutes) :]), [_text(h) for h in per_minute]))
     return rows
 
 
@@ -61,13 +63,21 @@ def minute_rows(
         for j, m in enumerate(minutes):
             low = "-inf" if j == 0 else m * 60
             high = "+inf" if j == len(minutes) - 1 else f"({(m + 1) * 60}"
-            pipe.zcount(repo.keys.parked(n), low, high)
+            for key in repo.keys.every("parked", n):
+                pipe.zcount(key, low, high)
     replies: list[Any] = pipe.execute()
-    step = 2 * len(minutes)
+    parts = repo.keys.partitions
+    step = len(minutes) * (1 + parts)
     out = []
     for i in range(len(names)):
         row = replies[i * step : (i + 1) * step]
-        out.append(([_text(h) for h in row[: len(minutes)]], [int(c) for c in row[len(minutes) :]]))
+        counts = row[len(minutes) :]
+        out.append(
+            (
+                [_text(h) for h in row[: len(minutes)]],
+                [sum(int(c) for c in counts[j * parts : (j + 1) * parts]) for j in range(len(minutes))],
+            )
+        )
     return out
 
 

@@ -46,6 +46,7 @@ def health_args(
     """
     return named(
         prefix=keys.prefix,
+        parts=keys.partitions,
         now=repr(now),
         channel=channel,
         config=config,
@@ -81,12 +82,13 @@ class DestinationState(RepositoryBase):
             "unpark",
             named(
                 prefix=self.keys.prefix,
+                parts=self.keys.partitions,
                 now=repr(now),
                 destination=destination,
                 batch=batch,
                 wake_ttl_ms=self.wake_ttl_ms,
             ),
-            keys=[self.keys.parked(destination), self.keys.probes, self.keys.dest(destination)],
+            keys=[self.keys.probes, self.keys.dest(destination), *self.keys.every("parked", destination)],
         )
         return int(moved), [q.decode() for q in woken], int(left)
 

@@ -76,21 +76,32 @@ def read_gauges(
     names = list(dict.fromkeys(destinations))
     pipe = repo.connection.pipeline(transaction=False)
     pipe.smembers(repo.keys.destinations)
+    parts = repo.keys.partitions
     for queue in queues:
-        key = repo.keys.due(queue)
-        pipe.zcount(key, "-inf", repr(now))
-        pipe.zcount(key, f"({now!r}", "+inf")
-        pipe.zrange(key, 0, 0, withscores=True)
-        pipe.zcard(repo.keys.quarantine(queue))
+        for k in repo.keys.partition_numbers():
+            part = repo.keys.partition(k)
+            key = part.due(queue)
+            pipe.zcount(key, "-inf", repr(now))
+            pipe.zcount(key, f"({now!r}", "+inf")
+            pipe.zrange(key, 0, 0, withscores=True)
+            pipe.zcard(part.quarantine(queue))
     repo.queue_status_counts(pipe, names)
     replies = pipe.execute()
     known, replies = replies[0], replies[1:]
     depths = []
     for i, queue in enumerate(queues):
-        due, scheduled, first, quarantined = replies[4 * i : 4 * i + 4]
-        oldest = first[0][1] if first and first[0][1] <= now else None
-        depths.append(QueueDepth(queue, int(due), int(scheduled), oldest, int(quarantined)))
-    messages = repo.parse_status_counts(names, replies[4 * len(queues) :])
+        rows = [replies[4 * (i * parts + k) : 4 * (i * parts + k) + 4] for k in range(parts)]
+        firsts = [row[2][0][1] for row in rows if row[2] and row[2][0][1] <= now]
+        depths.append(
+            QueueDepth(
+                queue,
+                sum(int(row[0]) for row in rows),
+                sum(int(row[1]) for row in rows),
+                min(firsts) if firsts else None,
+                sum(int(row[3]) for row in rows),
+            )
+        )
+    messages = repo.parse_status_counts(names, replies[4 * len(queues) * parts :])
     others = sorted({raw.decode() for raw in known} - set(names))
     if others:
         messages.update(repo.counts_by_destination(others))

@@ -49,8 +49,8 @@ class IndexReads(RepositoryBase):
             raise ValueError(f"unknown status {status!r}; expected one of {STATUSES}")
         names = [destination] if destination is not None else self.destinations()
         if status is None:
-            return Index(tuple(self.keys.created(d) for d in names))
-        return Index(tuple(self.keys.status(status, d) for d in names))
+            return Index(tuple(k for d in names for k in self.keys.every("created", d)))
+        return Index(tuple(k for d in names for k in self.keys.every("status", status, d)))
 
     def filter(
         self,
@@ -138,6 +138,7 @@ class IndexReads(RepositoryBase):
             "filter",
             named(
                 prefix=self.keys.prefix,
+                parts=self.keys.partitions,
                 checks=checks,
                 mode="range",
                 lo=score_bound(lo, "-inf"),
@@ -191,18 +192,23 @@ class IndexReads(RepositoryBase):
         return self.parse_status_counts(names, pipe.execute())
 
     def queue_status_counts(self, pipe: Any, destinations: Sequence[str]) -> None:
-        """Add to ``pipe`` one ZCARD per destination and status (in that order), for
-        :meth:`parse_status_counts`: a caller that reads more in the same round trip."""
+        """Add to ``pipe`` one ZCARD per destination, status and partition (in that order),
+        for :meth:`parse_status_counts`: a caller that reads more in the same round trip."""
         for destination in destinations:
             for status in STATUSES:
-                pipe.zcard(self.keys.status(status, destination))
+                for key in self.keys.every("status", status, destination):
+                    pipe.zcard(key)
 
-    @staticmethod
-    def parse_status_counts(destinations: Sequence[str], cards: Sequence[int]) -> dict[str, dict[str, int]]:
-        """The replies of :meth:`queue_status_counts` as destination -> status -> count."""
-        n = len(STATUSES)
+    def parse_status_counts(self, destinations: Sequence[str], cards: Sequence[int]) -> dict[str, dict[str, int]]:
+        """The replies of :meth:`queue_status_counts` as destination -> status -> count
+        (summed over partitions)."""
+        p = self.keys.partitions
+        n = len(STATUSES) * p
         return {
-            d: dict(zip(STATUSES, (int(c) for c in cards[i * n : (i + 1) * n]), strict=True))
+            d: {
+                status: sum(int(c) for c in cards[i * n + j * p : i * n + (j + 1) * p])
+                for j, status in enumerate(STATUSES)
+            }
             for i, d in enumerate(destinations)
         }
 
@@ -214,7 +220,8 @@ class IndexReads(RepositoryBase):
         for status, seconds in retention.items():
             if seconds is not None:
                 for name in names:
-                    pipe.zcount(self.keys.status(status, name), "-inf", repr(now - seconds))
+                    for key in self.keys.every("status", status, name):
+                        pipe.zcount(key, "-inf", repr(now - seconds))
         counts: list[int] = pipe.execute()  # ZCOUNT per status with a retention and destination
         return sum(counts)
 
@@ -233,7 +240,7 @@ class IndexReads(RepositoryBase):
         keys = (
             self.index(status, destination).keys
             if among is None
-            else tuple(self.keys.status(status, d) for d in among)
+            else tuple(k for d in among for k in self.keys.every("status", status, d))
         )
         return self._lowest(keys)
 
@@ -241,7 +248,7 @@ class IndexReads(RepositoryBase):
         """The (id, due score) of the parked message due first among ``destinations``
         (held while paused, disabled or its breaker is open), or None when none is
         parked. One round trip (one ``ZRANGE`` of one entry per destination)."""
-        return self._lowest(tuple(self.keys.parked(d) for d in destinations))
+        return self._lowest(tuple(k for d in destinations for k in self.keys.every("parked", d)))
 
     def _lowest(self, keys: Sequence[str]) -> tuple[str, float] | None:
         """The (member, score) with the lowest score over the sorted sets ``keys``."""
@@ -317,14 +324,16 @@ class IndexReads(RepositoryBase):
         """Per-minute outcome counters: outcome -> counts for each minute (epoch // 60)."""
         outcomes = list(outcomes)
         pipe = self.connection.pipeline(transaction=False)
+        p = self.keys.partitions
         for outcome in outcomes:
             for minute in minutes:
-                pipe.get(self.keys.stats(outcome, minute))
-        values: list[bytes | None] = pipe.execute()  # GET per outcome and minute
+                for key in self.keys.every("stats", outcome, minute):
+                    pipe.get(key)
+        values: list[bytes | None] = pipe.execute()  # GET per outcome, minute and partition
         out: dict[str, list[int]] = {}
         for i, outcome in enumerate(outcomes):
-            row = values[i * len(minutes) : (i + 1) * len(minutes)]
-            out[outcome] = [int(v) if v else 0 for v in row]
+            row = values[i * len(minutes) * p : (i + 1) * len(minutes) * p]
+            out[outcome] = [sum(int(v) for v in row[j * p : (j + 1) * p] if v) for j in range(len(minutes))]
         return out
 
     def drop_index_entry(self, status: str, message_id: str) -> None:

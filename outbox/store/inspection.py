@@ -30,6 +30,6 @@ def waiting_ids(repo: MessageRepository, queue: str, now: float) -> list[str]:
     """
     return [
         i.decode()
-        for key in (repo.keys.due(queue), repo.keys.quarantine(queue))  # suspects wait in the second
+        for key in (*repo.keys.every("due", queue), *repo.keys.every("quarantine", queue))  # suspects: quarantine
         for i in cast(Members, repo.connection.zrangebyscore(key, f"({now}", "+inf"))
     ]

@@ -75,30 +75,169 @@ run-time keys are what still keeps the multi-key scripts off Redis Cluster.
 
 from __future__ import annotations
 
+import random
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from outbox.records import partition_of
+
+
+#: The most partitions a deployment can have: one hash slot each at most (Redis Cluster
+#: has 16,384 slots; https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/).
+MAX_PARTITIONS = 16384
+
+
+def partition_for(destination: str, key: str, partitions: int) -> int:
+    """The partition of a message of ``destination`` with ``key`` (its ordering key, else
+    its idempotency key): CRC-32 of the pair, length-prefixed so that no two pairs meet,
+    modulo ``partitions``. 0 when ``partitions`` is 1.
+
+    A message without such a key may go to any partition (:func:`random_partition`):
+    its id names the partition it went to."""
+    if partitions <= 1:
+        return 0
+    return zlib.crc32(f"{len(destination)}:{destination}:{key}".encode()) % partitions
+
+
+def random_partition(partitions: int) -> int:
+    """A partition for messages without a key: uniform over ``0 .. partitions - 1``."""
+    return random.randrange(partitions) if partitions > 1 else 0
 
 
 @dataclass(frozen=True)
 class Keys:
-    """Key names under one prefix."""
+    """Key names under one prefix, for a deployment of ``partitions`` partitions.
+
+    With one partition (the default) every name is as it always was (``outbox:...``).
+    With more, every key carries a hash tag so that the keys one script touches share one
+    hash slot of a Redis Cluster (https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags):
+
+    * a message's records and the indexes it is claimed, counted or listed from carry its
+      partition's tag, ``outbox:{p<k>}:...`` (``k`` from the message id,
+      :func:`~outbox.records.partition_of`). The index methods (:meth:`status`,
+      :meth:`created`, :meth:`due`, :meth:`quarantine`, :meth:`parked`, :meth:`stats`)
+      need a partition: call them on :meth:`partition` (``keys.partition(k).due(q)``);
+      on ``Keys`` itself they raise ``ValueError`` when there is more than one;
+    * a destination's state (:meth:`dest`, :meth:`gcra`, :meth:`health`,
+      :meth:`errors`) carries its home tag, ``outbox:{d:<destination>}:...``: one home
+      slot per destination, so its limits stay exact;
+    * the keys across the deployment (destinations, probes, workers, locks, wake-up
+      flags, alerts, batches, tasks) carry the tag ``{g}``.
+    """
 
     prefix: str
+    partitions: int = 1
+    #: The partition this view names (:meth:`partition`); None: none chosen.
+    part: int | None = None
+
+    # -- hash tags ---------------------------------------------------------------------
+
+    @property
+    def partitioned(self) -> bool:
+        """True when the deployment has more than one partition (keys carry hash tags)."""
+        return self.partitions > 1
+
+    def partition(self, number: int) -> Keys:
+        """These names, with the index methods naming partition ``number``'s indexes.
+
+        Raises:
+            ValueError: ``number`` is not in ``0 .. partitions - 1``.
+        """
+        if not 0 <= number < self.partitions:
+            raise ValueError(f"partition {number} is not one of 0..{self.partitions - 1}")
+        return Keys(self.prefix, self.partitions, number)
+
+    def partition_numbers(self) -> range:
+        """Every partition's number: ``range(partitions)``."""
+        return range(self.partitions)
+
+    def every(self, name: str, *args: object) -> list[str]:
+        """Index ``name`` (a method of a partition's indexes: ``"status"``, ``"due"``...)
+        with ``args`` in every partition, partition 0 first: one key with one partition.
+        A read across partitions reads them all (a union, a sum)."""
+        return [getattr(self.partition(k), name)(*args) for k in self.partition_numbers()]
+
+    def of(self, message_id: str) -> Keys:
+        """The view of the partition message ``message_id`` lives in (:meth:`partition`)."""
+        return self.partition(partition_of(message_id) if self.partitioned else 0)
+
+    def tag_prefix(self, number: int) -> str:
+        """The prefix of partition ``number``'s keys: ``outbox:{p<k>}`` (``outbox`` with one
+        partition). Lua scripts build the same from a message id (``lib/keys.lua``, K.part)."""
+        return f"{self.prefix}:{{p{number}}}" if self.partitioned else self.prefix
+
+    @property
+    def _part_prefix(self) -> str:
+        if not self.partitioned:
+            return self.prefix
+        if self.part is None:
+            raise ValueError("an index key of a partitioned deployment needs a partition: keys.partition(k)")
+        return self.tag_prefix(self.part)
+
+    def _message_prefix(self, message_id: str) -> str:
+        if not self.partitioned:
+            return self.prefix
+        return self.tag_prefix(partition_of(message_id))
+
+    def home(self, destination: str) -> str:
+        """The prefix of ``destination``'s state keys: ``outbox:{d:<destination>}``
+        (``outbox`` with one partition)."""
+        return f"{self.prefix}:{{d:{destination}}}" if self.partitioned else self.prefix
+
+    @property
+    def shared(self) -> str:
+        """The prefix of the keys across the deployment: ``outbox:{g}`` (``outbox`` with
+        one partition)."""
+        return f"{self.prefix}:{{g}}" if self.partitioned else self.prefix
+
+    # -- a message's records (partition from its id) -------------------------------------
 
     def message(self, message_id: str) -> str:
-        return f"{self.prefix}:message:{message_id}"
+        return f"{self._message_prefix(message_id)}:message:{message_id}"
 
     def resend(self, message_id: str) -> str:
-        return f"{self.prefix}:resend:{message_id}"
+        return f"{self._message_prefix(message_id)}:resend:{message_id}"
 
     def attempts(self, message_id: str) -> str:
-        return f"{self.prefix}:attempts:{message_id}"
+        return f"{self._message_prefix(message_id)}:attempts:{message_id}"
+
+    # -- a partition's indexes -----------------------------------------------------------
 
     def status(self, status: str, destination: str) -> str:
-        return f"{self.prefix}:status:{status}:dest:{destination}"
+        return f"{self._part_prefix}:status:{status}:dest:{destination}"
 
     def created(self, destination: str) -> str:
-        return f"{self.prefix}:created:dest:{destination}"
+        return f"{self._part_prefix}:created:dest:{destination}"
+
+    def due(self, queue: str) -> str:
+        return f"{self._part_prefix}:due:{queue}"
+
+    def quarantine(self, queue: str) -> str:
+        """A queue's suspects (taken back from lost workers), by due time: each is claimed
+        alone (``lua/claim.lua``)."""
+        return f"{self._part_prefix}:quarantine:{queue}"
+
+    def parked(self, destination: str) -> str:
+        return f"{self._part_prefix}:parked:{destination}"
+
+    def stats(self, outcome: str, minute: int) -> str:
+        return f"{self._part_prefix}:stats:{outcome}:{minute}"
+
+    @staticmethod
+    def idempotency_scope(destination: str, key: str) -> str:
+        """An idempotency key scoped to its destination, unambiguously (length-prefixed)."""
+        return f"{len(destination)}:{destination}:{key}"
+
+    def idempotency(self, destination: str, key: str) -> str:
+        """The idempotency record of ``key`` for ``destination``, in the partition of the
+        message sent under it (:func:`partition_for` of the pair, for a message without
+        an ordering key): ``keys.partition(k).idempotency(d, key)``."""
+        return f"{self._part_prefix}:idempotency:{self.idempotency_scope(destination, key)}"
+
+    def idempotency_home(self, destination: str, key: str) -> str:
+        """:meth:`idempotency` in the partition the pair maps to (:func:`partition_for`)."""
+        return self.partition(partition_for(destination, key, self.partitions)).idempotency(destination, key)
 
     def legacy_indexes(self, statuses: Iterable[str]) -> list[str]:
         """The indexes across destinations that older versions kept (``outbox:created``
@@ -110,76 +249,64 @@ class Keys:
         (``outbox:status:<status>``): read by ``lua/backfill.lua``."""
         return f"{self.prefix}:status:{status}"
 
+    # -- a destination's state (its home slot) -------------------------------------------
+
+    def dest(self, destination: str) -> str:
+        return f"{self.home(destination)}:dest:{destination}"
+
+    def health(self, destination: str, minute: int) -> str:
+        return f"{self.home(destination)}:health:{destination}:{minute}"
+
+    def errors(self, destination: str, hour: int) -> str:
+        return f"{self.home(destination)}:errors:{destination}:{hour}"
+
+    def gcra(self, destination: str) -> str:
+        return f"{self.home(destination)}:gcra:{destination}"
+
+    # -- across the deployment -----------------------------------------------------------
+
     @property
     def destinations(self) -> str:
-        return f"{self.prefix}:destinations"
-
-    def due(self, queue: str) -> str:
-        return f"{self.prefix}:due:{queue}"
+        return f"{self.shared}:destinations"
 
     def wake(self, queue: str) -> str:
-        return f"{self.prefix}:wake:{queue}"
-
-    @staticmethod
-    def idempotency_scope(destination: str, key: str) -> str:
-        """An idempotency key scoped to its destination, unambiguously (length-prefixed)."""
-        return f"{len(destination)}:{destination}:{key}"
-
-    def idempotency(self, destination: str, key: str) -> str:
-        return f"{self.prefix}:idempotency:{self.idempotency_scope(destination, key)}"
+        return f"{self.shared}:wake:{queue}"
 
     def heartbeat(self) -> str:
         """The housekeeping heartbeat: set, with a TTL, by each ``outbox_worker``."""
-        return f"{self.prefix}:housekeeping"
+        return f"{self.shared}:housekeeping"
 
     @property
     def workers(self) -> str:
         """Each ``outbox_worker``'s own heartbeat: ``host:pid`` -> when it expires."""
-        return f"{self.prefix}:workers"
+        return f"{self.shared}:workers"
 
     def lock(self, name: str) -> str:
-        return f"{self.prefix}:lock:{name}"
+        return f"{self.shared}:lock:{name}"
 
     def batch(self, token: str) -> str:
-        return f"{self.prefix}:batch:{token}"
+        return f"{self.shared}:batch:{token}"
 
     def task(self, job_id: str) -> str:
         """The registry entry of a background action the console started (RQ job id)."""
-        return f"{self.prefix}:task:{job_id}"
-
-    def quarantine(self, queue: str) -> str:
-        """A queue's suspects (taken back from lost workers), by due time: each is claimed
-        alone (``lua/claim.lua``)."""
-        return f"{self.prefix}:quarantine:{queue}"
-
-    def stats(self, outcome: str, minute: int) -> str:
-        return f"{self.prefix}:stats:{outcome}:{minute}"
-
-    def dest(self, destination: str) -> str:
-        return f"{self.prefix}:dest:{destination}"
-
-    def health(self, destination: str, minute: int) -> str:
-        return f"{self.prefix}:health:{destination}:{minute}"
-
-    def errors(self, destination: str, hour: int) -> str:
-        return f"{self.prefix}:errors:{destination}:{hour}"
-
-    def parked(self, destination: str) -> str:
-        return f"{self.prefix}:parked:{destination}"
+        return f"{self.shared}:task:{job_id}"
 
     @property
     def probes(self) -> str:
-        return f"{self.prefix}:probes"
-
-    def gcra(self, destination: str) -> str:
-        return f"{self.prefix}:gcra:{destination}"
+        return f"{self.shared}:probes"
 
     def alert_sent(self, event: str, destination: str) -> str:
-        return f"{self.prefix}:alert:sent:{event}:{destination}"
+        return f"{self.shared}:alert:sent:{event}:{destination}"
 
     def alert_count(self, event: str, destination: str) -> str:
-        return f"{self.prefix}:alert:count:{event}:{destination}"
+        return f"{self.shared}:alert:count:{event}:{destination}"
 
     @property
     def alert_flush(self) -> str:
-        return f"{self.prefix}:alert:flush"
+        return f"{self.shared}:alert:flush"
+
+    @property
+    def meta(self) -> str:
+        """The deployment's layout: a hash with ``partitions`` (written by the first worker or
+        send of a deployment, checked by ``outbox.E013``)."""
+        return f"{self.shared}:meta"

@@ -13,7 +13,7 @@ from typing import Any, cast
 from redis.exceptions import ResponseError
 
 from outbox.exceptions import MessageNotFound
-from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message
+from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, partition_of
 from outbox.store.base import RepositoryBase, ScriptCall
 from outbox.store.destination_state import health_args
 from outbox.store.scripts import field_names, named
@@ -296,18 +296,20 @@ class MessageStore(RepositoryBase):
         message its message and resend records and, if it has one, its idempotency key.
         (A key per message for the indexes it shares with the others of its group cost
         send_many(100) a fifth of its speed: each argument costs Redis and the client.)"""
+        # every message of one call is in one partition (:meth:`create` splits a call)
+        part = self.keys.of(messages[0].id) if messages else self.keys
         keys = [self.keys.destinations]
         for status, destination, queue in create_groups(messages) if groups is None else groups:
             keys += [
-                self.keys.status(status, destination),
-                self.keys.due(queue),
-                self.keys.created(destination),
+                part.status(status, destination),
+                part.due(queue),
+                part.created(destination),
                 self.keys.wake(queue),
             ]
         for m in messages:
             keys += [self.keys.message(m.id), self.keys.resend(m.id)]
             if m.idempotency_key:
-                keys.append(self.keys.idempotency(m.destination, m.idempotency_key))
+                keys.append(part.idempotency(m.destination, m.idempotency_key))
         return keys
 
     def create(
@@ -326,11 +328,41 @@ class MessageStore(RepositoryBase):
         """
         if not messages:
             return CreateResult([], [])
+        if self.keys.partitioned:
+            return self.create_partitioned(messages, now, due_slack, repeat)
         groups = create_groups(messages)
         args = self.create_args(messages, now, due_slack, repeat, groups)
         keys = self.create_keys(messages, groups)
         reply = self.thread_clients.run(lambda client: self.run_script("create", args, client, keys=keys))
         return self.parse_create(messages, reply)
+
+    def create_partitioned(
+        self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool
+    ) -> CreateResult:
+        """:meth:`create` with more than one partition: one ``lua/create.lua`` call per
+        partition the messages are in (their ids name it), in one round trip. Each call is
+        atomic by itself, not the calls together: an idempotency conflict refuses the
+        messages of its own partition only (the others are written), as a partition of a
+        cluster can refuse a write the others took."""
+        parts: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            parts.setdefault(partition_of(m.id), []).append(i)
+        calls: list[ScriptCall] = []
+        for positions in parts.values():
+            chunk = [messages[i] for i in positions]
+            groups = create_groups(chunk)
+            calls.append(
+                ("create", self.create_args(chunk, now, due_slack, repeat, groups), self.create_keys(chunk, groups))
+            )
+        replies = self.run_scripts(calls)
+        created: list[Created] = [Created(m.id, m.id, "new") for m in messages]
+        woken: list[str] = []
+        for positions, reply in zip(parts.values(), replies, strict=True):
+            result = self.parse_create([messages[i] for i in positions], reply)
+            for i, c in zip(positions, result.created, strict=True):
+                created[i] = c
+            woken += [q for q in result.woken if q not in woken]
+        return CreateResult(created, woken)
 
     @staticmethod
     def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
@@ -367,6 +399,7 @@ class MessageStore(RepositoryBase):
         scan = scan if scan is not None else limit * 2 + 8
         return named(
             prefix=self.keys.prefix,
+            parts=self.keys.partitions,
             now=repr(now),
             queue=queue,
             lease=lease,
@@ -379,11 +412,13 @@ class MessageStore(RepositoryBase):
             lane="q" if quarantine else "",
         )
 
-    def claim_keys(self, queue: str) -> list[str]:
-        """KEYS of ``lua/claim.lua``: the queue's due and quarantine indexes, ``outbox:probes``."""
-        return [self.keys.due(queue), self.keys.quarantine(queue), self.keys.probes]
+    def claim_keys(self, queue: str, partition: int = 0) -> list[str]:
+        """KEYS of ``lua/claim.lua``: the queue's due and quarantine indexes in
+        ``partition``, ``outbox:probes``."""
+        part = self.keys.partition(partition)
+        return [part.due(queue), part.quarantine(queue), self.keys.probes]
 
-    def claim(self, queue: str, now: float, **options: Any) -> Claim:
+    def claim(self, queue: str, now: float, partition: int = 0, **options: Any) -> Claim:
         """Claim up to ``limit`` due messages of ``queue`` for delivery, in due order.
 
         ``pending``/``retrying`` -> ``sending`` with this claim's ``lease`` and the lease
@@ -397,11 +432,16 @@ class MessageStore(RepositoryBase):
         the queue's quarantine index. ``quarantine=True`` claims from that index instead
         (the caller asks for one message and has nothing else in flight).
 
+        With more than one partition, this claims from ``partition``'s indexes only
+        (:meth:`outcomes_and_claim` claims from several in one round trip).
+
         Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
         ``caps``, ``due_slack``, ``scan``, ``limits``, ``quarantine``).
         """
         return self.parse_claim(
-            self.run_script("claim", self.claim_args(queue, now, **options), keys=self.claim_keys(queue))
+            self.run_script(
+                "claim", self.claim_args(queue, now, **options), keys=self.claim_keys(queue, partition)
+            )
         )
 
     @staticmethod
@@ -422,6 +462,7 @@ class MessageStore(RepositoryBase):
         its KEYS: :meth:`transition_keys`)."""
         args: list[Any] = named(
             prefix=self.keys.prefix,
+            parts=self.keys.partitions,
             now=repr(now),
             kept=self.attempts_kept,
             channel=self.events_channel,
@@ -467,16 +508,22 @@ class MessageStore(RepositoryBase):
         *,
         outcomes: Sequence[Sequence[Any]] = (),
         health_config: str = "{}",
+        asks: Sequence[tuple[int, int, dict[str, int] | None]] = (),
         **claim_options: Any,
-    ) -> tuple[list[ChangeResult], Claim]:
+    ) -> tuple[list[ChangeResult], list[Claim]]:
         """Record attempt outcomes in destination health, write the outcomes, then claim
         the next messages, in one round trip.
 
         The scripts run in order in one pipeline: ``lua/health.lua`` (``outcomes``, see
         :func:`~outbox.store.destination_state.health_args`; it may open a circuit
         breaker, so the transition that follows parks instead of charging a retry),
-        ``lua/transition.lua`` (``changes``), then ``lua/claim.lua``. The destination events of the health script are in
-        :attr:`Claim.events`.
+        ``lua/transition.lua`` (``changes``), then ``lua/claim.lua`` once per
+        (partition, limit, caps) of ``asks`` (default: partition 0, with the ``limit``
+        and ``caps`` of ``claim_options``). The destination events of the health script
+        are in the first claim's :attr:`Claim.events`.
+
+        Returns:
+            (the transition's results, one :class:`Claim` per ask, in order).
         """
         calls: list[ScriptCall] = []
         if outcomes:
@@ -489,13 +536,26 @@ class MessageStore(RepositoryBase):
             )
         if changes:
             calls.append(("transition", self.transition_args(changes, now), self.transition_keys(changes)))
-        calls.append(("claim", self.claim_args(queue, now, **claim_options), self.claim_keys(queue)))
+        if not asks:
+            asks = [(0, claim_options.pop("limit"), claim_options.pop("caps", None))]
+        else:
+            claim_options.pop("limit", None)
+            claim_options.pop("caps", None)
+        for partition, limit, caps in asks:
+            calls.append(
+                (
+                    "claim",
+                    self.claim_args(queue, now, limit=limit, caps=caps, **claim_options),
+                    self.claim_keys(queue, partition),
+                )
+            )
         replies = self.run_scripts(calls)
+        first = len(calls) - len(asks)
         results = self.parse_transition(changes, replies[1 if outcomes else 0]) if changes else []
-        claim = self.parse_claim(replies[-1])
+        claims = [self.parse_claim(reply) for reply in replies[first:]]
         if outcomes:
-            claim.events = [e.decode() for e in replies[0]]
-        return results, claim
+            claims[0].events = [e.decode() for e in replies[0]]
+        return results, claims
 
     def bulk_transition(
         self,
@@ -527,6 +587,7 @@ class MessageStore(RepositoryBase):
         """
         args: list[Any] = named(
             prefix=self.keys.prefix,
+            parts=self.keys.partitions,
             now=repr(now),
             channel=self.events_channel,
             action=action,
@@ -573,6 +634,7 @@ class MessageStore(RepositoryBase):
             [
                 *named(
                     prefix=self.keys.prefix,
+                    parts=self.keys.partitions,
                     now=repr(now),
                     lease=lease,
                     deadline=repr(deadline),
@@ -595,9 +657,12 @@ class MessageStore(RepositoryBase):
             return []
         keys: list[str] = []
         for queue in queues:
-            keys += [self.keys.due(queue), self.keys.quarantine(queue), self.keys.wake(queue)]
+            keys.append(self.keys.wake(queue))
+            for k in self.keys.partition_numbers():
+                part = self.keys.partition(k)
+                keys += [part.due(queue), part.quarantine(queue)]
         reply: list[bytes] = self.run_script(
-            "wake", [repr(now), self.wake_ttl_ms, repr(stale_after), *queues], keys=keys
+            "wake", [repr(now), self.wake_ttl_ms, repr(stale_after), self.keys.partitions, *queues], keys=keys
         )
         return [q.decode() for q in reply]
 
@@ -620,7 +685,11 @@ class MessageStore(RepositoryBase):
                 self.keys.message(message_id),
                 self.keys.attempts(message_id),
             ]
-        reply: list[int] = self.run_script("delete", [self.keys.prefix, ",".join(statuses), *ids], keys=keys)
+        reply: list[int] = self.run_script(
+            "delete",
+            [*named(prefix=self.keys.prefix, parts=self.keys.partitions, statuses=",".join(statuses)), *ids],
+            keys=keys,
+        )
         return [bool(x) for x in reply]
 
     def get(self, message_id: str) -> Message:
@@ -676,7 +745,7 @@ class MessageStore(RepositoryBase):
         if not keys:
             return []
         values = cast(
-            "list[bytes | None]", self.connection.mget([self.keys.idempotency(d, k) for d, k in keys])
+            "list[bytes | None]", self.connection.mget([self.keys.idempotency_home(d, k) for d, k in keys])
         )
         return [v.decode().split("|", 1)[0] if v else None for v in values]
 

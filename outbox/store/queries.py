@@ -274,7 +274,7 @@ def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
         return out
     matched = repo.run_script(
         "filter",
-        [*named(prefix=repo.keys.prefix, checks=_checks_json(p), mode="ids"), *out],
+        [*named(prefix=repo.keys.prefix, parts=repo.keys.partitions, checks=_checks_json(p), mode="ids"), *out],
         keys=[repo.keys.resend(i) for i in out],
     )[0]
     return [raw.decode() for raw in matched]

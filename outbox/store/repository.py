@@ -84,6 +84,8 @@ class MessageRepository(MessageStore, IndexReads, DestinationState, AlertStore, 
         events_channel: Pub/Sub channel for events, or "" for none.
         idempotency_ttl: seconds an idempotency key is remembered (0 = for ever).
         wake_ttl: seconds a queue's wake-up flag lives (see ``lua/wake.lua``).
+        partitions: partitions of the data (``OUTBOX["PARTITIONS"]``; see
+            :class:`~outbox.store.keys.Keys`): reads across messages read every one.
 
     Every write is one Lua script call, atomic on the server. Scripts are called by
     SHA1 (``EVALSHA``) and loaded again after a ``NOSCRIPT`` reply (a restarted Redis

@@ -25,16 +25,19 @@ def queue_counts(
     if not queues:
         return []
     pipe = queues[0].connection.pipeline(transaction=False)
+    parts = repo.keys.partitions
     for q in queues:
-        due_key = repo.keys.due(q.name)
-        pipe.zcount(due_key, "-inf", repr(now))
-        pipe.zcount(due_key, f"({now!r}", "+inf")
         pipe.llen(q.key)
         pipe.zcard(q.started_job_registry.key)
         pipe.zcard(q.failed_job_registry.key)
+        for due_key in repo.keys.every("due", q.name):
+            pipe.zcount(due_key, "-inf", repr(now))
+            pipe.zcount(due_key, f"({now!r}", "+inf")
     replies: list[Any] = pipe.execute()
-    per = 5
-    return [
-        (int(replies[i]), int(replies[i + 1]), int(replies[i + 2]), int(replies[i + 3]), int(replies[i + 4]))
-        for i in range(0, per * len(queues), per)
-    ]
+    per = 3 + 2 * parts
+    out = []
+    for i in range(0, per * len(queues), per):
+        row = replies[i : i + per]
+        due, later = sum(int(c) for c in row[3::2]), sum(int(c) for c in row[4::2])
+        out.append((due, later, int(row[0]), int(row[1]), int(row[2])))
+    return out

@@ -473,7 +473,7 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     now = time.time()
     decision = decide(Outcome(claimed, now, 0.0, error="HTTP 503", status_code=503), now)
     assert decision.change.to == "retrying" and decision.change.score <= now + 0.01
-    results, next_claim = repo.outcomes_and_claim(
+    results, (next_claim,) = repo.outcomes_and_claim(
         [decision.change],
         now + 0.01,
         m.queue,

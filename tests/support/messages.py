@@ -91,8 +91,8 @@ def redis_at(url: str) -> override_settings:
 
 def assert_index_invariant(repo) -> None:
     """Every message id is in exactly one status index, the one its resend record names,
-    of its own destination, and in that destination's created index; no index across
-    destinations (kept by 0.1) is written."""
+    of its own destination in its own partition, and in that destination's created index;
+    no index across destinations (kept by 0.1) is written."""
     from outbox.records import STATUSES
 
     conn = repo.connection
@@ -100,13 +100,16 @@ def assert_index_invariant(repo) -> None:
     seen: dict[str, str] = {}
     all_ids: set[str] = set()
     for destination in repo.destinations():
-        for status in STATUSES:
-            for raw in conn.zrange(repo.keys.status(status, destination), 0, -1):
-                message_id = raw.decode()
-                assert message_id not in seen, f"{message_id} in both {seen[message_id]} and {status}"
-                seen[message_id] = status
-                assert conn.hget(repo.keys.resend(message_id), "destination").decode() == destination
-        all_ids |= {r.decode() for r in conn.zrange(repo.keys.created(destination), 0, -1)}
+        for k in repo.keys.partition_numbers():
+            part = repo.keys.partition(k)
+            for status in STATUSES:
+                for raw in conn.zrange(part.status(status, destination), 0, -1):
+                    message_id = raw.decode()
+                    assert message_id not in seen, f"{message_id} in both {seen[message_id]} and {status}"
+                    assert repo.keys.of(message_id) == part, f"{message_id} indexed in partition {k}"
+                    seen[message_id] = status
+                    assert conn.hget(repo.keys.resend(message_id), "destination").decode() == destination
+            all_ids |= {r.decode() for r in conn.zrange(part.created(destination), 0, -1)}
     assert set(seen) == all_ids, "status indexes and the created index disagree"
     for message_id, status in seen.items():
         assert conn.hget(repo.keys.resend(message_id), "status").decode() == status
@@ -114,27 +117,28 @@ def assert_index_invariant(repo) -> None:
     # queue's quarantine index (a suspect, attempted alone), or its destination's parked
     # set (paused, disabled, circuit breaker open). A parked set holds nothing else.
     waiting = {i: s for i, s in seen.items() if s in ("pending", "retrying")}
-    for key in conn.scan_iter(match=f"{repo.keys.prefix}:parked:*"):
+    for key in conn.scan_iter(match=f"{repo.keys.prefix}*:parked:*"):
         destination = key.decode().split(":parked:", 1)[1]
         for raw in conn.zrange(key, 0, -1):
             message_id = raw.decode()
             assert message_id in waiting, f"{message_id} parked but {seen.get(message_id, 'gone')}"
             record = conn.hmget(repo.keys.resend(message_id), "destination", "queue")
             assert record[0].decode() == destination
-            assert conn.zscore(repo.keys.due(record[1].decode()), message_id) is None, (
+            assert conn.zscore(repo.keys.of(message_id).due(record[1].decode()), message_id) is None, (
                 f"{message_id} both parked and due"
             )
             waiting.pop(message_id)
     for message_id in waiting:
         queue = conn.hget(repo.keys.resend(message_id), "queue").decode()
-        due = conn.zscore(repo.keys.due(queue), message_id) is not None
-        quarantined = conn.zscore(repo.keys.quarantine(queue), message_id) is not None
+        part = repo.keys.of(message_id)
+        due = conn.zscore(part.due(queue), message_id) is not None
+        quarantined = conn.zscore(part.quarantine(queue), message_id) is not None
         assert due != quarantined, f"{message_id} is {seen[message_id]}: due {due}, quarantined {quarantined}"
         if quarantined:
             assert conn.hexists(repo.keys.resend(message_id), "suspect"), (
                 f"{message_id} quarantined, no suspect"
             )
-    for key in conn.scan_iter(match=f"{repo.keys.prefix}:quarantine:*"):
+    for key in conn.scan_iter(match=f"{repo.keys.prefix}*:quarantine:*"):
         for raw in conn.zrange(key, 0, -1):
             assert raw.decode() in waiting, f"{raw.decode()} quarantined but {seen.get(raw.decode(), 'gone')}"
 

@@ -16,7 +16,7 @@ for i = 1, #ids, 2 do
   local id, score = ids[i], ids[i + 1]
   local cur = redis.call('HMGET', K.resend(prefix, id), 'queue', 'next_attempt_at')
   if cur[1] then
-    added = added + redis.call('ZADD', K.due(prefix, cur[1]), 'NX', cur[2] or score, id)
+    added = added + redis.call('ZADD', K.due(K.part(prefix, id), cur[1]), 'NX', cur[2] or score, id)
   end
 end
 return {#ids / 2, added}

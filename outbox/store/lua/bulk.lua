@@ -20,7 +20,7 @@
 --! include move
 --! include wakeup
 local opts, pos = named_args()
-local prefix, now_s, channel, action, to = opts.prefix, opts.now, opts.channel, opts.action, opts.to
+local prefix, now_s, channel, action, to = K.setup(opts), opts.now, opts.channel, opts.action, opts.to
 local allowed = {}
 for _, s in ipairs(split(opts.from)) do allowed[s] = true end
 local nset = tonumber(ARGV[pos])

@@ -73,7 +73,7 @@
 --! include message
 --! include writes
 local opts = named_args()
-local prefix, now_s, queue, lease, deadline = opts.prefix, opts.now, opts.queue, opts.lease, opts.deadline
+local prefix, now_s, queue, lease, deadline = K.setup(opts), opts.now, opts.queue, opts.lease, opts.deadline
 local now = tonumber(now_s)
 local limit, scan = tonumber(opts.limit), tonumber(opts.scan)
 local caps = cjson.decode(opts.caps)
@@ -107,7 +107,10 @@ local function gate(dest)
     if g.lim and g.lim[1] > 0 then g.ramp_first = math.max(RAMP_FIRST, RAMP_STEP / g.lim[1]) end
   end
   if g.lim and g.lim[3] > 0 then
-    g.sending = redis.call('ZCARD', K.status(prefix, 'sending', dest))
+    g.sending = 0  -- leases held in every partition
+    for k = 0, K.parts - 1 do
+      g.sending = g.sending + redis.call('ZCARD', K.status(K.partition(prefix, k), 'sending', dest))
+    end
   end
   if g.lim and g.lim[1] > 0 then
     g.tat = tonumber(redis.call('GET', K.gcra(prefix, dest)) or '0')
@@ -119,7 +122,7 @@ end
 local function reschedule(id, status, dest, at)
   local s = string.format('%.6f', at)
   zadd_later(due_key, s, id)
-  zadd_later(K.status(prefix, status, dest), s, id)
+  zadd_later(K.status(K.part(prefix, id), status, dest), s, id)
   redis.call('HSET', K.resend(prefix, id), 'next_attempt_at', s)
   held = held + 1
 end
@@ -140,8 +143,9 @@ local function take(id, rkey, record, status, dest)
   if g.sending then g.sending = g.sending + 1 end
   zrem_later(due_key, id)
   if in_quarantine then zrem_later(queue_due_key, id) end  -- in both after a "retry now"
-  zrem_later(K.status(prefix, status, dest), id)
-  zadd_later(K.status(prefix, 'sending', dest), deadline, id)
+  local pp = K.part(prefix, id)
+  zrem_later(K.status(pp, status, dest), id)
+  zadd_later(K.status(pp, 'sending', dest), deadline, id)
   local claimed = {'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s}
   redis.call('HSET', rkey, unpack(claimed))
   out[#out + 1] = id  -- replaced by the message record after the loop (one MGET)
@@ -192,7 +196,7 @@ if limit > 0 then
       end
       if park then
         zrem_later(due_key, id)
-        zadd_later(K.parked(prefix, dest), score, id)
+        zadd_later(K.parked(K.part(prefix, id), dest), score, id)
       elseif probe then
         take(id, rkey, record, status, dest)
         g.breaker, g.probe_deadline = 'half_open', tonumber(deadline)

@@ -2,17 +2,20 @@
 -- entry, and the idempotency key if it still points at the message.
 --
 -- KEYS: per id, in order: its resend record, its message record, its attempts list
--- ARGV[1] prefix (of the keys found at run time: lib/keys.lua), ARGV[2] comma-separated
--- allowed statuses, ARGV[3..] ids
+-- ARGV: named (lib/args.lua): prefix (of the keys found at run time: lib/keys.lua), parts
+-- (partitions), statuses (comma-separated allowed statuses); then the ids
 -- Returns, per id: 1 deleted, 0 refused (status not allowed, or no such message).
+--! include args
 --! include keys
-local prefix = ARGV[1]
+local opts, first = named_args()
+local prefix = K.setup(opts)
 local allowed = {}
-for s in string.gmatch(ARGV[2], '[^,]+') do allowed[s] = true end
+for _, s in ipairs(split(opts.statuses)) do allowed[s] = true end
 local out = {}
-for i = 3, #ARGV do
+for i = first, #ARGV do
   local id = ARGV[i]
-  local k = 3 * (i - 3)
+  local pp = K.part(prefix, id)
+  local k = 3 * (i - first)
   local rkey, mkey, akey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue')
   local status, dest = cur[1], cur[2]
@@ -33,15 +36,15 @@ for i = 3, #ARGV do
       end
     end
     if idem then
-      local ikey = K.idempotency(prefix, dest, idem)
+      local ikey = K.idempotency(pp, dest, idem)
       local held = redis.call('GET', ikey)
       if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
     end
-    redis.call('ZREM', K.due(prefix, cur[3] or ''), id)
-    redis.call('ZREM', K.quarantine(prefix, cur[3] or ''), id)
-    redis.call('ZREM', K.parked(prefix, dest), id)
-    redis.call('ZREM', K.status(prefix, status, dest), id)
-    redis.call('ZREM', K.created(prefix, dest), id)
+    redis.call('ZREM', K.due(pp, cur[3] or ''), id)
+    redis.call('ZREM', K.quarantine(pp, cur[3] or ''), id)
+    redis.call('ZREM', K.parked(pp, dest), id)
+    redis.call('ZREM', K.status(pp, status, dest), id)
+    redis.call('ZREM', K.created(pp, dest), id)
     redis.call('DEL', rkey, mkey, akey)
     out[#out + 1] = 1
   else

@@ -24,7 +24,7 @@
 --! include keys
 --! include merge
 local opts, pos = named_args()
-local prefix = opts.prefix
+local prefix = K.setup(opts)
 local c = cjson.decode(opts.checks)
 local ids
 local rkeys = nil  -- the resend records of `ids`, when given in KEYS

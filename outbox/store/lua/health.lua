@@ -24,7 +24,7 @@
 --! include args
 --! include keys
 local opts = named_args()
-local prefix, now_s, channel = opts.prefix, opts.now, opts.channel
+local prefix, now_s, channel = K.setup(opts), opts.now, opts.channel
 local now = tonumber(now_s)
 local CONFIG_FIELDS, OUTCOME_FIELDS = split(opts.config_fields), split(opts.outcome_fields)
 local configs = {}

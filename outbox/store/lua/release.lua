@@ -15,7 +15,7 @@
 --! include move
 --! include wakeup
 local opts, pos = named_args()
-local prefix, now_s, lease, deadline, wake_ttl = opts.prefix, opts.now, opts.lease, opts.deadline, tonumber(opts.wake_ttl_ms)
+local prefix, now_s, lease, deadline, wake_ttl = K.setup(opts), opts.now, opts.lease, opts.deadline, tonumber(opts.wake_ttl_ms)
 local ids, rkeys = {}, {}
 if #ARGV >= pos then
   for i = pos, #ARGV do
@@ -24,9 +24,11 @@ if #ARGV >= pos then
   end
 else
   for _, dest in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.status(prefix, 'sending', dest), deadline, deadline)) do
-      ids[#ids + 1] = id
-      rkeys[#rkeys + 1] = K.resend(prefix, id)
+    for k = 0, K.parts - 1 do
+      for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.status(K.partition(prefix, k), 'sending', dest), deadline, deadline)) do
+        ids[#ids + 1] = id
+        rkeys[#rkeys + 1] = K.resend(prefix, id)
+      end
     end
   end
 end

@@ -39,7 +39,7 @@
 --! include writes
 --! include move
 local opts, pos = named_args()
-local prefix = opts.prefix
+local prefix = K.setup(opts)
 local now = tonumber(opts.now)
 local kept = tonumber(opts.kept)
 local channel = opts.channel
@@ -51,7 +51,7 @@ local FIELDS = split(opts.fields)
 write_at_once(n == 1)
 local minute = math.floor(now / 60)
 local out = {}
-local stats = {}  -- outcome -> count, written once per call
+local stats = {}  -- stats key (outcome, its partition) -> count, written once per call
 local held = {}   -- destination -> true when paused, disabled or its breaker not closed
 local function holds(dest)
   if held[dest] == nil then
@@ -113,7 +113,10 @@ for i = 1, n do
       if attempt then
         if redis.call('LPUSH', akey, attempt) > kept then redis.call('LTRIM', akey, 0, kept - 1) end
       end
-      if stat then stats[stat] = (stats[stat] or 0) + 1 end
+      if stat then
+        local skey = K.stats(K.part(prefix, id), stat, minute)
+        stats[skey] = (stats[skey] or 0) + 1
+      end
       if event and channel ~= '' then redis.call('PUBLISH', channel, event) end
       if also and not parking and channel ~= '' then redis.call('PUBLISH', channel, also) end
       status = to
@@ -128,8 +131,7 @@ for i = 1, n do
   out[i] = row
 end
 flush_writes()
-for stat, n in pairs(stats) do
-  local skey = K.stats(prefix, stat, minute)
+for skey, n in pairs(stats) do
   redis.call('INCRBY', skey, n)
   redis.call('EXPIRE', skey, 7200)
 end

@@ -5,8 +5,9 @@
 -- message moved on (no longer pending/retrying) or was deleted are dropped. Keeps the
 -- destination's entry in outbox:probes (when the wake check must look again) true.
 --
--- KEYS[1] the destination's parked set (outbox:parked:<d>)  KEYS[2] outbox:probes
--- KEYS[3] the destination's state hash (outbox:dest:<d>)
+-- KEYS[1] outbox:probes  KEYS[2] the destination's state hash (outbox:dest:<d>)
+-- KEYS[3..] the destination's parked set in each partition (outbox:parked:<d>; one with
+--   one partition), looked at in turn
 -- ARGV: named (lib/args.lua): prefix (of the keys found at run time: lib/keys.lua, each
 --   message's resend record, its queue's due index and wake-up flag), now (epoch
 --   seconds), destination, batch (most messages to move), wake_ttl_ms (wake flag TTL)
@@ -15,43 +16,50 @@
 --! include keys
 --! include wakeup
 local opts = named_args()
-local prefix, now_s, dest, batch, wake_ttl = opts.prefix, opts.now, opts.destination, tonumber(opts.batch), tonumber(opts.wake_ttl_ms)
+local prefix, now_s, dest, batch, wake_ttl = K.setup(opts), opts.now, opts.destination, tonumber(opts.batch), tonumber(opts.wake_ttl_ms)
 local now = tonumber(now_s)
-local pkey, probes = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', KEYS[3], 'admin', 'breaker', 'next_probe_at', 'probe_deadline')
+local probes = KEYS[1]
+local v = redis.call('HMGET', KEYS[2], 'admin', 'breaker', 'next_probe_at', 'probe_deadline')
+local function parked_left()
+  local left = 0
+  for i = 3, #KEYS do left = left + redis.call('ZCARD', KEYS[i]) end
+  return left
+end
 local admin, breaker = v[1] or 'active', v[2] or 'closed'
 local next_probe, probe_deadline = tonumber(v[3] or '0'), tonumber(v[4] or '0')
 if admin ~= 'active' then
   redis.call('ZREM', probes, dest)  -- resume/enable unparks
-  return {0, {}, redis.call('ZCARD', pkey)}
+  return {0, {}, parked_left()}
 end
 local want = batch
 if breaker ~= 'closed' then
   local due = (breaker == 'open' and now >= next_probe) or (breaker == 'half_open' and now > probe_deadline)
   if not due then
     if breaker == 'open' then redis.call('ZADD', probes, next_probe, dest) else redis.call('ZADD', probes, probe_deadline, dest) end
-    return {0, {}, redis.call('ZCARD', pkey)}
+    return {0, {}, parked_left()}
   end
   want = 1
 end
 local moved = 0
 local looked = 0
-while moved < want and looked < batch do
+local part = 3
+while moved < want and looked < batch and part <= #KEYS do
+  local pkey = KEYS[part]
   local rows = redis.call('ZRANGE', pkey, 0, want - moved - 1, 'WITHSCORES')
-  if #rows == 0 then break end
+  if #rows == 0 then part = part + 1 end
   for i = 1, #rows, 2 do
     local id, score = rows[i], rows[i + 1]
     looked = looked + 1
     redis.call('ZREM', pkey, id)
     local cur = redis.call('HMGET', K.resend(prefix, id), 'status', 'destination', 'queue')
     if (cur[1] == 'pending' or cur[1] == 'retrying') and cur[2] == dest and cur[3] then
-      redis.call('ZADD', K.due(prefix, cur[3]), score, id)
+      redis.call('ZADD', K.due(K.part(prefix, id), cur[3]), score, id)
       moved = moved + 1
       wake_queue(K.wake(prefix, cur[3]), cur[3], now_s, wake_ttl)
     end
   end
 end
-local left = redis.call('ZCARD', pkey)
+local left = parked_left()
 if left == 0 then
   redis.call('ZREM', probes, dest)
 elseif breaker == 'closed' then

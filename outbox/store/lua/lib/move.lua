@@ -14,15 +14,16 @@
 local function waiting(status) return status == 'pending' or status == 'retrying' end
 
 local function move_indexes(prefix, id, dest, queue, from, to, score, park)
-  zrem_later(K.status(prefix, from, dest), id)
-  zadd_later(K.status(prefix, to, dest), score, id)
-  local due_key = K.due(prefix, queue)
+  local pp = K.part(prefix, id)  -- the indexes of the message's partition
+  zrem_later(K.status(pp, from, dest), id)
+  zadd_later(K.status(pp, to, dest), score, id)
+  local due_key = K.due(pp, queue)
   if waiting(from) then
-    zrem_later(K.parked(prefix, dest), id)
-    zrem_later(K.quarantine(prefix, queue), id)
+    zrem_later(K.parked(pp, dest), id)
+    zrem_later(K.quarantine(pp, queue), id)
   end
   if park then
-    zadd_later(K.parked(prefix, dest), score, id)
+    zadd_later(K.parked(pp, dest), score, id)
   elseif waiting(to) then
     zadd_later(due_key, score, id)
   elseif waiting(from) then
