@@ -162,6 +162,16 @@ DEFAULTS: dict[str, Any] = {
 RENAMED = {"RECOVERY_GRACE": "LATE_AFTER"}
 
 PRIORITIES = ("high", "default", "low")
+
+#: Keys of a django-rq queue in ``RQ_QUEUES`` that name its Redis connection (the rest,
+#: ``DEFAULT_TIMEOUT``, ``ASYNC``..., are the queue's own).
+RQ_CONNECTION_KEYS = frozenset(
+    {
+        "HOST", "PORT", "DB", "URL", "PASSWORD", "USERNAME", "UNIX_SOCKET_PATH", "SENTINELS",
+        "MASTER_NAME", "SOCKET_TIMEOUT", "SSL", "SSL_CERT_REQS", "CONNECTION_KWARGS",
+        "SENTINEL_KWARGS", "REDIS_CLIENT_KWARGS", "USE_REDIS_CACHE",
+    }
+)  # fmt: skip
 MAX_RETRIES_LIMIT = 1000
 
 #: Keys of ``OUTBOX["CLUSTER"]`` and their defaults (``NODES`` has none: it is required).

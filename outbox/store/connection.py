@@ -199,18 +199,21 @@ def client_like(client: Redis, *, max_connections: int | None = None, **override
     return Redis(connection_pool=own)
 
 
-def ping() -> None:
+def ping(rq_connection: Redis | None = None) -> None:
     """Send PING to the outbox's Redis (the alias's client and its timeouts), or to every
-    primary of the cluster.
+    primary of the cluster; then to ``rq_connection``'s server when given (RQ's own Redis
+    in cluster mode).
 
     Raises:
-        redis.exceptions.RedisError: Redis (a primary) did not answer.
+        redis.exceptions.RedisError: Redis (a primary, RQ's) did not answer.
     """
     connection = get_connection()
     if is_cluster(connection):
         cast(RedisCluster, connection).ping(target_nodes=RedisCluster.PRIMARIES)
     else:
         connection.ping()
+    if rq_connection is not None:
+        rq_connection.ping()
 
 
 def empty_database() -> Redis:

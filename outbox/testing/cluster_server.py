@@ -42,19 +42,13 @@ from redis import Redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisError
 
+from outbox.store import cluster_admin
+from outbox.store.cluster_admin import Node
 from outbox.testing.redis_server import RedisServer, embedded_binary, find_server_binary, free_port
 
 #: How many hash slots a Redis Cluster has.
 SLOTS = 16384
 HOST = "127.0.0.1"
-
-#: A node's address: (host, port).
-Node = tuple[str, int]
-
-
-def _run(client: Redis, *args: Any) -> Any:
-    """``client.execute_command(*args)`` (redis-py leaves it unannotated): the raw reply."""
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
 def find_cli_binary(server: str) -> str | None:
@@ -214,12 +208,9 @@ class ClusterServer:
         share = SLOTS // len(self.servers)
         for i, node in enumerate(self.nodes):
             last = SLOTS - 1 if i == len(self.servers) - 1 else (i + 1) * share - 1
-            client = self.node_client(node)
-            _run(client, "CLUSTER", "ADDSLOTSRANGE", i * share, last)
-            _run(client, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
-        first = self.node_client(self.nodes[0])
-        for host, port in self.nodes[1:]:
-            _run(first, "CLUSTER", "MEET", host, port)
+            cluster_admin.assign_slots(self.node_client(node), i * share, last, i + 1)
+        for node in self.nodes[1:]:
+            cluster_admin.meet(self.node_client(self.nodes[0]), node)
 
     def cluster_info(self, node: Node) -> dict[str, str]:
         """``CLUSTER INFO`` of one node as text fields (``cluster_state``: ``"ok"``...).
@@ -227,9 +218,7 @@ class ClusterServer:
         Raises:
             redis.exceptions.RedisError: the node did not answer.
         """
-        raw = _run(self.node_client(node), "CLUSTER", "INFO")
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        return dict(line.split(":", 1) for line in text.split() if ":" in line)
+        return cluster_admin.cluster_info(self.node_client(node))
 
     def is_ok(self) -> bool:
         """Whether every node says ``cluster_state:ok``, knows every other node and sees
@@ -290,7 +279,7 @@ class ClusterServer:
             redis.exceptions.RedisError: a node did not answer.
         """
         for node in self.nodes:
-            self.node_client(node).flushall()
+            cluster_admin.flush(self.node_client(node))
 
     # -- slots --------------------------------------------------------------------------
 
@@ -298,8 +287,7 @@ class ClusterServer:
         """The cluster node id (40 hex characters) of ``node`` (``CLUSTER MYID``)."""
         found = self._ids.get(node)
         if found is None:
-            raw = _run(self.node_client(node), "CLUSTER", "MYID")
-            found = self._ids[node] = raw.decode() if isinstance(raw, bytes) else str(raw)
+            found = self._ids[node] = cluster_admin.node_id(self.node_client(node))
         return found
 
     def slot_owner(self, slot: int) -> Node:
@@ -308,11 +296,10 @@ class ClusterServer:
         Raises:
             LookupError: no node serves it.
         """
-        for start, end, primary, *_ in _run(self.node_client(self.nodes[0]), "CLUSTER", "SLOTS"):
-            if int(start) <= slot <= int(end):
-                host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
-                return (host, int(primary[1]))
-        raise LookupError(f"no node serves slot {slot}")
+        owner = cluster_admin.slot_owner(self.node_client(self.nodes[0]), slot)
+        if owner is None:
+            raise LookupError(f"no node serves slot {slot}")
+        return owner
 
     def move_slots(self, slots: Iterable[int], to: Node, *, batch: int = 100, timeout_ms: int = 5000) -> int:
         """Move ``slots`` (hash slot numbers, 0..16383) to the primary ``to`` the legacy
@@ -355,8 +342,8 @@ class ClusterServer:
         source = self.slot_owner(slot)
         if source == to:
             raise ValueError(f"{to} already serves slot {slot}")
-        _run(self.node_client(to), "CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
-        _run(self.node_client(source), "CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(to))
+        cluster_admin.set_slot(self.node_client(to), slot, "IMPORTING", self.node_id(source))
+        cluster_admin.set_slot(self.node_client(source), slot, "MIGRATING", self.node_id(to))
         self.migrations[slot] = (source, to)
         return source
 
@@ -383,10 +370,10 @@ class ClusterServer:
         moved = 0
         while limit is None or moved < limit:
             count = batch if limit is None else min(batch, limit - moved)
-            keys = _run(client, "CLUSTER", "GETKEYSINSLOT", slot, count)
+            keys = cluster_admin.keys_in_slot(client, slot, count)
             if not keys:
                 break
-            _run(client, "MIGRATE", target[0], target[1], "", 0, timeout_ms, "KEYS", *keys)
+            cluster_admin.migrate(client, target, keys, timeout_ms)
             moved += len(keys)
         return moved
 
@@ -406,6 +393,6 @@ class ClusterServer:
         moved = self.migrate_keys(slot, batch=batch, timeout_ms=timeout_ms)
         target_id = self.node_id(target)
         for node in [target, source, *(n for n in self.nodes if n not in (source, target))]:
-            _run(self.node_client(node), "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            cluster_admin.set_slot(self.node_client(node), slot, "NODE", target_id)
         del self.migrations[slot]
         return moved
