@@ -23,7 +23,8 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        connection cap per node, and further ``redis.cluster.RedisCluster``
                        keyword arguments. Only ``NODES`` is required. RQ cannot run on a
                        cluster: its queues stay on a plain Redis (``RQ_QUEUES``; checks
-                       outbox.E009, W001). See :class:`ClusterConfig`.
+                       outbox.E009, W001). See ``outbox.conf.ClusterConfig``. In progress (issue
+                       22): the outbox's scripts do not run on a cluster yet.
 ``KEY_PREFIX``         prefix of every Redis key the outbox writes (``"outbox"``).
 ``QUEUES``             priority -> django-rq queue name
                        (``{"high": "outbox_high", "default": "outbox", "low": "outbox_low"}``).

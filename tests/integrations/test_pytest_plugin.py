@@ -60,7 +60,6 @@ def test_plugin_fixtures_in_a_new_project(pytester):
     result.assert_outcomes(passed=2)
 
 
-
 def test_a_project_in_cluster_mode_is_tested_on_the_private_server(pytester):
     """outbox_redis drops OUTBOX["CLUSTER"] for the test: the data never goes to (nor is
     flushed on) the cluster of the project's settings, here one nobody runs."""

@@ -30,7 +30,10 @@ def rq_redis(cluster_outbox, settings):
 
 def test_wakeup_jobs_go_to_rqs_own_redis(rq_redis, cluster_outbox, redis_cluster):
     queue = get_queue("outbox")
-    assert queue.connection.connection_pool.connection_kwargs["port"] == rq_redis.connection_pool.connection_kwargs["port"]
+    assert (
+        queue.connection.connection_pool.connection_kwargs["port"]
+        == rq_redis.connection_pool.connection_kwargs["port"]
+    )
     enqueue_wakeups(["outbox", "outbox_low", "outbox"])
     assert rq_redis.llen("rq:queue:outbox") == 1 and rq_redis.llen("rq:queue:outbox_low") == 1
     assert not any(redis_cluster.node_client(n).keys("rq:*") for n in redis_cluster.nodes)
