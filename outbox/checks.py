@@ -55,8 +55,9 @@ Messages never print secret values: every error text goes through
 The Redis checks (tag ``outbox_redis``: E006, W004, W006, W007, E008, E009) make a few
 round trips of their own with 1-second timeouts, on every command that runs checks (in
 cluster mode to every primary, and to RQ's Redis); an unreachable Redis gives the
-warning W007, never an error, and E008/E009 are reported only by a server that answers. Select or skip them like any tag
-(``manage.py check --tag outbox_redis``), or silence ids with ``SILENCED_SYSTEM_CHECKS``.
+warning W007, never an error, and E008/E009 are reported only by a server that answers.
+Select or skip them like any tag (``manage.py check --tag outbox_redis``), or silence ids
+with ``SILENCED_SYSTEM_CHECKS``.
 
 The address check (tag ``outbox_network``: W010) judges IP literals at once and
 resolves host names (``localhost`` included) as a delivery would, each lookup given at
