@@ -23,7 +23,7 @@ from django.dispatch import receiver
 from django_redis import get_redis_connection
 from redis import ConnectionPool, Redis
 from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
-from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException
+from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -43,6 +43,7 @@ REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
     RedisTimeoutError,
     ClusterDownError,  # includes MasterDownError
     ReadOnlyError,
+    SlotNotCoveredError,  # redis-py's cluster client: no node serves the slot (not a RedisError)
 )
 
 
