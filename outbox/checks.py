@@ -8,11 +8,15 @@ outbox.E001    ``OUTBOX`` has unknown keys or a value of the wrong type (also an
 outbox.E002    a destination is malformed (its ``BREAKER``, ``RATE_LIMIT``... included), or
                its transport refuses its options
 outbox.E003    an outbox queue is missing from ``RQ_QUEUES``
-outbox.E004    ``OUTBOX["REDIS_ALIAS"]`` is not a django-redis cache
+outbox.E004    ``OUTBOX["REDIS_ALIAS"]`` is not a django-redis cache (not checked in
+               cluster mode, where the outbox's data is not in the alias)
 outbox.E005    ``OUTBOX["RETRY"]`` or ``MAX_RETRIES`` is invalid
 outbox.W001    an outbox queue in ``RQ_QUEUES`` does not use ``USE_REDIS_CACHE`` with
                the outbox's alias: workers would listen on another Redis than the
-               one the outbox enqueues its wake-up jobs on
+               one the outbox enqueues its wake-up jobs on. In cluster mode
+               (``OUTBOX["CLUSTER"]``) RQ must have a plain Redis of its own, so that is
+               expected; W001 then says when the outbox queues are not all on the same
+               connection (an ``outbox_worker`` listens to its queues on one)
 outbox.W002    no destinations are configured
 outbox.W003    a destination's attempt deadline (``Transport.longest_attempt()``, enforced
                by the transport) is longer than half the visibility timeout, or the
@@ -22,7 +26,7 @@ outbox.E006    the outbox's Redis evicts any key at its ``maxmemory`` (``allkeys
                accepted messages vanish (see :mod:`outbox.store.diagnostics`)
 outbox.W004    the outbox's Redis has no persistence (neither AOF nor RDB)
 outbox.W005    the outbox uses the ``default`` cache alias (or shares its database with
-               another alias), which ``cache.clear()`` empties
+               another alias), which ``cache.clear()`` empties (not in cluster mode)
 outbox.W006    the outbox's Redis has another eviction policy than ``noeviction``
 outbox.W007    the outbox's Redis could not be inspected
 outbox.E007    ``OUTBOX["ALERTS"]`` is invalid: unknown keys or events, ``SUPPRESS`` not
@@ -36,15 +40,24 @@ outbox.W010    a webhook's host is (or resolves only to) a loopback, private or 
                message to it would be a dead letter (``blocked_address``) at its first
                attempt. ``OPTIONS["allow_private_networks"] = True`` allows it
 outbox.W011    a setting has its old name (``RECOVERY_GRACE``, now ``LATE_AFTER``)
+outbox.E008    the server of ``OUTBOX["REDIS_ALIAS"]`` is a Redis Cluster node
+               (``INFO cluster`` says ``cluster_enabled:1``): django-redis has no cluster
+               client, so keys of other nodes' slots answer ``MOVED``. Set
+               ``OUTBOX["CLUSTER"]`` instead
+outbox.E009    ``OUTBOX["CLUSTER"]`` is set and an outbox queue in ``RQ_QUEUES`` is on a
+               cluster node: RQ cannot run on a cluster (rq#1048, rq#2021;
+               django-rq#280). Give RQ a plain Redis beside the cluster
 =============  =====================================================================
 
 Messages never print secret values: every error text goes through
 :func:`outbox.redaction.redact` with the secrets of every configured destination.
 
-The Redis checks (tag ``outbox_redis``: E006, W004, W006, W007) make one round trip of
-their own with 1-second timeouts, on every command that runs checks; an unreachable
-Redis gives the warning W007, never an error. Select or skip them like any tag
-(``manage.py check --tag outbox_redis``), or silence ids with ``SILENCED_SYSTEM_CHECKS``.
+The Redis checks (tag ``outbox_redis``: E006, W004, W006, W007, E008, E009) make a few
+round trips of their own with 1-second timeouts, on every command that runs checks (in
+cluster mode to every primary, and to RQ's Redis); an unreachable Redis gives the
+warning W007, never an error, and E008/E009 are reported only by a server that answers.
+Select or skip them like any tag (``manage.py check --tag outbox_redis``), or silence ids
+with ``SILENCED_SYSTEM_CHECKS``.
 
 The address check (tag ``outbox_network``: W010) judges IP literals at once and
 resolves host names (``localhost`` included) as a delivery would, each lookup given at
@@ -64,12 +77,21 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from outbox.alerts import admin_addresses, channel_problems, parse_alert_settings
-from outbox.conf import DEFAULTS, PRIORITIES, RENAMED, outbox_settings
+from outbox.conf import (
+    DEFAULTS,
+    PRIORITIES,
+    RENAMED,
+    RQ_CONNECTION_KEYS,
+    ClusterConfig,
+    outbox_settings,
+    parse_cluster,
+)
 from outbox.destinations.config import configuration_errors, get_destination, validate_max_retries
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.redaction import redact, secrets_for
 from outbox.retry import RetryPolicy
 from outbox.store import diagnostics as redis_health
+from outbox.store.connection import cluster_option_names
 from outbox.transports.ssrf import environment_proxy, is_public_address, resolve
 from outbox.transports.webhook import WebhookTransport, url_host
 
@@ -181,9 +203,11 @@ def _check() -> list[CheckMessage]:
         errors.append(
             Warning("OUTBOX['DESTINATIONS'] is empty: send() has nowhere to deliver", id="outbox.W002")
         )
+    cluster, cluster_errors = _cluster_setting()
+    errors += cluster_errors
     alias = outbox_settings.REDIS_ALIAS
     cache = getattr(settings, "CACHES", {}).get(alias)
-    if not cache or "django_redis" not in str(cache.get("BACKEND", "")):
+    if cluster is None and (not cache or "django_redis" not in str(cache.get("BACKEND", ""))):
         errors.append(
             Error(
                 f"OUTBOX['REDIS_ALIAS'] = {alias!r} is not a django-redis cache in CACHES",
@@ -191,6 +215,8 @@ def _check() -> list[CheckMessage]:
                 id="outbox.E004",
             )
         )
+    if cluster is not None:
+        return errors + _cluster_queue_checks()
     rq_queues = getattr(settings, "RQ_QUEUES", {})
     for name in outbox_settings.queue_names:
         config = rq_queues.get(name)
@@ -211,6 +237,61 @@ def _check() -> list[CheckMessage]:
                     id="outbox.W001",
                 )
             )
+    return errors
+
+
+def _cluster_setting() -> tuple[ClusterConfig | None, list[CheckMessage]]:
+    """``OUTBOX["CLUSTER"]`` parsed, and outbox.E001 errors when it is invalid (then None,
+    as if unset: the checks of a single server apply)."""
+    try:
+        config = parse_cluster(outbox_settings.CLUSTER)
+    except ValueError as exc:
+        return None, [Error(str(exc), id="outbox.E001")]
+    if config is not None:
+        unknown = sorted(set(config.options) - cluster_option_names())
+        if unknown:
+            return None, [
+                Error(
+                    "OUTBOX['CLUSTER']['OPTIONS'] has key(s) that redis.cluster.RedisCluster does not take: "
+                    + ", ".join(map(repr, unknown)),
+                    id="outbox.E001",
+                )
+            ]
+    return config, []
+
+
+def _cluster_queue_checks() -> list[CheckMessage]:
+    """outbox.E003 and W001 in cluster mode: every outbox queue in ``RQ_QUEUES``, all on
+    one connection (RQ's plain Redis beside the cluster; outbox.E009 checks it is not a
+    cluster node)."""
+    hint = "add RQ_QUEUES[{name!r}] = {{'URL': 'redis://rq-host:6379/0'}}: a plain Redis, since RQ cannot run on a cluster"
+    rq_queues = getattr(settings, "RQ_QUEUES", {})
+    errors: list[CheckMessage] = []
+    connections: dict[str, list[str]] = {}
+    for name in outbox_settings.queue_names:
+        config = rq_queues.get(name)
+        if config is None:
+            errors.append(
+                Error(
+                    f"outbox queue {name!r} is not in RQ_QUEUES",
+                    hint=hint.format(name=name),
+                    id="outbox.E003",
+                )
+            )
+            continue
+        given = {k: v for k, v in config.items() if k in RQ_CONNECTION_KEYS}
+        connections.setdefault(repr(sorted(given.items(), key=lambda kv: kv[0])), []).append(name)
+    if len(connections) > 1:
+        groups = "; ".join(", ".join(map(repr, names)) for names in connections.values())
+        errors.append(
+            Warning(
+                f"the outbox queues in RQ_QUEUES are on different connections ({groups}): an outbox_worker listens "
+                "to all its queues on one connection, so a worker of several of them cannot start",
+                hint="in cluster mode give every outbox queue the same plain Redis beside the cluster, e.g. "
+                "RQ_QUEUES[name] = {'URL': 'redis://rq-host:6379/0'} (or 'USE_REDIS_CACHE' of one plain alias)",
+                id="outbox.W001",
+            )
+        )
     return errors
 
 
@@ -313,13 +394,20 @@ def _as_check_messages(findings: list[redis_health.Finding]) -> list[CheckMessag
 
 @register("outbox_redis")
 def check_redis_safety(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """outbox.E006, W004, W006, W007: the outbox's Redis may evict or forget messages.
+    """outbox.E006, W004, W006, W007, E008, E009: the outbox's Redis may evict or forget
+    messages, or cannot work (the alias on a cluster node; RQ on a cluster).
 
-    One round trip (CONFIG GET, or INFO where CONFIG is disabled) on a connection of its
-    own with 1-second timeouts; an unreachable Redis is a warning (W007), not an error,
-    so commands that do not need Redis still run. Skipped when OUTBOX['REDIS_ALIAS'] is
-    not a django-redis cache (outbox.E004 reports that).
+    A few round trips (CONFIG GET, or INFO where CONFIG is disabled; INFO cluster) on a
+    connection of its own with 1-second timeouts, to every primary in cluster mode; an
+    unreachable Redis is a warning (W007), not an error, so commands that do not need
+    Redis still run. Skipped when OUTBOX['REDIS_ALIAS'] is not a django-redis cache
+    (outbox.E004 reports that) or OUTBOX['CLUSTER'] is invalid (outbox.E001).
     """
+    cluster, invalid = _cluster_setting()
+    if invalid:
+        return []
+    if cluster is not None:
+        return _as_check_messages(redis_health.inspect_redis().findings + redis_health.rq_server_findings())
     alias = outbox_settings.REDIS_ALIAS
     if "django_redis" not in str(getattr(settings, "CACHES", {}).get(alias, {}).get("BACKEND", "")):
         return []

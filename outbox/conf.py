@@ -11,6 +11,20 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        (default ``"default"``; a dedicated alias is better, see
                        ``outbox.W005``). Point django-rq's queues at the same alias with
                        ``USE_REDIS_CACHE``: workers listen where the wake-up jobs go.
+``CLUSTER``            the outbox's data on a Redis or Valkey Cluster instead of the
+                       alias's server (None: a single server through ``REDIS_ALIAS``).
+                       A dict: ``{"NODES": ["redis://10.0.0.1:7000", ...], "USERNAME":
+                       None, "PASSWORD": None, "SSL": False, "SSL_CA_CERTS": None,
+                       "SSL_CERTFILE": None, "SSL_KEYFILE": None, "SSL_CERT_REQS":
+                       "required", "SOCKET_TIMEOUT": 5, "SOCKET_CONNECT_TIMEOUT": 5,
+                       "MAX_CONNECTIONS": None, "OPTIONS": {}}``: startup nodes
+                       (``redis://`` or ``rediss://`` URLs, or ``host:port``; one reachable
+                       node is enough), credentials, TLS, timeouts in seconds, the
+                       connection cap per node, and further ``redis.cluster.RedisCluster``
+                       keyword arguments. Only ``NODES`` is required. RQ cannot run on a
+                       cluster: its queues stay on a plain Redis (``RQ_QUEUES``; checks
+                       outbox.E009, W001). See ``outbox.conf.ClusterConfig``. In progress (issue
+                       22): the outbox's scripts do not run on a cluster yet.
 ``KEY_PREFIX``         prefix of every Redis key the outbox writes (``"outbox"``).
 ``PARTITIONS``         partitions of the outbox's data (1): every key of a message carries
                        its partition's hash tag, so a Redis or Valkey Cluster spreads them
@@ -97,7 +111,10 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -108,6 +125,7 @@ from outbox.retry import RetryPolicy
 
 DEFAULTS: dict[str, Any] = {
     "REDIS_ALIAS": "default",
+    "CLUSTER": None,
     "KEY_PREFIX": "outbox",
     "PARTITIONS": 1,
     "QUEUES": {"high": "outbox_high", "default": "outbox", "low": "outbox_low"},
@@ -152,7 +170,236 @@ DEFAULTS: dict[str, Any] = {
 RENAMED = {"RECOVERY_GRACE": "LATE_AFTER"}
 
 PRIORITIES = ("high", "default", "low")
+
+#: Keys of a django-rq queue in ``RQ_QUEUES`` that name its Redis connection (the rest,
+#: ``DEFAULT_TIMEOUT``, ``ASYNC``..., are the queue's own).
+RQ_CONNECTION_KEYS = frozenset(
+    {
+        "HOST", "PORT", "DB", "URL", "PASSWORD", "USERNAME", "UNIX_SOCKET_PATH", "SENTINELS",
+        "MASTER_NAME", "SOCKET_TIMEOUT", "SSL", "SSL_CERT_REQS", "CONNECTION_KWARGS",
+        "SENTINEL_KWARGS", "REDIS_CLIENT_KWARGS", "USE_REDIS_CACHE",
+    }
+)  # fmt: skip
 MAX_RETRIES_LIMIT = 1000
+
+#: Keys of ``OUTBOX["CLUSTER"]`` and their defaults (``NODES`` has none: it is required).
+CLUSTER_DEFAULTS: dict[str, Any] = {
+    "USERNAME": None,
+    "PASSWORD": None,
+    "SSL": False,
+    "SSL_CA_CERTS": None,
+    "SSL_CERTFILE": None,
+    "SSL_KEYFILE": None,
+    "SSL_CERT_REQS": "required",
+    "SOCKET_TIMEOUT": 5.0,
+    "SOCKET_CONNECT_TIMEOUT": 5.0,
+    "MAX_CONNECTIONS": None,
+    "OPTIONS": {},
+}
+CLUSTER_CERT_REQS = ("required", "optional", "none")
+#: ``OUTBOX["CLUSTER"]["OPTIONS"]`` keys that other keys (or the outbox itself) set.
+CLUSTER_RESERVED_OPTIONS = {
+    "startup_nodes": "NODES",
+    "host": "NODES",
+    "port": "NODES",
+    "url": "NODES",
+    "db": "NODES (a cluster has database 0 only)",
+    "username": "USERNAME",
+    "password": "PASSWORD",
+    "ssl": "SSL",
+    "ssl_ca_certs": "SSL_CA_CERTS",
+    "ssl_certfile": "SSL_CERTFILE",
+    "ssl_keyfile": "SSL_KEYFILE",
+    "ssl_cert_reqs": "SSL_CERT_REQS",
+    "socket_timeout": "SOCKET_TIMEOUT",
+    "socket_connect_timeout": "SOCKET_CONNECT_TIMEOUT",
+    "max_connections": "MAX_CONNECTIONS",
+    "decode_responses": "nothing: the outbox reads bytes",
+}
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """``OUTBOX["CLUSTER"]``, checked (:func:`parse_cluster`).
+
+    Attributes:
+        nodes: startup nodes, (host, port); one reachable node is enough, the client
+            learns the others from it.
+        username: ACL user name, or None (``default``).
+        password: password, or None.
+        ssl: TLS to every node (a ``rediss://`` node URL sets it).
+        ssl_ca_certs: CA bundle path to verify the nodes' certificates, or None (the
+            system's).
+        ssl_certfile: client certificate path (mutual TLS), or None.
+        ssl_keyfile: the client certificate's key path, or None.
+        ssl_cert_reqs: ``"required"``, ``"optional"`` or ``"none"`` (no verification).
+        socket_timeout: seconds to wait for a reply, or None (for ever).
+        socket_connect_timeout: seconds to wait for a connection, or None (for ever).
+        max_connections: connections at most per node, or None (redis-py's default).
+        options: further keyword arguments of ``redis.cluster.RedisCluster``.
+    """
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+    ssl_ca_certs: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_cert_reqs: str = "required"
+    socket_timeout: float | None = 5.0
+    socket_connect_timeout: float | None = 5.0
+    max_connections: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``redis.cluster.RedisCluster`` but its startup nodes
+        (``decode_responses=False``: the outbox reads bytes); TLS arguments only with TLS."""
+        kwargs: dict[str, Any] = {
+            "username": self.username,
+            "password": self.password,
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.socket_connect_timeout,
+            "decode_responses": False,
+        }
+        if self.max_connections is not None:
+            kwargs["max_connections"] = self.max_connections
+        if self.ssl:
+            kwargs.update(
+                ssl=True,
+                ssl_ca_certs=self.ssl_ca_certs,
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+                ssl_cert_reqs=self.ssl_cert_reqs,
+            )
+        return {**kwargs, **self.options}
+
+    @property
+    def where(self) -> str:
+        """The startup nodes as ``host:port, ...``, without credentials (for messages)."""
+        return ", ".join(f"{host}:{port}" for host, port in self.nodes)
+
+
+def parse_cluster(value: Any) -> ClusterConfig | None:
+    """Check ``OUTBOX["CLUSTER"]`` (see the settings table) and return it as a
+    :class:`ClusterConfig`; None for None (no cluster). No error text shows a password.
+
+    Raises:
+        ValueError: a key is unknown or has a wrong value; the message names it
+            (``OUTBOX['CLUSTER']['NODES'][1]: ...``).
+    """
+    if value is None:
+        return None
+    name = "OUTBOX['CLUSTER']"
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict such as {{'NODES': ['redis://host:7000']}}, or None")
+    unknown = sorted(set(value) - set(CLUSTER_DEFAULTS) - {"NODES"})
+    if unknown:
+        raise ValueError(
+            f"{name} has unknown key(s) {', '.join(map(repr, unknown))}; known keys: NODES, "
+            + ", ".join(CLUSTER_DEFAULTS)
+        )
+    merged = {**CLUSTER_DEFAULTS, **value}
+    for key in ("USERNAME", "PASSWORD", "SSL_CA_CERTS", "SSL_CERTFILE", "SSL_KEYFILE"):
+        if merged[key] is not None and not (isinstance(merged[key], str) and merged[key]):
+            raise ValueError(f"{name}[{key!r}] must be a non-empty string or None")
+    if not isinstance(merged["SSL"], bool):
+        raise ValueError(f"{name}['SSL'] must be True or False, not {merged['SSL']!r}")
+    if merged["SSL_CERT_REQS"] not in CLUSTER_CERT_REQS:
+        raise ValueError(
+            f"{name}['SSL_CERT_REQS'] must be one of {', '.join(map(repr, CLUSTER_CERT_REQS))}, "
+            f"not {merged['SSL_CERT_REQS']!r}"
+        )
+    for key in ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT"):
+        seconds = merged[key]
+        if seconds is not None and not (
+            isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0
+        ):
+            raise ValueError(f"{name}[{key!r}] must be seconds (a number > 0) or None, not {seconds!r}")
+    cap = merged["MAX_CONNECTIONS"]
+    if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and cap > 0):
+        raise ValueError(f"{name}['MAX_CONNECTIONS'] must be an int > 0 or None, not {cap!r}")
+    options = merged["OPTIONS"]
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ValueError(f"{name}['OPTIONS'] must be a dict of RedisCluster keyword arguments")
+    for key in options:
+        if key in CLUSTER_RESERVED_OPTIONS:
+            raise ValueError(
+                f"{name}['OPTIONS'][{key!r}] is not allowed: set {CLUSTER_RESERVED_OPTIONS[key]}"
+            )
+    nodes, scheme, username, password = _parse_nodes(value.get("NODES"), f"{name}['NODES']")
+    if scheme == "rediss" and value.get("SSL") is False:
+        raise ValueError(f"{name}['SSL'] is False but NODES are rediss:// URLs (TLS)")
+    return ClusterConfig(
+        nodes=nodes,
+        username=merged["USERNAME"] if merged["USERNAME"] is not None else username,
+        password=merged["PASSWORD"] if merged["PASSWORD"] is not None else password,
+        ssl=merged["SSL"] or scheme == "rediss",
+        ssl_ca_certs=merged["SSL_CA_CERTS"],
+        ssl_certfile=merged["SSL_CERTFILE"],
+        ssl_keyfile=merged["SSL_KEYFILE"],
+        ssl_cert_reqs=merged["SSL_CERT_REQS"],
+        socket_timeout=merged["SOCKET_TIMEOUT"],
+        socket_connect_timeout=merged["SOCKET_CONNECT_TIMEOUT"],
+        max_connections=cap,
+        options=dict(options),
+    )
+
+
+def _parse_nodes(value: Any, name: str) -> tuple[tuple[tuple[str, int], ...], str, str | None, str | None]:
+    """(nodes, URL scheme or "", username, password) of ``NODES``: a non-empty list of
+    ``redis://[user:password@]host[:port][/0]``, ``rediss://...`` or ``host:port``, all
+    of one scheme and one set of credentials.
+
+    Raises:
+        ValueError: naming the bad item (its credentials masked).
+    """
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{name} is required: a non-empty list such as ['redis://10.0.0.1:7000']")
+    nodes: list[tuple[str, int]] = []
+    seen: set[tuple[str, str | None, str | None]] = set()
+    for i, item in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(
+                f"{where} must be a string such as 'redis://10.0.0.1:7000', not {type(item).__name__}"
+            )
+        text = item.strip() if "://" in item else f"//{item.strip()}"
+        try:
+            parts = urlsplit(text)
+            port = parts.port or 6379
+        except ValueError as exc:
+            raise ValueError(f"{where} = {_masked(item)!r} is not a node address: {exc}") from None
+        if parts.scheme not in ("", "redis", "rediss"):
+            raise ValueError(
+                f"{where} = {_masked(item)!r}: use redis:// or rediss:// (TLS), not {parts.scheme}://"
+            )
+        if not parts.hostname:
+            raise ValueError(f"{where} = {_masked(item)!r} names no host")
+        if parts.path not in ("", "/", "/0"):
+            raise ValueError(f"{where} = {_masked(item)!r}: a cluster has database 0 only")
+        if parts.query or parts.fragment:
+            raise ValueError(
+                f"{where} = {_masked(item)!r}: options go in other OUTBOX['CLUSTER'] keys, not the URL"
+            )
+        username = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password is not None else None
+        seen.add((parts.scheme, username, password))
+        if len(seen) > 1:
+            raise ValueError(f"{where} = {_masked(item)!r}: every node needs the same scheme and credentials")
+        nodes.append((parts.hostname, port))
+    scheme, username, password = seen.pop()
+    return tuple(dict.fromkeys(nodes)), scheme, username, password
+
+
+def _masked(url: str) -> str:
+    """``url`` with the password of its user part replaced by ``***``."""
+    head, sep, tail = url.rpartition("@")
+    if not sep:
+        return url
+    scheme, _, userinfo = head.rpartition("//")
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}//{user}:***@{tail}" if scheme else f"{user}:***@{tail}"
 
 
 class OutboxSettings:
@@ -196,6 +443,21 @@ class OutboxSettings:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 16384:
             raise ImproperlyConfigured(f"OUTBOX['PARTITIONS'] must be an int from 1 to 16384, not {value!r}")
         return value
+
+    @property
+    def cluster(self) -> ClusterConfig | None:
+        """``OUTBOX["CLUSTER"]`` checked (:func:`parse_cluster`), or None: no cluster.
+
+        Raises:
+            ImproperlyConfigured: the setting is invalid; the message names the bad key.
+        """
+        if "_cluster" not in self._cache:
+            try:
+                self._cache["_cluster"] = parse_cluster(self.CLUSTER)
+            except ValueError as exc:
+                raise ImproperlyConfigured(str(exc)) from exc
+        config: ClusterConfig | None = self._cache["_cluster"]
+        return config
 
     @property
     def retry_policy(self) -> RetryPolicy:

@@ -25,13 +25,6 @@ from typing import Any
 
 import pytest
 
-#: django-rq queue settings that name a connection; the fixture replaces them with the cache alias.
-_CONNECTION_KEYS = {
-    "HOST", "PORT", "DB", "URL", "PASSWORD", "USERNAME", "UNIX_SOCKET_PATH", "SENTINELS",
-    "MASTER_NAME", "SOCKET_TIMEOUT", "SSL", "SSL_CERT_REQS", "CONNECTION_KWARGS",
-    "SENTINEL_KWARGS", "REDIS_CLIENT_KWARGS", "USE_REDIS_CACHE",
-}  # fmt: skip
-
 
 @pytest.fixture(scope="session")
 def _outbox_redis_server() -> Iterator[Any]:
@@ -46,8 +39,10 @@ def _outbox_redis_server() -> Iterator[Any]:
 
 @pytest.fixture
 def outbox_redis(_outbox_redis_server: Any, settings: Any) -> Iterator[Any]:
-    """The private Redis (a ``redis.Redis`` client), empty, with the outbox and django-rq on it."""
-    from outbox.conf import outbox_settings  # the plugin loads before Django is set up
+    """The private Redis (a ``redis.Redis`` client), empty, with the outbox and django-rq on
+    it (a project's ``OUTBOX["CLUSTER"]`` is dropped for the test: the outbox's data goes
+    to the private server too, never to the cluster of the settings)."""
+    from outbox.conf import RQ_CONNECTION_KEYS, outbox_settings  # the plugin loads before Django is set up
     from outbox.testing.state import empty_outbox  # the plugin loads before Django is set up
 
     url = _outbox_redis_server.url
@@ -62,11 +57,13 @@ def outbox_redis(_outbox_redis_server: Any, settings: Any) -> Iterator[Any]:
     queues = dict(getattr(settings, "RQ_QUEUES", {}))
     settings.RQ_QUEUES = {
         name: {
-            **{k: v for k, v in queues.get(name, {}).items() if k not in _CONNECTION_KEYS},
+            **{k: v for k, v in queues.get(name, {}).items() if k not in RQ_CONNECTION_KEYS},
             "USE_REDIS_CACHE": alias,
         }
         for name in [*queues, *(q for q in outbox_settings.queue_names if q not in queues)]
     }
+    if "CLUSTER" in (getattr(settings, "OUTBOX", None) or {}):
+        settings.OUTBOX = {k: v for k, v in settings.OUTBOX.items() if k != "CLUSTER"}
     with empty_outbox() as connection:
         yield connection
 

@@ -1,5 +1,6 @@
-"""Fixtures: a private Redis (see tests/settings.py), real RQ workers, real HTTP receivers,
-real worker processes, and the console's users. The helpers they use are in tests/support/."""
+"""Fixtures: a private Redis (see tests/settings.py), a private 3-primary cluster
+(tests/support/cluster.py), real RQ workers, real HTTP receivers, real worker processes,
+and the console's users. The helpers they use are in tests/support/."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.support.cluster import cluster_outbox, redis_cluster  # noqa: F401 (fixtures)
 from tests.support.http import Receiver, receiving
 from tests.support.messages import hook_settings, run_worker
 from tests.support.processes import Supervisor
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``cluster`` every test that uses the real cluster (tests/support/cluster.py)."""
+    for item in items:
+        if "redis_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(autouse=True)

@@ -46,9 +46,12 @@ LOST = "lost"
 
 
 def registry() -> TaskRegistry:
-    """The registry of console jobs on the outbox's Redis (its key prefix)."""
+    """The registry of console jobs on the outbox's Redis (its key prefix); in cluster mode
+    it reads RQ's job status on RQ's own Redis."""
     repo = get_repository()
-    return TaskRegistry(repo.connection, repo.keys)
+    if outbox_settings.cluster is None:
+        return TaskRegistry(repo.connection, repo.keys)
+    return TaskRegistry(repo.connection, repo.keys, get_queue(outbox_settings.queue_name("high")).connection)
 
 
 def start(op: Operation, selection: Selection, user_id: int, total: int, batch: str | None = None) -> str:

@@ -66,6 +66,7 @@ from outbox.delivery.recovery import recover, wake_due
 from outbox.sending.capture import relay
 from outbox.store.connection import client_like, get_repository, ping
 from outbox.store.rq_workers import housekeeping_heartbeat
+from outbox.store.wakeups import get_queue
 
 logger = logging.getLogger("outbox")
 
@@ -195,26 +196,27 @@ def _relay() -> None:
         close_old_connections()
 
 
-def wait_for_redis(stop: threading.Event | None = None) -> None:
-    """Block until the outbox's Redis answers PING, retrying with exponential backoff
-    (:data:`RECONNECT_BACKOFF`), or until ``stop`` is set."""
+def wait_for_redis(stop: threading.Event | None = None, rq_connection: Redis | None = None) -> None:
+    """Block until the outbox's Redis answers PING (every primary of a cluster), and
+    ``rq_connection``'s server too when given (RQ's own Redis in cluster mode), retrying
+    with exponential backoff (:data:`RECONNECT_BACKOFF`), or until ``stop`` is set."""
 
     delay = RECONNECT_BACKOFF[0]
     while stop is None or not stop.is_set():
-        try:
-            ping()
+        if redis_reachable(rq_connection):
             return
-        except RedisError:
-            if stop is None:
-                time.sleep(delay)
-            else:
-                stop.wait(delay)
-            delay = min(delay * 2, RECONNECT_BACKOFF[1])
+        if stop is None:
+            time.sleep(delay)
+        else:
+            stop.wait(delay)
+        delay = min(delay * 2, RECONNECT_BACKOFF[1])
 
 
-def redis_reachable() -> bool:
+def redis_reachable(rq_connection: Redis | None = None) -> bool:
+    """Whether the outbox's Redis (every primary of a cluster) answers PING, and
+    ``rq_connection``'s server when given."""
     try:
-        ping()
+        ping(rq_connection)
         return True
     except RedisError:
         return False
@@ -333,6 +335,15 @@ def waiting_connection(client: Redis) -> Redis:
     """
 
     return client_like(client, socket_timeout=None)
+
+
+def _rq_connection(queues: Sequence[str]) -> Redis | None:
+    """The client of RQ's Redis for ``queues`` (django-rq's), or None when there is none
+    (a queue missing from ``RQ_QUEUES``)."""
+    try:
+        return get_queue(queues[0]).connection
+    except (KeyError, IndexError):
+        return None
 
 
 @cache
@@ -460,12 +471,14 @@ def run_worker(
                     jobs_left -= worker.successful_job_count + worker.failed_job_count
                     if jobs_left <= 0:
                         return
-                if redis_reachable():
+                # In cluster mode RQ has a Redis of its own (its queues' connection): both must answer.
+                rq_connection = _rq_connection(queues) if outbox_settings.cluster is not None else None
+                if redis_reachable(rq_connection):
                     return  # RQ quit for a reason other than Redis
                 logger.warning(
                     "outbox worker: Redis unreachable; waiting for it, then starting a new RQ worker"
                 )
-                wait_for_redis(stop_request.event())
+                wait_for_redis(stop_request.event(), rq_connection)
                 if stop_request.is_set():
                     return
                 logger.warning("outbox worker: Redis reachable again; worker restarting")

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis import Redis
-from redis.exceptions import NoScriptError
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisClusterException
 
 from outbox.store.keys import Keys
 from outbox.store.scripts import names, sha, source
@@ -66,15 +67,22 @@ class RepositoryBase:
         self.scripts_loaded = False
 
     def load_scripts(self) -> None:
-        """Load every Lua script into Redis's script cache (one round trip, ``SCRIPT LOAD``).
+        """Load every Lua script into Redis's script cache (one round trip, ``SCRIPT LOAD``;
+        on a cluster, one round trip per primary: each node has its own script cache).
 
         Raises:
-            redis.exceptions.RedisError: Redis could not be reached.
+            redis.exceptions.RedisError: Redis (a primary) could not be reached.
         """
-        pipe = self.connection.pipeline(transaction=False)
-        for name in names():
-            pipe.script_load(source(name))
-        pipe.execute()
+        if isinstance(self.connection, RedisCluster):
+            primaries = self.connection.get_primaries()
+            clients = [self.connection.get_redis_connection(node) for node in primaries]
+        else:
+            clients = [self.connection]
+        for client in clients:
+            pipe = client.pipeline(transaction=False)
+            for name in names():
+                pipe.script_load(source(name))
+            pipe.execute()
         self.scripts_loaded = True
 
     def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -87,6 +95,10 @@ class RepositoryBase:
         scripts are written so that this costs time, never a message (a claim that runs
         before an outcome write only misses a retry due at once until the next claim).
 
+        On a cluster (a ``redis.cluster.RedisCluster`` connection) redis-py's cluster
+        pipeline sends each call to the primary of its KEYS' slot (one round trip per
+        node), in order per node; every call must declare its keys, all of one slot.
+
         Args:
             calls: (script name in ``lua/``, ARGV) or (name, ARGV, KEYS) per call.
 
@@ -96,26 +108,40 @@ class RepositoryBase:
         Raises:
             redis.exceptions.RedisError: a call failed (after loading the scripts and
                 running the calls that hit ``NOSCRIPT`` once more).
+            redis.exceptions.RedisClusterException: on a cluster, a call declares no KEYS
+                (it would run on a random primary) or KEYS of several slots.
         """
         if not self.scripts_loaded:
             self.load_scripts()
         parts = [script_call(call) for call in calls]
-        pipe = self.connection.pipeline(transaction=False)
-        for name, args, keys in parts:
-            pipe.evalsha(sha(name), len(keys), *keys, *args)
-        replies = pipe.execute(raise_on_error=False)
+        replies = self._run_pipelined(parts, range(len(parts)))
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
             self.load_scripts()
-            pipe = self.connection.pipeline(transaction=False)
-            for i in missing:
-                name, args, keys = parts[i]
-                pipe.evalsha(sha(name), len(keys), *keys, *args)
-            for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+            for i, reply in zip(missing, self._run_pipelined(parts, missing), strict=True):
                 replies[i] = reply
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
+        return replies
+
+    def _run_pipelined(
+        self, parts: Sequence[tuple[str, Sequence[Any], Sequence[str]]], which: Sequence[int]
+    ) -> list[Any]:
+        """The calls ``parts[i]`` for ``i`` in ``which`` in one pipeline: their replies,
+        errors included. On a cluster ``EVALSHA`` goes through ``execute_command``:
+        redis-py 8.1's cluster pipeline refuses ``pipe.evalsha`` (redis-py PR #4206)."""
+        pipe = self.connection.pipeline(transaction=False)
+        if isinstance(self.connection, RedisCluster):
+            for i in which:
+                name, args, keys = parts[i]
+                _need_keys(name, keys)
+                pipe.execute_command("EVALSHA", sha(name), len(keys), *keys, *args)
+        else:
+            for i in which:
+                name, args, keys = parts[i]
+                pipe.evalsha(sha(name), len(keys), *keys, *args)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
         return replies
 
     def run_script(
@@ -123,8 +149,16 @@ class RepositoryBase:
     ) -> Any:
         """Run one Lua script by SHA1 (loading the scripts first, and after ``NOSCRIPT``)
         and return its reply. ``client``: the redis-py client to run it on (default: the
-        repository's pooled one); ``keys``: its KEYS (names from :attr:`keys`)."""
+        repository's pooled one); ``keys``: its KEYS (names from :attr:`keys`).
+
+        Raises:
+            redis.exceptions.RedisError: the call failed.
+            redis.exceptions.RedisClusterException: on a cluster, the call declares no
+                KEYS or KEYS of several slots.
+        """
         client = client or self.connection
+        if isinstance(client, RedisCluster):
+            _need_keys(name, keys)
         if not self.scripts_loaded:
             self.load_scripts()
         try:
@@ -132,3 +166,17 @@ class RepositoryBase:
         except NoScriptError:
             self.load_scripts()
             return client.evalsha(sha(name), len(keys), *keys, *args)
+
+
+def _need_keys(name: str, keys: Sequence[str]) -> None:
+    """Refuse, on a cluster, a script call without KEYS: redis-py would send it to a random
+    primary, where it would fail (or write) on keys of slots that node does not serve.
+
+    Raises:
+        redis.exceptions.RedisClusterException: ``keys`` is empty.
+    """
+    if not keys:
+        raise RedisClusterException(
+            f"script {name!r} is called without KEYS: on a Redis Cluster every script must declare "
+            "the keys it touches (all in one hash slot)"
+        )

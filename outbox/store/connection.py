@@ -1,9 +1,19 @@
-"""The outbox's Redis connection and repository, from the django-redis alias in settings."""
+"""The outbox's Redis connection and repository: the django-redis alias's client (a single
+server), or in cluster mode (``OUTBOX["CLUSTER"]``) a process-wide
+``redis.cluster.RedisCluster`` built from the outbox's own settings, since django-redis
+has no cluster client.
+
+Connection helpers work on both: :func:`client_like` (a client with other options),
+:func:`ping` (every primary), :func:`empty_database` (every primary), :func:`primary_clients`
+(one plain client per primary, for the commands that must see every one of them).
+"""
 
 from __future__ import annotations
 
+import inspect
+import threading
 from functools import cache
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -12,11 +22,12 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django_redis import get_redis_connection
 from redis import ConnectionPool, Redis
-from redis.exceptions import ClusterDownError, ReadOnlyError
+from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
+from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from outbox.conf import outbox_settings
+from outbox.conf import ClusterConfig, outbox_settings
 from outbox.store import MessageRepository
 
 IDEMPOTENCY_TTL = 24 * 3600  # seconds; as long as Stripe keeps idempotency keys
@@ -32,16 +43,27 @@ REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
     RedisTimeoutError,
     ClusterDownError,  # includes MasterDownError
     ReadOnlyError,
+    SlotNotCoveredError,  # redis-py's cluster client: no node serves the slot (not a RedisError)
 )
 
 
 def get_connection() -> Redis:
-    """The redis-py client of the django-redis cache alias ``OUTBOX["REDIS_ALIAS"]``.
+    """The outbox's redis-py client: the django-redis cache alias ``OUTBOX["REDIS_ALIAS"]``'s,
+    or with ``OUTBOX["CLUSTER"]`` set the process-wide :class:`redis.cluster.RedisCluster`
+    (:func:`cluster_connection`).
+
+    A ``RedisCluster`` is not a subclass of ``redis.Redis`` but has its command methods;
+    it is typed as ``Redis`` here so the repository type-checks unchanged. Code that must
+    tell them apart uses :func:`is_cluster`.
 
     Raises:
-        ImproperlyConfigured: the alias is not a django-redis cache.
+        ImproperlyConfigured: the alias is not a django-redis cache; ``OUTBOX["CLUSTER"]``
+            is invalid, or its nodes are not cluster nodes.
+        redis.exceptions.ConnectionError: cluster mode, and no startup node answered.
     """
 
+    if outbox_settings.cluster is not None:
+        return cast(Redis, cluster_connection())
     alias = outbox_settings.REDIS_ALIAS
     try:
         connection: Redis = get_redis_connection(alias)  # django-redis ships no types
@@ -52,38 +74,157 @@ def get_connection() -> Redis:
     return connection
 
 
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is a :class:`redis.cluster.RedisCluster`."""
+    return isinstance(client, RedisCluster)
+
+
+_cluster_lock = threading.Lock()
+#: The process-wide cluster client and the settings it was built from, once built.
+_cluster: list[tuple[ClusterConfig, RedisCluster]] = []
+
+
+def cluster_connection() -> RedisCluster:
+    """The process-wide :class:`redis.cluster.RedisCluster` of ``OUTBOX["CLUSTER"]``, built
+    on first use (it asks a startup node for the slot map). ``decode_responses=False``:
+    replies are bytes. After ``setting_changed`` the settings are read again: the same
+    client while ``OUTBOX["CLUSTER"]`` is unchanged, else a new one (the old one is not
+    closed, so a caller still holding it keeps working; it closes when it is garbage).
+
+    Raises:
+        ImproperlyConfigured: ``OUTBOX["CLUSTER"]`` is unset or invalid (an unknown
+            ``OPTIONS`` key included), or a startup node is not a cluster node.
+        redis.exceptions.ConnectionError: no startup node answered (or the cluster does
+            not serve every slot); the next call tries again.
+    """
+    config = outbox_settings.cluster
+    if _cluster and _cluster[0][0] is config:
+        return _cluster[0][1]
+    if config is None:
+        raise ImproperlyConfigured("OUTBOX['CLUSTER'] is not set")
+    with _cluster_lock:
+        if not (_cluster and _cluster[0][0] == config):
+            _cluster[:] = [(config, build_cluster_client(config))]
+        else:
+            _cluster[0] = (config, _cluster[0][1])
+        return _cluster[0][1]
+
+
+def build_cluster_client(config: ClusterConfig, **overrides: Any) -> RedisCluster:
+    """A new :class:`redis.cluster.RedisCluster` for ``config`` (its startup nodes, then
+    ``config.client_kwargs()`` with ``overrides``); close it when done.
+
+    Raises:
+        ImproperlyConfigured: an unknown ``OPTIONS`` key, or a node that is not a cluster
+            node (cluster support disabled: a single server belongs in ``REDIS_ALIAS``).
+        redis.exceptions.ConnectionError: no startup node answered, or the slots are not
+            all served (``require_full_coverage``, redis-py's default).
+    """
+    kwargs = {**config.client_kwargs(), **overrides}
+    unknown = sorted(set(config.options) - cluster_option_names())
+    if unknown:
+        raise ImproperlyConfigured(
+            f"OUTBOX['CLUSTER']['OPTIONS'] has key(s) that redis.cluster.RedisCluster does not take: "
+            f"{', '.join(map(repr, unknown))}"
+        )
+    nodes = [ClusterNode(host, port) for host, port in config.nodes]  # type: ignore[no-untyped-call]
+    try:
+        return RedisCluster(startup_nodes=nodes, **kwargs)
+    except RedisClusterException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, RedisClusterException) and "not enabled" in str(cause):
+            raise ImproperlyConfigured(
+                f"OUTBOX['CLUSTER']['NODES'] ({config.where}): cluster support is disabled on that "
+                "server; a single Redis belongs in the django-redis alias OUTBOX['REDIS_ALIAS'], "
+                "with OUTBOX['CLUSTER'] unset"
+            ) from exc
+        raise RedisConnectionError(f"Redis Cluster at {config.where} cannot be used: {exc}") from exc
+
+
+@cache
+def cluster_option_names() -> frozenset[str]:
+    """The keyword arguments ``redis.cluster.RedisCluster`` takes (its own, and those it
+    passes on to each node's client), for ``OUTBOX["CLUSTER"]["OPTIONS"]``."""
+    own = set(inspect.signature(RedisCluster.__init__).parameters) - {"self", "kwargs"}
+    return frozenset((own | set(REDIS_ALLOWED_KEYS)) - {"host", "port", "startup_nodes", "url"})
+
+
+def primary_clients(client: Redis) -> list[Redis]:
+    """One plain :class:`redis.Redis` per server that ``client`` writes to: each primary
+    of a cluster (redis-py's own client of that node, sharing its pool), or ``client``
+    itself. For the commands that must reach every primary one by one (``INFO``,
+    ``CONFIG GET``, ``SCRIPT LOAD`` in a pipeline)."""
+    if is_cluster(client):
+        cluster = cast(RedisCluster, client)
+        primaries = cluster.get_primaries()  # type: ignore[no-untyped-call]
+        return [cluster.get_redis_connection(node) for node in primaries]
+    return [client]
+
+
 def client_like(client: Redis, *, max_connections: int | None = None, **overrides: Any) -> Redis:
     """A new client on a connection pool of its own, to the server of ``client``'s pool with
     its options (``connection_kwargs``: address, credentials, TLS, timeouts), ``overrides``
-    replacing some of them (``socket_timeout=None``: no read timeout).
+    replacing some of them (``socket_timeout=None``: no read timeout). Given a
+    ``RedisCluster``, a new ``RedisCluster`` on the same startup nodes with its options and
+    ``overrides`` (``max_connections`` per node).
 
     For connections whose options must differ from the alias's without changing the
     alias's pool: RQ's blocking wait (:func:`outbox.delivery.worker.waiting_connection`), quick
     inspections (:mod:`outbox.store.diagnostics`).
 
     Returns:
-        A :class:`redis.Redis`; close its pool (``connection_pool.disconnect()``) when done.
+        A :class:`redis.Redis` (close its pool, ``connection_pool.disconnect()``, when
+        done), or a :class:`redis.cluster.RedisCluster` typed as one (``close()`` it).
+
+    Raises:
+        redis.exceptions.ConnectionError: ``client`` is a cluster client and no startup
+            node answered (a cluster client asks for the slot map when it is made).
     """
+    if is_cluster(client):
+        cluster = cast(RedisCluster, client)
+        given = cluster.get_connection_kwargs()  # type: ignore[no-untyped-call]
+        kwargs = {k: v for k, v in given.items() if k in REDIS_ALLOWED_KEYS}
+        kwargs.pop("redis_connect_func", None)  # RedisCluster sets its own
+        if max_connections is not None:
+            kwargs["max_connections"] = max_connections
+        primaries = cluster.get_primaries()  # type: ignore[no-untyped-call]
+        nodes = [ClusterNode(n.host, n.port) for n in primaries]  # type: ignore[no-untyped-call]
+        try:
+            built = RedisCluster(startup_nodes=nodes, **{**kwargs, **overrides})
+        except RedisClusterException as exc:
+            raise RedisConnectionError(f"Redis Cluster cannot be used: {exc}") from exc
+        return cast(Redis, built)
     pool = client.connection_pool
     kwargs = {**pool.connection_kwargs, **overrides}
     own = ConnectionPool(connection_class=pool.connection_class, max_connections=max_connections, **kwargs)
     return Redis(connection_pool=own)
 
 
-def ping() -> None:
-    """Send PING to the outbox's Redis (the alias's client and its timeouts).
+def ping(rq_connection: Redis | None = None) -> None:
+    """Send PING to the outbox's Redis (the alias's client and its timeouts), or to every
+    primary of the cluster; then to ``rq_connection``'s server when given (RQ's own Redis
+    in cluster mode).
 
     Raises:
-        redis.exceptions.RedisError: Redis did not answer.
+        redis.exceptions.RedisError: Redis (a primary, RQ's) did not answer.
     """
-    get_connection().ping()
+    connection = get_connection()
+    if is_cluster(connection):
+        cast(RedisCluster, connection).ping(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        connection.ping()
+    if rq_connection is not None:
+        rq_connection.ping()
 
 
 def empty_database() -> Redis:
-    """Empty the outbox's Redis database (``FLUSHDB``) and return its client: for tests
-    only (:func:`outbox.testing.state.empty_outbox`)."""
+    """Empty the outbox's Redis database (``FLUSHDB``; on every primary of a cluster) and
+    return its client: for tests only (:func:`outbox.testing.state.empty_outbox`)."""
     connection = get_connection()
-    connection.flushdb()
+    if is_cluster(connection):
+        cast(RedisCluster, connection).flushdb(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        connection.flushdb()
     return connection
 
 
@@ -104,11 +245,18 @@ def get_repository() -> MessageRepository:
 @receiver(setting_changed)
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     if setting in ("OUTBOX", "CACHES"):
-        get_repository.cache_clear()
+        get_repository.cache_clear()  # and cluster_connection() reads OUTBOX["CLUSTER"] again
 
 
 def redis_location() -> str:
-    """``host:port/db`` of the outbox's Redis (from ``CACHES``), without credentials."""
+    """``host:port/db`` of the outbox's Redis (from ``CACHES``), without credentials; in
+    cluster mode its startup nodes."""
+    try:
+        config = outbox_settings.cluster
+    except ImproperlyConfigured:
+        return "OUTBOX['CLUSTER'] (invalid)"
+    if config is not None:
+        return f"OUTBOX['CLUSTER'] ({config.where})"
     alias = outbox_settings.REDIS_ALIAS
     location = (getattr(settings, "CACHES", {}).get(alias) or {}).get("LOCATION", "")
     if isinstance(location, (list, tuple)):

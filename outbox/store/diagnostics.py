@@ -34,21 +34,36 @@ outbox.W004    no persistence: neither AOF nor RDB snapshots
 outbox.W005    the outbox's cache alias is ``default``, or shares its Redis database
                with another cache alias, so a cache ``clear()`` deletes every message
 outbox.W007    Redis could not be inspected (unreachable, or refused both CONFIG and INFO)
+outbox.E008    the django-redis alias's server is a Redis Cluster node (``INFO cluster``:
+               ``cluster_enabled:1``): django-redis has no cluster client
+outbox.E009    cluster mode, and an outbox queue of ``RQ_QUEUES`` is on a cluster node:
+               RQ cannot run on a cluster
 =============  ======================================================================
+
+In cluster mode (``OUTBOX["CLUSTER"]``) :func:`inspect_redis` inspects every primary,
+each finding naming its node; the alias is not the outbox's Redis then, so W005 does not
+apply, and :func:`rq_server_findings` inspects RQ's Redis.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from outbox.conf import outbox_settings
-from outbox.store.connection import client_like, get_connection
+from outbox.store.connection import (
+    build_cluster_client,
+    client_like,
+    get_connection,
+    is_cluster,
+    primary_clients,
+)
 
 INSPECT_TIMEOUT = 1.0  # seconds to connect and to wait for each reply when inspecting
 
@@ -83,9 +98,14 @@ class RedisSettings:
         appendonly: whether the AOF is on; None when unknown.
         save: the RDB snapshot schedule (``""``: none); None when unknown (``INFO``
             does not show it).
-        source: ``"config"`` (``CONFIG GET`` answered), ``"info"`` (the fallback), or
-            ``"none"`` (Redis could not be inspected).
+        source: ``"config"`` (``CONFIG GET`` answered), ``"info"`` (the fallback),
+            ``"cluster"`` (a cluster: see ``primaries``), or ``"none"`` (Redis could not
+            be inspected).
         error: why Redis could not be inspected, when ``source`` is ``"none"``.
+        cluster_enabled: whether the server is a cluster node (``INFO cluster``); None
+            when unknown.
+        primaries: on a cluster, what was learnt of each primary, by ``"host:port"``
+            (the other fields then stay unknown).
         findings: what is wrong, see the module docstring.
     """
 
@@ -95,6 +115,8 @@ class RedisSettings:
     save: str | None = None
     source: str = "none"
     error: str = ""
+    cluster_enabled: bool | None = None
+    primaries: dict[str, RedisSettings] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -208,7 +230,9 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
 
     Uses a connection of its own with short timeouts (the same host, port, database,
     credentials and TLS settings as ``connection``), so an unreachable Redis costs at most
-    about ``timeout`` seconds per attempt and never hangs a ``manage.py`` command.
+    about ``timeout`` seconds per attempt and never hangs a ``manage.py`` command. On a
+    cluster (a ``redis.cluster.RedisCluster``, the outbox's in cluster mode) every primary
+    is inspected so, one after another.
 
     Args:
         connection: a redis-py client; the outbox's (:func:`outbox.store.connection.get_connection`)
@@ -216,38 +240,177 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
         timeout: seconds for connecting and for each reply.
 
     Returns:
-        A :class:`RedisSettings` with its findings (codes E006, W004, W006, W007; see the
-        module docstring). It never raises: an unreachable Redis gives ``source="none"``
-        and one outbox.W007 finding.
+        A :class:`RedisSettings` with its findings (codes E006, W004, W006, W007, E008;
+        see the module docstring). It never raises: an unreachable Redis gives
+        ``source="none"`` and one outbox.W007 finding.
     """
 
+    quick_cluster = None
+    try:
+        if connection is None and outbox_settings.cluster is not None:
+            # the cluster's own client with this call's timeouts, not the settings' ones
+            quick_cluster = build_cluster_client(
+                outbox_settings.cluster, socket_timeout=timeout, socket_connect_timeout=timeout
+            )
+            connection = cast(Redis, quick_cluster)
+        connection = connection or get_connection()
+    except Exception as exc:  # ImproperlyConfigured, an unreachable cluster: report, never raise
+        found = RedisSettings(error=f"{type(exc).__name__}: {exc}")
+        found.findings.append(_uninspected("the outbox's Redis", found.error))
+        return found
+    if not is_cluster(connection):
+        found = _inspect_server(connection, timeout, "the outbox's Redis")
+        if found.cluster_enabled:
+            found.findings.append(_alias_on_cluster_finding())
+        return found
+    try:
+        return _inspect_cluster(connection, timeout)
+    finally:
+        if quick_cluster is not None:
+            quick_cluster.close()
+
+
+def _inspect_cluster(connection: Redis, timeout: float) -> RedisSettings:
+    """:func:`inspect_redis` of every primary of the cluster client ``connection``."""
+    found = RedisSettings(source="cluster")
+    try:
+        clients = primary_clients(connection)
+    except Exception as exc:  # the cluster's client failed to list its nodes
+        found.source, found.error = "none", f"{type(exc).__name__}: {exc}"
+        found.findings.append(_uninspected("the outbox's Redis Cluster", found.error))
+        return found
+    for client in clients:
+        name = _address(client)
+        node = found.primaries[name] = _inspect_server(
+            client, timeout, f"the outbox's cluster primary {name}"
+        )
+        found.findings += node.findings
+    return found
+
+
+def _inspect_server(connection: Redis, timeout: float, where: str) -> RedisSettings:
+    """What one server (``connection``'s) says of its settings, and the findings, each
+    starting with ``where``. Never raises."""
     found = RedisSettings()
     try:
-        client = _quick_client(connection or get_connection(), timeout)
-    except Exception as exc:  # ImproperlyConfigured, a broken pool: report, never raise
+        client = _quick_client(connection, timeout)
+    except Exception as exc:  # a broken pool: report, never raise
         found.error = f"{type(exc).__name__}: {exc}"
     else:
         try:
             if not _read_config(client, found) and not _read_info(client, found):
                 found.error = "it refused both CONFIG GET and INFO"
+            found.cluster_enabled = _cluster_enabled(client)
         except (RedisError, OSError) as exc:
             found.error = f"{type(exc).__name__}: {exc}"
         finally:
             client.close()
             client.connection_pool.disconnect()
-    where = "the outbox's Redis"
     if found.source == "none":
-        found.findings.append(
-            Finding(
-                "outbox.W007",
-                WARNING,
-                f"could not inspect {where} for eviction and persistence settings ({found.error})",
-                "check that Redis is reachable; the outbox needs maxmemory-policy noeviction and AOF or RDB persistence",
-            )
-        )
+        found.findings.append(_uninspected(where, found.error))
     else:
         found.findings += _findings(found, where)
     return found
+
+
+def _uninspected(where: str, error: str) -> Finding:
+    return Finding(
+        "outbox.W007",
+        WARNING,
+        f"could not inspect {where} for eviction and persistence settings ({error})",
+        "check that Redis is reachable; the outbox needs maxmemory-policy noeviction and AOF or RDB persistence",
+    )
+
+
+def _cluster_enabled(client: Redis) -> bool | None:
+    """Whether ``client``'s server is a cluster node (``INFO cluster``); None when it
+    refuses INFO.
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: Redis is unreachable.
+    """
+    try:
+        info = client.info("cluster")
+    except ResponseError:
+        return None
+    return bool(int(info["cluster_enabled"])) if "cluster_enabled" in info else None
+
+
+def _address(client: Redis) -> str:
+    """``host:port`` (or the socket path) of ``client``'s server."""
+    kwargs = client.connection_pool.connection_kwargs
+    if kwargs.get("path"):
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', 6379)}"
+
+
+def _alias_on_cluster_finding() -> Finding:
+    alias = outbox_settings.REDIS_ALIAS
+    return Finding(
+        "outbox.E008",
+        ERROR,
+        f"the outbox's Redis, the django-redis alias {alias!r}, is a Redis Cluster node (cluster_enabled:1): "
+        "django-redis has no cluster client, so every command on a key of another node's slots fails (MOVED)",
+        "set OUTBOX['CLUSTER'] = {'NODES': ['redis://node1:7000', ...]} for the outbox's data (docs/operations.md, "
+        "'Running on a cluster'), and give RQ's queues a plain Redis: RQ_QUEUES[...] = {'URL': 'redis://rq-host:6379/0'}",
+    )
+
+
+def rq_server_findings(timeout: float = INSPECT_TIMEOUT) -> list[Finding]:
+    """outbox.E009: in cluster mode, an outbox queue of ``RQ_QUEUES`` is on a cluster node.
+
+    RQ cannot run on a cluster (rq#1048, rq#2021; django-rq#280): its wake-up jobs need a
+    plain Redis beside the cluster. Each server the outbox's queues use is asked ``INFO
+    cluster`` once, with ``timeout``-second timeouts; a server that does not answer (or a
+    queue missing from ``RQ_QUEUES``, outbox.E003) is not reported here. Nothing outside
+    cluster mode (there the alias check, E008, covers RQ on the alias).
+
+    Returns:
+        One :class:`Finding` per RQ server that is a cluster node.
+    """
+    try:
+        if outbox_settings.cluster is None:
+            return []
+    except ImproperlyConfigured:
+        return []  # outbox.E001 reports it
+    import django_rq  # django_rq reads Django settings when imported
+
+    rq_queues = getattr(settings, "RQ_QUEUES", {})
+    servers: dict[str, tuple[Redis, list[str]]] = {}
+    for name in outbox_settings.queue_names:
+        if name not in rq_queues:
+            continue
+        try:
+            connection = django_rq.get_connection(name)
+            where = _address(connection)
+        except Exception:  # a malformed queue config: django-rq's own checks report it
+            continue
+        servers.setdefault(where, (connection, []))[1].append(name)
+    findings = []
+    for where, (connection, names) in servers.items():
+        try:
+            client = _quick_client(connection, timeout)
+        except Exception:
+            continue
+        try:
+            enabled = _cluster_enabled(client)
+        except (RedisError, OSError):
+            continue  # only a server that answers is judged
+        finally:
+            client.close()
+            client.connection_pool.disconnect()
+        if enabled:
+            findings.append(
+                Finding(
+                    "outbox.E009",
+                    ERROR,
+                    f"RQ_QUEUES {', '.join(map(repr, names))} use {where}, a Redis Cluster node: RQ cannot run "
+                    "on a cluster (rq#1048, rq#2021; django-rq#280), so no wake-up job would reach a worker",
+                    "keep OUTBOX['CLUSTER'] for the outbox's data and give every outbox queue the same plain "
+                    "Redis beside it, e.g. RQ_QUEUES[name] = {'URL': 'redis://rq-host:6379/0'}",
+                )
+            )
+    return findings
 
 
 def _quick_client(connection: Redis, timeout: float) -> Redis:
@@ -270,11 +433,17 @@ def shared_alias_findings() -> list[Finding]:
     with ``OUTBOX["REDIS_ALIAS"] == "default"`` any ``django.core.cache.cache.clear()``
     (a library, a test helper, an admin action) deletes every message; the same when
     another alias in ``CACHES`` names the same server and database. Needs no Redis.
+    Nothing in cluster mode: the outbox's data is not in the alias then.
 
     Returns:
         Zero or one :class:`Finding`.
     """
 
+    try:
+        if outbox_settings.cluster is not None:
+            return []  # the outbox's data is on the cluster, not in the alias
+    except ImproperlyConfigured:
+        return []  # outbox.E001 reports it
     alias = outbox_settings.REDIS_ALIAS
     caches = getattr(settings, "CACHES", {})
     hint = (
@@ -324,8 +493,9 @@ def _locations(config: dict[str, Any]) -> set[str]:
 
 
 def startup_findings() -> list[Finding]:
-    """Everything a worker should warn about at start: Redis's settings and a shared alias."""
-    return inspect_redis().findings + shared_alias_findings()
+    """Everything a worker should warn about at start: Redis's settings, a shared alias
+    and, in cluster mode, RQ on a cluster node."""
+    return inspect_redis().findings + shared_alias_findings() + rq_server_findings()
 
 
 def log_startup_findings(logger: logging.Logger | None = None) -> list[Finding]:

@@ -50,6 +50,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
+from redis.cluster import RedisCluster
+
 from outbox.records import STATUSES, Message, Status
 from outbox.store.base import Members
 from outbox.store.indexes import Cursor, Index
@@ -647,9 +649,12 @@ def summaries(repo: MessageRepository, ids: Sequence[str]) -> list[Message | Non
     starts = repo.resolve_older_records(ids, replies[::2], lambda key, pipe: pipe.hmget(key, SUMMARY_FIELDS))
     long = [i for i, start in enumerate(starts) if isinstance(start, bytes) and b"\n" not in start and start]
     if long:  # a header over SUMMARY_BYTES: read the whole record
-        for i, whole in zip(
-            long, repo.connection.mget([repo.keys.message(ids[i]) for i in long]), strict=True
-        ):
+        keys = [repo.keys.message(ids[i]) for i in long]
+        if isinstance(repo.connection, RedisCluster):  # records of several slots: MGET per slot
+            wholes = repo.connection.mget_nonatomic(keys)
+        else:
+            wholes = repo.connection.mget(keys)
+        for i, whole in zip(long, wholes, strict=True):
             starts[i] = whole
     out: list[Message | None] = []
     for i, start in enumerate(starts):

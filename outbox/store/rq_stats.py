@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from redis.cluster import RedisCluster
 from rq import Queue
 
 from outbox.store.repository import MessageRepository
@@ -17,27 +18,32 @@ def queue_counts(
 ) -> list[tuple[int, int, int, int, int]]:
     """Per RQ queue of ``queues``, in order: (outbox messages due by ``now`` (epoch seconds),
     due later, wake-up jobs waiting, jobs running, crashed jobs). One round trip, on RQ's
-    connection (the first queue's), which is the outbox's.
+    connection (the first queue's), which is the outbox's; on a cluster (where RQ has a
+    plain Redis of its own) two: the due indexes on the cluster, RQ's keys on RQ's Redis.
 
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
     """
     if not queues:
         return []
-    pipe = queues[0].connection.pipeline(transaction=False)
-    parts = repo.keys.partitions
+    rq_pipe = queues[0].connection.pipeline(transaction=False)
+    cluster = isinstance(repo.connection, RedisCluster)
+    due_pipe = repo.connection.pipeline(transaction=False) if cluster else rq_pipe
     for q in queues:
-        pipe.llen(q.key)
-        pipe.zcard(q.started_job_registry.key)
-        pipe.zcard(q.failed_job_registry.key)
+        rq_pipe.llen(q.key)
+        rq_pipe.zcard(q.started_job_registry.key)
+        rq_pipe.zcard(q.failed_job_registry.key)
+    for q in queues:
         for due_key in repo.keys.every("due", q.name):
-            pipe.zcount(due_key, "-inf", repr(now))
-            pipe.zcount(due_key, f"({now!r}", "+inf")
-    replies: list[Any] = pipe.execute()
-    per = 3 + 2 * parts
+            due_pipe.zcount(due_key, "-inf", repr(now))
+            due_pipe.zcount(due_key, f"({now!r}", "+inf")
+    replies: list[Any] = rq_pipe.execute()
+    # on a single server one pipeline holds both: RQ's counts first, then the due counts
+    due: list[Any] = due_pipe.execute() if cluster else replies[3 * len(queues) :]
+    per = 2 * repo.keys.partitions  # due counts per queue
     out = []
-    for i in range(0, per * len(queues), per):
-        row = replies[i : i + per]
-        due, later = sum(int(c) for c in row[3::2]), sum(int(c) for c in row[4::2])
-        out.append((due, later, int(row[0]), int(row[1]), int(row[2])))
+    for i in range(len(queues)):
+        row = due[i * per : (i + 1) * per]
+        rq = replies[3 * i : 3 * i + 3]
+        out.append((sum(int(c) for c in row[0::2]), sum(int(c) for c in row[1::2]), int(rq[0]), int(rq[1]), int(rq[2])))
     return out

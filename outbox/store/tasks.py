@@ -25,15 +25,19 @@ class TaskRegistry:
 
     Args:
         connection: a redis-py client (``decode_responses=False``); RQ's jobs live on
-            the same Redis (:func:`outbox.store.wakeups.get_queue`).
+            the same Redis (:func:`outbox.store.wakeups.get_queue`) unless
+            ``rq_connection`` says otherwise.
         keys: the outbox's key names.
+        rq_connection: the client of RQ's Redis when it is another server than
+            ``connection``'s (in cluster mode RQ has a plain Redis of its own).
 
     Redis errors (``redis.exceptions.RedisError``) propagate unchanged.
     """
 
-    def __init__(self, connection: Redis, keys: Keys) -> None:
+    def __init__(self, connection: Redis, keys: Keys, rq_connection: Redis | None = None) -> None:
         self.connection = connection
         self.keys = keys
+        self.rq_connection = rq_connection
 
     def save(self, job_id: str, entry: Mapping[str, Any], ttl: int) -> None:
         """Write the whole entry of job ``job_id`` as JSON, expiring ``ttl`` seconds from now.
@@ -53,16 +57,23 @@ class TaskRegistry:
 
     def load_with_rq_status(self, job_id: str) -> tuple[dict[str, Any] | None, str | None]:
         """The entry of job ``job_id`` and the ``status`` field of RQ's hash of that job
-        (one round trip; the field is a plain string, read with HGET, never unpickled).
+        (one round trip, two with an ``rq_connection``; the field is a plain string, read
+        with HGET, never unpickled).
 
         Returns:
             (the entry or None, RQ's status such as ``"queued"``, ``"failed"`` or
             ``"stopped"``, or None when RQ has no such job).
         """
-        pipe = self.connection.pipeline(transaction=False)
-        pipe.get(self.keys.task(job_id))
-        pipe.hget(Job.key_for(job_id), "status")
-        raw, rq_status = pipe.execute()
+        raw: Any
+        rq_status: Any
+        if self.rq_connection is not None:
+            raw = self.connection.get(self.keys.task(job_id))
+            rq_status = self.rq_connection.hget(Job.key_for(job_id), "status")
+        else:
+            pipe = self.connection.pipeline(transaction=False)
+            pipe.get(self.keys.task(job_id))
+            pipe.hget(Job.key_for(job_id), "status")
+            raw, rq_status = pipe.execute()
         return _decode(raw), rq_status.decode("utf-8", "replace") if rq_status is not None else None
 
 

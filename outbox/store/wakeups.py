@@ -29,7 +29,7 @@ from django.dispatch import receiver
 from rq import Queue
 
 from outbox.conf import outbox_settings
-from outbox.store.connection import get_connection, get_repository
+from outbox.store.connection import get_connection, get_repository, is_cluster
 
 logger = logging.getLogger("outbox")
 
@@ -52,7 +52,9 @@ def new_job_id() -> str:
 
 
 def get_queue(name: str) -> Queue:
-    """The django-rq queue ``name`` on the outbox's Redis connection (cached per process).
+    """The django-rq queue ``name`` on the outbox's Redis connection (cached per process);
+    in cluster mode (``OUTBOX["CLUSTER"]``) on its own connection from ``RQ_QUEUES``, a
+    plain Redis: RQ cannot run on a cluster.
 
     Jobs are enqueued at once (``commit_mode="auto"``): the outbox decides itself when
     to enqueue (after its records are written).
@@ -64,13 +66,23 @@ def get_queue(name: str) -> Queue:
     if queue is None:
         import django_rq  # django_rq reads Django settings when imported
 
-        queue = django_rq.get_queue(name, connection=get_connection(), commit_mode="auto")
+        if outbox_settings.cluster is not None:
+            queue = django_rq.get_queue(name, commit_mode="auto")
+        else:
+            queue = django_rq.get_queue(name, connection=get_connection(), commit_mode="auto")
         _queues[name] = queue
     return queue
 
 
+def _server(queue: Queue) -> tuple[Any, ...]:
+    """Which server ``queue``'s connection talks to: (host, port, db, unix socket path)."""
+    kwargs = getattr(queue.connection.connection_pool, "connection_kwargs", {})
+    return (kwargs.get("host"), kwargs.get("port"), kwargs.get("db"), kwargs.get("path"))
+
+
 def enqueue_wakeups(queues: Iterable[str]) -> None:
-    """Enqueue one wake-up job ``outbox.jobs.deliver(queue)`` on each queue (one round trip).
+    """Enqueue one wake-up job ``outbox.jobs.deliver(queue)`` on each queue (one round trip;
+    in cluster mode one per RQ server, normally one: check outbox.W001).
 
     The caller has set the queues' wake-up flags (the scripts that make work due do).
     A job runs with RQ's ``result_ttl=0``: nothing of it is kept once it has run. If
@@ -83,20 +95,15 @@ def enqueue_wakeups(queues: Iterable[str]) -> None:
     if not names:
         return
     try:
-        with get_connection().pipeline() as pipe:
-            pipe.multi()  # RQ queues its commands on a caller's pipeline in MULTI mode
+        connection = get_connection()
+        if not is_cluster(connection):
+            _enqueue(connection, names)
+        else:  # RQ's queues are on a plain Redis of their own: one pipeline per server
+            by_server: dict[tuple[Any, ...], list[str]] = {}
             for name in names:
-                get_queue(name).enqueue(
-                    DELIVER_JOB,
-                    name,
-                    job_id=new_job_id(),
-                    job_timeout=outbox_settings.VISIBILITY_TIMEOUT + JOB_TIMEOUT_MARGIN,
-                    result_ttl=0,
-                    failure_ttl=FAILURE_TTL,
-                    description=f"outbox: wake a worker for queue {name}",
-                    pipeline=pipe,
-                )
-            pipe.execute()
+                by_server.setdefault(_server(get_queue(name)), []).append(name)
+            for group in by_server.values():
+                _enqueue(get_queue(group[0]).connection, group)
     except Exception:
         logger.warning(
             "outbox: could not enqueue a wake-up job for %s; the messages are stored and "
@@ -105,6 +112,28 @@ def enqueue_wakeups(queues: Iterable[str]) -> None:
             WAKE_STALE_AFTER + outbox_settings.WAKE_INTERVAL,
             exc_info=True,
         )
+
+
+def _enqueue(connection: Any, names: list[str]) -> None:
+    """One wake-up job per queue of ``names``, in one MULTI on ``connection``'s server.
+
+    Raises:
+        redis.exceptions.RedisError: the server could not be reached.
+    """
+    with connection.pipeline() as pipe:
+        pipe.multi()  # RQ queues its commands on a caller's pipeline in MULTI mode
+        for name in names:
+            get_queue(name).enqueue(
+                DELIVER_JOB,
+                name,
+                job_id=new_job_id(),
+                job_timeout=outbox_settings.VISIBILITY_TIMEOUT + JOB_TIMEOUT_MARGIN,
+                result_ttl=0,
+                failure_ttl=FAILURE_TTL,
+                description=f"outbox: wake a worker for queue {name}",
+                pipeline=pipe,
+            )
+        pipe.execute()
 
 
 def wake(queues: Iterable[str], now: float | None = None) -> list[str]:

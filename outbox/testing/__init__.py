@@ -2,6 +2,8 @@
 
 * :class:`RedisServer`: a private Redis-compatible server on a free port (no root, no
   system package; the ``server`` extra ships a Valkey binary).
+* :class:`ClusterServer`: a private Redis/Valkey Cluster of N primaries on free ports,
+  whose slots can be moved the legacy way (:mod:`outbox.testing.cluster_server`).
 * :func:`deliver_all`: deliver everything due, in this process, without an RQ worker.
 * :class:`SentMessages`: the messages sent during a test, with assertion helpers.
 * The pytest plugin :mod:`outbox.pytest_plugin` (installed with the package) wraps these
@@ -18,8 +20,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-# RedisServer is imported eagerly: settings modules start servers with it before Django is
-# set up. The rest needs Django's settings, so it is imported on first use (PEP 562).
+# RedisServer and ClusterServer are imported eagerly: settings modules start servers with
+# them before Django is set up. The rest needs Django's settings, so it is imported on first
+# use (PEP 562).
+from outbox.testing.cluster_server import ClusterServer
 from outbox.testing.redis_server import RedisServer, find_server_binary, free_port
 
 if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
@@ -28,7 +32,15 @@ if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
 
 _LAZY = {"Delivered": ".delivery", "deliver_all": ".delivery", "SentMessages": ".sent"}
 
-__all__ = ["Delivered", "RedisServer", "SentMessages", "deliver_all", "find_server_binary", "free_port"]
+__all__ = [
+    "ClusterServer",
+    "Delivered",
+    "RedisServer",
+    "SentMessages",
+    "deliver_all",
+    "find_server_binary",
+    "free_port",
+]
 
 
 def __getattr__(name: str) -> Any:

