@@ -47,6 +47,12 @@ outbox.E008    the server of ``OUTBOX["REDIS_ALIAS"]`` is a Redis Cluster node
 outbox.E009    ``OUTBOX["CLUSTER"]`` is set and an outbox queue in ``RQ_QUEUES`` is on a
                cluster node: RQ cannot run on a cluster (rq#1048, rq#2021;
                django-rq#280). Give RQ a plain Redis beside the cluster
+outbox.E010    ``OUTBOX["PARTITIONS"]`` is more than 1 or ``OUTBOX["CLUSTER"]`` is set:
+               partitions and cluster mode are being built (issue 22) and are not
+               supported in this release (the scripts that claim and record attempts
+               still touch a destination's state and a message's partition in one call,
+               which a cluster refuses). Remove both; ``PARTITIONS`` that is not an int
+               from 1 to 16,384 is E001
 =============  =====================================================================
 
 Messages never print secret values: every error text goes through
@@ -74,6 +80,7 @@ from urllib.parse import urlsplit
 
 import httpcore
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from outbox.alerts import admin_addresses, channel_problems, parse_alert_settings
@@ -134,6 +141,25 @@ def _configured_secrets() -> list[str]:
     return found
 
 
+def _partition_errors() -> list[CheckMessage]:
+    """outbox.E001 for a ``PARTITIONS`` that is not an int from 1 to 16,384; outbox.E010
+    while partitions and cluster mode are not complete (see the module docstring)."""
+    try:
+        partitions = outbox_settings.partitions
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="outbox.E001")]
+    if partitions > 1 or outbox_settings.CLUSTER is not None:
+        return [
+            Error(
+                "OUTBOX['PARTITIONS'] > 1 and OUTBOX['CLUSTER'] are not supported in this release: "
+                "partitions and cluster mode are being built (issue 22)",
+                hint="remove OUTBOX['PARTITIONS'] and OUTBOX['CLUSTER'] (the outbox runs on one Redis server)",
+                id="outbox.E010",
+            )
+        ]
+    return []
+
+
 def _check() -> list[CheckMessage]:
     errors: list[CheckMessage] = []
     user = getattr(settings, "OUTBOX", {})
@@ -158,6 +184,7 @@ def _check() -> list[CheckMessage]:
                 id="outbox.E001",
             )
         )
+    errors += _partition_errors()
     not_positive = [name for name in POSITIVE_NUMBERS if not _positive_number(getattr(outbox_settings, name))]
     errors += [
         Error(

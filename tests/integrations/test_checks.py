@@ -149,3 +149,23 @@ def test_a_renamed_setting_is_still_read_and_the_check_says_to_rename_it(setting
     assert "is ignored" in [m for m in check_outbox_settings() if m.id == "outbox.W011"][0].msg
     settings.OUTBOX = {k: v for k, v in settings.OUTBOX.items() if k != "RECOVERY_GRACE"}
     assert not [m for m in check_outbox_settings() if m.id == "outbox.W011"]
+
+
+@pytest.mark.parametrize("value", [0, -1, 16385, "16", 2.0, True])
+def test_partitions_must_be_an_int_from_1_to_16384(settings, value):
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": value}
+    errors = [e for e in check_outbox_settings() if e.id == "outbox.E001"]
+    assert any("PARTITIONS" in e.msg for e in errors), errors
+
+
+@pytest.mark.parametrize("change", [{"PARTITIONS": 16}, {"CLUSTER": {"NODES": ["redis://127.0.0.1:7000"]}}])
+def test_partitions_and_cluster_mode_are_refused_until_complete(settings, change):
+    """Issue 22 in progress: a deployment cannot turn them on by accident."""
+    settings.OUTBOX = {**settings.OUTBOX, **change}
+    errors = [e for e in check_outbox_settings() if e.id == "outbox.E010"]
+    assert len(errors) == 1 and "not supported in this release" in errors[0].msg
+
+
+def test_one_partition_and_no_cluster_pass(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": 1}
+    assert not [e for e in check_outbox_settings() if e.id in ("outbox.E010", "outbox.E001")]
