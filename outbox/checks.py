@@ -80,8 +80,8 @@ from urllib.parse import urlsplit
 
 import httpcore
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 
 from outbox.alerts import admin_addresses, channel_problems, parse_alert_settings
 from outbox.conf import (

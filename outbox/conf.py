@@ -28,10 +28,9 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 ``KEY_PREFIX``         prefix of every Redis key the outbox writes (``"outbox"``).
 ``PARTITIONS``         partitions of the outbox's data (1): every key of a message carries
                        its partition's hash tag, so a Redis or Valkey Cluster spreads them
-                       over its primaries (``docs/operations.md``, "Running on a
-                       cluster"). Fixed when a deployment is set up: changing it under
-                       existing data is refused (check outbox.E013). 1 keeps every key
-                       name as before partitions.
+                       over its primaries (``docs/architecture.md``, "Partitions"). 1
+                       keeps every key name as before partitions. In progress (issue
+                       22): more than 1 is refused by check outbox.E010.
 ``QUEUES``             priority -> django-rq queue name
                        (``{"high": "outbox_high", "default": "outbox", "low": "outbox_low"}``).
 ``DESTINATIONS``       name -> ``{"TRANSPORT": alias or dotted path, "OPTIONS": {...},
@@ -442,7 +441,7 @@ class OutboxSettings:
         value = self.PARTITIONS
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 16384:
             raise ImproperlyConfigured(f"OUTBOX['PARTITIONS'] must be an int from 1 to 16384, not {value!r}")
-        return value
+        return int(value)
 
     @property
     def cluster(self) -> ClusterConfig | None:

@@ -53,8 +53,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox.conf import outbox_settings
 from outbox.delivery import attempts
-from outbox.delivery.partitions import Ask, PartitionPlan
 from outbox.delivery.outcomes import Decision, announce, decide_outcome, health_outcome, log_attempt
+from outbox.delivery.partitions import Ask, PartitionPlan
 from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
@@ -437,7 +437,11 @@ class _Run:
         for ask, one in zip(asks, claims, strict=True):
             self.plan.note(ask.partition, one.next_due, one.next_suspect, now)
         claim = merge_claims(claims)
-        self.next_due, self.held, self.next_suspect = self.plan.earliest_due, claim.held, self.plan.earliest_suspect
+        self.next_due, self.held, self.next_suspect = (
+            self.plan.earliest_due,
+            claim.held,
+            self.plan.earliest_suspect,
+        )
         self.note_claim(want, claim.messages, claim.capped)
         if want and not self.capped and len(claim.messages) < want and claim.capped:
             # A claim for every destination came up short at caps: narrow (see want()).

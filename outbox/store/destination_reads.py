@@ -42,7 +42,9 @@ def destination_rows(
     for i in range(len(names)):
         row = replies[i * step : (i + 1) * step]
         per_minute = row[1 : 1 + len(minutes)]
-        rows.append((_text(row[0]), sum(int(c) for c in row[1 + len(minutes) :]), [_text(h) for h in per_minute]))
+        rows.append(
+            (_text(row[0]), sum(int(c) for c in row[1 + len(minutes) :]), [_text(h) for h in per_minute])
+        )
     return rows
 
 

@@ -199,7 +199,9 @@ class IndexReads(RepositoryBase):
                 for key in self.keys.every("status", status, destination):
                     pipe.zcard(key)
 
-    def parse_status_counts(self, destinations: Sequence[str], cards: Sequence[int]) -> dict[str, dict[str, int]]:
+    def parse_status_counts(
+        self, destinations: Sequence[str], cards: Sequence[int]
+    ) -> dict[str, dict[str, int]]:
         """The replies of :meth:`queue_status_counts` as destination -> status -> count
         (summed over partitions)."""
         p = self.keys.partitions

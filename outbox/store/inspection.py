@@ -30,6 +30,9 @@ def waiting_ids(repo: MessageRepository, queue: str, now: float) -> list[str]:
     """
     return [
         i.decode()
-        for key in (*repo.keys.every("due", queue), *repo.keys.every("quarantine", queue))  # suspects: quarantine
+        for key in (
+            *repo.keys.every("due", queue),
+            *repo.keys.every("quarantine", queue),
+        )  # suspects: quarantine
         for i in cast(Members, repo.connection.zrangebyscore(key, f"({now}", "+inf"))
     ]

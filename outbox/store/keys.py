@@ -82,7 +82,6 @@ from dataclasses import dataclass
 
 from outbox.records import partition_of
 
-
 #: The most partitions a deployment can have: one hash slot each at most (Redis Cluster
 #: has 16,384 slots; https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/).
 MAX_PARTITIONS = 16384
@@ -304,9 +303,3 @@ class Keys:
     @property
     def alert_flush(self) -> str:
         return f"{self.shared}:alert:flush"
-
-    @property
-    def meta(self) -> str:
-        """The deployment's layout: a hash with ``partitions`` (written by the first worker or
-        send of a deployment, checked by ``outbox.E013``)."""
-        return f"{self.shared}:meta"

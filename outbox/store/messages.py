@@ -352,7 +352,11 @@ class MessageStore(RepositoryBase):
             chunk = [messages[i] for i in positions]
             groups = create_groups(chunk)
             calls.append(
-                ("create", self.create_args(chunk, now, due_slack, repeat, groups), self.create_keys(chunk, groups))
+                (
+                    "create",
+                    self.create_args(chunk, now, due_slack, repeat, groups),
+                    self.create_keys(chunk, groups),
+                )
             )
         replies = self.run_scripts(calls)
         created: list[Created] = [Created(m.id, m.id, "new") for m in messages]

@@ -276,7 +276,10 @@ def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
         return out
     matched = repo.run_script(
         "filter",
-        [*named(prefix=repo.keys.prefix, parts=repo.keys.partitions, checks=_checks_json(p), mode="ids"), *out],
+        [
+            *named(prefix=repo.keys.prefix, parts=repo.keys.partitions, checks=_checks_json(p), mode="ids"),
+            *out,
+        ],
         keys=[repo.keys.resend(i) for i in out],
     )[0]
     return [raw.decode() for raw in matched]

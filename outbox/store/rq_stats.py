@@ -45,5 +45,13 @@ def queue_counts(
     for i in range(len(queues)):
         row = due[i * per : (i + 1) * per]
         rq = replies[3 * i : 3 * i + 3]
-        out.append((sum(int(c) for c in row[0::2]), sum(int(c) for c in row[1::2]), int(rq[0]), int(rq[1]), int(rq[2])))
+        out.append(
+            (
+                sum(int(c) for c in row[0::2]),
+                sum(int(c) for c in row[1::2]),
+                int(rq[0]),
+                int(rq[1]),
+                int(rq[2]),
+            )
+        )
     return out

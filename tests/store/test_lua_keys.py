@@ -4,7 +4,6 @@
 from importlib import resources
 
 import pytest
-
 from redis.crc import key_slot
 
 from outbox.store.keys import Keys
@@ -82,7 +81,9 @@ def helper() -> str:
     return resources.files("outbox.store").joinpath("lua", "lib", "keys.lua").read_text()
 
 
-def lua_key(redis, parts: int, name: str, prefix: str, args: tuple[object, ...], partition: int | None = None) -> str:
+def lua_key(
+    redis, parts: int, name: str, prefix: str, args: tuple[object, ...], partition: int | None = None
+) -> str:
     argv = [f"#{a}" if isinstance(a, int) else a for a in args]
     part = "" if partition is None else str(partition)
     return redis.eval(helper() + CALL, 0, parts, name, prefix, part, *argv).decode()
@@ -102,7 +103,12 @@ def test_every_lua_key_name_is_the_one_keys_py_builds(redis):
                 for k in {0, parts - 1}:
                     for args in cases:
                         expected = getattr(keys.partition(k), name)(*args)
-                        assert lua_key(redis, parts, name, prefix, args, k) == expected, (parts, name, k, args)
+                        assert lua_key(redis, parts, name, prefix, args, k) == expected, (
+                            parts,
+                            name,
+                            k,
+                            args,
+                        )
                         checked += 1
     assert checked > 500
 
@@ -114,8 +120,16 @@ def test_partitioned_names_share_one_hash_slot_per_partition_and_destination():
     keys = Keys("outbox", 16)
     mid = "msg_0191a2b3c4d5e6f708192a3b4c5d6e7f_p7"
     part = keys.of(mid)
-    same = [keys.message(mid), keys.resend(mid), keys.attempts(mid), part.status("pending", "hook"),
-            part.due("outbox"), part.created("hook"), part.parked("hook"), part.idempotency("hook", "k")]
+    same = [
+        keys.message(mid),
+        keys.resend(mid),
+        keys.attempts(mid),
+        part.status("pending", "hook"),
+        part.due("outbox"),
+        part.created("hook"),
+        part.parked("hook"),
+        part.idempotency("hook", "k"),
+    ]
     slots = {key_slot(k.encode()) for k in same}
     assert len(slots) == 1
     home = [keys.dest("a}b"), keys.gcra("a}b"), keys.health("a}b", 7), keys.errors("a}b", 1)]
@@ -123,7 +137,10 @@ def test_partitioned_names_share_one_hash_slot_per_partition_and_destination():
     shared = [keys.destinations, keys.probes, keys.wake("outbox"), keys.lock("recovery"), keys.workers]
     assert len({key_slot(k.encode()) for k in shared}) == 1
     # one partition: no tag, the names of before partitions
-    assert Keys("outbox").message(mid.removesuffix("_p7")) == "outbox:message:msg_0191a2b3c4d5e6f708192a3b4c5d6e7f"
+    assert (
+        Keys("outbox").message(mid.removesuffix("_p7"))
+        == "outbox:message:msg_0191a2b3c4d5e6f708192a3b4c5d6e7f"
+    )
     assert Keys("outbox").due("outbox") == "outbox:due:outbox"
 
 
