@@ -58,7 +58,7 @@ from outbox.delivery.partitions import Ask, PartitionPlan
 from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
-from outbox.records import Message, Outcome
+from outbox.records import Message, Outcome, partition_of
 from outbox.store import Claim, MessageRepository, wakeups
 from outbox.store.connection import get_repository
 from outbox.transports import deadlines
@@ -396,7 +396,8 @@ class _Run:
             if quarantine:
                 asks = [Ask(self.plan.suspect_partition(now, DUE_SLACK), want, caps)]
             else:
-                asks = self.plan.asks(want, caps, now, DUE_SLACK)
+                touched = {partition_of(c.id) for c in changes} if self.plan.partitions > 1 else ()
+                asks = self.plan.asks(want, caps, now, DUE_SLACK, touched)
             try:
                 results, claims = self.repo.outcomes_and_claim(
                     changes,

@@ -47,14 +47,17 @@ class PartitionPlan:
     asked_at: dict[int, float] = field(default_factory=dict)
     turn: int = 0
 
-    def due(self, now: float, slack: float) -> list[int]:
-        """The partitions worth asking now, earliest due first (rotating among the rest)."""
+    def due(self, now: float, slack: float, touched: Iterable[int] = ()) -> list[int]:
+        """The partitions worth asking now, earliest due first (rotating among the rest).
+        ``touched``: partitions where this round trip writes outcomes, before the claims
+        (a retry due at once is due again there)."""
         if self.partitions == 1:
             return [0]
+        touched = set(touched)
         known, unknown = [], []
         for k in self._rotation():
             at = self.next_due.get(k)
-            if k not in self.asked_at or now - self.asked_at[k] >= REPOLL:
+            if k in touched or k not in self.asked_at or now - self.asked_at[k] >= REPOLL:
                 unknown.append(k)
             elif at is not None and at <= now + slack:
                 known.append((at, k))
@@ -65,13 +68,16 @@ class PartitionPlan:
         first = self.turn % self.partitions
         return [*range(first, self.partitions), *range(first)]
 
-    def asks(self, want: int, caps: dict[str, int] | None, now: float, slack: float) -> list[Ask]:
-        """The claim calls for ``want`` messages under ``caps``: shares adding up to them.
+    def asks(
+        self, want: int, caps: dict[str, int] | None, now: float, slack: float, touched: Iterable[int] = ()
+    ) -> list[Ask]:
+        """The claim calls for ``want`` messages under ``caps``: shares adding up to them
+        (``touched``: see :meth:`due`).
 
         Returns at least one :class:`Ask` (with ``limit`` 0 when ``want`` is 0: the claim
         still reports the partition's next due time)."""
         self.turn += 1
-        order = self.due(now, slack)
+        order = self.due(now, slack, touched)
         if not order or want <= 0:
             order = order[:1] or [self.turn % self.partitions]
             return [Ask(order[0], 0, caps)]
