@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import tracing
 from outbox.conf import outbox_settings
@@ -161,7 +161,7 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
         return capture(messages, using)
     try:
         created = intake.store(messages, repeat=False)
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:  # the second: a cluster with a slot no node serves
         raise OutboxUnavailable(
             f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
             "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
@@ -202,7 +202,7 @@ def get(message_id: str) -> Message:
         if message is None:
             raise
         return message
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
         message = captured(message_id)
         if message is None:
             raise OutboxUnavailable(

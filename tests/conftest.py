@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.support.cluster import cluster_outbox, redis_cluster  # noqa: F401 (fixtures)
+from tests.support.cluster import cluster_mode, cluster_outbox, redis_cluster  # noqa: F401 (fixtures)
 from tests.support.http import Receiver, receiving
 from tests.support.messages import hook_settings, run_worker
 from tests.support.processes import Supervisor

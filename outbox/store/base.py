@@ -13,6 +13,7 @@ from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException
 
+from outbox.records import partition_of
 from outbox.store.keys import Keys
 from outbox.store.scripts import names, sha, source
 from outbox.store.thread_client import ThreadClients
@@ -65,6 +66,40 @@ class RepositoryBase:
         self.idempotency_ttl = idempotency_ttl
         self.wake_ttl_ms = max(1, int(wake_ttl * 1000))
         self.scripts_loaded = False
+        #: destinations this process added to the destinations set (partitioned layout)
+        self.registered: set[str] = set()
+
+    def by_partition(self, ids: Sequence[str]) -> list[list[int]]:
+        """The positions in ``ids`` of the ids of each partition they are in (in order of
+        first appearance; one list of every position with one partition): a script acts on
+        one partition's messages per call, as a cluster requires."""
+        if not self.keys.partitioned:
+            return [list(range(len(ids)))]
+        groups: dict[int, list[int]] = {}
+        for i, message_id in enumerate(ids):
+            groups.setdefault(partition_of(message_id), []).append(i)
+        return list(groups.values())
+
+    def register_destinations(self, names: set[str]) -> None:
+        """Add ``names`` to the destinations set (``SADD``), each once per process: with more
+        than one partition the create script does not (the set is a key across the
+        deployment). A name is added before its first message is written."""
+        new = names - self.registered
+        if new:
+            self.connection.sadd(self.keys.destinations, *sorted(new))
+            self.registered |= new
+
+    def raise_wake_flags(self, queues: Sequence[str], now: float) -> list[str]:
+        """Set the wake-up flag of each of ``queues`` that has none (``SET NX PX``): the
+        queues whose flag this set (the caller enqueues one wake-up job for each). With
+        one partition the scripts set the flags themselves and ``queues`` are those
+        already: returned as they are."""
+        if not queues or not self.keys.partitioned:
+            return list(queues)
+        pipe = self.connection.pipeline(transaction=False)
+        for queue in queues:
+            pipe.set(self.keys.wake(queue), repr(now), nx=True, px=self.wake_ttl_ms)
+        return [q for q, was_set in zip(queues, pipe.execute(), strict=True) if was_set]
 
     def load_scripts(self) -> None:
         """Load every Lua script into Redis's script cache (one round trip, ``SCRIPT LOAD``;

@@ -90,7 +90,7 @@ class DestinationState(RepositoryBase):
             ),
             keys=[self.keys.probes, self.keys.dest(destination), *self.keys.every("parked", destination)],
         )
-        return int(moved), [q.decode() for q in woken], int(left)
+        return int(moved), self.raise_wake_flags([q.decode() for q in woken], now), int(left)
 
     def destination_action(self, destination: str, action: str, now: float, reason: str = "") -> str | None:
         """Pause, resume, disable or enable a destination (``lua/admin.lua``).

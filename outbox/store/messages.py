@@ -254,6 +254,7 @@ class MessageStore(RepositoryBase):
         here when not given)."""
         groups = create_groups(messages) if groups is None else groups
         args: list[Any] = named(
+            parts=self.keys.partitions,
             idem_ttl=self.idempotency_ttl,
             wake_ttl_ms=self.wake_ttl_ms,
             now=repr(now),
@@ -296,16 +297,15 @@ class MessageStore(RepositoryBase):
         message its message and resend records and, if it has one, its idempotency key.
         (A key per message for the indexes it shares with the others of its group cost
         send_many(100) a fifth of its speed: each argument costs Redis and the client.)"""
-        # every message of one call is in one partition (:meth:`create` splits a call)
+        # every message of one call is in one partition (:meth:`create` splits a call);
+        # with more than one, the keys across the deployment are left out (see create.lua)
         part = self.keys.of(messages[0].id) if messages else self.keys
-        keys = [self.keys.destinations]
+        shared = not self.keys.partitioned
+        keys = [self.keys.destinations] if shared else []
         for status, destination, queue in create_groups(messages) if groups is None else groups:
-            keys += [
-                part.status(status, destination),
-                part.due(queue),
-                part.created(destination),
-                self.keys.wake(queue),
-            ]
+            keys += [part.status(status, destination), part.due(queue), part.created(destination)]
+            if shared:
+                keys.append(self.keys.wake(queue))
         for m in messages:
             keys += [self.keys.message(m.id), self.keys.resend(m.id)]
             if m.idempotency_key:
@@ -340,14 +340,18 @@ class MessageStore(RepositoryBase):
         self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool
     ) -> CreateResult:
         """:meth:`create` with more than one partition: one ``lua/create.lua`` call per
-        partition the messages are in (their ids name it), in one round trip. Each call is
-        atomic by itself, not the calls together: an idempotency conflict refuses the
-        messages of its own partition only (the others are written), as a partition of a
-        cluster can refuse a write the others took."""
+        partition the messages are in (their ids name it), after the destinations are
+        registered (``SADD outbox:{g}:destinations``: lists read them), in one round trip;
+        then the wake-up flags of the queues given due messages
+        (:meth:`raise_wake_flags`). Each call is atomic by itself, not the calls together:
+        an idempotency conflict refuses the messages of its own partition only (the
+        others are written), as a partition of a cluster can refuse a write the others
+        took."""
         parts: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
             parts.setdefault(partition_of(m.id), []).append(i)
         calls: list[ScriptCall] = []
+        self.register_destinations({m.destination for m in messages})
         for positions in parts.values():
             chunk = [messages[i] for i in positions]
             groups = create_groups(chunk)
@@ -366,7 +370,7 @@ class MessageStore(RepositoryBase):
             for i, c in zip(positions, result.created, strict=True):
                 created[i] = c
             woken += [q for q in result.woken if q not in woken]
-        return CreateResult(created, woken)
+        return CreateResult(created, self.raise_wake_flags(woken, now))
 
     @staticmethod
     def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
@@ -573,7 +577,8 @@ class MessageStore(RepositoryBase):
         unset: Sequence[str] = (),
         step: float = 1e-6,
     ) -> BulkResult:
-        """One compare-and-set applied to many messages (``lua/bulk.lua``, one call).
+        """One compare-and-set applied to many messages (``lua/bulk.lua``, one call; one
+        per partition the ids are in, in one round trip, with more than one).
 
         Cheaper per message than :meth:`transition` for a user's bulk action: no
         per-message JSON, and one Pub/Sub event (``messages.<action>`` with the ids) per
@@ -606,11 +611,20 @@ class MessageStore(RepositoryBase):
         args.append(len(set))
         for field_name, value in set.items():
             args += [field_name, value]
-        args += [1, "", len(ids), *ids]  # one group, no job id
-        reply: BulkReply = self.run_script("bulk", args, keys=[self.keys.resend(i) for i in ids])
-        flags, woken = reply
+        groups = self.by_partition(ids)  # one call per partition (one with one partition)
+        calls: list[ScriptCall] = []
+        for positions in groups:
+            chunk = [ids[i] for i in positions]
+            calls.append(("bulk", [*args, 1, "", len(chunk), *chunk], [self.keys.resend(i) for i in chunk]))
+        applied = [False] * len(ids)  # (not a set: the argument ``set`` hides the type)
+        woken: list[str] = []
+        for positions, reply in zip(groups, cast(list[BulkReply], self.run_scripts(calls)), strict=True):
+            flags, queues = reply
+            for i, flag in zip(positions, flags, strict=True):
+                applied[i] = bool(flag)
+            woken += [q.decode() for q in queues if q.decode() not in woken]
         return BulkResult(
-            [i for i, applied in zip(ids, flags, strict=True) if applied], [q.decode() for q in woken]
+            [m for m, yes in zip(ids, applied, strict=True) if yes], self.raise_wake_flags(woken, now)
         )
 
     @staticmethod
@@ -649,7 +663,9 @@ class MessageStore(RepositoryBase):
             keys=[self.keys.destinations, *(self.keys.resend(i) for i in ids)],
         )
         released, woken = reply
-        return BulkResult([i.decode() for i in released], [q.decode() for q in woken])
+        return BulkResult(
+            [i.decode() for i in released], self.raise_wake_flags([q.decode() for q in woken], now)
+        )
 
     def wake_candidates(self, queues: Sequence[str], now: float, stale_after: float) -> list[str]:
         """The queues that need a wake-up job now (``lua/wake.lua``); their flags are set.
@@ -682,19 +698,24 @@ class MessageStore(RepositoryBase):
         """
         if not ids:
             return []
-        keys: list[str] = []
-        for message_id in ids:
-            keys += [
-                self.keys.resend(message_id),
-                self.keys.message(message_id),
-                self.keys.attempts(message_id),
-            ]
-        reply: list[int] = self.run_script(
-            "delete",
-            [*named(prefix=self.keys.prefix, parts=self.keys.partitions, statuses=",".join(statuses)), *ids],
-            keys=keys,
-        )
-        return [bool(x) for x in reply]
+        groups = self.by_partition(ids)  # one call per partition (one with one partition)
+        calls: list[ScriptCall] = []
+        for positions in groups:
+            chunk = [ids[i] for i in positions]
+            keys: list[str] = []
+            for message_id in chunk:
+                keys += [
+                    self.keys.resend(message_id),
+                    self.keys.message(message_id),
+                    self.keys.attempts(message_id),
+                ]
+            opts = named(prefix=self.keys.prefix, parts=self.keys.partitions, statuses=",".join(statuses))
+            calls.append(("delete", [*opts, *chunk], keys))
+        deleted = [False] * len(ids)
+        for positions, reply in zip(groups, self.run_scripts(calls), strict=True):
+            for i, flag in zip(positions, reply, strict=True):
+                deleted[i] = bool(flag)
+        return deleted
 
     def get(self, message_id: str) -> Message:
         """The message with this id.

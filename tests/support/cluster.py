@@ -44,3 +44,21 @@ def cluster_outbox(redis_cluster: ClusterServer, settings: Any) -> Iterator[Any]
     settings.OUTBOX = {**settings.OUTBOX, "CLUSTER": cluster_settings(redis_cluster)}
     with empty_outbox() as connection:
         yield connection
+
+
+#: Partitions of the outbox in cluster mode in the tests (the issue's P = 16).
+PARTITIONS = 16
+RQ_QUEUE_NAMES = ("outbox_high", "outbox", "outbox_low")
+
+
+@pytest.fixture
+def cluster_mode(cluster_outbox: Any, settings: Any) -> Iterator[Any]:
+    """The outbox as a cluster deployment runs it: its data on the (emptied) cluster in
+    ``PARTITIONS`` partitions, RQ's queues on a plain Redis beside it (the private single
+    server). Yields the outbox's connection, a ``redis.cluster.RedisCluster``."""
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": PARTITIONS}
+    settings.RQ_QUEUES = {name: {"URL": settings.REDIS_URL} for name in RQ_QUEUE_NAMES}
+    from outbox.store.connection import get_repository
+
+    get_repository.cache_clear()
+    yield cluster_outbox

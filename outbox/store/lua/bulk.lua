@@ -21,6 +21,7 @@
 --! include wakeup
 local opts, pos = named_args()
 local prefix, now_s, channel, action, to = K.setup(opts), opts.now, opts.channel, opts.action, opts.to
+wake_setup(opts)
 local allowed = {}
 for _, s in ipairs(split(opts.from)) do allowed[s] = true end
 local nset = tonumber(ARGV[pos])

@@ -9,8 +9,11 @@
 --   index, its destination's created index and its queue's wake-up flag (4 keys each,
 --   once per group: send_many shares them); then per message, in order: its message
 --   record, its resend record, and, when it has an idempotency key, that key
---   (outbox:idempotency:<n>:<d>:<key>)
--- ARGV: named (lib/args.lua): idem_ttl (seconds; 0 = keep for ever), wake_ttl_ms (wake
+--   (outbox:idempotency:<n>:<d>:<key>). With more than one partition (parts > 1: every
+--   message of the call is in one partition, whose slot every key is in) there is no
+--   outbox:destinations and no wake-up flag (3 keys per group): the caller registers
+--   the destinations and sets the flags of the queues returned (lib/wakeup.lua).
+-- ARGV: named (lib/args.lua): parts (partitions), idem_ttl (seconds; 0 = keep for ever), wake_ttl_ms (wake
 --   flag TTL), now (epoch seconds), slack (seconds: a message due by now + slack wakes
 --   its queue), repeat ("1" to check whether each id was already written: a push of
 --   captured messages, which the fast path and the relay may both make; "0" for new ids,
@@ -48,16 +51,21 @@ local check_exists = opts['repeat'] == '1'
 local n = tonumber(opts.n)
 local FIELDS = split(opts.fields)
 write_at_once(n == 1)
+wake_setup(opts)
+local shared = tonumber(opts.parts or '1') <= 1  -- KEYS hold outbox:destinations and wake-up flags
+local first_group = shared and 2 or 1
+local width = shared and 4 or 3  -- keys per group
 local msgs = {}
 local conflict = false
-local k = 2 + 4 * tonumber(opts.groups)  -- the next message's first key
+local k = first_group + width * tonumber(opts.groups)  -- the next message's first key
 for i = 1, n do
   local m = row_at(FIELDS, pos)
   local first = pos + #FIELDS
   m.rfirst, m.rlast = first, first + tonumber(m.n_resend) * 2 - 1
   m.code, m.standing = 'new', m.id
-  local g = 2 + 4 * (tonumber(m.group) - 1)  -- its group's first key
-  m.skey, m.dkey, m.ckey, m.wkey = KEYS[g], KEYS[g + 1], KEYS[g + 2], KEYS[g + 3]
+  local g = first_group + width * (tonumber(m.group) - 1)  -- its group's first key
+  m.skey, m.dkey, m.ckey = KEYS[g], KEYS[g + 1], KEYS[g + 2]
+  if shared then m.wkey = KEYS[g + 3] end
   m.mkey, m.rkey = KEYS[k], KEYS[k + 1]
   k = k + 2
   if m.keyed == '1' then
@@ -122,7 +130,7 @@ for i, m in ipairs(msgs) do
     zadd_later(m.skey, score, id)
     zadd_later(m.dkey, score, id)
     zadd_later(m.ckey, m.created, id)
-    if not dests[dest] then
+    if shared and not dests[dest] then
       dests[dest] = true
       redis.call('SADD', KEYS[1], dest)
     end

@@ -16,6 +16,7 @@
 --! include wakeup
 local opts, pos = named_args()
 local prefix, now_s, lease, deadline, wake_ttl = K.setup(opts), opts.now, opts.lease, opts.deadline, tonumber(opts.wake_ttl_ms)
+wake_setup(opts)
 local ids, rkeys = {}, {}
 if #ARGV >= pos then
   for i = pos, #ARGV do

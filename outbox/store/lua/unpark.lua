@@ -17,6 +17,7 @@
 --! include wakeup
 local opts = named_args()
 local prefix, now_s, dest, batch, wake_ttl = K.setup(opts), opts.now, opts.destination, tonumber(opts.batch), tonumber(opts.wake_ttl_ms)
+wake_setup(opts)
 local now = tonumber(now_s)
 local probes = KEYS[1]
 local v = redis.call('HMGET', KEYS[2], 'admin', 'breaker', 'next_probe_at', 'probe_deadline')
