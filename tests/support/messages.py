@@ -89,6 +89,13 @@ def redis_at(url: str) -> override_settings:
     return override_settings(CACHES=caches)
 
 
+def index_keys(conn, repo, kind: str) -> list[bytes]:
+    """Every key of the indexes of one kind ("parked", "quarantine"), in every partition."""
+    prefix = repo.keys.prefix
+    patterns = [f"{prefix}:{kind}:*"] if not repo.keys.partitioned else [f"{prefix}:{{p*}}:{kind}:*"]
+    return [key for pattern in patterns for key in conn.scan_iter(match=pattern)]
+
+
 def assert_index_invariant(repo) -> None:
     """Every message id is in exactly one status index, the one its resend record names,
     of its own destination in its own partition, and in that destination's created index;
@@ -117,7 +124,7 @@ def assert_index_invariant(repo) -> None:
     # queue's quarantine index (a suspect, attempted alone), or its destination's parked
     # set (paused, disabled, circuit breaker open). A parked set holds nothing else.
     waiting = {i: s for i, s in seen.items() if s in ("pending", "retrying")}
-    for key in conn.scan_iter(match=f"{repo.keys.prefix}*:parked:*"):
+    for key in index_keys(conn, repo, "parked"):
         destination = key.decode().split(":parked:", 1)[1]
         for raw in conn.zrange(key, 0, -1):
             message_id = raw.decode()
@@ -138,7 +145,7 @@ def assert_index_invariant(repo) -> None:
             assert conn.hexists(repo.keys.resend(message_id), "suspect"), (
                 f"{message_id} quarantined, no suspect"
             )
-    for key in conn.scan_iter(match=f"{repo.keys.prefix}*:quarantine:*"):
+    for key in index_keys(conn, repo, "quarantine"):
         for raw in conn.zrange(key, 0, -1):
             assert raw.decode() in waiting, f"{raw.decode()} quarantined but {seen.get(raw.decode(), 'gone')}"
 

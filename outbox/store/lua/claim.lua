@@ -2,8 +2,8 @@
 -- lease (the visibility timeout), in due order. This compare-and-set is the lock: a
 -- message is claimed by one worker at a time.
 --
--- Each destination's gate is read once per call (docs/destinations.md), with the ZCARD of
--- its sending index if it has a MAX_CONCURRENCY and its GCRA TAT if it has a RATE_LIMIT:
+-- Each destination's gate (lib/gate.lua) is read once per call (docs/destinations.md), with
+-- the ZCARD of its sending index if it has a MAX_CONCURRENCY and its GCRA TAT if it has a RATE_LIMIT:
 -- only this call's claims change those while the script runs, so it counts them in
 -- memory, and writes a TAT it moved back once, after the loop:
 -- * paused or disabled, or its circuit breaker open before the next probe time: the
@@ -72,15 +72,11 @@
 --! include keys
 --! include message
 --! include writes
+--! include gate
 local opts = named_args()
 local prefix, now_s, queue, lease, deadline = K.setup(opts), opts.now, opts.queue, opts.lease, opts.deadline
 local now = tonumber(now_s)
 local limit, scan = tonumber(opts.limit), tonumber(opts.scan)
-local caps = cjson.decode(opts.caps)
-local limits = cjson.decode(opts.limits or '{}')
-local CONCURRENCY_DELAY = 0.2  -- seconds a message over MAX_CONCURRENCY waits before it is looked at again
-local RAMP_STEP, RAMP_FIRST, RAMP_WINDOW = 1.0, 4, 30  -- release after a Retry-After (above): seconds, messages, seconds
-local LOG2 = math.log(2)
 local queue_due_key, quarantine_key, probes_key = KEYS[1], KEYS[2], KEYS[3]
 local in_quarantine = opts.lane == 'q'
 local due_key = in_quarantine and quarantine_key or queue_due_key
@@ -88,36 +84,14 @@ local out = {}
 local taken_ids = {}  -- positions in out of the claimed ids, whose records are read at the end
 local taken, held = 0, 0
 local capped, capped_seen = {}, {}
-local gates = {}
-local tat_changed = {}  -- destinations whose TAT this call moved, in first-changed order
-local ramp_changed = {}  -- destinations whose release counter (ramp_k) this call moved
 
-local function gate(dest)
-  local g = gates[dest]
-  if g then return g end
-  local v = redis.call('HMGET', K.dest(prefix, dest), 'admin', 'breaker', 'next_probe_at',
-                       'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k')
-  g = {admin = v[1] or 'active', breaker = v[2] or 'closed', next_probe = tonumber(v[3] or '0'),
-       probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = limits[dest], spaced = 0}
-  if g.blocked > 0 and now < g.blocked + RAMP_WINDOW then
-    -- the release after a Retry-After (above); a new block starts its count again
-    g.ramp_of = v[5]
-    g.ramp_k = (v[6] == v[5]) and tonumber(v[7] or '0') or 0
-    g.ramp_first = RAMP_FIRST
-    if g.lim and g.lim[1] > 0 then g.ramp_first = math.max(RAMP_FIRST, RAMP_STEP / g.lim[1]) end
-  end
-  if g.lim and g.lim[3] > 0 then
-    g.sending = 0  -- leases held in every partition
-    for k = 0, K.parts - 1 do
-      g.sending = g.sending + redis.call('ZCARD', K.status(K.partition(prefix, k), 'sending', dest))
-    end
-  end
-  if g.lim and g.lim[1] > 0 then
-    g.tat = tonumber(redis.call('GET', K.gcra(prefix, dest)) or '0')
-  end
-  gates[dest] = g
-  return g
+-- MAX_CONCURRENCY counts the leases held in every partition's sending index
+local function count_sending(dest)
+  local n = 0
+  for k = 0, K.parts - 1 do n = n + redis.call('ZCARD', K.status(K.partition(prefix, k), 'sending', dest)) end
+  return n
 end
+gate_setup(prefix, now_s, deadline, cjson.decode(opts.limits or '{}'), cjson.decode(opts.caps), count_sending)
 
 local function reschedule(id, status, dest, at)
   local s = string.format('%.6f', at)
@@ -127,20 +101,7 @@ local function reschedule(id, status, dest, at)
   held = held + 1
 end
 
--- The next release slot after a Retry-After (see above); counts it.
-local function ramp_slot(g, dest)
-  local at = g.blocked + RAMP_STEP * math.log(1 + g.ramp_k / g.ramp_first) / LOG2
-  g.ramp_k, g.last_slot = g.ramp_k + 1, at
-  if not g.ramp_moved then
-    g.ramp_moved = true
-    ramp_changed[#ramp_changed + 1] = dest
-  end
-  return at
-end
-
 local function take(id, rkey, record, status, dest)
-  local g = gates[dest]
-  if g.sending then g.sending = g.sending + 1 end
   zrem_later(due_key, id)
   if in_quarantine then zrem_later(queue_due_key, id) end  -- in both after a "retry now"
   local pp = K.part(prefix, id)
@@ -184,57 +145,25 @@ if limit > 0 then
       zrem_later(due_key, id)
       zadd_later(in_quarantine and queue_due_key or quarantine_key, score, id)
     elseif status == 'pending' or status == 'retrying' then
-      local g = gate(dest)
-      local probe = false
-      local park = g.admin ~= 'active'
-      if not park and g.breaker ~= 'closed' then
-        if (g.breaker == 'open' and now >= g.next_probe) or (g.breaker == 'half_open' and now > g.probe_deadline) then
-          probe = true
-        else
-          park = true
-        end
-      end
-      if park then
+      local action, at = gate_decide(dest, score)
+      if action == 'park' then
         zrem_later(due_key, id)
         zadd_later(K.parked(K.part(prefix, id), dest), score, id)
-      elseif probe then
+      elseif action == 'probe' then
         take(id, rkey, record, status, dest)
-        g.breaker, g.probe_deadline = 'half_open', tonumber(deadline)
-        redis.call('HSET', K.dest(prefix, dest), 'breaker', 'half_open', 'probe_id', id, 'probe_deadline', deadline)
+        gate_probe(dest, id)
         redis.call('ZADD', probes_key, deadline, dest)
-      elseif g.ramp_of and tonumber(score) < g.blocked and ramp_slot(g, dest) > now then
-        -- held by the block: rescheduled to its release slot (the slot just counted)
-        reschedule(id, status, dest, g.last_slot)
-      elseif g.ramp_of and tonumber(score) > now then
-        -- its release slot (or new traffic) is within the due slack: not before its time
+      elseif action == 'later' then
+        reschedule(id, status, dest, at)
+      elseif action == 'hold' then
         held = held + 1
-      else
-        local cap = caps[dest]
-        if cap == nil or cap > 0 then
-          local lim = g.lim
-          if lim and lim[3] > 0 and g.sending >= lim[3] then
-            g.spaced = g.spaced + 1
-            reschedule(id, status, dest, now + CONCURRENCY_DELAY + g.spaced * 1e-3)
-          elseif lim and lim[1] > 0 and now < math.max(g.tat, now) - lim[2] then
-            -- GCRA refuses: the next slot is TAT - tau; later ones follow at T apart.
-            local at = math.max(g.tat - lim[2], g.next_slot or 0)
-            g.next_slot = at + lim[1]
-            reschedule(id, status, dest, at)
-          else
-            if lim and lim[1] > 0 then
-              if not g.tat_changed then
-                g.tat_changed = true
-                tat_changed[#tat_changed + 1] = dest
-              end
-              g.tat = math.max(g.tat, now) + lim[1]
-            end
-            if cap ~= nil then caps[dest] = cap - 1 end
-            take(id, rkey, record, status, dest)
-          end
-        elseif not capped_seen[dest] then
+      elseif action == 'cap' then
+        if not capped_seen[dest] then
           capped_seen[dest] = true
           capped[#capped + 1] = dest
         end
+      else
+        take(id, rkey, record, status, dest)
       end
     else
       -- A stale entry (the message moved on or was deleted): repair the index.
@@ -242,14 +171,7 @@ if limit > 0 then
     end
   end
 end
-for _, dest in ipairs(ramp_changed) do
-  local g = gates[dest]
-  redis.call('HSET', K.dest(prefix, dest), 'ramp_of', g.ramp_of, 'ramp_k', g.ramp_k)
-end
-for _, dest in ipairs(tat_changed) do
-  local tat = gates[dest].tat
-  redis.call('SET', K.gcra(prefix, dest), string.format('%.6f', tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
-end
+gate_flush()
 flush_writes()
 for first = 1, #taken_ids, WRITE_CHUNK do
   local last = math.min(first + WRITE_CHUNK - 1, #taken_ids)
