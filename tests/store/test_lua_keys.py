@@ -66,6 +66,7 @@ SHARED: dict[str, list[tuple[object, ...]]] = {
     "health": [(d, m) for d in DESTINATIONS for m in (29435295, 7)],
     "errors": [(d, h) for d in DESTINATIONS for h in (490588, 1)],
     "gcra": [(d,) for d in DESTINATIONS],
+    "inflight": [(d,) for d in DESTINATIONS],
 }
 #: Prefix helpers, checked against Keys by the tests below: (Lua name, Python function).
 PREFIX_HELPERS = {

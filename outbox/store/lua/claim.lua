@@ -73,17 +73,13 @@
 --! include message
 --! include writes
 --! include gate
+--! include claimed
 local opts = named_args()
-local prefix, now_s, queue, lease, deadline = K.setup(opts), opts.now, opts.queue, opts.lease, opts.deadline
+local prefix, now_s, deadline = K.setup(opts), opts.now, opts.deadline
 local now = tonumber(now_s)
 local limit, scan = tonumber(opts.limit), tonumber(opts.scan)
-local queue_due_key, quarantine_key, probes_key = KEYS[1], KEYS[2], KEYS[3]
-local in_quarantine = opts.lane == 'q'
-local due_key = in_quarantine and quarantine_key or queue_due_key
-local out = {}
-local taken_ids = {}  -- positions in out of the claimed ids, whose records are read at the end
-local taken, held = 0, 0
-local capped, capped_seen = {}, {}
+local probes_key = KEYS[3]
+claim_setup(prefix, now_s, opts.lease, deadline, KEYS[1], KEYS[2], opts.lane)
 
 -- MAX_CONCURRENCY counts the leases held in every partition's sending index
 local function count_sending(dest)
@@ -93,62 +89,21 @@ local function count_sending(dest)
 end
 gate_setup(prefix, now_s, deadline, cjson.decode(opts.limits or '{}'), cjson.decode(opts.caps), count_sending)
 
-local function reschedule(id, status, dest, at)
-  local s = string.format('%.6f', at)
-  zadd_later(due_key, s, id)
-  zadd_later(K.status(K.part(prefix, id), status, dest), s, id)
-  redis.call('HSET', K.resend(prefix, id), 'next_attempt_at', s)
-  held = held + 1
-end
-
-local function take(id, rkey, record, status, dest)
-  zrem_later(due_key, id)
-  if in_quarantine then zrem_later(queue_due_key, id) end  -- in both after a "retry now"
-  local pp = K.part(prefix, id)
-  zrem_later(K.status(pp, status, dest), id)
-  zadd_later(K.status(pp, 'sending', dest), deadline, id)
-  local claimed = {'status', 'sending', 'lease', lease, 'last_attempt_at', now_s, 'updated_at', now_s}
-  redis.call('HSET', rkey, unpack(claimed))
-  out[#out + 1] = id  -- replaced by the message record after the loop (one MGET)
-  taken_ids[#taken_ids + 1] = #out
-  -- The resend record as read before the HSET, with the claim's fields appended: a later
-  -- pair wins when the caller makes the flat list a mapping (one HGETALL fewer).
-  for _, v in ipairs(claimed) do record[#record + 1] = v end
-  out[#out + 1] = record
-  taken = taken + 1
-end
-
--- status, destination and suspect mark from a flat HGETALL reply
-local function status_and_destination(record)
-  local status, dest, suspect
-  for i = 1, #record, 2 do
-    local f = record[i]
-    if f == 'status' then status = record[i + 1]
-    elseif f == 'destination' then dest = record[i + 1]
-    elseif f == 'suspect' then suspect = true end
-  end
-  return status, dest, suspect
-end
-
 if limit > 0 then
-  local rows = redis.call('ZRANGEBYSCORE', due_key, '-inf', now + tonumber(opts.slack), 'WITHSCORES', 'LIMIT', 0, scan)
+  local rows = redis.call('ZRANGEBYSCORE', C.due_key, '-inf', now + tonumber(opts.slack), 'WITHSCORES', 'LIMIT', 0, scan)
   write_at_once(#rows == 2)
   for i = 1, #rows, 2 do
-    if taken >= limit then break end
+    if C.taken >= limit then break end
     local id, score = rows[i], rows[i + 1]
     local rkey = K.resend(prefix, id)
     local record = redis.call('HGETALL', rkey)
     local status, dest, suspect = status_and_destination(record)
-    if (status == 'pending' or status == 'retrying') and (suspect and true or false) ~= in_quarantine then
-      -- a suspect in the due index goes to the quarantine lane; an entry of the
-      -- quarantine index that is no suspect (any more) goes back to the due index
-      zrem_later(due_key, id)
-      zadd_later(in_quarantine and queue_due_key or quarantine_key, score, id)
+    if wrong_lane(status, suspect) then
+      other_lane(id, score)
     elseif status == 'pending' or status == 'retrying' then
       local action, at = gate_decide(dest, score)
       if action == 'park' then
-        zrem_later(due_key, id)
-        zadd_later(K.parked(K.part(prefix, id), dest), score, id)
+        park(id, dest, score)
       elseif action == 'probe' then
         take(id, rkey, record, status, dest)
         gate_probe(dest, id)
@@ -156,38 +111,16 @@ if limit > 0 then
       elseif action == 'later' then
         reschedule(id, status, dest, at)
       elseif action == 'hold' then
-        held = held + 1
+        C.held = C.held + 1
       elseif action == 'cap' then
-        if not capped_seen[dest] then
-          capped_seen[dest] = true
-          capped[#capped + 1] = dest
-        end
+        cap_reached(dest)
       else
         take(id, rkey, record, status, dest)
       end
     else
-      -- A stale entry (the message moved on or was deleted): repair the index.
-      zrem_later(due_key, id)
+      zrem_later(C.due_key, id)  -- a stale entry (the message moved on or was deleted): repair
     end
   end
 end
 gate_flush()
-flush_writes()
-for first = 1, #taken_ids, WRITE_CHUNK do
-  local last = math.min(first + WRITE_CHUNK - 1, #taken_ids)
-  local mkeys = {}
-  for i = first, last do mkeys[#mkeys + 1] = K.message(prefix, out[taken_ids[i]]) end
-  local raws = redis.call('MGET', unpack(mkeys))
-  for i = first, last do
-    local pos, raw = taken_ids[i], raws[i - first + 1]
-    -- false: no such key, or an older version's hash (MGET answers nil for another type)
-    if raw then out[pos] = {out[pos], raw} else out[pos] = message_record(K.message(prefix, out[pos]), out[pos]) end
-  end
-end
-local function first_score(key)
-  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  return first[2] or false
-end
-local next_due = first_score(queue_due_key)
-local next_suspect = first_score(quarantine_key)
-return {out, next_due, held, capped, next_suspect}
+return claim_reply()
