@@ -574,6 +574,8 @@ class _Run:
                 if not claimed and not self.in_flight and not self.decided:
                     if self.lane(1, time.time())[1]:
                         continue  # a suspect is due: claim it, alone
+                    if self.plan.more_due(time.time(), DUE_SLACK):
+                        continue  # another partition has a message due: claim there
                     wait_for = self.next_due - time.time() if self.next_due is not None else HELD_WAIT + 1
                     if self.held and wait_for <= HELD_WAIT and time.time() < self.claim_until:
                         # Messages a rate or concurrency limit moved a moment later: wait for them.

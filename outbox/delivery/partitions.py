@@ -46,6 +46,8 @@ class PartitionPlan:
     #: partition -> when it was last asked (epoch s)
     asked_at: dict[int, float] = field(default_factory=dict)
     turn: int = 0
+    #: the partitions the last claim asked for messages (a limit above 0)
+    claimed_from: set[int] = field(default_factory=set)
 
     def due(self, now: float, slack: float, touched: Iterable[int] = ()) -> list[int]:
         """The partitions worth asking now, earliest due first (rotating among the rest).
@@ -81,15 +83,26 @@ class PartitionPlan:
         if not order or want <= 0:
             order = order[:1] or [self.turn % self.partitions]
             return [Ask(order[0], 0, caps)]
-        order = order[:want]
-        n = len(order)
+        first, rest = order[:want], order[want:]
+        n = len(first)
         asks = []
-        for i, k in enumerate(order):
+        for i, k in enumerate(first):
             share_caps = None
             if caps is not None:
                 share_caps = {d: _share(c, n, i) for d, c in caps.items()}
             asks.append(Ask(k, _share(want, n, i), share_caps))
-        return asks
+        # the others worth asking are asked for nothing: their next due times are read, so
+        # the run knows there is work there (it would end, or wait, without looking)
+        self.claimed_from = set(first)
+        return asks + [Ask(k, 0, None) for k in rest]
+
+    def more_due(self, now: float, slack: float) -> bool:
+        """True when a partition the last claim did not ask for messages has one due: a
+        claim that took nothing has not seen everything due (with one partition, never)."""
+        return any(
+            at is not None and at <= now + slack and k not in self.claimed_from
+            for k, at in self.next_due.items()
+        )
 
     def suspect_partition(self, now: float, slack: float) -> int:
         """The partition whose quarantine index has the suspect due first (0 if none is known)."""

@@ -31,7 +31,7 @@ ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None
 TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[Any], list[bytes]]
 #: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
 BulkReply = tuple[list[int], list[bytes]]
-ReleaseReply = tuple[list[bytes], list[bytes]]
+ReleaseReply = tuple[list[bytes], list[bytes], list[bytes]]
 
 #: The fields of each message of ``lua/create.lua``, in the order :meth:`MessageRepository.create_args` sends them.
 CREATE_FIELDS = (
@@ -647,25 +647,47 @@ class MessageStore(RepositoryBase):
             now: epoch seconds: released messages are due now.
             ids: the messages to release, if known.
         """
-        reply: ReleaseReply = self.run_script(
-            "release",
-            [
-                *named(
-                    prefix=self.keys.prefix,
-                    parts=self.keys.partitions,
-                    now=repr(now),
-                    lease=lease,
-                    deadline=repr(deadline),
-                    wake_ttl_ms=self.wake_ttl_ms,
-                ),
-                *ids,
-            ],
-            keys=[self.keys.destinations, *(self.keys.resend(i) for i in ids)],
-        )
-        released, woken = reply
-        return BulkResult(
-            [i.decode() for i in released], self.raise_wake_flags([q.decode() for q in woken], now)
-        )
+        base: dict[str, Any] = {
+            "prefix": self.keys.prefix,
+            "parts": self.keys.partitions,
+            "now": repr(now),
+            "lease": lease,
+            "deadline": repr(deadline),
+            "wake_ttl_ms": self.wake_ttl_ms,
+        }
+        opts = named(**base)
+        if not self.keys.partitioned:
+            reply: ReleaseReply = self.run_script(
+                "release", [*opts, *ids], keys=[self.keys.destinations, *(self.keys.resend(i) for i in ids)]
+            )
+            released, woken, _ = reply
+            return BulkResult([i.decode() for i in released], [q.decode() for q in woken])
+        # one call per partition: of the ids' partitions, or (no ids) of every partition,
+        # with the destinations named (their set is a key across the deployment)
+        calls: list[ScriptCall] = []
+        if ids:
+            for positions in self.by_partition(ids):
+                chunk = [ids[i] for i in positions]
+                calls.append(("release", [*opts, *chunk], [self.keys.resend(i) for i in chunk]))
+        else:
+            destinations = json.dumps(self.destinations())
+            for k in self.keys.partition_numbers():
+                args = named(**base, destinations=destinations, partition=k)
+                calls.append(("release", args, [self.keys.partition(k).due("-")]))  # a key of the partition
+        out: list[str] = []
+        made_due: list[str] = []
+        inflight: dict[str, list[str]] = {}
+        for released, woken, dests in cast(list[ReleaseReply], self.run_scripts(calls)):
+            for i, d in zip(released, dests, strict=True):
+                out.append(i.decode())
+                inflight.setdefault(d.decode(), []).append(i.decode())
+            made_due += [q.decode() for q in woken if q.decode() not in made_due]
+        if inflight:  # their gates' grants end (lua/gate.lua)
+            pipe = self.connection.pipeline(transaction=False)
+            for d, released_ids in inflight.items():
+                pipe.zrem(self.keys.inflight(d), *released_ids)
+            pipe.execute()
+        return BulkResult(out, self.raise_wake_flags(made_due, now))
 
     def wake_candidates(self, queues: Sequence[str], now: float, stale_after: float) -> list[str]:
         """The queues that need a wake-up job now (``lua/wake.lua``); their flags are set.

@@ -14,6 +14,7 @@ status transitions (compare-and-set Lua scripts, see ``lua/transition.lua``).
   disable and enable, parked messages put back, probes;
 * :mod:`outbox.store.alerts`: alert suppression windows;
 * :mod:`outbox.store.maintenance`: schema upgrade, locks, worker heartbeats.
+* :mod:`outbox.store.partitioned`: the delivery round trip with more than one partition.
 
 Every name this module had before the split is importable from it still.
 """
@@ -37,10 +38,10 @@ from outbox.store.messages import (
     Created,
     CreateReply,
     CreateResult,
-    MessageStore,
     ReleaseReply,
     TransitionRow,
 )
+from outbox.store.partitioned import PartitionedMessageStore
 
 __all__ = [
     "BREAKER_FIELDS",
@@ -73,7 +74,7 @@ __all__ = [
 ]
 
 
-class MessageRepository(MessageStore, IndexReads, DestinationState, AlertStore, Maintenance):
+class MessageRepository(PartitionedMessageStore, IndexReads, DestinationState, AlertStore, Maintenance):
     """Messages in Redis under one key prefix.
 
     Args:

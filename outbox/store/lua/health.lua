@@ -3,7 +3,8 @@
 -- before, transition.lua: an outcome that opens the breaker is seen by the transition,
 -- which then parks the message instead of charging a retry.
 --
--- KEYS[1] outbox:probes
+-- KEYS[1] outbox:probes (none with more than one partition: every outcome of a call is of
+--   one destination, and every key in its home slot; see probe_at and the reply below)
 -- ARGV: named (lib/args.lua):
 --   prefix: of each destination's keys (its state hash, health per minute, errors per
 --     hour: lib/keys.lua), found at run time in the outcomes
@@ -18,7 +19,9 @@
 --     started_at (when the attempt started, epoch seconds; its failure starts a run of
 --     failures then, before its message's dead-letter time, so "recover since" finds
 --     it; may be absent)
--- Returns the events of the state changes made (JSON strings), each also PUBLISHed:
+-- With more than one partition, returns {events, probe times (flat: destination, epoch s),
+--   destinations holding their messages}; else the events. The events of the state
+--   changes made (JSON strings), each also PUBLISHed:
 --   {"event": "destination.<failing|recovered|opened|closed|disabled>",
 --    "destination": ..., "at": now, ...detail}
 --! include args
@@ -39,6 +42,18 @@ local FIELDS = {'admin', 'breaker', 'consecutive', 'failing_since', 'failing_not
                 'probe_id', 'blocked_until', 'next_probe_at'}
 
 local events = {}
+-- When the wake check must look at a destination (outbox:probes). With more than one
+-- partition that key is one across the deployment, which this script (in the
+-- destination's home slot) must not touch: the times are returned for the caller to write.
+local probe_times = {}
+local function probe_at(at, dest)
+  if K.parts <= 1 then
+    redis.call('ZADD', probes_key, at, dest)
+  else
+    probe_times[#probe_times + 1] = dest
+    probe_times[#probe_times + 1] = string.format('%.6f', at)
+  end
+end
 local function emit(name, dest, detail)
   local e = detail or {}
   e.event, e.destination, e.at = name, dest, now
@@ -95,7 +110,7 @@ local function open(dest, st, cfg, reason, detail)
   put(st, 'next_probe_at', st.next_probe_at)
   drop(st, 'probe_id')
   drop(st, 'probe_deadline')
-  redis.call('ZADD', probes_key, st.next_probe_at, dest)
+  probe_at(st.next_probe_at, dest)
   detail.reason, detail.next_probe_at = reason, st.next_probe_at
   emit('destination.opened', dest, detail)
 end
@@ -113,6 +128,9 @@ for _, values in ipairs(outcomes) do
   local dest, kind, ms, code, cls, err = o.destination, o.kind, tonumber(o.ms), tonumber(o.code), o.class, o.error
   local ra, id = tonumber(o.retry_after), o.id
   local st = state(dest)
+  if K.parts > 1 and id and id ~= '' then
+    redis.call('ZREM', K.inflight(prefix, dest), id)  -- its gate's grant ends (gate.lua)
+  end
   local cfg = configs[dest]
   local agg = st.agg
   agg[kind] = agg[kind] + 1
@@ -138,7 +156,7 @@ for _, values in ipairs(outcomes) do
       put(st, 'breaker', 'closed')
       for _, f in ipairs({'opened_at', 'next_probe_at', 'cooldown', 'probe_id', 'probe_deadline'}) do drop(st, f) end
       -- The wake check unparks what waited (the worker does at once too: belt and braces).
-      redis.call('ZADD', probes_key, now, dest)
+      probe_at(now, dest)
       emit('destination.closed', dest, {})
     end
   else
@@ -182,7 +200,7 @@ for _, values in ipairs(outcomes) do
         put(st, 'next_probe_at', st.next_probe_at)
         drop(st, 'probe_id')
         drop(st, 'probe_deadline')
-        redis.call('ZADD', probes_key, st.next_probe_at, dest)
+        probe_at(st.next_probe_at, dest)
       end
     end
     if cfg and cfg.disable_after > 0 and st.admin == 'active' and now - st.failing_since >= cfg.disable_after then
@@ -239,4 +257,15 @@ for _, dest in ipairs(order) do
   for f in pairs(st.del) do gone[#gone + 1] = f end
   if #gone > 0 then redis.call('HDEL', dkey, unpack(gone)) end
 end
-return events
+if K.parts <= 1 then return events end
+-- With more than one partition: also the probe times to write (above) and the
+-- destinations that hold their messages now (paused, disabled, breaker not closed),
+-- which the transitions of the outcomes (transition.lua, in the partitions) are given.
+local holding = {}
+for _, dest in ipairs(order) do
+  local st = states[dest]
+  if st.admin == 'paused' or st.admin == 'disabled' or st.breaker == 'open' or st.breaker == 'half_open' then
+    holding[#holding + 1] = dest
+  end
+end
+return {events, probe_times, holding}

@@ -2,12 +2,15 @@
 -- retries yet) or retrying, due now, back in their queue's due index, which is woken.
 -- Only messages still held under the given lease are released.
 --
--- KEYS[1] outbox:destinations; KEYS[2..] the resend records of the ids below, in order
+-- KEYS[1] outbox:destinations; KEYS[2..] the resend records of the ids below, in order.
+--   With more than one partition (one per call): KEYS the resend records of the ids, or
+--   without ids one key of the partition; named destinations (JSON list) and partition
 -- ARGV: named (lib/args.lua): prefix (of the keys found at run time: lib/keys.lua), now
 --   (epoch seconds), lease (token), deadline (lease deadline: when no ids follow, every
 --   id in a sending index, of any destination, with this exact score is a candidate: a
 --   claim whose reply was lost), wake_ttl_ms (wake flag TTL); then the ids (optional)
--- Returns {ids released, queues whose wake-up flag this call set}.
+-- Returns {ids released, queues whose wake-up flag this call set (made due, with more than
+--   one partition), the destination of each id released}.
 -- Index writes are made once per index for the whole call (lib/writes.lua, lib/move.lua).
 --! include args
 --! include keys
@@ -18,14 +21,24 @@ local opts, pos = named_args()
 local prefix, now_s, lease, deadline, wake_ttl = K.setup(opts), opts.now, opts.lease, opts.deadline, tonumber(opts.wake_ttl_ms)
 wake_setup(opts)
 local ids, rkeys = {}, {}
+-- with more than one partition: no outbox:destinations in KEYS[1] (a key across the
+-- deployment) but a key of the partition, the destinations given, one partition per call
+local first_rkey = K.parts > 1 and 1 or 2
+local dests, parts = nil, nil
+if K.parts > 1 then
+  dests, parts = cjson.decode(opts.destinations or '[]'), {tonumber(opts.partition or '0')}
+else
+  dests, parts = redis.call('SMEMBERS', KEYS[1]), {}
+  for k = 0, K.parts - 1 do parts[#parts + 1] = k end
+end
 if #ARGV >= pos then
   for i = pos, #ARGV do
     ids[#ids + 1] = ARGV[i]
-    rkeys[#rkeys + 1] = KEYS[#rkeys + 2]
+    rkeys[#rkeys + 1] = KEYS[#rkeys + first_rkey]
   end
 else
-  for _, dest in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-    for k = 0, K.parts - 1 do
+  for _, dest in ipairs(dests) do
+    for _, k in ipairs(parts) do
       for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.status(K.partition(prefix, k), 'sending', dest), deadline, deadline)) do
         ids[#ids + 1] = id
         rkeys[#rkeys + 1] = K.resend(prefix, id)
@@ -33,7 +46,7 @@ else
     end
   end
 end
-local released = {}
+local released, released_dests = {}, {}
 for i, id in ipairs(ids) do
   local rkey = rkeys[i]
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'lease', 'retry_count')
@@ -45,8 +58,9 @@ for i, id in ipairs(ids) do
     redis.call('HSET', rkey, 'status', to, 'next_attempt_at', now_s, 'updated_at', now_s)
     redis.call('HDEL', rkey, 'lease')
     released[#released + 1] = id
+    released_dests[#released_dests + 1] = dest
     wake_queue(K.wake(prefix, queue), queue, now_s, wake_ttl)
   end
 end
 flush_writes()
-return {released, woken}
+return {released, woken, released_dests}

@@ -11,6 +11,8 @@
 --   seconds, string), kept (attempts kept per message), channel (Pub/Sub channel for
 --   events; "" = publish nothing; nothing is published either while the channel has no
 --   subscriber, PUBSUB NUMSUB, and no pattern subscription), n (number of changes),
+--   holding (with more than one partition: a JSON list of the destinations that hold
+--   their messages; their state hashes are in other slots),
 --   fields (the names of each change's fields below, comma-separated);
 -- then each change as flat strings named by fields (lib/args.lua row_at; "" = absent):
 --   id, from (statuses joined by ","), to, score, lease (must match), due_by
@@ -53,7 +55,13 @@ local minute = math.floor(now / 60)
 local out = {}
 local stats = {}  -- stats key (outcome, its partition) -> count, written once per call
 local held = {}   -- destination -> true when paused, disabled or its breaker not closed
+if K.parts > 1 then
+  -- the destinations' state is in their home slots: the caller says which hold
+  -- (health.lua's reply, run before), the others do not
+  for _, dest in ipairs(cjson.decode(opts.holding or '[]')) do held[dest] = true end
+end
 local function holds(dest)
+  if held[dest] == nil and K.parts > 1 then held[dest] = false end
   if held[dest] == nil then
     local v = redis.call('HMGET', K.dest(prefix, dest), 'admin', 'breaker')
     held[dest] = (v[1] == 'paused' or v[1] == 'disabled' or v[2] == 'open' or v[2] == 'half_open')
