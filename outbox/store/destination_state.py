@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, cast
 
-from outbox.store.base import Members, RepositoryBase
+from outbox.store.base import Members, RepositoryBase, ScriptCall
 from outbox.store.keys import Keys
 from outbox.store.scripts import field_names, named
 
@@ -78,19 +78,60 @@ class DestinationState(RepositoryBase):
         Returns:
             (messages moved, queues whose wake-up flag the call set, messages still parked).
         """
-        moved, woken, left = self.run_script(
-            "unpark",
-            named(
-                prefix=self.keys.prefix,
-                parts=self.keys.partitions,
-                now=repr(now),
-                destination=destination,
-                batch=batch,
-                wake_ttl_ms=self.wake_ttl_ms,
-            ),
-            keys=[self.keys.probes, self.keys.dest(destination), *self.keys.every("parked", destination)],
-        )
-        return int(moved), self.raise_wake_flags([q.decode() for q in woken], now), int(left)
+        base: dict[str, Any] = {
+            "prefix": self.keys.prefix,
+            "parts": self.keys.partitions,
+            "now": repr(now),
+            "destination": destination,
+            "batch": batch,
+            "wake_ttl_ms": self.wake_ttl_ms,
+        }
+        if not self.keys.partitioned:
+            moved, woken, left, _ = self.run_script(
+                "unpark",
+                named(**base),
+                keys=[self.keys.probes, self.keys.dest(destination), self.keys.parked(destination)],
+            )
+            return int(moved), [q.decode() for q in woken], int(left)
+        return self._unpark_partitioned(destination, now, base)
+
+    def _unpark_partitioned(
+        self, destination: str, now: float, base: dict[str, Any]
+    ) -> tuple[int, list[str], int]:
+        """:meth:`unpark` with more than one partition: the destination's state read from
+        its home slot, then ``lua/unpark.lua`` once per partition with that state (all in
+        one round trip while its breaker is closed; one partition at a time while a probe
+        may go, until one message moved); ``outbox:{g}:probes`` written here from what the
+        calls say (the earliest time asked for, or removed when every call says so)."""
+        fields = ("admin", "breaker", "next_probe_at", "probe_deadline")
+        state = cast(list[bytes | None], self.connection.hmget(self.keys.dest(destination), fields))
+        args = named(**base, **{f: (v.decode() if v else "") for f, v in zip(fields, state, strict=True)})
+        calls: list[ScriptCall] = [
+            ("unpark", args, [self.keys.partition(k).parked(destination)])
+            for k in self.keys.partition_numbers()
+        ]
+        one_at_a_time = (state[1] or b"closed") != b"closed"
+        replies: list[Any] = []
+        if one_at_a_time:
+            for call in calls:
+                replies.append(self.run_scripts([call])[0])
+                if int(replies[-1][0]):
+                    break
+            # the partitions not looked at keep what they hold
+            replies += [[0, [], self.connection.zcard(c[2][0]), False] for c in calls[len(replies) :]]
+        else:
+            replies = self.run_scripts(calls)
+        moved = sum(int(r[0]) for r in replies)
+        left = sum(int(r[2]) for r in replies)
+        woken: list[str] = []
+        for r in replies:
+            woken += [q.decode() for q in r[1] if q.decode() not in woken]
+        adds = [float(r[3][1]) for r in replies if r[3] and r[3][0] == b"add"]
+        if adds:
+            self.connection.zadd(self.keys.probes, {destination: min(adds)})
+        elif any(r[3] for r in replies):
+            self.connection.zrem(self.keys.probes, destination)
+        return moved, self.raise_wake_flags(woken, now), left
 
     def destination_action(self, destination: str, action: str, now: float, reason: str = "") -> str | None:
         """Pause, resume, disable or enable a destination (``lua/admin.lua``).

@@ -501,12 +501,27 @@ class MessageStore(RepositoryBase):
         """
         if not changes:
             return []
-        return self.parse_transition(
-            changes,
-            self.run_script(
-                "transition", self.transition_args(changes, now), keys=self.transition_keys(changes)
-            ),
-        )
+        if not self.keys.partitioned:
+            return self.parse_transition(
+                changes,
+                self.run_script(
+                    "transition", self.transition_args(changes, now), keys=self.transition_keys(changes)
+                ),
+            )
+        # one call per partition (no destination is known to hold its messages here: a
+        # change whose park alternative depends on it is written by outcomes_and_claim)
+        groups = self.by_partition([c.id for c in changes])
+        calls: list[ScriptCall] = []
+        for positions in groups:
+            chunk = [changes[i] for i in positions]
+            calls.append(("transition", self.transition_args(chunk, now), self.transition_keys(chunk)))
+        results: list[ChangeResult] = [ChangeResult(c.id, False, "") for c in changes]
+        for positions, reply in zip(groups, self.run_scripts(calls), strict=True):
+            for i, r in zip(
+                positions, self.parse_transition([changes[i] for i in positions], reply), strict=True
+            ):
+                results[i] = r
+        return results
 
     def outcomes_and_claim(
         self,
@@ -697,6 +712,8 @@ class MessageStore(RepositoryBase):
         """
         if not queues:
             return []
+        if self.keys.partitioned:
+            return self._wake_candidates_partitioned(queues, now, stale_after)
         keys: list[str] = []
         for queue in queues:
             keys.append(self.keys.wake(queue))
@@ -707,6 +724,41 @@ class MessageStore(RepositoryBase):
             "wake", [repr(now), self.wake_ttl_ms, repr(stale_after), self.keys.partitions, *queues], keys=keys
         )
         return [q.decode() for q in reply]
+
+    def _wake_candidates_partitioned(
+        self, queues: Sequence[str], now: float, stale_after: float
+    ) -> list[str]:
+        """:meth:`wake_candidates` with more than one partition: the first entry of each
+        partition's due and quarantine indexes and each queue's flag read in one round trip
+        (single-key commands, routed per slot), then the flags set (``SET NX``, or over a
+        stale one: the compare of ``lua/wake.lua``, not atomic here: two checks at once may
+        both enqueue a job, which costs an idle job, never a message)."""
+        pipe = self.connection.pipeline(transaction=False)
+        for queue in queues:
+            pipe.get(self.keys.wake(queue))
+            for k in self.keys.partition_numbers():
+                part = self.keys.partition(k)
+                pipe.zrange(part.due(queue), 0, 0, withscores=True)
+                pipe.zrange(part.quarantine(queue), 0, 0, withscores=True)
+        replies = pipe.execute()
+        width = 1 + 2 * self.keys.partitions
+        stale: list[str] = []
+        absent: list[str] = []
+        for i, queue in enumerate(queues):
+            flag, *firsts = replies[i * width : (i + 1) * width]
+            if not any(first and first[0][1] <= now for first in firsts):
+                continue
+            if flag is None:
+                absent.append(queue)
+            elif now - float(flag) > stale_after:
+                stale.append(queue)
+        pipe = self.connection.pipeline(transaction=False)
+        for queue in absent:
+            pipe.set(self.keys.wake(queue), repr(now), nx=True, px=self.wake_ttl_ms)
+        for queue in stale:
+            pipe.set(self.keys.wake(queue), repr(now), px=self.wake_ttl_ms)
+        done = pipe.execute() if absent or stale else []
+        return [q for q, ok in zip([*absent, *stale], done, strict=True) if ok]
 
     def clear_wake_flag(self, queue: str) -> None:
         """A wake-up job of ``queue`` has started: the next message due needs a new one."""

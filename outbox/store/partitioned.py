@@ -44,6 +44,14 @@ PICK_WIDTH = 5
 class PartitionedMessageStore(MessageStore):
     """:class:`MessageStore` with the partitioned delivery round trip (see the module)."""
 
+    def claim(self, queue: str, now: float, partition: int = 0, **options: Any) -> Claim:
+        """See :meth:`MessageStore.claim`; with more than one partition, the steps of
+        :meth:`outcomes_and_claim` without outcomes."""
+        if not self.keys.partitioned:
+            return super().claim(queue, now, partition, **options)
+        ask = (partition, options.pop("limit"), options.pop("caps", None))
+        return self.outcomes_and_claim([], now, queue, asks=[ask], limit=ask[1], **options)[1][0]
+
     def outcomes_and_claim(
         self,
         changes: Sequence[Change],

@@ -11,7 +11,8 @@
 -- ARGV: named (lib/args.lua): prefix (of the keys found at run time: lib/keys.lua, each
 --   message's resend record, its queue's due index and wake-up flag), now (epoch
 --   seconds), destination, batch (most messages to move), wake_ttl_ms (wake flag TTL)
--- Returns {moved, queues whose wake-up flag this call set, parked left}.
+-- Returns {moved, queues whose wake-up flag this call set (made due, with more than one
+--   partition), parked left, what to do with outbox:probes (false: done here)}.
 --! include args
 --! include keys
 --! include wakeup
@@ -19,31 +20,48 @@ local opts = named_args()
 local prefix, now_s, dest, batch, wake_ttl = K.setup(opts), opts.now, opts.destination, tonumber(opts.batch), tonumber(opts.wake_ttl_ms)
 wake_setup(opts)
 local now = tonumber(now_s)
-local probes = KEYS[1]
-local v = redis.call('HMGET', KEYS[2], 'admin', 'breaker', 'next_probe_at', 'probe_deadline')
+-- With more than one partition (one per call): KEYS the partition's parked set alone, the
+-- destination's state given (named: admin, breaker, next_probe_at, probe_deadline, read
+-- from its home slot), and outbox:probes left to the caller: the reply's last element
+-- says what to do with it ({"rem"} or {"add", at}).
+local probe_op = false
+local probes, first_parked, v = KEYS[1], 3, nil
+if K.parts > 1 then
+  first_parked = 1
+  v = {opts.admin ~= '' and opts.admin or false, opts.breaker ~= '' and opts.breaker or false,
+       opts.next_probe_at ~= '' and opts.next_probe_at or false, opts.probe_deadline ~= '' and opts.probe_deadline or false}
+else
+  v = redis.call('HMGET', KEYS[2], 'admin', 'breaker', 'next_probe_at', 'probe_deadline')
+end
+local function probe_rem()
+  if K.parts > 1 then probe_op = {'rem'} else redis.call('ZREM', probes, dest) end
+end
+local function probe_add(at)
+  if K.parts > 1 then probe_op = {'add', string.format('%.6f', at)} else redis.call('ZADD', probes, at, dest) end
+end
 local function parked_left()
   local left = 0
-  for i = 3, #KEYS do left = left + redis.call('ZCARD', KEYS[i]) end
+  for i = first_parked, #KEYS do left = left + redis.call('ZCARD', KEYS[i]) end
   return left
 end
 local admin, breaker = v[1] or 'active', v[2] or 'closed'
 local next_probe, probe_deadline = tonumber(v[3] or '0'), tonumber(v[4] or '0')
 if admin ~= 'active' then
-  redis.call('ZREM', probes, dest)  -- resume/enable unparks
-  return {0, {}, parked_left()}
+  probe_rem()  -- resume/enable unparks
+  return {0, {}, parked_left(), probe_op}
 end
 local want = batch
 if breaker ~= 'closed' then
   local due = (breaker == 'open' and now >= next_probe) or (breaker == 'half_open' and now > probe_deadline)
   if not due then
-    if breaker == 'open' then redis.call('ZADD', probes, next_probe, dest) else redis.call('ZADD', probes, probe_deadline, dest) end
-    return {0, {}, parked_left()}
+    if breaker == 'open' then probe_add(next_probe) else probe_add(probe_deadline) end
+    return {0, {}, parked_left(), probe_op}
   end
   want = 1
 end
 local moved = 0
 local looked = 0
-local part = 3
+local part = first_parked
 while moved < want and looked < batch and part <= #KEYS do
   local pkey = KEYS[part]
   local rows = redis.call('ZRANGE', pkey, 0, want - moved - 1, 'WITHSCORES')
@@ -62,10 +80,10 @@ while moved < want and looked < batch and part <= #KEYS do
 end
 local left = parked_left()
 if left == 0 then
-  redis.call('ZREM', probes, dest)
+  probe_rem()
 elseif breaker == 'closed' then
-  redis.call('ZADD', probes, now, dest)  -- more to move: the next wake check goes on
+  probe_add(now)  -- more to move: the next wake check goes on
 else
-  redis.call('ZADD', probes, now + 5, dest)  -- the claim of the probe moves this to its lease deadline
+  probe_add(now + 5)  -- the claim of the probe moves this to its lease deadline
 end
-return {moved, woken, left}
+return {moved, woken, left, probe_op}
