@@ -16,6 +16,7 @@ from outbox.exceptions import MessageNotFound
 from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message
 from outbox.store.base import RepositoryBase, ScriptCall
 from outbox.store.destination_state import health_args
+from outbox.store.durability import Acknowledgement, Durability, write_then_wait
 from outbox.store.scripts import field_names, named
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
@@ -197,10 +198,12 @@ class Created:
 @dataclass
 class CreateResult:
     """The reply of :meth:`MessageRepository.create`: one :class:`Created` per message,
-    in order, and the queues whose wake-up flag the call set (enqueue their job)."""
+    in order, and the queues whose wake-up flag the call set (enqueue their job); with a
+    ``durability`` wait, what it acknowledged (:mod:`.durability`)."""
 
     created: list[Created]
     woken: list[str]
+    acknowledged: Acknowledgement | None = None
 
 
 @dataclass
@@ -311,7 +314,13 @@ class MessageStore(RepositoryBase):
         return keys
 
     def create(
-        self, messages: Sequence[Message], now: float, *, due_slack: float = 1.0, repeat: bool = True
+        self,
+        messages: Sequence[Message],
+        now: float,
+        *,
+        due_slack: float = 1.0,
+        repeat: bool = True,
+        durability: Durability | None = None,
     ) -> CreateResult:
         """Write new ``pending`` messages (one script call, atomic).
 
@@ -322,13 +331,22 @@ class MessageStore(RepositoryBase):
         message is not written (see :class:`Created`). Each queue that gets a message due
         by ``now + due_slack`` and has no wake-up flag gets one, and is listed in
         :attr:`CreateResult.woken`. The call runs on this thread's own connection
-        (:mod:`.thread_client`): ``send()`` is the hottest path there is.
+        (:mod:`.thread_client`): ``send()`` is the hottest path there is. With a
+        ``durability`` that waits, its ``WAIT``/``WAITAOF`` follows the script on the same
+        connection, in the same write (:func:`.durability.write_then_wait`).
         """
         if not messages:
             return CreateResult([], [])
         groups = create_groups(messages)
         args = self.create_args(messages, now, due_slack, repeat, groups)
         keys = self.create_keys(messages, groups)
+        if durability is not None and durability.waits:
+            reply, acknowledged = self.thread_clients.run(
+                lambda client: write_then_wait(self, client, "create", args, keys, durability)
+            )
+            result = self.parse_create(messages, reply)
+            result.acknowledged = acknowledged
+            return result
         reply = self.thread_clients.run(lambda client: self.run_script("create", args, client, keys=keys))
         return self.parse_create(messages, reply)
 
