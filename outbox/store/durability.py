@@ -25,6 +25,17 @@ that ran the script, in the same packet (:func:`write_then_wait`: one ``sendall`
 A wait sent on another connection of the pool would count that connection's writes and
 could return at once.
 
+``WAITAOF 1 n`` with n > 0 is preceded by ``WAIT n`` on the same connection: a replica
+answers the primary's ``REPLCONF GETACK`` (sent when a client starts waiting) as soon
+as it reads it, before the fsync of a write that came in the same read, and otherwise
+reports its fsynced offset only in its once-a-second ``REPLCONF ACK`` (Valkey
+``replication.c``: ``replicationSendAck`` on ``GETACK`` and in ``replicationCron``).
+So ``WAITAOF 1 1`` sent with the write waited about 1 s on every call (measured, Valkey
+8.1, replica ``appendfsync always``); after a ``WAIT 1`` (the replica has applied the
+write, and fsynced it on its way to the next read), the ``GETACK`` of ``WAITAOF`` gets
+an up-to-date answer: 0.27 ms. The ``WAITAOF`` is sent once the ``WAIT`` has answered,
+with what is left of ``TIMEOUT``, so the whole wait stays within ``TIMEOUT``.
+
 A call that wrote nothing (every message was there already: a push repeated by the
 relay, an idempotency key used before) has no write of its own to wait for, and its
 connection's last write may be older than the message it found. Then
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -146,11 +158,19 @@ class Durability:
         """:attr:`timeout` in whole milliseconds, at least 1 (the commands take ms)."""
         return max(1, math.ceil(self.timeout * 1000))
 
-    def command(self) -> tuple[Any, ...]:
-        """The wait command: ``("WAIT", replicas, ms)`` or ``("WAITAOF", 1, replicas, ms)``."""
+    @property
+    def receipt_first(self) -> bool:
+        """True when a ``WAIT`` precedes the ``WAITAOF`` (``AOF`` with ``REPLICAS`` > 0;
+        see the module docstring)."""
+        return self.aof and self.replicas > 0
+
+    def command(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """The wait command: ``("WAIT", replicas, ms)`` or ``("WAITAOF", 1, replicas, ms)``,
+        ms from ``timeout`` seconds (default :attr:`timeout`; at least 1 ms)."""
+        ms = self.timeout_ms if timeout is None else max(1, math.ceil(timeout * 1000))
         if self.aof:
-            return ("WAITAOF", 1, self.replicas, self.timeout_ms)
-        return ("WAIT", self.replicas, self.timeout_ms)
+            return ("WAITAOF", 1, self.replicas, ms)
+        return ("WAIT", self.replicas, ms)
 
     def describe(self) -> str:
         """The command as text, e.g. ``"WAIT 1 1000"``."""
@@ -275,6 +295,30 @@ def _send_and_read(client: Redis, commands: Sequence[Sequence[Any]]) -> list[Any
     return replies
 
 
+def _write_and_wait(held: Redis, write: Sequence[Any], durability: Durability) -> tuple[Any, Any]:
+    """Send ``write`` and ``durability``'s wait together on ``held``'s connection (for
+    :attr:`Durability.receipt_first`: ``WAIT`` with it, then ``WAITAOF`` with the time
+    left). Returns (the write's reply or ``ResponseError``, the wait's reply or the
+    exception that ended it).
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: the write's reply could not be read.
+    """
+    started = time.monotonic()
+    if not durability.receipt_first:
+        reply, waited = _send_and_read(held, [write, durability.command()])
+        return reply, waited
+    reply, received = _send_and_read(held, [write, ("WAIT", durability.replicas, durability.timeout_ms)])
+    if isinstance(reply, BaseException) or isinstance(received, BaseException):
+        return reply, received
+    left = durability.timeout - (time.monotonic() - started)
+    try:
+        (fsynced,) = _send_and_read(held, [durability.command(left)])
+    except (RedisError, OSError) as exc:
+        fsynced = exc
+    return reply, fsynced
+
+
 def write_then_wait(
     repository: Repository,
     client: Redis,
@@ -284,7 +328,9 @@ def write_then_wait(
     durability: Durability,
 ) -> tuple[Any, Acknowledgement]:
     """Run script ``lua/<name>.lua`` and then ``durability``'s wait on one connection,
-    sent together: ``EVALSHA`` and ``WAIT``/``WAITAOF`` in one write, two replies.
+    sent together: ``EVALSHA`` and ``WAIT``/``WAITAOF`` in one write, two replies (and,
+    for ``WAITAOF`` with replicas, the ``WAITAOF`` after the ``WAIT``'s reply: see the
+    module docstring).
 
     Args:
         repository: whose scripts (loaded before, and again after ``NOSCRIPT``).
@@ -305,12 +351,12 @@ def write_then_wait(
     """
     if not repository.scripts_loaded:
         repository.load_scripts()
-    commands = [("EVALSHA", sha(name), len(keys), *keys, *args), durability.command()]
+    write = ("EVALSHA", sha(name), len(keys), *keys, *args)
     with _one_connection(client) as held:
-        reply, waited = _send_and_read(held, commands)
+        reply, waited = _write_and_wait(held, write, durability)
         if isinstance(reply, NoScriptError):  # Redis lost its scripts: nothing ran
             repository.load_scripts()
-            reply, waited = _send_and_read(held, commands)
+            reply, waited = _write_and_wait(held, write, durability)
     if isinstance(reply, BaseException):
         raise reply
     return reply, durability.acknowledgement(waited)
@@ -323,11 +369,10 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
     ``PUBLISH`` is propagated to the replicas, so the wait after it counts everything
     before it. Never raises: a failure is an acknowledgement not met, with its error.
     """
-    channel = f"{repository.keys.prefix}:{SYNC_CHANNEL}"
-    commands = [("PUBLISH", channel, ""), durability.command()]
+    publish = ("PUBLISH", f"{repository.keys.prefix}:{SYNC_CHANNEL}", "")
     try:
         with _one_connection(repository.connection) as held:
-            published, waited = _send_and_read(held, commands)
+            published, waited = _write_and_wait(held, publish, durability)
     except (RedisError, OSError) as exc:
         return durability.acknowledgement(exc)
     return durability.acknowledgement(published if isinstance(published, BaseException) else waited)

@@ -6,7 +6,13 @@ Every test runs on a private primary and a real replica of it, started from the
 bundled server binary. A replica is held still with SIGSTOP (the primary keeps it
 connected, so its writes pile up unacknowledged), detached with REPLICAOF NO ONE, or
 started without an AOF; each test checks something that does not hold when the wait is
-not made (see each docstring).
+not made (see each docstring). Checked by running this module on mutated copies of the
+code; every test failed under at least one of: no wait made (ack faked), the wait on
+another connection than the write's, no PUBLISH before the wait of a call that wrote
+nothing, WAIT sent for WAITAOF, a wait reply's socket timeout raised, the captured rows
+deleted by a push or skipped by the relay on NotDurable, WAITAOF sent with the write (no
+WAIT first), WAITAOF given the whole TIMEOUT after the WAIT, and (for the default) a
+wait always made.
 """
 
 from __future__ import annotations
@@ -303,6 +309,34 @@ def test_waitaof_1_1_waits_for_the_replica_s_fsync(servers):
             message = outbox.send("mem", {"order": 7})
             assert thawed.is_set(), "send() returned before the replica could have fsynced the message"
         assert client(replica).exists(message_key(message.id))
+
+
+@needs_72
+def test_waitaof_1_1_costs_a_replica_fsync_not_a_second(servers):
+    """Sent with the write, WAITAOF 1 1 waited about 1 s every time: the replica answers
+    the primary's GETACK before it fsyncs the write read with it, then only once a
+    second. A WAIT 1 first (the replica has applied and fsynced the write before it
+    reads anything else) makes WAITAOF's GETACK get an up-to-date answer."""
+    primary, _ = servers(primary_aof=True, replica_aof=True, replica_fsync="always")
+    with outbox_at(primary, REPLICAS=1, AOF=True, TIMEOUT=5):
+        outbox.send("mem", "warm-up")
+        for n in range(5):
+            started = time.monotonic()
+            outbox.send("mem", {"n": n})
+            assert time.monotonic() - started < 0.5
+
+
+@needs_72
+def test_waitaof_with_replicas_gives_up_within_the_timeout(servers):
+    """WAIT 1 (the replica stopped) takes the whole TIMEOUT; the WAITAOF after it gets
+    what is left (1 ms), not a TIMEOUT of its own: NotDurable after about 1 s, not 2."""
+    primary, replica = servers(primary_aof=True, replica_aof=True)
+    with outbox_at(primary, REPLICAS=1, AOF=True, TIMEOUT=1), frozen(replica):
+        started = time.monotonic()
+        with pytest.raises(NotDurable) as caught:
+            outbox.send("mem", {"order": 8.5})
+        assert 1.0 <= time.monotonic() - started < 1.6
+    assert (caught.value.local, caught.value.replicas) == (True, 0)
 
 
 @needs_72
