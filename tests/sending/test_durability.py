@@ -36,6 +36,7 @@ import outbox
 from outbox.exceptions import NotDurable
 from outbox.testing import RedisServer, find_server_binary
 
+
 def _version(binary: str) -> tuple[int, ...]:
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
     found = re.search(r"v=(\d+)\.(\d+)", out)
@@ -259,12 +260,11 @@ def test_an_idempotency_key_used_before_waits_for_the_earlier_write(servers):
     the first message."""
     primary, replica = servers()
     with frozen(replica):
-        with outbox_at(primary, REPLICAS=1, TIMEOUT=0.3):
-            with pytest.raises(NotDurable) as first:
-                outbox.send("mem", {"order": 4}, idempotency_key="order-4")
-        with outbox_at(primary, host="localhost", REPLICAS=1, TIMEOUT=0.3):  # a new pool: no write yet
-            with pytest.raises(NotDurable) as again:
-                outbox.send("mem", {"order": 4}, idempotency_key="order-4")
+        with outbox_at(primary, REPLICAS=1, TIMEOUT=0.3), pytest.raises(NotDurable) as first:
+            outbox.send("mem", {"order": 4}, idempotency_key="order-4")
+        fresh_pool = outbox_at(primary, host="localhost", REPLICAS=1, TIMEOUT=0.3)  # no write on it yet
+        with fresh_pool, pytest.raises(NotDurable) as again:
+            outbox.send("mem", {"order": 4}, idempotency_key="order-4")
         assert again.value.ids == first.value.ids
     with outbox_at(primary, REPLICAS=1, TIMEOUT=5):
         assert outbox.send("mem", {"order": 4}, idempotency_key="order-4").id == first.value.ids[0]
@@ -288,9 +288,8 @@ def test_waitaof_on_a_primary_without_an_aof_is_not_durable(servers):
     """Redis refuses WAITAOF 1 ... when appendonly is off: the message is written, the
     guarantee cannot hold, send() says so."""
     primary, _ = servers(primary_aof=False)
-    with outbox_at(primary, AOF=True, TIMEOUT=1):
-        with pytest.raises(NotDurable) as caught:
-            outbox.send("mem", {"order": 6})
+    with outbox_at(primary, AOF=True, TIMEOUT=1), pytest.raises(NotDurable) as caught:
+        outbox.send("mem", {"order": 6})
     exc = caught.value
     assert exc.aof and exc.local is False and "appendonly" in exc.error
     with outbox_at(primary):
@@ -346,9 +345,8 @@ def test_a_replica_without_an_aof_counts_for_wait_but_not_for_waitaof(servers):
     primary, _ = servers(primary_aof=True, replica_aof=False)
     with outbox_at(primary, REPLICAS=1, TIMEOUT=1):
         outbox.send("mem", {"order": 8})
-    with outbox_at(primary, REPLICAS=1, AOF=True, TIMEOUT=0.3):
-        with pytest.raises(NotDurable) as caught:
-            outbox.send("mem", {"order": 9})
+    with outbox_at(primary, REPLICAS=1, AOF=True, TIMEOUT=0.3), pytest.raises(NotDurable) as caught:
+        outbox.send("mem", {"order": 9})
     assert (caught.value.local, caught.value.replicas, caught.value.required) == (True, 0, 1)
 
 
