@@ -31,9 +31,10 @@ as it reads it, before the fsync of a write that came in the same read, and othe
 reports its fsynced offset only in its once-a-second ``REPLCONF ACK`` (Valkey
 ``replication.c``: ``replicationSendAck`` on ``GETACK`` and in ``replicationCron``).
 So ``WAITAOF 1 1`` sent with the write waited about 1 s on every call (measured, Valkey
-8.1, replica ``appendfsync always``); after a ``WAIT 1`` (the replica has applied the
-write, and fsynced it on its way to the next read), the ``GETACK`` of ``WAITAOF`` gets
-an up-to-date answer: 0.27 ms. The ``WAITAOF`` is sent once the ``WAIT`` has answered,
+8.1, replica ``appendfsync always``); after a ``WAIT 1`` the replica has applied the
+write and, with ``appendfsync always``, fsynced it before it reads anything else, so the
+``GETACK`` of ``WAITAOF`` gets an up-to-date answer: 0.27 ms. (A replica with
+``appendfsync everysec`` fsyncs once a second whatever is asked: up to 1 s a send.) The ``WAITAOF`` is sent once the ``WAIT`` has answered,
 with what is left of ``TIMEOUT``, so the whole wait stays within ``TIMEOUT``.
 
 A call that wrote nothing (every message was there already: a push repeated by the
