@@ -20,8 +20,9 @@ messages: :func:`outbox.sending.intake.store`) wait for:
 Both commands count the writes *of the connection they are sent on* ("all the previous
 write commands sent in the context of the current connection"): Redis remembers, per
 client, the replication offset of its last write. So the wait is sent on the connection
-that ran the script, in the same packet (:func:`write_then_wait`: one ``sendall`` of
-``EVALSHA`` and the wait, then both replies read): no round trip beyond the wait itself.
+that ran the script, in the same packet (:func:`write_then_wait`,
+:func:`commands_then_wait`: one ``sendall`` of the ``EVALSHA`` and the wait, then the
+replies read): no round trip beyond the wait itself.
 A wait sent on another connection of the pool would count that connection's writes and
 could return at once.
 
@@ -259,7 +260,7 @@ def _one_connection(client: Redis) -> Iterator[Redis]:
         held.close()
 
 
-def _send_and_read(client: Redis, commands: Sequence[Sequence[Any]]) -> list[Any]:
+def _send_and_read(client: Redis, commands: Sequence[Sequence[Any]], *, needed: int = 1) -> list[Any]:
     """Send ``commands`` in one write on ``client``'s own connection and read their
     replies in order (as a pipeline without MULTI does). A reply is its value, or the
     ``ResponseError`` Redis answered, or, once one reply could not be read (a socket
@@ -268,7 +269,8 @@ def _send_and_read(client: Redis, commands: Sequence[Sequence[Any]]) -> list[Any
 
     Raises:
         redis.exceptions.ConnectionError, TimeoutError: the commands could not be sent,
-            or the first reply could not be read (nothing is known of what ran).
+            or one of the first ``needed`` replies could not be read (nothing is known of
+            what those commands did).
     """
     # redis-py's Connection methods and parse_response carry no annotations.
     connection: Any = client.connection
@@ -289,35 +291,83 @@ def _send_and_read(client: Redis, commands: Sequence[Sequence[Any]]) -> list[Any
                 replies.append(exc)
             except BaseException as exc:
                 connection.disconnect()
-                if not replies:
+                if len(replies) < needed:
                     raise
                 failure = exc
                 replies.append(exc)
     return replies
 
 
-def _write_and_wait(held: Redis, write: Sequence[Any], durability: Durability) -> tuple[Any, Any]:
-    """Send ``write`` and ``durability``'s wait together on ``held``'s connection (for
-    :attr:`Durability.receipt_first`: ``WAIT`` with it, then ``WAITAOF`` with the time
-    left). Returns (the write's reply or ``ResponseError``, the wait's reply or the
+def _writes_and_wait(
+    held: Redis, writes: Sequence[Sequence[Any]], durability: Durability
+) -> tuple[list[Any], Any]:
+    """Send ``writes`` and ``durability``'s wait together on ``held``'s connection (for
+    :attr:`Durability.receipt_first`: ``WAIT`` with them, then ``WAITAOF`` with the time
+    left). Returns (each write's reply or ``ResponseError``, the wait's reply or the
     exception that ended it).
 
     Raises:
-        redis.exceptions.ConnectionError, TimeoutError: the write's reply could not be read.
+        redis.exceptions.ConnectionError, TimeoutError: a write's reply could not be read.
     """
     started = time.monotonic()
-    if not durability.receipt_first:
-        reply, waited = _send_and_read(held, [write, durability.command()])
-        return reply, waited
-    reply, received = _send_and_read(held, [write, ("WAIT", durability.replicas, durability.timeout_ms)])
-    if isinstance(reply, BaseException) or isinstance(received, BaseException):
-        return reply, received
+    first = (
+        ("WAIT", durability.replicas, durability.timeout_ms)
+        if durability.receipt_first
+        else durability.command()
+    )
+    *replies, waited = _send_and_read(held, [*writes, first], needed=len(writes))
+    if not durability.receipt_first or isinstance(waited, BaseException):
+        return replies, waited
     left = durability.timeout - (time.monotonic() - started)
     try:
-        (fsynced,) = _send_and_read(held, [durability.command(left)])
+        (waited,) = _send_and_read(held, [durability.command(left)])
     except (RedisError, OSError) as exc:
-        fsynced = exc
-    return reply, fsynced
+        waited = exc
+    return replies, waited
+
+
+def commands_then_wait(
+    repository: Repository,
+    client: Redis,
+    writes: Sequence[Sequence[Any]],
+    durability: Durability,
+) -> tuple[list[Any], Acknowledgement]:
+    """Send ``writes`` (Redis commands: ``EVALSHA`` of this repository's scripts, or any
+    other) and then ``durability``'s wait on one connection, in one write (and, for
+    ``WAITAOF`` with replicas, the ``WAITAOF`` after the ``WAIT``'s reply: see the module
+    docstring). The wait covers every write of the connection, so it comes last, after
+    all of them: what a create split over several scripts (partitions) needs.
+
+    Args:
+        repository: whose scripts are loaded first, and again after ``NOSCRIPT``
+            (the writes that met it are sent again, with the wait after them).
+        client: the client to run on: its own connection if it holds one
+            (``send()``'s thread client), else one connection of its pool.
+        writes: the commands, e.g. ``("EVALSHA", sha, numkeys, *keys, *args)``.
+        durability: the wait (``durability.waits`` must be True).
+
+    Returns:
+        (each write's reply, a ``ResponseError`` for one Redis refused; the
+        :class:`Acknowledgement` of the wait). A wait that failed (an error reply, a
+        timeout reading it) is an acknowledgement not met, never an exception: the
+        writes ran by then.
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: the commands could not be sent
+            or a write's reply could not be read.
+        ImproperlyConfigured: ``client`` is not a ``redis.Redis``.
+    """
+    if not repository.scripts_loaded:
+        repository.load_scripts()
+    with _one_connection(client) as held:
+        replies, waited = _writes_and_wait(held, writes, durability)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:  # Redis lost its scripts (a restart, SCRIPT FLUSH): those did not run
+            repository.load_scripts()
+            again, waited = _writes_and_wait(held, [writes[i] for i in missing], durability)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+    return replies, durability.acknowledgement(waited)
 
 
 def write_then_wait(
@@ -328,39 +378,24 @@ def write_then_wait(
     keys: Sequence[str],
     durability: Durability,
 ) -> tuple[Any, Acknowledgement]:
-    """Run script ``lua/<name>.lua`` and then ``durability``'s wait on one connection,
-    sent together: ``EVALSHA`` and ``WAIT``/``WAITAOF`` in one write, two replies (and,
-    for ``WAITAOF`` with replicas, the ``WAITAOF`` after the ``WAIT``'s reply: see the
-    module docstring).
-
-    Args:
-        repository: whose scripts (loaded before, and again after ``NOSCRIPT``).
-        client: the client to run on: its own connection if it holds one
-            (``send()``'s thread client), else one connection of its pool.
-        name, args, keys: the script, its ARGV and KEYS.
-        durability: the wait (``durability.waits`` must be True).
+    """Run script ``lua/<name>.lua`` (ARGV ``args``, KEYS ``keys``) and then
+    ``durability``'s wait on one connection: :func:`commands_then_wait` of one
+    ``EVALSHA``.
 
     Returns:
-        (the script's reply, the :class:`Acknowledgement` of the wait). A wait that
-        failed (an error reply, a timeout reading it) is an acknowledgement not met,
-        never an exception: the script has written by then.
+        (the script's reply, the :class:`Acknowledgement` of the wait).
 
     Raises:
         redis.exceptions.RedisError: the script failed, or its reply could not be read
             (as :meth:`~outbox.store.base.RepositoryBase.run_script`).
         ImproperlyConfigured: ``client`` is not a ``redis.Redis``.
     """
-    if not repository.scripts_loaded:
-        repository.load_scripts()
-    write = ("EVALSHA", sha(name), len(keys), *keys, *args)
-    with _one_connection(client) as held:
-        reply, waited = _write_and_wait(held, write, durability)
-        if isinstance(reply, NoScriptError):  # Redis lost its scripts: nothing ran
-            repository.load_scripts()
-            reply, waited = _write_and_wait(held, write, durability)
+    (reply,), acknowledged = commands_then_wait(
+        repository, client, [("EVALSHA", sha(name), len(keys), *keys, *args)], durability
+    )
     if isinstance(reply, BaseException):
         raise reply
-    return reply, durability.acknowledgement(waited)
+    return reply, acknowledged
 
 
 def wait_for_earlier_writes(repository: Repository, durability: Durability) -> Acknowledgement:
@@ -373,7 +408,7 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
     publish = ("PUBLISH", f"{repository.keys.prefix}:{SYNC_CHANNEL}", "")
     try:
         with _one_connection(repository.connection) as held:
-            published, waited = _write_and_wait(held, publish, durability)
+            (published,), waited = _writes_and_wait(held, [publish], durability)
     except (RedisError, OSError) as exc:
         return durability.acknowledgement(exc)
     return durability.acknowledgement(published if isinstance(published, BaseException) else waited)

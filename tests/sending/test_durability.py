@@ -123,6 +123,11 @@ def frozen(server: RedisServer, *, thaw_after: float | None = None) -> Iterator[
         thawed.set()
 
     os.kill(server.process.pid, signal.SIGSTOP)
+    # The signal is only queued: wait until the kernel has stopped the process (state T),
+    # or a loaded machine lets it run on long enough to take the test's first write.
+    deadline = time.monotonic() + 5
+    while _state(server.process.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.001)
     timer = threading.Timer(thaw_after, thaw) if thaw_after is not None else None
     if timer:
         timer.start()
@@ -133,6 +138,16 @@ def frozen(server: RedisServer, *, thaw_after: float | None = None) -> Iterator[
             timer.join()
         if not thawed.is_set():
             thaw()
+
+
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` (Linux ``/proc/<pid>/stat``: R, S, T ...);
+    "T" where there is no /proc (nothing to wait for there)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "T"
 
 
 def client(server: RedisServer) -> redis_py.Redis:
@@ -409,6 +424,45 @@ def test_a_failover_that_lost_the_message_gets_it_again_from_the_captured_row(se
             assert outbox.get(message.id).status == "succeeded"
     finally:
         new_replica.stop()
+
+
+# -- the store's functions ------------------------------------------------------------------
+
+
+@needs_72
+def test_commands_then_wait_waits_after_the_last_of_several_writes(servers):
+    """Several writes (a create split by partition) and one wait after them all, on one
+    connection: the replica has every write when the wait is met."""
+    from outbox.store.connection import get_repository
+    from outbox.store.durability import Durability, commands_then_wait
+
+    primary, replica = servers()
+    with outbox_at(primary):
+        repo = get_repository()
+        caught_up(primary)
+        with frozen(replica, thaw_after=0.4) as thawed:
+            replies, ack = commands_then_wait(
+                repo,
+                repo.connection,
+                [("SET", "test:a", "1"), ("SET", "test:b", "2")],
+                Durability(1, False, 5),
+            )
+            assert thawed.is_set()
+        assert replies == [True, True] and ack.met and ack.replicas == 1
+        assert client(replica).mget("test:a", "test:b") == [b"1", b"2"]
+
+
+@needs_72
+def test_a_script_cache_lost_before_the_write_is_loaded_again_and_waited_for(servers):
+    """SCRIPT FLUSH (or a restart) between two sends: the EVALSHA meets NOSCRIPT, the
+    scripts are loaded again and the write and its wait sent again."""
+    primary, replica = servers()
+    with outbox_at(primary, REPLICAS=1, TIMEOUT=5):
+        outbox.send("mem", "warm-up")
+        client(primary).script_flush()
+        message = outbox.send("mem", {"order": 13})
+        assert client(replica).exists(message_key(message.id))
+        assert outbox.get(message.id).status == "pending"
 
 
 # -- the setting ---------------------------------------------------------------------------
