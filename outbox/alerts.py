@@ -59,6 +59,7 @@ from django.dispatch import receiver
 from outbox.conf import outbox_settings
 from outbox.events import DESTINATION_EVENTS as EVENTS
 from outbox.events import DestinationEvent, destination_events, send_destination_events
+from outbox.exceptions import NotDurable
 from outbox.sending import intake
 from outbox.sending.validation import MAX_IDEMPOTENCY_KEY, build_message
 from outbox.store.connection import get_repository
@@ -347,7 +348,11 @@ def _send(channel: str, body: Any, key: str, **kwargs: Any) -> None:
     priority ``high``), also inside ``transaction.atomic``: the change it reports is in
     Redis already and is not rolled back with the caller's transaction."""
     message = build_message(channel, body, idempotency_key=key, priority="high", **kwargs)
-    (created,) = intake.store([message], repeat=False)
+    try:
+        (created,) = intake.store([message], repeat=False)
+    except NotDurable as exc:  # written; a replica or the AOF did not confirm it in time
+        logger.warning("outbox: alert %s to %s: %s", key, channel, exc)
+        (created,) = exc.created
     if created.code in ("duplicate", "conflict"):
         logger.info("outbox: alert %s was already sent to %s", key, channel)
 

@@ -16,7 +16,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import tracing
 from outbox.conf import outbox_settings
-from outbox.exceptions import InvalidMessage, MessageNotFound, OutboxUnavailable
+from outbox.exceptions import InvalidMessage, MessageNotFound, NotDurable, OutboxUnavailable
 from outbox.operations import actions
 from outbox.records import Attempt, Message
 from outbox.sending import intake
@@ -92,6 +92,12 @@ def send(
             ``IdempotencyConflict``, ...); nothing is written.
         OutboxUnavailable: outside a transaction, Redis could not be reached (within
             the socket timeouts of the cache alias); nothing is stored.
+        NotDurable: outside a transaction, with ``OUTBOX["DURABILITY"]`` set: the
+            message is stored on the Redis primary (and will be delivered) but fewer
+            replicas or AOF fsyncs than asked acknowledged it within the setting's
+            ``TIMEOUT`` (seconds), so a failover now could lose it. ``exc.messages[0]``
+            is the message this call would have returned. Inside a transaction never
+            raised: the captured row stays until a push is acknowledged.
     """
     message = build_message(
         destination,
@@ -118,6 +124,8 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
 
     Raises:
         InvalidMessage: an item is invalid; ``str(exc)`` names its index.
+        OutboxUnavailable, NotDurable: as for :func:`send` (``exc.messages``: the list
+            this call would have returned).
     """
     now = time.time()
     built = []
@@ -159,8 +167,11 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
         )
 
         return capture(messages, using)
+    not_durable: NotDurable | None = None
     try:
         created = intake.store(messages, repeat=False)
+    except NotDurable as exc:  # written, not acknowledged: raised below, with the messages
+        created, not_durable = exc.created, exc
     except (RedisError, RedisClusterException) as exc:  # the second: a cluster with a slot no node serves
         raise OutboxUnavailable(
             f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
@@ -176,10 +187,14 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     # Read back the duplicates (the earlier message as it is now) and, in eager mode,
     # every message as its attempt left it (succeeded, retrying, failed).
     reread = standing if outbox_settings.EAGER else [c.standing_id for c in created if c.code == "duplicate"]
-    if not reread:
-        return messages
-    found = {m.id: m for m in get_repository().get_many(reread) if m is not None}
-    return [found.get(i, m) for m, i in zip(messages, standing, strict=True)]
+    result = messages
+    if reread:
+        found = {m.id: m for m in get_repository().get_many(reread) if m is not None}
+        result = [found.get(i, m) for m, i in zip(messages, standing, strict=True)]
+    if not_durable is not None:
+        not_durable.messages = result
+        raise not_durable
+    return result
 
 
 def get(message_id: str) -> Message:

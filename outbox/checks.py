@@ -4,7 +4,8 @@
 id             problem
 =============  =====================================================================
 outbox.E001    ``OUTBOX`` has unknown keys or a value of the wrong type (also an invalid
-               global ``BREAKER``, ``RATE_LIMIT``, ``MAX_CONCURRENCY``, ``DISABLE_AFTER``)
+               global ``BREAKER``, ``RATE_LIMIT``, ``MAX_CONCURRENCY``, ``DISABLE_AFTER``,
+               ``DURABILITY``)
 outbox.E002    a destination is malformed (its ``BREAKER``, ``RATE_LIMIT``... included), or
                its transport refuses its options
 outbox.E003    an outbox queue is missing from ``RQ_QUEUES``
@@ -99,6 +100,7 @@ from outbox.redaction import redact, secrets_for
 from outbox.retry import RetryPolicy
 from outbox.store import diagnostics as redis_health
 from outbox.store.connection import cluster_option_names
+from outbox.store.durability import Durability
 from outbox.transports.ssrf import environment_proxy, is_public_address, resolve
 from outbox.transports.webhook import WebhookTransport, url_host
 
@@ -356,14 +358,15 @@ def _alert_checks() -> list[CheckMessage]:
 
 
 def _protection_errors() -> list[CheckMessage]:
-    """outbox.E001: the global ``BREAKER``, ``RATE_LIMIT``, ``MAX_CONCURRENCY`` or
-    ``DISABLE_AFTER`` is invalid (each destination's own are reported as E002)."""
+    """outbox.E001: the global ``BREAKER``, ``RATE_LIMIT``, ``MAX_CONCURRENCY``,
+    ``DISABLE_AFTER`` or ``DURABILITY`` is invalid (each destination's own are reported as E002)."""
     errors: list[CheckMessage] = []
     for parse in (
         lambda: BreakerConfig.parse(outbox_settings.BREAKER, {}, "OUTBOX['BREAKER']"),
         lambda: RateLimit.parse(outbox_settings.RATE_LIMIT, "OUTBOX['RATE_LIMIT']"),
         lambda: parse_max_concurrency(outbox_settings.MAX_CONCURRENCY, "OUTBOX['MAX_CONCURRENCY']"),
         lambda: parse_disable_after(outbox_settings.DISABLE_AFTER, "OUTBOX['DISABLE_AFTER']"),
+        lambda: Durability.parse(outbox_settings.DURABILITY),
     ):
         try:
             parse()

@@ -105,6 +105,15 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        when Django starts, for django-prometheus's ``/metrics`` (False).
 ``TRACING``            OpenTelemetry spans around ``send()`` and each delivery attempt,
                        when ``opentelemetry-api`` is installed (True); see :mod:`outbox.tracing`.
+``DURABILITY``         what a write of new messages (``send()``, ``send_many()``, the push of
+                       captured messages) waits for before it returns (no wait):
+                       ``{"REPLICAS": n, "AOF": False, "TIMEOUT": 1.0}``. ``REPLICAS`` n > 0:
+                       ``WAIT n``, n replicas received it; ``AOF``: ``WAITAOF 1 n``, the
+                       primary (``appendonly yes``) and n replicas fsynced it to their AOF
+                       (Redis/Valkey 7.2+); ``TIMEOUT``: seconds at most. Not met in time:
+                       ``send()`` raises ``NotDurable`` (the message is written); inside a
+                       transaction the captured row stays for the relay. See
+                       :mod:`outbox.store.durability` and docs/operations.md.
 =====================  ==========================================================
 """
 
@@ -161,6 +170,7 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_TOKEN": None,
     "METRICS_REGISTER": False,
     "TRACING": True,
+    "DURABILITY": {"REPLICAS": 0, "AOF": False, "TIMEOUT": 1.0},
 }
 
 #: Settings renamed, old name -> new name: the old name is read when the new one is not

@@ -7,6 +7,8 @@ caller can catch one class. Invalid settings are reported as Django's
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OutboxError(Exception):
     """Base class of every exception the outbox raises on purpose."""
@@ -132,3 +134,59 @@ class OutboxUnavailable(OutboxError):
     """Redis could not be reached to store a message (outside a transaction); nothing
     was stored. Inside ``transaction.atomic`` this is not raised: the message is
     captured in the database and reaches Redis later (see :mod:`outbox.sending.capture`)."""
+
+
+class NotDurable(OutboxError):
+    """The messages were written on the Redis primary, but not acknowledged as durable
+    as ``OUTBOX["DURABILITY"]`` asks (replicas with ``WAIT``, AOF fsyncs with
+    ``WAITAOF``) within its ``TIMEOUT``, or the wait failed.
+
+    Raised by ``send()`` and ``send_many()`` outside a transaction, after the wake-up
+    jobs are enqueued: the messages exist and will be delivered unless the primary
+    fails before a replica (or its disk) has them. So, unlike
+    :class:`OutboxUnavailable`, it does not mean "nothing was stored": sending again
+    without an idempotency key makes a second message. It is raised rather than logged
+    because the caller asked for a guarantee that did not hold; a caller that accepts the
+    weaker one catches it and goes on with :attr:`messages`. Inside
+    ``transaction.atomic`` it is never raised to the caller: the captured row is kept
+    until a push is acknowledged (see ``docs/operations.md``, "Durability and failover").
+
+    Attributes:
+        ids: the ids of the messages the call stands for, in order (an idempotency key
+            used before: the earlier message's id).
+        messages: what ``send()`` (one) or ``send_many()`` would have returned; empty
+            when raised below them (:func:`outbox.sending.intake.store`).
+        replicas: replicas that acknowledged (received the write for ``WAIT``, fsynced
+            it for ``WAITAOF``); 0 when the wait failed.
+        required: replicas asked for (``DURABILITY["REPLICAS"]``).
+        aof: True when the wait was ``WAITAOF`` (``DURABILITY["AOF"]``).
+        local: ``WAITAOF``: whether the primary fsynced its AOF; None for ``WAIT``.
+        timeout: the wait's limit in seconds (``DURABILITY["TIMEOUT"]``).
+        error: why the wait itself failed ("" when Redis answered it in time).
+        created: per message, what the write did (:class:`outbox.store.Created`), for
+            the sending side.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        ids: list[str],
+        replicas: int,
+        required: int,
+        aof: bool = False,
+        local: bool | None = None,
+        timeout: float = 0.0,
+        error: str = "",
+        created: list[Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.ids = ids
+        self.messages: list[Any] = []
+        self.replicas = replicas
+        self.required = required
+        self.aof = aof
+        self.local = local
+        self.timeout = timeout
+        self.error = error
+        self.created = created or []

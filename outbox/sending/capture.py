@@ -14,7 +14,11 @@ row in the same database transaction. Then:
 
 Pushing is idempotent on the message id, so the fast path and the relay racing never
 make two messages. Redis stays the store of every record; the table holds only what
-Redis has not acknowledged yet.
+Redis has not acknowledged yet. With ``OUTBOX["DURABILITY"]``, that includes a push
+that Redis wrote but did not acknowledge as durable in time
+(:class:`~outbox.exceptions.NotDurable`): its rows stay, and the relay pushes them again
+(writing nothing when the message is there, and waiting for the earlier write) until a
+push is acknowledged, so a failover that lost the write gets it again from the table.
 
 Idempotency keys inside transactions: a unique constraint on (destination, key) makes
 a concurrent transaction using the same key wait for the first one; after it commits,
@@ -32,7 +36,7 @@ from collections.abc import Sequence
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 
 from outbox.conf import outbox_settings
-from outbox.exceptions import OutboxUnavailable
+from outbox.exceptions import NotDurable, OutboxUnavailable
 from outbox.models import CapturedMessage
 from outbox.records import Message
 from outbox.sending import intake
@@ -133,10 +137,23 @@ def _same_or_conflict(message: Message, existing: Message, fingerprint: str, ind
 def push(messages: Sequence[Message], using: str) -> None:
     """The on-commit fast path: write captured messages to Redis, then delete their rows.
 
-    Never raises: if Redis cannot be reached the rows stay for the relay (logged).
+    Never raises: if Redis cannot be reached the rows stay for the relay (logged); so
+    they do when Redis wrote the messages but did not acknowledge them as
+    ``OUTBOX["DURABILITY"]`` asks (:class:`~outbox.exceptions.NotDurable`, logged): the
+    row is the durable copy until a push is acknowledged.
     """
     try:
         created = intake.store(messages)
+    except NotDurable as exc:
+        _report_refused(messages, exc.created)
+        logger.warning(
+            "outbox: %d message(s) committed and written to Redis, but not acknowledged as "
+            "OUTBOX['DURABILITY'] asks (%s); their captured rows stay until the relay of an "
+            "outbox_worker pushes them with an acknowledgement",
+            len(messages),
+            exc,
+        )
+        return
     except Exception as exc:
         logger.warning(
             "outbox: %d message(s) committed but not yet in Redis (%s: %s); the relay of an "
@@ -200,6 +217,8 @@ def relay(
 
     Raises:
         redis.exceptions.RedisError: Redis is unreachable (the rows stay).
+        NotDurable: Redis wrote a batch but did not acknowledge it as
+            ``OUTBOX["DURABILITY"]`` asks (its rows stay, for the next pass).
         django.db.DatabaseError: the database is (the rows stay).
     """
 

@@ -4,6 +4,9 @@ the on-commit fast path and the relay of captured messages (:mod:`outbox.sending
 :func:`store` writes the records and indexes in one script call (idempotent on the
 message id, so a fast path and a relay racing never make two messages) and then
 enqueues a wake-up job for each queue that had none waiting (see :mod:`outbox.store.wakeups`).
+With ``OUTBOX["DURABILITY"]``, the write waits for replicas or AOF fsyncs on its own
+connection, and :func:`store` raises :class:`~outbox.exceptions.NotDurable` when they
+did not acknowledge it in time (see :mod:`outbox.store.durability`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from django.utils.module_loading import import_string
 from outbox.conf import outbox_settings
 from outbox.exceptions import IdempotencyConflict
 from outbox.records import Message
-from outbox.store import Created, wakeups
+from outbox.store import Created, durability, wakeups
 from outbox.store.connection import get_repository
 
 
@@ -35,16 +38,31 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
     Raises:
         redis.exceptions.RedisError: Redis could not be reached or refused the write
             (nothing was written: the write is one atomic script call).
+        NotDurable: ``OUTBOX["DURABILITY"]`` asks for a wait and fewer replicas (or AOF
+            fsyncs) than asked acknowledged the write within its ``TIMEOUT``, or the wait
+            failed. The messages are written and their queues woken (raised after the
+            wake-ups: a queue's wake-up flag is set by the write, so a wake-up left out
+            would delay its messages until the flag expires); ``exc.created`` is what
+            this function would have returned.
+        django.core.exceptions.ImproperlyConfigured: ``OUTBOX["DURABILITY"]`` is invalid
+            (nothing was written).
     """
     if not messages:
         return []
-    result = get_repository().create(
-        messages, time.time() if now is None else now, due_slack=wakeups.DUE_SLACK, repeat=repeat
+    wait = durability.configured()
+    repository = get_repository()
+    result = repository.create(
+        messages,
+        time.time() if now is None else now,
+        due_slack=wakeups.DUE_SLACK,
+        repeat=repeat,
+        durability=wait,
     )
     if outbox_settings.EAGER:
         deliver_now({m.queue for m in messages})
     else:
         wakeups.enqueue_wakeups(result.woken)
+    durability.confirm(repository, wait, result.created, result.acknowledged)
     return result.created
 
 

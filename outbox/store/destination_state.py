@@ -106,10 +106,8 @@ class DestinationState(RepositoryBase):
         fields = ("admin", "breaker", "next_probe_at", "probe_deadline")
         state = cast(list[bytes | None], self.connection.hmget(self.keys.dest(destination), fields))
         args = named(**base, **{f: (v.decode() if v else "") for f, v in zip(fields, state, strict=True)})
-        calls: list[ScriptCall] = [
-            ("unpark", args, [self.keys.partition(k).parked(destination)])
-            for k in self.keys.partition_numbers()
-        ]
+        parked = [self.keys.partition(k).parked(destination) for k in self.keys.partition_numbers()]
+        calls: list[ScriptCall] = [("unpark", args, [key]) for key in parked]
         one_at_a_time = (state[1] or b"closed") != b"closed"
         replies: list[Any] = []
         if one_at_a_time:
@@ -118,7 +116,7 @@ class DestinationState(RepositoryBase):
                 if int(replies[-1][0]):
                     break
             # the partitions not looked at keep what they hold
-            replies += [[0, [], self.connection.zcard(c[2][0]), False] for c in calls[len(replies) :]]
+            replies += [[0, [], self.connection.zcard(key), False] for key in parked[len(replies) :]]
         else:
             replies = self.run_scripts(calls)
         moved = sum(int(r[0]) for r in replies)

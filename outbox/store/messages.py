@@ -14,9 +14,10 @@ from redis.exceptions import ResponseError
 
 from outbox.exceptions import MessageNotFound
 from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, partition_of
-from outbox.store.base import RepositoryBase, ScriptCall
+from outbox.store.base import RepositoryBase, ScriptCall, script_call
 from outbox.store.destination_state import health_args
-from outbox.store.scripts import field_names, named
+from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
+from outbox.store.scripts import field_names, named, sha
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
 # Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
@@ -197,10 +198,12 @@ class Created:
 @dataclass
 class CreateResult:
     """The reply of :meth:`MessageRepository.create`: one :class:`Created` per message,
-    in order, and the queues whose wake-up flag the call set (enqueue their job)."""
+    in order, and the queues whose wake-up flag the call set (enqueue their job); with a
+    ``durability`` wait, what it acknowledged (:mod:`.durability`)."""
 
     created: list[Created]
     woken: list[str]
+    acknowledged: Acknowledgement | None = None
 
 
 @dataclass
@@ -313,7 +316,13 @@ class MessageStore(RepositoryBase):
         return keys
 
     def create(
-        self, messages: Sequence[Message], now: float, *, due_slack: float = 1.0, repeat: bool = True
+        self,
+        messages: Sequence[Message],
+        now: float,
+        *,
+        due_slack: float = 1.0,
+        repeat: bool = True,
+        durability: Durability | None = None,
     ) -> CreateResult:
         """Write new ``pending`` messages (one script call, atomic).
 
@@ -324,20 +333,34 @@ class MessageStore(RepositoryBase):
         message is not written (see :class:`Created`). Each queue that gets a message due
         by ``now + due_slack`` and has no wake-up flag gets one, and is listed in
         :attr:`CreateResult.woken`. The call runs on this thread's own connection
-        (:mod:`.thread_client`): ``send()`` is the hottest path there is.
+        (:mod:`.thread_client`): ``send()`` is the hottest path there is. With a
+        ``durability`` that waits, its ``WAIT``/``WAITAOF`` follows the script on the same
+        connection, in the same write (:func:`.durability.write_then_wait`).
         """
         if not messages:
             return CreateResult([], [])
         if self.keys.partitioned:
-            return self.create_partitioned(messages, now, due_slack, repeat)
+            return self.create_partitioned(messages, now, due_slack, repeat, durability)
         groups = create_groups(messages)
         args = self.create_args(messages, now, due_slack, repeat, groups)
         keys = self.create_keys(messages, groups)
+        if durability is not None and durability.waits:
+            reply, acknowledged = self.thread_clients.run(
+                lambda client: write_then_wait(self, client, "create", args, keys, durability)
+            )
+            result = self.parse_create(messages, reply)
+            result.acknowledged = acknowledged
+            return result
         reply = self.thread_clients.run(lambda client: self.run_script("create", args, client, keys=keys))
         return self.parse_create(messages, reply)
 
     def create_partitioned(
-        self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool
+        self,
+        messages: Sequence[Message],
+        now: float,
+        due_slack: float,
+        repeat: bool,
+        durability: Durability | None = None,
     ) -> CreateResult:
         """:meth:`create` with more than one partition: one ``lua/create.lua`` call per
         partition the messages are in (their ids name it), after the destinations are
@@ -346,7 +369,8 @@ class MessageStore(RepositoryBase):
         (:meth:`raise_wake_flags`). Each call is atomic by itself, not the calls together:
         an idempotency conflict refuses the messages of its own partition only (the
         others are written), as a partition of a cluster can refuse a write the others
-        took."""
+        took. A ``durability`` that waits follows the last call on the same connection
+        (:func:`.durability.commands_then_wait`; single server only)."""
         parts: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
             parts.setdefault(partition_of(m.id), []).append(i)
@@ -362,7 +386,19 @@ class MessageStore(RepositoryBase):
                     self.create_keys(chunk, groups),
                 )
             )
-        replies = self.run_scripts(calls)
+        acknowledged = None
+        if durability is not None and durability.waits:
+            writes = [
+                ("EVALSHA", sha(name), len(keys), *keys, *args) for name, args, keys in map(script_call, calls)
+            ]
+            replies, acknowledged = self.thread_clients.run(
+                lambda client: commands_then_wait(self, client, writes, durability)
+            )
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        else:
+            replies = self.run_scripts(calls)
         created: list[Created] = [Created(m.id, m.id, "new") for m in messages]
         woken: list[str] = []
         for positions, reply in zip(parts.values(), replies, strict=True):
@@ -370,7 +406,9 @@ class MessageStore(RepositoryBase):
             for i, c in zip(positions, result.created, strict=True):
                 created[i] = c
             woken += [q for q in result.woken if q not in woken]
-        return CreateResult(created, self.raise_wake_flags(woken, now))
+        result = CreateResult(created, self.raise_wake_flags(woken, now))
+        result.acknowledged = acknowledged
+        return result
 
     @staticmethod
     def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
@@ -685,7 +723,8 @@ class MessageStore(RepositoryBase):
                 chunk = [ids[i] for i in positions]
                 calls.append(("release", [*opts, *chunk], [self.keys.resend(i) for i in chunk]))
         else:
-            destinations = json.dumps(self.destinations())
+            names = cast("set[bytes]", self.connection.smembers(self.keys.destinations))
+            destinations = json.dumps(sorted(d.decode() for d in names))
             for k in self.keys.partition_numbers():
                 args = named(**base, destinations=destinations, partition=k)
                 calls.append(("release", args, [self.keys.partition(k).due("-")]))  # a key of the partition
@@ -699,8 +738,8 @@ class MessageStore(RepositoryBase):
             made_due += [q.decode() for q in woken if q.decode() not in made_due]
         if inflight:  # their gates' grants end (lua/gate.lua)
             pipe = self.connection.pipeline(transaction=False)
-            for d, released_ids in inflight.items():
-                pipe.zrem(self.keys.inflight(d), *released_ids)
+            for name, released_ids in inflight.items():
+                pipe.zrem(self.keys.inflight(name), *released_ids)
             pipe.execute()
         return BulkResult(out, self.raise_wake_flags(made_due, now))
 

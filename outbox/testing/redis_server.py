@@ -13,6 +13,10 @@ Example::
     server = RedisServer(appendonly=True, appendfsync="everysec").start()
     server.halt(signal.SIGKILL)
     server.start()               # same port, same directory: reloads the AOF
+
+    # a primary and a replica of it (OUTBOX["DURABILITY"]'s tests and benchmark)
+    primary = RedisServer().start()
+    replica = RedisServer(replica_of=primary).start().wait_for_primary_link()
 """
 
 from __future__ import annotations
@@ -91,6 +95,9 @@ class RedisServer:
         own_session: start the server in a session (and process group) of its own, so a
             terminal's Ctrl-C, which reaches the whole foreground process group, does not
             stop it before what uses it (``scripts/demo`` stops it last).
+        replica_of: a server (on this host) to replicate: ``--replicaof 127.0.0.1
+            <its port>``; :meth:`wait_for_primary_link` waits until the first sync is
+            done. https://redis.io/docs/latest/operate/oss_and_stack/management/replication/
 
     Raises:
         RuntimeError: no server binary found.
@@ -109,6 +116,7 @@ class RedisServer:
         data_dir: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
         own_session: bool = False,
+        replica_of: RedisServer | None = None,
     ) -> None:
         found = binary or find_server_binary()
         if not found:
@@ -125,6 +133,7 @@ class RedisServer:
         self.maxmemory_policy = maxmemory_policy
         self.extra_args = list(extra_args)
         self.own_session = own_session
+        self.replica_of = replica_of
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -153,6 +162,8 @@ class RedisServer:
             "--dir", self.directory,
             "--daemonize", "no",
             "--loglevel", "warning",
+            # A replica's first sync starts at once, not after the default 5 s wait for others.
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
         if self.appendonly:
             argv += ["--appendfsync", self.appendfsync]
@@ -160,6 +171,8 @@ class RedisServer:
             argv += ["--maxmemory", str(self.maxmemory)]
         if self.maxmemory_policy is not None:
             argv += ["--maxmemory-policy", self.maxmemory_policy]
+        if self.replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
         return argv + self.extra_args
 
     def start(self, timeout: float = 10.0) -> RedisServer:
@@ -209,6 +222,34 @@ class RedisServer:
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"{self.binary} did not answer on port {self.port} within {timeout:g} s")
+
+    def info(self, section: str) -> dict[str, str]:
+        """``INFO <section>`` as a dict of strings, over a plain socket.
+
+        Raises:
+            OSError: the server did not answer.
+        """
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2.0) as s:
+            s.sendall(f"INFO {section}\r\n".encode())
+            reply = s.makefile("rb")
+            size = int(reply.readline()[1:])  # a bulk string: "$<size>\r\n<size bytes>\r\n"
+            body = reply.read(size).decode()
+        return dict(
+            line.split(":", 1) for line in body.splitlines() if ":" in line and not line.startswith("#")
+        )
+
+    def wait_for_primary_link(self, timeout: float = 10.0) -> RedisServer:
+        """A replica: wait until its link to the primary is up (the first sync done).
+
+        Raises:
+            RuntimeError: the link is not up within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.info("replication").get("master_link_status") == "up":
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"replica on port {self.port} did not sync within {timeout:g} s")
 
     @property
     def running(self) -> bool:
