@@ -389,7 +389,8 @@ class MessageStore(RepositoryBase):
         acknowledged = None
         if durability is not None and durability.waits:
             writes = [
-                ("EVALSHA", sha(name), len(keys), *keys, *args) for name, args, keys in map(script_call, calls)
+                ("EVALSHA", sha(name), len(keys), *keys, *args)
+                for name, args, keys in map(script_call, calls)
             ]
             replies, acknowledged = self.thread_clients.run(
                 lambda client: commands_then_wait(self, client, writes, durability)
