@@ -324,11 +324,12 @@ class MessageStore(RepositoryBase):
         message is not written (see :class:`Created`). Each queue that gets a message due
         by ``now + due_slack`` and has no wake-up flag gets one, and is listed in
         :attr:`CreateResult.woken`. The call runs on this thread's own connection
-        (:mod:`.thread_client`): ``send()`` is the hottest path there is.
+        (:mod:`.thread_client`): ``send()`` is the hottest path there is. Messages in
+        several partitions take one call per partition (:meth:`create_partitioned`).
         """
         if not messages:
             return CreateResult([], [])
-        if self.keys.partitioned:
+        if self.keys.partitioned and len({partition_of(m.id) for m in messages}) > 1:
             return self.create_partitioned(messages, now, due_slack, repeat)
         groups = create_groups(messages)
         args = self.create_args(messages, now, due_slack, repeat, groups)
@@ -358,7 +359,9 @@ class MessageStore(RepositoryBase):
                     self.create_keys(chunk, groups),
                 )
             )
-        replies = self.run_scripts(calls)
+        # once more when the connection turns out closed, as for one call (a pipeline takes
+        # a connection of the pool: a held one serves single commands only)
+        replies = self.thread_clients.run(lambda client: self.run_scripts(calls, client))
         created: list[Created] = [Created(m.id, m.id, "new") for m in messages]
         woken: list[str] = []
         for positions, reply in zip(parts.values(), replies, strict=True):
