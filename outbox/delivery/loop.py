@@ -261,6 +261,9 @@ class _Run:
         self.shared = False  # this run woke another worker for the suspects it could not take
         self.held = 0
         self.plan = PartitionPlan(repo.keys.partitions)  # which partitions each claim asks
+        # The last claim skipped due messages of a destination with free slots in this run:
+        # a partition's share of its cap was smaller than what the partition had due.
+        self.share_capped = False
         # Destinations the last short claim skipped at their MAX_IN_FLIGHT cap, and until
         # when claims look only for their freed slots (see :meth:`want`).
         self.capped: set[str] = set()
@@ -436,8 +439,10 @@ class _Run:
                 log_attempt(d.outcome, d, written)
         self.decided.clear()
         for ask, one in zip(asks, claims, strict=True):
-            self.plan.note(ask.partition, one.next_due, one.next_suspect, now)
+            self.plan.note(ask.partition, one.next_due, one.next_suspect, now, one.capped)
         claim = merge_claims(claims)
+        taken = Counter(m.destination for m in claim.messages)
+        self.share_capped = len(asks) > 1 and any(taken[d] < (caps or {}).get(d, 0) for d in claim.capped)
         self.next_due, self.held, self.next_suspect = (
             self.plan.earliest_due,
             claim.held,
@@ -574,6 +579,10 @@ class _Run:
                 if not claimed and not self.in_flight and not self.decided:
                     if self.lane(1, time.time())[1]:
                         continue  # a suspect is due: claim it, alone
+                    if self.share_capped and time.time() < self.claim_until:
+                        # Due messages were skipped in partitions whose share of their
+                        # destination's cap was 0: the plan gives it to them now.
+                        continue
                     wait_for = self.next_due - time.time() if self.next_due is not None else HELD_WAIT + 1
                     if self.held and wait_for <= HELD_WAIT and time.time() < self.claim_until:
                         # Messages a rate or concurrency limit moved a moment later: wait for them.

@@ -12,7 +12,10 @@ pipelined): this plan remembers, per partition, when its earliest due message is
 * for shares of what the run wants (and of each destination's cap) that add up to it, so
   a claim never takes more than the run has slots for; the partition that gets the
   first share rotates, so no partition is starved when the run wants fewer messages
-  than partitions have due ones.
+  than partitions have due ones. A destination's cap smaller than the partitions asked
+  leaves some of them a share of 0: its share goes first to the partitions whose last
+  claim skipped its due messages at their share (:attr:`PartitionPlan.capped`), so they
+  are not left behind for as long as other partitions come first.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class PartitionPlan:
     next_suspect: dict[int, float | None] = field(default_factory=dict)
     #: partition -> when it was last asked (epoch s)
     asked_at: dict[int, float] = field(default_factory=dict)
+    #: partition -> destinations its last claim skipped at their (share of the) cap
+    capped: dict[int, tuple[str, ...]] = field(default_factory=dict)
     turn: int = 0
 
     def due(self, now: float, slack: float, touched: Iterable[int] = ()) -> list[int]:
@@ -84,11 +89,15 @@ class PartitionPlan:
         order = order[:want]
         n = len(order)
         asks = []
+        shares: list[dict[str, int]] = [{} for _ in order]
+        for d, c in (caps or {}).items():
+            # the partitions that last skipped this destination's messages at their share first
+            first = [i for i, k in enumerate(order) if d in self.capped.get(k, ())]
+            ranked = [*first, *(i for i in range(n) if i not in first)] if first else range(n)
+            for rank, i in enumerate(ranked):
+                shares[i][d] = _share(c, n, rank)
         for i, k in enumerate(order):
-            share_caps = None
-            if caps is not None:
-                share_caps = {d: _share(c, n, i) for d, c in caps.items()}
-            asks.append(Ask(k, _share(want, n, i), share_caps))
+            asks.append(Ask(k, _share(want, n, i), None if caps is None else shares[i]))
         return asks
 
     def suspect_partition(self, now: float, slack: float) -> int:
@@ -96,11 +105,20 @@ class PartitionPlan:
         due = [(at, k) for k, at in self.next_suspect.items() if at is not None and at <= now + slack]
         return min(due)[1] if due else 0
 
-    def note(self, partition: int, next_due: float | None, next_suspect: float | None, now: float) -> None:
-        """Remember what a claim of ``partition`` reported."""
+    def note(
+        self,
+        partition: int,
+        next_due: float | None,
+        next_suspect: float | None,
+        now: float,
+        capped: Iterable[str] = (),
+    ) -> None:
+        """Remember what a claim of ``partition`` reported (``capped``: the destinations
+        whose due messages it skipped at their cap)."""
         self.next_due[partition] = next_due
         self.next_suspect[partition] = next_suspect
         self.asked_at[partition] = now
+        self.capped[partition] = tuple(capped)
 
     def earliest(self, values: Iterable[float | None]) -> float | None:
         known = [v for v in values if v is not None]

@@ -1,0 +1,54 @@
+"""Which partitions a run's claims ask (outbox/delivery/partitions.py), and a run over
+partitions: a destination's cap is shared among the partitions asked, and its due
+messages are claimed in whichever partition they are."""
+
+from __future__ import annotations
+
+import time
+
+import outbox
+from outbox.delivery.partitions import PartitionPlan
+from tests.support import assert_index_invariant, with_destinations
+
+
+def test_shares_add_up_to_the_run_s_wants_and_caps():
+    plan = PartitionPlan(16)
+    asks = plan.asks(32, {"a": 16, "b": 1}, time.time(), 0.5)
+    assert len(asks) == 16 and sum(a.limit for a in asks) == 32
+    assert sum(a.caps["a"] for a in asks) == 16 and sum(a.caps["b"] for a in asks) == 1
+
+
+def test_a_cap_below_the_partitions_asked_goes_first_where_its_messages_were_skipped():
+    """A cap of 1 over 16 partitions gives 15 of them a share of 0: a partition whose
+    claim skipped that destination's due messages at its share gets it next."""
+    plan = PartitionPlan(16)
+    now = time.time()
+    asks = plan.asks(32, {"a": 1, "b": 4}, now, 0.5)
+    (given,) = [x.partition for x in asks if x.caps["a"]]
+    skipped = next(x.partition for x in reversed(asks) if x.partition != given)
+    for ask in asks:  # every partition answers; `skipped` has a due message of "a"
+        held = ask.partition == skipped
+        plan.note(ask.partition, now if held else None, None, now, ["a"] if held else [])
+    again = plan.asks(1, {"a": 1, "b": 4}, now + 0.01, 0.5)
+    assert [(x.partition, x.caps["a"]) for x in again] == [(skipped, 1)]
+    # ... also when the run asks every partition again: its share goes there first
+    later = plan.asks(32, {"a": 1, "b": 4}, now + 1, 0.5)
+    assert [x.partition for x in later if x.caps["a"]] == [skipped]
+    assert sum(x.caps["b"] for x in later) == 4
+
+
+def test_one_run_delivers_a_capped_destination_s_message_from_any_partition(repo, monkeypatch):
+    """A message of a destination with MAX_IN_FLIGHT 1, in each partition in turn: one run
+    delivers it. (At 16 partitions a run once ended at its first claim when that gave the
+    cap's share of 1 to another partition: the burst worker then woke run after run,
+    each ending the same way, and the message stayed pending.)"""
+    from outbox.delivery import run
+
+    with with_destinations("locmem", one={"MAX_IN_FLIGHT": 1}):
+        for k in repo.keys.partition_numbers():
+            monkeypatch.setattr("outbox.api.random_partition", lambda p, k=k: k)
+            (m,) = outbox.send_many([{"destination": "one", "body": {"k": k}}])
+            assert repo.keys.of(m.id) == repo.keys.partition(k)
+            assert run("outbox").claimed == [m.id], f"partition {k}"
+            assert outbox.get(m.id).status == "succeeded"
+    assert_index_invariant(repo)
