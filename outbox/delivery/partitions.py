@@ -12,7 +12,11 @@ pipelined): this plan remembers, per partition, when its earliest due message is
 * for shares of what the run wants (and of each destination's cap) that add up to it, so
   a claim never takes more than the run has slots for; the partition that gets the
   first share rotates, so no partition is starved when the run wants fewer messages
-  than partitions have due ones. A destination's cap smaller than the partitions asked
+  than partitions have due ones. When the run wants fewer messages than there are
+  partitions to ask, the others are asked for none: their claims only report when their
+  earliest message is due, so the run learns where due work waits (a run wanting one
+  message once asked one partition, found nothing there and ended, its queue's due
+  work left in the others). A destination's cap smaller than the partitions asked
   leaves some of them a share of 0: its share goes first to the partitions whose last
   claim skipped its due messages at their share (:attr:`PartitionPlan.capped`), so they
   are not left behind for as long as other partitions come first.
@@ -86,7 +90,7 @@ class PartitionPlan:
         if not order or want <= 0:
             order = order[:1] or [self.turn % self.partitions]
             return [Ask(order[0], 0, caps)]
-        order = order[:want]
+        order, probes = order[:want], order[want:]
         n = len(order)
         asks = []
         shares: list[dict[str, int]] = [{} for _ in order]
@@ -98,7 +102,7 @@ class PartitionPlan:
                 shares[i][d] = _share(c, n, rank)
         for i, k in enumerate(order):
             asks.append(Ask(k, _share(want, n, i), None if caps is None else shares[i]))
-        return asks
+        return asks + [Ask(k, 0, None) for k in probes]
 
     def suspect_partition(self, now: float, slack: float) -> int:
         """The partition whose quarantine index has the suspect due first (0 if none is known)."""

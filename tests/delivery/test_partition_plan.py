@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 import outbox
 from outbox.delivery.partitions import PartitionPlan
 from tests.support import assert_index_invariant, with_destinations
@@ -16,6 +18,15 @@ def test_shares_add_up_to_the_run_s_wants_and_caps():
     asks = plan.asks(32, {"a": 16, "b": 1}, time.time(), 0.5)
     assert len(asks) == 16 and sum(a.limit for a in asks) == 32
     assert sum(a.caps["a"] for a in asks) == 16 and sum(a.caps["b"] for a in asks) == 1
+
+
+def test_partitions_beyond_what_the_run_wants_are_asked_for_none():
+    """A run wanting fewer messages than there are partitions to ask asks the others for
+    none: their claims report when their earliest message is due."""
+    plan = PartitionPlan(16)
+    asks = plan.asks(1, {"a": 1}, time.time(), 0.5)
+    assert sorted(x.partition for x in asks) == list(range(16))
+    assert [x.limit for x in asks] == [1] + [0] * 15 and asks[0].caps == {"a": 1}
 
 
 def test_a_cap_below_the_partitions_asked_goes_first_where_its_messages_were_skipped():
@@ -37,13 +48,18 @@ def test_a_cap_below_the_partitions_asked_goes_first_where_its_messages_were_ski
     assert sum(x.caps["b"] for x in later) == 4
 
 
-def test_one_run_delivers_a_capped_destination_s_message_from_any_partition(repo, monkeypatch):
-    """A message of a destination with MAX_IN_FLIGHT 1, in each partition in turn: one run
-    delivers it. (At 16 partitions a run once ended at its first claim when that gave the
-    cap's share of 1 to another partition: the burst worker then woke run after run,
-    each ending the same way, and the message stayed pending.)"""
+@pytest.mark.parametrize("limit", ["MAX_IN_FLIGHT", "CONCURRENCY"])
+def test_one_run_delivers_a_message_from_any_partition_with_one_slot(repo, monkeypatch, settings, limit):
+    """A message in each partition in turn, with one slot for it (its destination's
+    MAX_IN_FLIGHT, or the worker's CONCURRENCY): one run delivers it. At 16 partitions a
+    run once ended at its first claim when that gave its one slot to another partition:
+    the burst worker then woke run after run, each ending the same way (MAX_IN_FLIGHT),
+    or the run saw nothing due and the message waited for the wake check, which woke a
+    run that did the same (CONCURRENCY)."""
     from outbox.delivery import run
 
+    if limit == "CONCURRENCY":
+        settings.OUTBOX = {**settings.OUTBOX, "CONCURRENCY": 1}
     with with_destinations("locmem", one={"MAX_IN_FLIGHT": 1}):
         for k in repo.keys.partition_numbers():
             monkeypatch.setattr("outbox.api.random_partition", lambda p, k=k: k)
