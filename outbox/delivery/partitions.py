@@ -4,7 +4,11 @@ With one partition (``OUTBOX["PARTITIONS"]`` = 1) a claim asks partition 0 for a
 wants, as always. With more, a run of the claim loop claims from every partition with
 due work of its queue, in one round trip (one ``lua/claim.lua`` call per partition asked,
 pipelined): this plan remembers, per partition, when its earliest due message is due
-(each claim's reply says) and asks
+(each claim's reply says). A run's first claim asks every partition for none: it only
+learns when each one's earliest message is due, so that the claims after it go to the
+partitions with due work, oldest first (a first claim that split the run's slots, and a
+cap of 1, among partitions it knew nothing of took the oldest message of whichever
+partition came first, not the oldest due). Then it asks
 
 * the partitions with a message due now, or whose next due time is unknown (never asked
   in this run, or last asked more than :data:`REPOLL` seconds ago, since a new message
@@ -90,6 +94,8 @@ class PartitionPlan:
         if not order or want <= 0:
             order = order[:1] or [self.turn % self.partitions]
             return [Ask(order[0], 0, caps)]
+        if self.partitions > 1 and not self.asked_at:  # a run's first claim: where is due work, since when?
+            return [Ask(k, 0, None) for k in order]
         order, probes = order[:want], order[want:]
         n = len(order)
         asks = []
