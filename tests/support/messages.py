@@ -117,7 +117,10 @@ def assert_index_invariant(repo) -> None:
     # queue's quarantine index (a suspect, attempted alone), or its destination's parked
     # set (paused, disabled, circuit breaker open). A parked set holds nothing else.
     waiting = {i: s for i, s in seen.items() if s in ("pending", "retrying")}
-    for key in conn.scan_iter(match=f"{repo.keys.prefix}*:parked:*"):
+    # (one pattern per partition: "outbox*:parked:*" also matched the stats of the outcome
+    # "parked", outbox:stats:parked:<minute>)
+    parked_keys = [key for part in repo.keys.every("parked", "*") for key in conn.scan_iter(match=part)]
+    for key in parked_keys:
         destination = key.decode().split(":parked:", 1)[1]
         for raw in conn.zrange(key, 0, -1):
             message_id = raw.decode()
@@ -138,7 +141,7 @@ def assert_index_invariant(repo) -> None:
             assert conn.hexists(repo.keys.resend(message_id), "suspect"), (
                 f"{message_id} quarantined, no suspect"
             )
-    for key in conn.scan_iter(match=f"{repo.keys.prefix}*:quarantine:*"):
+    for key in [key for part in repo.keys.every("quarantine", "*") for key in conn.scan_iter(match=part)]:
         for raw in conn.zrange(key, 0, -1):
             assert raw.decode() in waiting, f"{raw.decode()} quarantined but {seen.get(raw.decode(), 'gone')}"
 
