@@ -459,7 +459,11 @@ class _Run:
 
     @staticmethod
     def left_behind(
-        asks: Sequence[Ask], claims: Sequence[Claim], taken: Sequence[Message], caps: dict[str, int], now: float
+        asks: Sequence[Ask],
+        claims: Sequence[Claim],
+        taken: Sequence[Message],
+        caps: dict[str, int],
+        now: float,
     ) -> bool:
         """True when a claim of several partitions left messages due now in a partition
         it asked for none (a ``limit`` of 0: the run wanted fewer than the partitions asked)

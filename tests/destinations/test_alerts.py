@@ -125,7 +125,11 @@ def repo_ids(destination: str) -> list[str]:
     from outbox.store.connection import get_repository
 
     repo = get_repository()
-    return [r.decode() for key in repo.keys.every("created", destination) for r in repo.connection.zrange(key, 0, -1)]
+    return [
+        r.decode()
+        for key in repo.keys.every("created", destination)
+        for r in repo.connection.zrange(key, 0, -1)
+    ]
 
 
 def test_the_same_event_twice_and_from_many_workers_at_once_sends_one_alert(receiver, worker, mailoutbox):

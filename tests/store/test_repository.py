@@ -568,5 +568,7 @@ def test_a_claim_reads_older_hash_records_among_string_ones(repo):
         },
     )
     now = time.time()
-    claimed = repo.claim(old.queue, now, partition_of(old.id), lease="L", deadline=now + 30, limit=10).messages
+    claimed = repo.claim(
+        old.queue, now, partition_of(old.id), lease="L", deadline=now + 30, limit=10
+    ).messages
     assert {m.id: m.body for m in claimed} == {m.id: m.body for m in messages}
