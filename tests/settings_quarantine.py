@@ -4,7 +4,7 @@ short leases and sweeps, and the ``crasher`` destination (:func:`tests.poison.cr
 delay of 0.5 s)."""
 
 from tests.settings import *  # noqa: F403 (the test settings, changed below)
-from tests.settings import OUTBOX
+from tests.settings import OUTBOX, SILENCED_SYSTEM_CHECKS
 
 VISIBILITY_TIMEOUT = 2
 RECOVERY_INTERVAL = 1
@@ -23,4 +23,4 @@ OUTBOX = {
     "RECOVERY_INTERVAL": RECOVERY_INTERVAL,
     "WAKE_INTERVAL": 0.2,
 }
-SILENCED_SYSTEM_CHECKS = ["outbox.W003", "outbox.W004", "outbox.W005"]
+SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "outbox.W003", "outbox.W004", "outbox.W005"]

@@ -261,6 +261,11 @@ class _Run:
         self.shared = False  # this run woke another worker for the suspects it could not take
         self.held = 0
         self.plan = PartitionPlan(repo.keys.partitions)  # which partitions each claim asks
+        # The last claim left due messages in partitions it asked for none (or for a share
+        # of 0 of their destination's cap) while the run had slots for them; claims in a
+        # row that took nothing for that reason (at most one per partition, see loop()).
+        self.left_due = False
+        self.empty_retries = 0
         # Destinations the last short claim skipped at their MAX_IN_FLIGHT cap, and until
         # when claims look only for their freed slots (see :meth:`want`).
         self.capped: set[str] = set()
@@ -436,8 +441,9 @@ class _Run:
                 log_attempt(d.outcome, d, written)
         self.decided.clear()
         for ask, one in zip(asks, claims, strict=True):
-            self.plan.note(ask.partition, one.next_due, one.next_suspect, now)
+            self.plan.note(ask.partition, one.next_due, one.next_suspect, now, one.capped)
         claim = merge_claims(claims)
+        self.left_due = len(asks) > 1 and self.left_behind(asks, claims, claim.messages, caps or {}, now)
         self.next_due, self.held, self.next_suspect = (
             self.plan.earliest_due,
             claim.held,
@@ -450,6 +456,26 @@ class _Run:
         if claim.events:
             self.destination_events(controls.parse_events(claim.events))
         return claim.messages
+
+    @staticmethod
+    def left_behind(
+        asks: Sequence[Ask],
+        claims: Sequence[Claim],
+        taken: Sequence[Message],
+        caps: dict[str, int],
+        now: float,
+    ) -> bool:
+        """True when a claim of several partitions left messages due now in a partition
+        it asked for none (a ``limit`` of 0: the run wanted fewer than the partitions asked)
+        or skipped them at a destination's share of its cap while the run took fewer of that
+        destination than its cap (see :mod:`outbox.delivery.partitions`)."""
+        per_destination = Counter(m.destination for m in taken)
+        for ask, one in zip(asks, claims, strict=True):
+            if one.next_due is None or one.next_due > now + DUE_SLACK:
+                continue
+            if ask.limit == 0 or any(per_destination[d] < caps.get(d, 0) for d in one.capped):
+                return True
+        return False
 
     def destination_events(self, events: Sequence[DestinationEvent]) -> None:
         """Hand destination events to alerts; a breaker that closed gets its parked
@@ -557,6 +583,8 @@ class _Run:
             if want or self.decided:
                 claimed = self.exchange(want, caps if want else None, quarantine)
                 self.start(claimed)
+                if claimed:
+                    self.empty_retries = 0
                 if quarantine and not claimed:
                     # None could be taken (another worker took it, or a limit held it):
                     # claim from the due index, and look at suspects again a moment later.
@@ -574,8 +602,15 @@ class _Run:
                 if not claimed and not self.in_flight and not self.decided:
                     if self.lane(1, time.time())[1]:
                         continue  # a suspect is due: claim it, alone
-                    if self.plan.more_due(time.time(), DUE_SLACK):
-                        continue  # another partition has a message due: claim there
+                    if (
+                        self.left_due
+                        and self.empty_retries < self.plan.partitions
+                        and time.time() < self.claim_until
+                    ):
+                        # Due messages waited in partitions asked for none of them: the
+                        # plan knows them now and gives them shares.
+                        self.empty_retries += 1
+                        continue
                     wait_for = self.next_due - time.time() if self.next_due is not None else HELD_WAIT + 1
                     if self.held and wait_for <= HELD_WAIT and time.time() < self.claim_until:
                         # Messages a rate or concurrency limit moved a moment later: wait for them.

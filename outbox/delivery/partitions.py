@@ -4,7 +4,11 @@ With one partition (``OUTBOX["PARTITIONS"]`` = 1) a claim asks partition 0 for a
 wants, as always. With more, a run of the claim loop claims from every partition with
 due work of its queue, in one round trip (one ``lua/claim.lua`` call per partition asked,
 pipelined): this plan remembers, per partition, when its earliest due message is due
-(each claim's reply says) and asks
+(each claim's reply says). A run's first claim asks every partition for none: it only
+learns when each one's earliest message is due, so that the claims after it go to the
+partitions with due work, oldest first (a first claim that split the run's slots, and a
+cap of 1, among partitions it knew nothing of took the oldest message of whichever
+partition came first, not the oldest due). Then it asks
 
 * the partitions with a message due now, or whose next due time is unknown (never asked
   in this run, or last asked more than :data:`REPOLL` seconds ago, since a new message
@@ -12,7 +16,14 @@ pipelined): this plan remembers, per partition, when its earliest due message is
 * for shares of what the run wants (and of each destination's cap) that add up to it, so
   a claim never takes more than the run has slots for; the partition that gets the
   first share rotates, so no partition is starved when the run wants fewer messages
-  than partitions have due ones.
+  than partitions have due ones. When the run wants fewer messages than there are
+  partitions to ask, the others are asked for none: their claims only report when their
+  earliest message is due, so the run learns where due work waits (a run wanting one
+  message once asked one partition, found nothing there and ended, its queue's due
+  work left in the others). A destination's cap smaller than the partitions asked
+  leaves some of them a share of 0: its share goes first to the partitions whose last
+  claim skipped its due messages at their share (:attr:`PartitionPlan.capped`), so they
+  are not left behind for as long as other partitions come first.
 """
 
 from __future__ import annotations
@@ -45,9 +56,9 @@ class PartitionPlan:
     next_suspect: dict[int, float | None] = field(default_factory=dict)
     #: partition -> when it was last asked (epoch s)
     asked_at: dict[int, float] = field(default_factory=dict)
+    #: partition -> destinations its last claim skipped at their (share of the) cap
+    capped: dict[int, tuple[str, ...]] = field(default_factory=dict)
     turn: int = 0
-    #: the partitions the last claim asked for messages (a limit above 0)
-    claimed_from: set[int] = field(default_factory=set)
 
     def due(self, now: float, slack: float, touched: Iterable[int] = ()) -> list[int]:
         """The partitions worth asking now, earliest due first (rotating among the rest).
@@ -83,37 +94,41 @@ class PartitionPlan:
         if not order or want <= 0:
             order = order[:1] or [self.turn % self.partitions]
             return [Ask(order[0], 0, caps)]
-        first, rest = order[:want], order[want:]
-        n = len(first)
+        if self.partitions > 1 and not self.asked_at:  # a run's first claim: where is due work, since when?
+            return [Ask(k, 0, None) for k in order]
+        order, probes = order[:want], order[want:]
+        n = len(order)
         asks = []
-        for i, k in enumerate(first):
-            share_caps = None
-            if caps is not None:
-                share_caps = {d: _share(c, n, i) for d, c in caps.items()}
-            asks.append(Ask(k, _share(want, n, i), share_caps))
-        # the others worth asking are asked for nothing: their next due times are read, so
-        # the run knows there is work there (it would end, or wait, without looking)
-        self.claimed_from = set(first)
-        return asks + [Ask(k, 0, None) for k in rest]
-
-    def more_due(self, now: float, slack: float) -> bool:
-        """True when a partition the last claim did not ask for messages has one due: a
-        claim that took nothing has not seen everything due (with one partition, never)."""
-        return any(
-            at is not None and at <= now + slack and k not in self.claimed_from
-            for k, at in self.next_due.items()
-        )
+        shares: list[dict[str, int]] = [{} for _ in order]
+        for d, c in (caps or {}).items():
+            # the partitions that last skipped this destination's messages at their share first
+            first = [i for i, k in enumerate(order) if d in self.capped.get(k, ())]
+            ranked = [*first, *(i for i in range(n) if i not in first)] if first else range(n)
+            for rank, i in enumerate(ranked):
+                shares[i][d] = _share(c, n, rank)
+        for i, k in enumerate(order):
+            asks.append(Ask(k, _share(want, n, i), None if caps is None else shares[i]))
+        return asks + [Ask(k, 0, None) for k in probes]
 
     def suspect_partition(self, now: float, slack: float) -> int:
         """The partition whose quarantine index has the suspect due first (0 if none is known)."""
         due = [(at, k) for k, at in self.next_suspect.items() if at is not None and at <= now + slack]
         return min(due)[1] if due else 0
 
-    def note(self, partition: int, next_due: float | None, next_suspect: float | None, now: float) -> None:
-        """Remember what a claim of ``partition`` reported."""
+    def note(
+        self,
+        partition: int,
+        next_due: float | None,
+        next_suspect: float | None,
+        now: float,
+        capped: Iterable[str] = (),
+    ) -> None:
+        """Remember what a claim of ``partition`` reported (``capped``: the destinations
+        whose due messages it skipped at their cap)."""
         self.next_due[partition] = next_due
         self.next_suspect[partition] = next_suspect
         self.asked_at[partition] = now
+        self.capped[partition] = tuple(capped)
 
     def earliest(self, values: Iterable[float | None]) -> float | None:
         known = [v for v in values if v is not None]

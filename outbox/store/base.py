@@ -120,7 +120,7 @@ class RepositoryBase:
             pipe.execute()
         self.scripts_loaded = True
 
-    def run_scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    def run_scripts(self, calls: Sequence[ScriptCall], client: Redis | None = None) -> list[Any]:
         """Run Lua scripts in one round trip (a pipeline without MULTI), in order.
 
         Each script is atomic by itself; the calls are not atomic together. Every script
@@ -136,6 +136,7 @@ class RepositoryBase:
 
         Args:
             calls: (script name in ``lua/``, ARGV) or (name, ARGV, KEYS) per call.
+            client: the redis-py client to run them on (default: the repository's pooled one).
 
         Returns:
             The raw reply of each call, in order.
@@ -149,11 +150,11 @@ class RepositoryBase:
         if not self.scripts_loaded:
             self.load_scripts()
         parts = [script_call(call) for call in calls]
-        replies = self._run_pipelined(parts, range(len(parts)))
+        replies = self._run_pipelined(parts, range(len(parts)), client)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
             self.load_scripts()
-            for i, reply in zip(missing, self._run_pipelined(parts, missing), strict=True):
+            for i, reply in zip(missing, self._run_pipelined(parts, missing, client), strict=True):
                 replies[i] = reply
         for reply in replies:
             if isinstance(reply, Exception):
@@ -161,13 +162,17 @@ class RepositoryBase:
         return replies
 
     def _run_pipelined(
-        self, parts: Sequence[tuple[str, Sequence[Any], Sequence[str]]], which: Sequence[int]
+        self,
+        parts: Sequence[tuple[str, Sequence[Any], Sequence[str]]],
+        which: Sequence[int],
+        client: Redis | None = None,
     ) -> list[Any]:
         """The calls ``parts[i]`` for ``i`` in ``which`` in one pipeline: their replies,
         errors included. On a cluster ``EVALSHA`` goes through ``execute_command``:
         redis-py 8.1's cluster pipeline refuses ``pipe.evalsha`` (redis-py PR #4206)."""
-        pipe = self.connection.pipeline(transaction=False)
-        if isinstance(self.connection, RedisCluster):
+        client = client or self.connection
+        pipe = client.pipeline(transaction=False)
+        if isinstance(client, RedisCluster):
             for i in which:
                 name, args, keys = parts[i]
                 _need_keys(name, keys)

@@ -398,6 +398,9 @@ class MessageStore(RepositoryBase):
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
+        elif len(calls) == 1:  # one partition (every send()): one command on the thread's connection
+            name, args, keys = script_call(calls[0])
+            replies = [self.thread_clients.run(lambda client: self.run_script(name, args, client, keys=keys))]
         else:
             replies = self.run_scripts(calls)
         created: list[Created] = [Created(m.id, m.id, "new") for m in messages]

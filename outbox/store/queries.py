@@ -52,7 +52,7 @@ from typing import cast
 
 from redis.cluster import RedisCluster
 
-from outbox.records import STATUSES, Message, Status
+from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status
 from outbox.store.base import Members, ScriptCall
 from outbox.store.indexes import Cursor, Index
 from outbox.store.repository import MessageRepository
@@ -492,9 +492,10 @@ ID_DIGITS = 28
 #: Hex digits of an id's creation time in milliseconds (the start of those digits).
 ID_TIME_DIGITS = 12
 #: A part of a message id as the list shows it: ``msg_…4f60b163`` (the start and the end,
-#: "…" or "..." for the hidden middle), ``msg_01a2017c`` (a start), ``4f60b163`` (an end).
+#: "…" or "..." for the hidden middle), ``msg_01a2017c`` (a start), ``4f60b163`` (an end);
+#: with partitions an end may name its id's partition too (``4f60b163_p7``).
 ID_PART = re.compile(
-    r"(?P<start>msg_[0-9a-f]*)?(?:\u2026|\.\.\.)?(?P<end>[0-9a-f]*)",
+    r"(?P<start>msg_[0-9a-f]*)?(?:\u2026|\.\.\.)?(?P<end>[0-9a-f]*(?:_p[0-9]+)?)",
 )
 #: Fewest hex digits of an id's end a search looks for (fewer would match too many).
 ID_END_MIN = 6
@@ -527,13 +528,14 @@ def id_part(text: str) -> tuple[str, str] | None:
     if match is None:
         return None
     start, end = match.group("start") or "", match.group("end") or ""
-    if start and not end and len(start) - 4 >= ID_DIGITS:
+    digits = end.split("_p", 1)[0]  # an end's hex digits, without the partition it names
+    if start and not digits and len(start) - 4 >= ID_DIGITS:
         return None  # a whole id: found (or not) by its key
-    if not start and len(end) < ID_END_MIN:
+    if not start and len(digits) < ID_END_MIN:
         return None
     if start == "msg_" and not end:
         return None
-    if len(start) - 4 + len(end) > ID_DIGITS:
+    if len(start) - 4 + len(digits) > ID_DIGITS:
         return None
     return start, end
 
@@ -553,6 +555,8 @@ def find_by_id_part(repo: MessageRepository, start: str, end: str) -> IdSearch:
     matches: dict[str, None] = {}  # ZSCAN may return an entry twice
     budget = ID_SCAN_LIMIT
     digits = start[4:]
+    # an end without the partition an id names (``_p<k>``) is the end of its hex digits
+    pattern = f"*{end}" if "_p" in end or not repo.keys.partitioned else f"*{end}_p*"
     for key in repo.index().keys:
         if budget <= 0 or len(matches) > ID_MATCHES:
             found.complete = False
@@ -571,7 +575,7 @@ def find_by_id_part(repo: MessageRepository, start: str, end: str) -> IdSearch:
                 budget -= len(chunk)
                 found.examined += len(chunk)
                 inside = [raw.decode() for raw, score in chunk if score <= hi]
-                matches.update((i, None) for i in inside if i.startswith(start) and i.endswith(end))
+                matches.update((i, None) for i in inside if i.startswith(start) and _ends_with(i, end))
                 if len(inside) < 1000:
                     break
                 rank += 1000
@@ -582,7 +586,7 @@ def find_by_id_part(repo: MessageRepository, start: str, end: str) -> IdSearch:
             while True:
                 cursor, members = cast(
                     tuple[int, list[tuple[bytes, float]]],
-                    repo.connection.zscan(key, cursor, match=f"*{end}", count=1000),
+                    repo.connection.zscan(key, cursor, match=pattern, count=1000),
                 )
                 budget -= 1000
                 found.examined += 1000  # about: COUNT is a hint
@@ -596,6 +600,14 @@ def find_by_id_part(repo: MessageRepository, start: str, end: str) -> IdSearch:
     if len(found.ids) > ID_MATCHES:
         found.ids, found.complete = found.ids[:ID_MATCHES], False
     return found
+
+
+def _ends_with(message_id: str, end: str) -> bool:
+    """True when ``message_id`` ends with ``end`` (hex digits, and perhaps the partition
+    the id names): an end without a partition is the end of the id's hex digits."""
+    if "_p" in end:
+        return message_id.endswith(end)
+    return PARTITION_SUFFIX.sub("", message_id).endswith(end)
 
 
 def find(repo: MessageRepository, text: str) -> list[str]:

@@ -22,6 +22,8 @@ from django.utils.formats import number_format
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from outbox.records import PARTITION_SUFFIX
+
 register = template.Library()
 
 #: Django 6.1 changed the admin's markup, and its CSS styles only the new one:
@@ -107,17 +109,20 @@ def when(value: datetime | str | None, style: str = "full") -> str:
 def id_parts(message_id: str, tail: int = 8) -> tuple[str, str, str]:
     """A message id cut for a short display: ``(prefix, middle, end)``, e.g.
     ``("msg_", "01a2017c4826cc7d", "4f60b163")``. The end is the random part that tells
-    ids apart (the middle is the creation time, shared by messages sent together);
-    templates show the prefix and the end, and keep the middle in the text (hidden), so
-    the whole id is still copied when the text is selected."""
+    ids apart (the middle is the creation time, shared by messages sent together), and
+    the partition the id names, if it names one (``"4f60b163_p7"``: ``tail`` digits and
+    the ``_p<k>`` after them); templates show the prefix and the end, and keep the middle
+    in the text (hidden), so the whole id is still copied when the text is selected."""
     prefix, sep, rest = message_id.partition("_")
     if not sep:
         prefix, rest = "", message_id
     else:
         prefix += sep
-    if len(rest) <= tail + 1:
+    suffix = PARTITION_SUFFIX.search(rest)
+    digits, part = (rest[: suffix.start()], suffix.group(0)) if suffix else (rest, "")
+    if len(digits) <= tail + 1:
         return prefix, "", rest
-    return prefix, rest[:-tail], rest[-tail:]
+    return prefix, digits[:-tail], digits[-tail:] + part
 
 
 @register.simple_tag

@@ -85,8 +85,8 @@ def test_recover_since_before_1970_and_a_non_finite_as_of_are_not_5xx(superuser_
 def test_only_an_outage_is_reported_as_redis_unavailable(superuser_client, repo):
     """A Redis error that is not an outage (here WRONGTYPE: a key holding what the console
     does not expect) is a bug: Django's 500, logged, not a 503 blaming Redis's reachability."""
-    make(repo, 1, "failed", "mem")
-    repo.connection.set(repo.keys.status("failed", "mem"), "not a sorted set")
+    (m,) = make(repo, 1, "failed", "mem")
+    repo.connection.set(repo.keys.of(m.id).status("failed", "mem"), "not a sorted set")
     assert not issubclass(ResponseError, REDIS_UNAVAILABLE)
     superuser_client.raise_request_exception = False
     response = superuser_client.get(u("message_list"), {"status": "failed", "destination": "mem"})

@@ -10,6 +10,7 @@ import re
 import pytest
 
 import outbox
+from outbox.records import PARTITION_SUFFIX
 from outbox.store import queries
 from outbox.templatetags.outbox_admin import id_parts
 from tests.support import settle, with_destinations
@@ -31,7 +32,8 @@ def test_the_list_finds_a_message_by_the_id_it_displays(superuser_client, repo):
     for target in (messages[7], messages[-1]):
         prefix, _, end = id_parts(target.id)
         html = text_of(superuser_client.get(u("message_list")))
-        for typed in (f"{prefix}…{end}", end, f"{prefix}...{end}", f" {end} ", end.upper()):
+        digits = end.split("_p", 1)[0]  # with partitions, the end names the id's: "…4f60b163_p7"
+        for typed in (f"{prefix}…{end}", end, f"{prefix}...{end}", f" {end} ", end.upper(), digits):
             response = superuser_client.get(u("message_list"), {"q": typed})
             assert response.status_code == 200, typed
             assert listed(text_of(response)) == [target.id], typed
@@ -84,7 +86,8 @@ def test_the_list_finds_messages_by_the_start_of_their_id(superuser_client, repo
     """A start (``msg_`` and the first hex digits: the creation time) is a time range."""
     messages = make(repo, 5, "failed", "mem")
     target = messages[2]
-    response = superuser_client.get(u("message_list"), {"q": target.id[:-3]})
+    hex_digits = PARTITION_SUFFIX.sub("", target.id)  # with partitions the id ends in _p<k>
+    response = superuser_client.get(u("message_list"), {"q": hex_digits[:-3]})
     assert listed(text_of(response)) == [target.id]
     common = os.path.commonprefix([m.id for m in messages])
     assert len(common) > len("msg_")
@@ -117,6 +120,12 @@ def test_a_search_by_part_of_an_id_that_stops_early_says_so(superuser_client, re
         ("msg_" + "a" * 28, None),  # a whole id is looked up as one
         ("order-paid-1001", None),
         ("msg_" + "a" * 20 + "…" + "b" * 9, None),  # longer than an id
+        # with partitions an id ends with the partition it names, and so may its end
+        ("msg_…4f60b163_p7", ("msg_", "4f60b163_p7")),
+        ("4F60B163_P12", ("", "4f60b163_p12")),
+        ("4f6_p7", None),  # too short an end alone, however many partition digits
+        ("msg_" + "a" * 28 + "_p3", None),  # a whole id
+        ("msg_" + "a" * 20 + "…" + "b" * 8 + "_p3", ("msg_" + "a" * 20, "b" * 8 + "_p3")),
     ],
 )
 def test_the_parts_of_an_id_a_search_understands(typed, part):

@@ -300,3 +300,9 @@ def test_template_filters_group_numbers_and_show_time_zones():
     )  # another year: the date
     assert when(None) == "–" and "CET" in when("2001-01-02T09:05:07.123456Z")  # RQ's heartbeat format
     assert id_parts("msg_01a2017c4826cc7d4f60b1632852") == ("msg_", "01a2017c4826cc7d4f60", "b1632852")
+    # an id naming its partition keeps 8 random digits in its end, and the partition
+    assert id_parts("msg_01a2017c4826cc7d4f60b1632852_p12") == (
+        "msg_",
+        "01a2017c4826cc7d4f60",
+        "b1632852_p12",
+    )

@@ -170,7 +170,11 @@ def test_retry_now_all_matching_keeps_the_budget_and_is_due_now(superuser_client
         assert got.status == "retrying" and got.retry_count == 1  # budget kept
         assert got.next_attempt_at <= time.time()
         assert got.next_attempt_at >= before - 11
-    due = dict(repo.connection.zrange(repo.keys.due("outbox"), 0, -1, withscores=True))
+    due = {
+        i: score
+        for key in repo.keys.every("due", "outbox")
+        for i, score in repo.connection.zrange(key, 0, -1, withscores=True)
+    }
     assert all(due[m.id.encode()] <= time.time() for m in waiting)
 
     hook.respond(200)

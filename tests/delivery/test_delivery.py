@@ -104,7 +104,9 @@ def test_429_with_retry_after_waits_that_long(hook, worker, repo):
     got = outbox.get(m.id)
     assert got.status == "retrying" and got.last_status_code == 429
     assert got.next_attempt_at - got.last_attempt_at >= 119
-    assert repo.connection.zscore(repo.keys.due("outbox"), m.id) == pytest.approx(got.next_attempt_at)
+    assert repo.connection.zscore(repo.keys.of(m.id).due("outbox"), m.id) == pytest.approx(
+        got.next_attempt_at
+    )
 
 
 def test_a_due_retry_is_woken_from_the_outbox_index_without_rq_scheduler(receiver, worker, repo):

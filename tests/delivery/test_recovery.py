@@ -8,6 +8,7 @@ import pytest
 from django.test import override_settings
 
 import outbox
+from outbox.conf import outbox_settings
 from outbox.delivery.loop import claim
 from outbox.delivery.recovery import recover
 from outbox.delivery.worker import Housekeeper
@@ -61,7 +62,9 @@ def test_lost_message_without_retries_left_becomes_a_dead_letter_once_lost_alone
     got = outbox.get(m.id)
     assert got.status == "retrying" and got.retry_count == 0 and "not charged" in got.last_error
     assert claim("outbox", time.time()) == []  # an ordinary claim moves the suspect aside
-    (alone,) = _Run("outbox", repo, 5).exchange(1, quarantine=True)
+    run = _Run("outbox", repo, 5)
+    assert run.exchange(1) == []  # a run's claim says when (and, with partitions, where) it is due
+    (alone,) = run.exchange(1, quarantine=True)
     assert alone.id == m.id
     time.sleep(1.05)
     report = recover()
@@ -178,8 +181,8 @@ def test_a_redis_error_in_the_loop_still_writes_decided_outcomes(hook, repo, mon
     original = MessageRepository.outcomes_and_claim
 
     def flaky(self, changes, now, queue, **options):
-        calls["n"] += 1
-        if calls["n"] == 2:  # the write of the first outcomes, with the next claim
+        if changes and not calls["n"]:  # the write of the first outcomes, with the next claim
+            calls["n"] += 1
             raise RuntimeError("boom between two writes")
         return original(self, changes, now, queue, **options)
 
@@ -252,6 +255,14 @@ def as_before_0_3(repo, messages, schema: int) -> None:
     repo.connection.set(f"{repo.keys.prefix}:schema", schema)
 
 
+#: Records written before partitions existed are those of a deployment of one partition:
+#: a deployment of several starts empty (its partition count is fixed when it is set up,
+#: and its keys carry hash tags no older version wrote), so there is nothing of theirs
+#: to put back there.
+BEFORE_PARTITIONS = "older versions wrote a deployment of one partition only"
+
+
+@pytest.mark.skipif(outbox_settings.partitions > 1, reason=BEFORE_PARTITIONS)
 def test_messages_written_by_version_0_1_are_claimed_after_an_upgrade(hook, worker, repo):
     # Version 0.1 kept pending/retrying messages only in the status indexes.
     old = outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
@@ -269,6 +280,8 @@ def test_an_upgrade_of_a_new_redis_reports_nothing_put_back(hook, repo):
     sent = outbox.send_many([{"destination": "hook", "body": i} for i in range(3)])
     repo.connection.delete(f"{repo.keys.prefix}:schema")
     assert repo.upgrade() == 0
+    if repo.keys.partitioned:
+        return  # the rest puts back records of an older version: see BEFORE_PARTITIONS
     as_before_0_3(repo, sent, schema=0)
     repo.connection.delete(repo.keys.due("outbox"))
     assert repo.upgrade() == 3

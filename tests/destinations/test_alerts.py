@@ -125,7 +125,11 @@ def repo_ids(destination: str) -> list[str]:
     from outbox.store.connection import get_repository
 
     repo = get_repository()
-    return [r.decode() for r in repo.connection.zrange(repo.keys.created(destination), 0, -1)]
+    return [
+        r.decode()
+        for key in repo.keys.every("created", destination)
+        for r in repo.connection.zrange(key, 0, -1)
+    ]
 
 
 def test_the_same_event_twice_and_from_many_workers_at_once_sends_one_alert(receiver, worker, mailoutbox):
@@ -380,7 +384,9 @@ def test_redis_down_during_notify_is_logged_not_raised(receiver, caplog):
 
 # -- system checks ---------------------------------------------------------------------------
 def ids() -> set[str]:
-    return {e.id for e in check_outbox_settings()}
+    """The ids the settings checks report, but outbox.E010 (refusing PARTITIONS > 1 until
+    partitions are complete: the suite may run partitioned, OUTBOX_TEST_PARTITIONS)."""
+    return {e.id for e in check_outbox_settings()} - {"outbox.E010"}
 
 
 @pytest.mark.parametrize(

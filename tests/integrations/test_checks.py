@@ -5,12 +5,19 @@ import pytest
 from outbox.checks import check_outbox_settings
 
 
+def reported():
+    """What the settings checks report, but outbox.E010: it refuses PARTITIONS > 1 until
+    partitions are complete, and the suite may run partitioned (OUTBOX_TEST_PARTITIONS;
+    E010 is tested below)."""
+    return [e for e in check_outbox_settings() if e.id != "outbox.E010"]
+
+
 def ids(settings_obj=None):
-    return sorted({e.id for e in check_outbox_settings()})
+    return sorted({e.id for e in reported()})
 
 
 def test_the_test_settings_are_clean():
-    assert check_outbox_settings() == []
+    assert reported() == []
 
 
 @pytest.mark.parametrize(
@@ -54,7 +61,7 @@ def test_each_destination_error_names_its_destination(settings, config):
 
 def test_missing_rq_queue(settings):
     settings.RQ_QUEUES = {"outbox": {"USE_REDIS_CACHE": "default"}}
-    errors = check_outbox_settings()
+    errors = reported()
     assert {e.id for e in errors} == {"outbox.E003"}
     assert any("outbox_high" in e.msg for e in errors) and "USE_REDIS_CACHE" in errors[0].hint
 
@@ -91,11 +98,11 @@ def test_webhook_whose_attempt_may_outlive_half_the_lease_warns(settings):
     }
     # 5 + 2 x 10 = 25 s per attempt at most; the last attempt may start at half the lease.
     settings.OUTBOX = {**settings.OUTBOX, "DESTINATIONS": {"slow": hook}, "VISIBILITY_TIMEOUT": 40}
-    errors = check_outbox_settings()
+    errors = reported()
     assert [e.id for e in errors] == ["outbox.W003"]
     assert "'slow'" in errors[0].msg and "25 s" in errors[0].msg
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 50}
-    assert check_outbox_settings() == []
+    assert reported() == []
 
 
 # -- outbox.W010: a webhook the SSRF guard would refuse at every attempt (issue 20, item 8) --

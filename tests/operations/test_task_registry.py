@@ -80,7 +80,7 @@ def test_the_registry_holds_the_job_with_a_ttl_and_the_job_writes_its_counts_the
 ):
     status_url = start_background(superuser_client, repo, monkeypatch, n=1100)
     job_id = status_url.rstrip("/").rsplit("/", 1)[-1]
-    keys = list(redis.scan_iter(match=f"{repo.keys.prefix}:task:*"))
+    keys = list(redis.scan_iter(match=repo.keys.task("*")))
     assert keys == [repo.keys.task(job_id).encode()]
     assert 0 < redis.ttl(keys[0]) <= 7 * 24 * 3600
     worker(simple=True)

@@ -42,8 +42,12 @@ def test_wakeup_jobs_go_to_rqs_own_redis(rq_redis, cluster_outbox, redis_cluster
 def test_queue_counts_read_the_due_index_on_the_cluster_and_rqs_keys_on_rqs_redis(rq_redis, cluster_outbox):
     repo = get_repository()
     now = time.time()
-    cluster_outbox.zadd(repo.keys.due("outbox"), {"a": now - 5, "b": now - 1, "c": now + 60})
-    cluster_outbox.zadd(repo.keys.due("outbox_low"), {"d": now + 60})
+    # With partitions, the counts add up the due index of every partition (here the first
+    # and the last; one and the same index with one partition).
+    first, last = repo.keys.partition(0), repo.keys.partition(repo.keys.partitions - 1)
+    cluster_outbox.zadd(first.due("outbox"), {"a": now - 5, "c": now + 60})
+    cluster_outbox.zadd(last.due("outbox"), {"b": now - 1})
+    cluster_outbox.zadd(last.due("outbox_low"), {"d": now + 60})
     enqueue_wakeups(["outbox"])
     counts = queue_counts(repo, [get_queue(q) for q in ("outbox", "outbox_low")], now)
     assert counts == [(2, 1, 1, 0, 0), (0, 1, 0, 0, 0)]
