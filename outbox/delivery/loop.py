@@ -221,8 +221,9 @@ def lend_reserve(concurrency: int) -> int:
 
 def merge_claims(claims: Sequence[Claim]) -> Claim:
     """The claims of one round trip (one per partition asked) as one :class:`Claim`:
-    messages in the order claimed, ``held`` summed, ``capped`` joined, the earliest due
-    times, the first claim's destination events."""
+    messages in due order (as one partition's claim gives them: by next attempt time,
+    then id), ``held`` summed, ``capped`` joined, the earliest due times, the first
+    claim's destination events."""
     if len(claims) == 1:
         return claims[0]
     capped: list[str] = []
@@ -231,7 +232,7 @@ def merge_claims(claims: Sequence[Claim]) -> Claim:
     due = [c.next_due for c in claims if c.next_due is not None]
     suspects = [c.next_suspect for c in claims if c.next_suspect is not None]
     return Claim(
-        [m for c in claims for m in c.messages],
+        sorted((m for c in claims for m in c.messages), key=lambda m: (m.next_attempt_at or 0.0, m.id)),
         min(due) if due else None,
         sum(c.held for c in claims),
         events=claims[0].events,

@@ -80,6 +80,20 @@ class RepositoryBase:
             groups.setdefault(partition_of(message_id), []).append(i)
         return list(groups.values())
 
+    def holding(self, destinations: Sequence[str]) -> set[str]:
+        """Those of ``destinations`` that hold their messages now (paused, disabled, circuit
+        breaker not closed): one round trip (each state hash in its home slot)."""
+        if not destinations:
+            return set()
+        pipe = self.connection.pipeline(transaction=False)
+        for d in destinations:
+            pipe.hmget(self.keys.dest(d), "admin", "breaker")
+        return {
+            d
+            for d, (admin, breaker) in zip(destinations, pipe.execute(), strict=True)
+            if admin in (b"paused", b"disabled") or breaker in (b"open", b"half_open")
+        }
+
     def register_destinations(self, names: set[str]) -> None:
         """Add ``names`` to the destinations set (``SADD``), each once per process: with more
         than one partition the create script does not (the set is a key across the

@@ -68,8 +68,39 @@ class DestinationState(RepositoryBase):
         returns the destination events (JSON strings)."""
         if not outcomes:
             return []
-        reply = self.run_script("health", self.health_args(outcomes, config, now), keys=[self.keys.probes])
-        return [e.decode() for e in reply]
+        if not self.keys.partitioned:
+            reply = self.run_script(
+                "health", self.health_args(outcomes, config, now), keys=[self.keys.probes]
+            )
+            return [e.decode() for e in reply]
+        events, _ = self.record_outcomes_by_destination(outcomes, config, now)
+        return events
+
+    def record_outcomes_by_destination(
+        self, outcomes: Sequence[Sequence[Any]], config: str, now: float
+    ) -> tuple[list[str], set[str]]:
+        """With more than one partition: ``lua/health.lua`` once per destination (its home
+        slot), in one round trip; the probe times it returns written to
+        ``outbox:{g}:probes``. Returns (the destination events, the destinations that hold
+        their messages now)."""
+        by_dest: dict[str, list[Sequence[Any]]] = {}
+        for row in outcomes:
+            by_dest.setdefault(str(row[0]), []).append(row)
+        calls: list[ScriptCall] = [
+            ("health", self.health_args(rows, config, now), [self.keys.dest(d)])
+            for d, rows in by_dest.items()
+        ]
+        events: list[str] = []
+        holding: set[str] = set()
+        probes: dict[str, float] = {}
+        for raw_events, probe_times, held in self.run_scripts(calls) if calls else []:
+            events += [e.decode() for e in raw_events]
+            holding.update(d.decode() for d in held)
+            for i in range(0, len(probe_times), 2):
+                probes[probe_times[i].decode()] = float(probe_times[i + 1])
+        if probes:  # when the wake check must look at each destination (a key across them)
+            self.connection.zadd(self.keys.probes, probes)
+        return events, holding
 
     def unpark(self, destination: str, now: float, batch: int = 1000) -> tuple[int, list[str], int]:
         """Put parked messages of ``destination`` back in their due index as far as its
@@ -107,6 +138,13 @@ class DestinationState(RepositoryBase):
         state = cast(list[bytes | None], self.connection.hmget(self.keys.dest(destination), fields))
         args = named(**base, **{f: (v.decode() if v else "") for f, v in zip(fields, state, strict=True)})
         parked = [self.keys.partition(k).parked(destination) for k in self.keys.partition_numbers()]
+        # the partition whose parked message is due first goes first (the probe is the
+        # oldest message parked, as with one partition); empty ones last
+        pipe = self.connection.pipeline(transaction=False)
+        for key in parked:
+            pipe.zrange(key, 0, 0, withscores=True)
+        firsts = [rows[0][1] if rows else float("inf") for rows in pipe.execute()]
+        parked = [key for _, key in sorted(zip(firsts, parked, strict=True), key=lambda pair: pair[0])]
         calls: list[ScriptCall] = [("unpark", args, [key]) for key in parked]
         one_at_a_time = (state[1] or b"closed") != b"closed"
         replies: list[Any] = []

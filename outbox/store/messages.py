@@ -241,6 +241,15 @@ class BulkResult:
     woken: list[str]
 
 
+def with_holding(args: list[Any], holding: set[str]) -> list[Any]:
+    """``transition.lua``'s ARGV with ``holding`` (the destinations that hold their
+    messages, a JSON list) added to its named inputs: with more than one partition the
+    script cannot read the destinations' state hashes (other slots)."""
+    count = int(args[0])
+    extra = ["holding", json.dumps(sorted(holding))]
+    return [count + 1, *args[1 : 1 + 2 * count], *extra, *args[1 + 2 * count :]]
+
+
 class MessageStore(RepositoryBase):
     """The messages part of :class:`~outbox.store.repository.MessageRepository`."""
 
@@ -550,13 +559,21 @@ class MessageStore(RepositoryBase):
                     "transition", self.transition_args(changes, now), keys=self.transition_keys(changes)
                 ),
             )
-        # one call per partition (no destination is known to hold its messages here: a
-        # change whose park alternative depends on it is written by outcomes_and_claim)
+        # one call per partition, told which destinations hold their messages (read from
+        # their home slots) when a change has a park alternative
+        holding: set[str] = set()
+        with_park = [c.id for c in changes if c.park]
+        if with_park:
+            pipe = self.connection.pipeline(transaction=False)
+            for message_id in with_park:
+                pipe.hget(self.keys.resend(message_id), "destination")
+            holding = self.holding(sorted({d.decode() for d in pipe.execute() if d}))
         groups = self.by_partition([c.id for c in changes])
         calls: list[ScriptCall] = []
         for positions in groups:
             chunk = [changes[i] for i in positions]
-            calls.append(("transition", self.transition_args(chunk, now), self.transition_keys(chunk)))
+            args = with_holding(self.transition_args(chunk, now), holding)
+            calls.append(("transition", args, self.transition_keys(chunk)))
         results: list[ChangeResult] = [ChangeResult(c.id, False, "") for c in changes]
         for positions, reply in zip(groups, self.run_scripts(calls), strict=True):
             for i, r in zip(

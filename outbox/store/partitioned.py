@@ -32,16 +32,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, cast
 
-from outbox.store.base import ScriptCall
-from outbox.store.destination_state import health_args
-from outbox.store.messages import Change, ChangeResult, Claim, MessageStore
+from outbox.store.destination_state import DestinationState
+from outbox.store.messages import Change, ChangeResult, Claim, MessageStore, with_holding
 from outbox.store.scripts import named
 
 #: What the pick reports per entry: id, score, status, destination, suspect ("1" or "").
 PICK_WIDTH = 5
 
 
-class PartitionedMessageStore(MessageStore):
+class PartitionedMessageStore(MessageStore, DestinationState):
     """:class:`MessageStore` with the partitioned delivery round trip (see the module)."""
 
     def claim(self, queue: str, now: float, partition: int = 0, **options: Any) -> Claim:
@@ -84,26 +83,9 @@ class PartitionedMessageStore(MessageStore):
 
         # 1. health per destination (it says which destinations hold their messages: a
         # change without an outcome, of another destination, is written as not held)
-        by_dest: dict[str, list[Sequence[Any]]] = defaultdict(list)
-        for row in outcomes:
-            by_dest[str(row[0])].append(row)
-        calls: list[ScriptCall] = [
-            (
-                "health",
-                health_args(self.keys, self.events_channel, rows, health_config, now),
-                [self.keys.dest(d)],
-            )
-            for d, rows in by_dest.items()
-        ]
-        events: list[str] = []
-        holding: set[str] = set()
-        probes: dict[str, float] = {}
-        for reply in self.run_scripts(calls) if calls else []:
-            raw_events, probe_times, held = reply
-            events += [e.decode() for e in raw_events]
-            holding.update(d.decode() for d in held)
-            for i in range(0, len(probe_times), 2):
-                probes[probe_times[i].decode()] = float(probe_times[i + 1])
+        events, holding = (
+            self.record_outcomes_by_destination(outcomes, health_config, now) if outcomes else ([], set())
+        )
 
         # 2. transitions per partition, then (after them on each node: a retry due at once
         # is seen) the picks; the probe times
@@ -111,7 +93,7 @@ class PartitionedMessageStore(MessageStore):
         groups = self.by_partition([c.id for c in changes]) if changes else []
         for positions in groups:
             chunk = [changes[i] for i in positions]
-            args = self._with_holding(self.transition_args(chunk, now), holding)
+            args = with_holding(self.transition_args(chunk, now), holding)
             calls.append(("transition", args, self.transition_keys(chunk)))
         asked = [(p, limit) for p, limit, _ in asks if limit > 0]
         for partition, limit in asked:
@@ -126,8 +108,6 @@ class PartitionedMessageStore(MessageStore):
             )
             calls.append(("pick", pick_args, [part.due(queue), part.quarantine(queue)]))
         replies = self.run_scripts(calls) if calls else []
-        if probes:  # when the wake check must look at each destination (a key across them)
-            self.connection.zadd(self.keys.probes, probes)
         results: list[ChangeResult] = [ChangeResult(c.id, False, "") for c in changes]
         for positions, reply in zip(groups, replies[: len(groups)], strict=True):
             for i, r in zip(
@@ -247,13 +227,6 @@ class PartitionedMessageStore(MessageStore):
         if claims:
             claims[0].events = events
         return results, claims
-
-    @staticmethod
-    def _with_holding(args: list[Any], holding: set[str]) -> list[Any]:
-        """``transition.lua``'s ARGV with ``holding`` added to its named inputs."""
-        count = int(args[0])
-        extra = ["holding", json.dumps(sorted(holding))]
-        return [count + 1, *args[1 : 1 + 2 * count], *extra, *args[1 + 2 * count :]]
 
     def _first_scores(
         self, queue: str, partitions: Sequence[int]
