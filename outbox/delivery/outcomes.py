@@ -244,6 +244,7 @@ def health_outcome(outcome: Outcome) -> list[Any]:
         outcome.retry_after or 0,
         outcome.message.id,
         outcome.started_at,
+        outcome.message.lease or "",
     ]
 
 

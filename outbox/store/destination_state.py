@@ -14,7 +14,18 @@ from outbox.store.keys import Keys
 from outbox.store.scripts import field_names, named
 
 #: The fields of each attempt outcome given to :meth:`MessageRepository.health_args`, in order.
-OUTCOME_FIELDS = ("destination", "kind", "ms", "code", "class", "error", "retry_after", "id", "started_at")
+OUTCOME_FIELDS = (
+    "destination",
+    "kind",
+    "ms",
+    "code",
+    "class",
+    "error",
+    "retry_after",
+    "id",
+    "started_at",
+    "lease",
+)
 #: The fields of each destination's breaker settings in the health config JSON, in order
 #: (:func:`outbox.destinations.config.breaker_config_json`).
 BREAKER_FIELDS = (

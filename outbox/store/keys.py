@@ -264,7 +264,7 @@ class Keys:
 
     def inflight(self, destination: str) -> str:
         """With more than one partition, ``destination``'s attempts in flight (a sorted set:
-        message id -> lease deadline) that its gate granted (``lua/gate.lua``): its
+        "<lease>|<message id>" -> lease deadline) that its gate granted (``lua/gate.lua``): its
         ``MAX_CONCURRENCY`` counts them, as the sending index (one per partition) cannot
         be counted from the home slot."""
         return f"{self.home(destination)}:inflight:{destination}"

@@ -760,7 +760,7 @@ class MessageStore(RepositoryBase):
         if inflight:  # their gates' grants end (lua/gate.lua)
             pipe = self.connection.pipeline(transaction=False)
             for name, released_ids in inflight.items():
-                pipe.zrem(self.keys.inflight(name), *released_ids)
+                pipe.zrem(self.keys.inflight(name), *(f"{lease}|{i}" for i in released_ids))
             pipe.execute()
         return BulkResult(out, self.raise_wake_flags(made_due, now))
 

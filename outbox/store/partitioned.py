@@ -149,6 +149,7 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 parts=self.keys.partitions,
                 destination=d,
                 now=repr(now),
+                lease=lease,
                 deadline=repr(deadline),
                 limits=json.dumps({d: limits[d]} if d in limits else {}),
                 cap="" if cap is None else cap,
@@ -219,8 +220,8 @@ class PartitionedMessageStore(MessageStore, DestinationState):
         taken_probes = {mid for c in claims for m in c.messages if (mid := m.id) in probed}
         if unused or taken_probes:
             pipe = self.connection.pipeline(transaction=False)
-            for d, ids in unused.items():
-                pipe.zrem(self.keys.inflight(d), *ids)
+            for d, ids in unused.items():  # this claim's own grants (lease|id: lua/gate.lua)
+                pipe.zrem(self.keys.inflight(d), *(f"{lease}|{i}" for i in ids))
             for mid in taken_probes:
                 pipe.zadd(self.keys.probes, {destination_of[mid]: deadline})
             pipe.execute()

@@ -2,7 +2,9 @@
 -- slot: its gate (lib/gate.lua) answers, for each due message of it that a pick found
 -- (pick.lua), what the claim may do, and grants the attempts it lets go: each taken
 -- message (and probe) is added to the destination's in-flight set (outbox:inflight:<d>,
--- id -> lease deadline), which its MAX_CONCURRENCY counts, after dropping the entries
+-- "<lease>|<id>" -> lease deadline: two workers may both be granted one message, and the
+-- one whose claim loses gives its own grant back, not the winner's), which its
+-- MAX_CONCURRENCY counts, after dropping the entries
 -- whose lease ended (a worker that died frees its grant when its lease would have).
 -- An entry leaves the set when its attempt's outcome is recorded (health.lua), or when
 -- the claim could not use it (the message moved on: claim_apply.lua reports it, the
@@ -12,8 +14,8 @@
 -- met, never exceeded).
 --
 -- KEYS[1] the destination's state hash  KEYS[2] its GCRA TAT  KEYS[3] its in-flight set
--- ARGV: named (lib/args.lua): prefix, parts, destination, now (epoch s), deadline (the
---   lease deadline), limits (JSON: as claim.lua's, for this destination), cap (most it
+-- ARGV: named (lib/args.lua): prefix, parts, destination, now (epoch s), lease (the
+--   claim's lease token), deadline (the lease deadline), limits (JSON: as claim.lua's, for this destination), cap (most it
 --   may take, "" = no cap); then per candidate: id, score
 -- Returns, per candidate, flat: action ("take", "probe", "park", "later", "hold",
 --   "cap"), at ("" unless later).
@@ -36,7 +38,7 @@ for i = pos, #ARGV, 2 do
   local id, score = ARGV[i], ARGV[i + 1]
   local action, at = gate_decide(dest, score)
   if action == 'take' or action == 'probe' then
-    redis.call('ZADD', inflight, opts.deadline, id)
+    redis.call('ZADD', inflight, opts.deadline, opts.lease .. '|' .. id)
     if action == 'probe' then gate_probe(dest, id) end
   end
   out[#out + 1] = action

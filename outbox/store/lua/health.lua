@@ -18,7 +18,8 @@
 --     class), error (text), retry_after (seconds, 0 = none), id (message id),
 --     started_at (when the attempt started, epoch seconds; its failure starts a run of
 --     failures then, before its message's dead-letter time, so "recover since" finds
---     it; may be absent)
+--     it; may be absent), lease (the claim's lease token: with more than one partition
+--     the grant lease|id ends; may be absent)
 -- With more than one partition, returns {events, probe times (flat: destination, epoch s),
 --   destinations holding their messages}; else the events. The events of the state
 --   changes made (JSON strings), each also PUBLISHed:
@@ -128,8 +129,10 @@ for _, values in ipairs(outcomes) do
   local dest, kind, ms, code, cls, err = o.destination, o.kind, tonumber(o.ms), tonumber(o.code), o.class, o.error
   local ra, id = tonumber(o.retry_after), o.id
   local st = state(dest)
-  if K.parts > 1 and id and id ~= '' then
-    redis.call('ZREM', K.inflight(prefix, dest), id)  -- its gate's grant ends (gate.lua)
+  if K.parts > 1 and id and id ~= '' and o.lease and o.lease ~= '' then
+    -- its gate's grant ends (gate.lua: the member is lease|id, so that another claim's
+    -- grant of the same message, given back, cannot end this one)
+    redis.call('ZREM', K.inflight(prefix, dest), o.lease .. '|' .. id)
   end
   local cfg = configs[dest]
   local agg = st.agg
