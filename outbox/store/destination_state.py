@@ -149,25 +149,25 @@ class DestinationState(RepositoryBase):
         state = cast(list[bytes | None], self.connection.hmget(self.keys.dest(destination), fields))
         args = named(**base, **{f: (v.decode() if v else "") for f, v in zip(fields, state, strict=True)})
         parked = [self.keys.partition(k).parked(destination) for k in self.keys.partition_numbers()]
-        # the partition whose parked message is due first goes first (the probe is the
-        # oldest message parked, as with one partition); empty ones last
-        pipe = self.connection.pipeline(transaction=False)
-        for key in parked:
-            pipe.zrange(key, 0, 0, withscores=True)
-        firsts = [rows[0][1] if rows else float("inf") for rows in pipe.execute()]
-        parked = [key for _, key in sorted(zip(firsts, parked, strict=True), key=lambda pair: pair[0])]
-        calls: list[ScriptCall] = [("unpark", args, [key]) for key in parked]
-        one_at_a_time = (state[1] or b"closed") != b"closed"
         replies: list[Any] = []
-        if one_at_a_time:
-            for call in calls:
-                replies.append(self.run_scripts([call])[0])
+        if (state[1] or b"closed") != b"closed":  # a probe may go: one message, the oldest parked
+            # the partition whose parked message is due first goes first; empty ones last
+            pipe = self.connection.pipeline(transaction=False)
+            for key in parked:
+                pipe.zrange(key, 0, 0, withscores=True)
+            firsts = [rows[0][1] if rows else float("inf") for rows in pipe.execute()]
+            parked = [key for _, key in sorted(zip(firsts, parked, strict=True), key=lambda pair: pair[0])]
+            for key in parked:
+                replies.append(self.run_scripts([("unpark", args, [key])])[0])
                 if int(replies[-1][0]):
                     break
-            # the partitions not looked at keep what they hold
-            replies += [[0, [], self.connection.zcard(key), False] for key in parked[len(replies) :]]
+            # the partitions not looked at keep what they hold (one round trip for them all)
+            pipe = self.connection.pipeline(transaction=False)
+            for key in parked[len(replies) :]:
+                pipe.zcard(key)
+            replies += [[0, [], n, False] for n in pipe.execute()]
         else:
-            replies = self.run_scripts(calls)
+            replies = self.run_scripts([("unpark", args, [key]) for key in parked])
         moved = sum(int(r[0]) for r in replies)
         left = sum(int(r[2]) for r in replies)
         woken: list[str] = []

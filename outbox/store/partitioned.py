@@ -63,7 +63,7 @@ class PartitionedMessageStore(MessageStore, DestinationState):
         **claim_options: Any,
     ) -> tuple[list[ChangeResult], list[Claim]]:
         """See :meth:`MessageStore.outcomes_and_claim`; with more than one partition, the
-        three round trips of the module's docstring."""
+        four steps of the module's docstring."""
         if not self.keys.partitioned:
             return super().outcomes_and_claim(
                 changes,
