@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -91,7 +92,10 @@ def send(
         InvalidMessage: bad input (``UnknownDestination``, ``MessageTooLarge``,
             ``IdempotencyConflict``, ...); nothing is written.
         OutboxUnavailable: outside a transaction, Redis could not be reached (within
-            the socket timeouts of the cache alias); nothing is stored.
+            the socket timeouts of the cache alias); nothing is stored. On a cluster, a
+            message without an idempotency key whose partition's primary is down (or
+            whose slot is stuck half moved) is stored in a partition of another primary
+            instead (its id names that partition); one with a key has one partition.
         NotDurable: outside a transaction, with ``OUTBOX["DURABILITY"]`` set: the
             message is stored on the Redis primary (and will be delivered) but fewer
             replicas or AOF fsyncs than asked acknowledged it within the setting's
@@ -119,13 +123,22 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
     All items are validated before anything is written; one invalid item writes none.
     Records go out in one script call (atomic), and at most one wake-up job per queue.
 
+    With ``OUTBOX["PARTITIONS"]`` > 1 (a cluster), the call is atomic per partition
+    only: the items without an idempotency key go to one partition together (all or
+    nothing), an item with a key to its key's partition. When one partition refuses
+    (an ``IdempotencyConflict``; on a cluster, its primary down), the others' messages
+    are written: ``exc.stored`` lists them.
+
     Returns:
         The messages, in order (see :func:`send` for idempotency keys).
 
     Raises:
         InvalidMessage: an item is invalid; ``str(exc)`` names its index.
+        IdempotencyConflict: an item's key names a message with another body (its index
+            named; ``exc.stored``: the messages written, with partitions).
         OutboxUnavailable, NotDurable: as for :func:`send` (``exc.messages``: the list
-            this call would have returned).
+            this call would have returned; ``exc.stored`` / ``exc.unstored`` of an
+            ``OutboxUnavailable``: what was and was not stored, with partitions).
     """
     now = time.time()
     built = []
@@ -177,10 +190,25 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
             f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
             "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
         ) from exc
+    # a message moved to another partition (a cluster's primary down) has a new id
+    messages = [m if c.id == m.id else replace(m, id=c.id) for m, c in zip(messages, created, strict=True)]
+    stored = [m for m, c in zip(messages, created, strict=True) if c.code == "new"]
+    unstored = [m for m, c in zip(messages, created, strict=True) if c.code == "unstored"]
     single = len(messages) == 1
     for index, (message, c) in enumerate(zip(messages, created, strict=True)):
         if c.code == "conflict":
-            raise intake.conflict(message, c.standing_id, None if single else index)
+            exc = intake.conflict(message, c.standing_id, None if single else index)
+            exc.stored = stored
+            raise exc
+    if unstored:
+        raise OutboxUnavailable(
+            f"{len(stored)} of {len(messages)} message(s) stored: the partition(s) of {len(unstored)} "
+            f"({', '.join(m.id for m in unstored[:3])}{', ...' if len(unstored) > 3 else ''}) could not be "
+            "written now (a Redis Cluster primary is down or a slot is moving); those were not stored. "
+            "exc.stored and exc.unstored list them.",
+            stored=stored,
+            unstored=unstored,
+        )
     standing = [
         c.standing_id if c.code == "duplicate" else m.id for m, c in zip(messages, created, strict=True)
     ]

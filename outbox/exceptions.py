@@ -121,19 +121,43 @@ class IdempotencyConflict(InvalidMessage):
     As Stripe does with a reused key and different parameters: the first message stands
     and nothing is written for this one.
 
+    With more than one partition, ``send_many()`` is atomic per partition only: the
+    messages of the other partitions are written (:attr:`stored`).
+
     Attributes:
         existing_id: the id of the message already sent under the key.
+        stored: the messages of the same ``send_many()`` call that were written (those of
+            other partitions; empty with one partition).
     """
 
-    def __init__(self, message: str, *, existing_id: str) -> None:
+    def __init__(self, message: str, *, existing_id: str, stored: list[Any] | None = None) -> None:
         super().__init__(message, field="idempotency_key")
         self.existing_id = existing_id
+        self.stored = stored or []
 
 
 class OutboxUnavailable(OutboxError):
     """Redis could not be reached to store a message (outside a transaction); nothing
     was stored. Inside ``transaction.atomic`` this is not raised: the message is
-    captured in the database and reaches Redis later (see :mod:`outbox.sending.capture`)."""
+    captured in the database and reaches Redis later (see :mod:`outbox.sending.capture`).
+
+    On a cluster, ``send_many()`` may store the messages of some partitions and not of
+    others (one primary down): then :attr:`stored` lists the messages that were stored
+    (they will be delivered; sending them again without an idempotency key makes a
+    second copy) and :attr:`unstored` those that were not. Both are empty lists when
+    nothing was stored.
+
+    Attributes:
+        stored: the messages stored (with the ids they were stored under).
+        unstored: the messages not stored.
+    """
+
+    def __init__(
+        self, message: str, *, stored: list[Any] | None = None, unstored: list[Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.stored = stored or []
+        self.unstored = unstored or []
 
 
 class NotDurable(OutboxError):

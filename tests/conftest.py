@@ -23,9 +23,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def redis(settings):
-    """The private test Redis, emptied before each test; outbox caches reset."""
+    """The outbox's connection, emptied before each test; outbox caches reset: the private
+    test Redis, or with OUTBOX_TEST_CLUSTER the private cluster (a ``RedisCluster``), the
+    plain Redis beside it (RQ's) emptied too."""
     from outbox.testing.state import empty_outbox
 
+    if settings.CLUSTER_NODES:
+        from redis import Redis
+
+        with Redis.from_url(settings.REDIS_URL) as plain:
+            plain.flushdb()
     with empty_outbox() as conn:
         yield conn
 

@@ -18,6 +18,20 @@ if not os.environ.get("OUTBOX_TEST_REDIS_URL"):
 
 REDIS_URL = os.environ["OUTBOX_TEST_REDIS_URL"]
 
+# OUTBOX_TEST_CLUSTER=1 runs the suite with the outbox's data on a private 3-primary
+# cluster (OUTBOX["CLUSTER"], 16 partitions) and RQ on the private plain Redis beside it,
+# as a cluster deployment runs (scripts/test-cluster). Worker subprocesses inherit the
+# cluster's node URLs through OUTBOX_TEST_CLUSTER_NODES.
+CLUSTER_NODES: list[str] = []
+if os.environ.get("OUTBOX_TEST_CLUSTER"):
+    if not os.environ.get("OUTBOX_TEST_CLUSTER_NODES"):
+        from outbox.testing import ClusterServer
+
+        _cluster = ClusterServer(primaries=3).start()
+        atexit.register(_cluster.stop)
+        os.environ["OUTBOX_TEST_CLUSTER_NODES"] = ",".join(_cluster.urls)
+    CLUSTER_NODES = os.environ["OUTBOX_TEST_CLUSTER_NODES"].split(",")
+
 SECRET_KEY = "tests-only"
 DEBUG = False
 USE_TZ = True
@@ -133,11 +147,13 @@ OUTBOX = {
     "VISIBILITY_TIMEOUT": int(os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT", "30")),
     "LATE_AFTER": 1,
     # OUTBOX_TEST_PARTITIONS=16 runs the suite with partitioned keys (scripts/test-partitions).
-    "PARTITIONS": int(os.environ.get("OUTBOX_TEST_PARTITIONS", "1")),
+    "PARTITIONS": int(os.environ.get("OUTBOX_TEST_PARTITIONS", "16" if CLUSTER_NODES else "1")),
     # Most tests script failures and count retries: the circuit breaker would park their
     # messages. tests/destinations/test_health.py turns it on per destination.
     "BREAKER": False,
 }
+if CLUSTER_NODES:
+    OUTBOX["CLUSTER"] = {"NODES": CLUSTER_NODES}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -147,4 +163,4 @@ LOGGING = {
 # With OUTBOX_TEST_PARTITIONS > 1 the suite runs partitions before they are complete:
 # the processes it starts (outbox_worker, manage.py) run the system checks, where
 # outbox.E010 refuses PARTITIONS > 1 until then (issue 22). Tests call the check itself.
-SILENCED_SYSTEM_CHECKS = ["outbox.E010"] if OUTBOX["PARTITIONS"] > 1 else []
+SILENCED_SYSTEM_CHECKS = ["outbox.E010"] if OUTBOX["PARTITIONS"] > 1 or CLUSTER_NODES else []

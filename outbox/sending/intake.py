@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
 
 from django.utils.module_loading import import_string
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import IdempotencyConflict
-from outbox.records import Message
-from outbox.store import Created, durability, wakeups
-from outbox.store.connection import get_repository
+from outbox.records import Message, new_message_id, partition_of
+from outbox.store import Created, CreateResult, MessageRepository, durability, wakeups
+from outbox.store.connection import get_repository, is_cluster
+from outbox.store.outages import PARTITION_UNAVAILABLE
 
 
 def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool = True) -> list[Created]:
@@ -46,24 +49,80 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
             this function would have returned.
         django.core.exceptions.ImproperlyConfigured: ``OUTBOX["DURABILITY"]`` is invalid
             (nothing was written).
+
+    With more than one partition (on a cluster), a message's partition may be unable to
+    take a write now while others can: its :class:`~outbox.store.Created` code is then
+    ``"unstored"`` (the others are written). A fresh message without a key
+    (``repeat=False``, no idempotency key) goes to another partition instead, on another
+    primary, up to :data:`REPICKS` times: its id changes (``Created.id`` is the new one).
     """
     if not messages:
         return []
     wait = durability.configured()
     repository = get_repository()
-    result = repository.create(
-        messages,
-        time.time() if now is None else now,
-        due_slack=wakeups.DUE_SLACK,
-        repeat=repeat,
-        durability=wait,
-    )
+    result = _create(repository, messages, time.time() if now is None else now, repeat, wait)
     if outbox_settings.EAGER:
         deliver_now({m.queue for m in messages})
     else:
         wakeups.enqueue_wakeups(result.woken)
     durability.confirm(repository, wait, result.created, result.acknowledged)
     return result.created
+
+
+#: How many other partitions a fresh message without a key tries, on a cluster, when its
+#: partition cannot be written (see :func:`store`).
+REPICKS = 2
+
+
+def _create(
+    repository: MessageRepository,
+    messages: Sequence[Message],
+    now: float,
+    repeat: bool,
+    wait: durability.Durability,
+) -> CreateResult:
+    """``repository.create`` (see :func:`store`), and on a cluster the fresh messages
+    without a key that their partition could not take written to other partitions.
+
+    Raises:
+        redis.exceptions.RedisError: as ``create``, when nothing could be written.
+    """
+    kwargs: dict[str, Any] = {"due_slack": wakeups.DUE_SLACK, "repeat": repeat, "durability": wait}
+    movable = not repeat and is_cluster(repository.connection)
+    try:
+        result = repository.create(messages, now, **kwargs)
+    except PARTITION_UNAVAILABLE as exc:
+        if not movable or all(m.idempotency_key for m in messages):
+            raise
+        unstored = [Created(m.id, m.id, "unstored") for m in messages]
+        result = CreateResult(unstored, [], errors={partition_of(m.id): exc for m in messages})
+    for _ in range(REPICKS if movable else 0):
+        stuck = [
+            i
+            for i, c in enumerate(result.created)
+            if c.code == "unstored" and not messages[i].idempotency_key
+        ]
+        elsewhere = repository.partition_elsewhere(set(result.errors)) if stuck else None
+        if elsewhere is None:
+            break
+        moved = [replace(messages[i], id=new_message_id(now, elsewhere)) for i in stuck]
+        try:
+            again = repository.create(moved, now, **kwargs)
+        except PARTITION_UNAVAILABLE as exc:
+            result.errors[elsewhere] = exc
+            continue
+        for i, c in zip(stuck, again.created, strict=True):
+            result.created[i] = c
+        result.woken += [q for q in again.woken if q not in result.woken]
+        result.errors.update(again.errors)
+        if again.acknowledged is not None:
+            earlier = result.acknowledged
+            result.acknowledged = (
+                again.acknowledged if earlier is None else durability.weakest([earlier, again.acknowledged])
+            )
+    if all(c.code == "unstored" for c in result.created):
+        raise next(iter(result.errors.values()))  # nothing was written
+    return result
 
 
 #: What ``OUTBOX["EAGER"]`` runs in this process instead of waking a worker, by dotted

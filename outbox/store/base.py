@@ -6,17 +6,30 @@ repository (messages, indexes, destination state, alerts, maintenance) extends i
 
 from __future__ import annotations
 
+import logging
+import random
 from collections.abc import Sequence
 from typing import Any
 
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.crc import key_slot
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 
 from outbox.records import partition_of
 from outbox.store.keys import Keys
+from outbox.store.outages import PARTITION_UNAVAILABLE
 from outbox.store.scripts import names, sha, source
 from outbox.store.thread_client import ThreadClients
+
+logger = logging.getLogger("outbox")
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
 # redis-py's own types also allow str (``decode_responses=True``) and give one type to
@@ -103,17 +116,50 @@ class RepositoryBase:
             self.connection.sadd(self.keys.destinations, *sorted(new))
             self.registered |= new
 
+    def partition_elsewhere(self, avoid: set[int]) -> int | None:
+        """A partition, at random, other than those of ``avoid`` and, on a cluster, served
+        by a primary that serves none of them (as this process's slot map says): where a
+        fresh message without a key goes when its partition could not be written (an
+        outage of its primary, a slot stuck half moved). None when there is none (one
+        primary serves them all, or every partition is in ``avoid``)."""
+        numbers = [k for k in self.keys.partition_numbers() if k not in avoid]
+        if isinstance(self.connection, RedisCluster):
+            nodes = self.connection.nodes_manager
+
+            def node(k: int) -> str:
+                return str(nodes.get_node_from_slot(key_slot(self.keys.tag_prefix(k).encode())).name)
+
+            down = {node(k) for k in avoid}
+            numbers = [k for k in numbers if node(k) not in down]
+        return random.choice(numbers) if numbers else None
+
     def raise_wake_flags(self, queues: Sequence[str], now: float) -> list[str]:
         """Set the wake-up flag of each of ``queues`` that has none (``SET NX PX``): the
         queues whose flag this set (the caller enqueues one wake-up job for each). With
         one partition the scripts set the flags themselves and ``queues`` are those
-        already: returned as they are."""
+        already: returned as they are.
+
+        The messages are written by then: when the flags' node cannot be reached (an
+        outage, :data:`.outages.PARTITION_UNAVAILABLE`), no queue is woken and a warning
+        is logged; the workers' wake-up check (``wake_due``, every housekeeping pass)
+        finds the due messages instead."""
         if not queues or not self.keys.partitioned:
             return list(queues)
         pipe = self.connection.pipeline(transaction=False)
         for queue in queues:
             pipe.set(self.keys.wake(queue), repr(now), nx=True, px=self.wake_ttl_ms)
-        return [q for q, was_set in zip(queues, pipe.execute(), strict=True) if was_set]
+        try:
+            replies = pipe.execute()
+        except PARTITION_UNAVAILABLE as exc:
+            logger.warning(
+                "outbox: messages written, but the wake-up flags of %s could not be set (%s: %s); "
+                "the workers' wake-up check will find them",
+                ", ".join(queues),
+                type(exc).__name__,
+                exc,
+            )
+            return []
+        return [q for q, was_set in zip(queues, replies, strict=True) if was_set]
 
     def load_scripts(self) -> None:
         """Load every Lua script into Redis's script cache (one round trip, ``SCRIPT LOAD``;
@@ -134,7 +180,9 @@ class RepositoryBase:
             pipe.execute()
         self.scripts_loaded = True
 
-    def run_scripts(self, calls: Sequence[ScriptCall], client: Redis | None = None) -> list[Any]:
+    def run_scripts(
+        self, calls: Sequence[ScriptCall], client: Redis | None = None, *, errors: bool = False
+    ) -> list[Any]:
         """Run Lua scripts in one round trip (a pipeline without MULTI), in order.
 
         Each script is atomic by itself; the calls are not atomic together. Every script
@@ -151,6 +199,10 @@ class RepositoryBase:
         Args:
             calls: (script name in ``lua/``, ARGV) or (name, ARGV, KEYS) per call.
             client: the redis-py client to run them on (default: the repository's pooled one).
+            errors: return the exception a call met as its reply instead of raising it
+                (the other calls' replies stand). On a cluster the calls then go in one
+                pipeline per primary (:meth:`_run_by_node`), so that a primary that
+                cannot be reached fails its own calls only.
 
         Returns:
             The raw reply of each call, in order.
@@ -164,6 +216,9 @@ class RepositoryBase:
         if not self.scripts_loaded:
             self.load_scripts()
         parts = [script_call(call) for call in calls]
+        client = client or self.connection
+        if errors and isinstance(client, RedisCluster):
+            return self._run_by_node(client, parts)
         replies = self._run_pipelined(parts, range(len(parts)), client)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
@@ -171,7 +226,7 @@ class RepositoryBase:
             for i, reply in zip(missing, self._run_pipelined(parts, missing, client), strict=True):
                 replies[i] = reply
         for reply in replies:
-            if isinstance(reply, Exception):
+            if isinstance(reply, Exception) and not errors:
                 raise reply
         return replies
 
@@ -190,12 +245,49 @@ class RepositoryBase:
             for i in which:
                 name, args, keys = parts[i]
                 _need_keys(name, keys)
-                pipe.execute_command("EVALSHA", sha(name), len(keys), *keys, *args)
+                # The node named here: without it, redis-py 8.1's cluster pipeline asks a
+                # node COMMAND GETKEYS for every EVALSHA (a round trip each), as it
+                # routes no movable-keys command of a pipeline by itself. A call met by
+                # MOVED or ASK is sent again by redis-py, routed by its key.
+                node = client.nodes_manager.get_node_from_slot(key_slot(keys[0].encode()))
+                pipe.execute_command("EVALSHA", sha(name), len(keys), *keys, *args, target_nodes=node)
         else:
             for i in which:
                 name, args, keys = parts[i]
                 pipe.evalsha(sha(name), len(keys), *keys, *args)
         replies: list[Any] = pipe.execute(raise_on_error=False)
+        return replies
+
+    def _run_by_node(
+        self, cluster: RedisCluster, parts: Sequence[tuple[str, Sequence[Any], Sequence[str]]]
+    ) -> list[Any]:
+        """:meth:`run_scripts` with ``errors`` on a cluster: the calls of each primary (by
+        the slot of their first key) in one pipeline on that node's own client, in
+        order, and each call's reply or error. (redis-py's cluster pipeline raises a
+        node's connection error for the whole pipeline, though other nodes ran theirs.) A
+        call answered ``MOVED``/``ASK``/``TRYAGAIN`` or ``NOSCRIPT`` did not run: it is
+        sent again alone through the cluster client, which follows the redirection
+        (after loading the scripts, for ``NOSCRIPT``)."""
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, (name, _args, keys) in enumerate(parts):
+            _need_keys(name, keys)
+            node = cluster.nodes_manager.get_node_from_slot(key_slot(keys[0].encode()))
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(parts)
+        for node, positions in groups.values():
+            try:
+                got = self._run_pipelined(parts, positions, cluster.get_redis_connection(node))
+            except PARTITION_UNAVAILABLE as exc:
+                got = [exc] * len(positions)
+            for i, reply in zip(positions, got, strict=True):
+                replies[i] = reply
+        for i, reply in enumerate(replies):
+            if isinstance(reply, (MovedError, AskError, TryAgainError, NoScriptError)):
+                name, args, keys = parts[i]
+                try:
+                    replies[i] = self.run_script(name, args, cluster, keys=keys)
+                except (RedisError, RedisClusterException) as exc:
+                    replies[i] = exc
         return replies
 
     def run_script(

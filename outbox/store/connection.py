@@ -23,28 +23,14 @@ from django.dispatch import receiver
 from django_redis import get_redis_connection
 from redis import ConnectionPool, Redis
 from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
-from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisClusterException
 
 from outbox.conf import ClusterConfig, outbox_settings
 from outbox.store import MessageRepository
 
 IDEMPOTENCY_TTL = 24 * 3600  # seconds; as long as Stripe keeps idempotency keys
 WAKE_TTL = 60.0  # seconds a queue's wake-up flag lives if no job clears it
-
-#: The Redis errors that mean Redis is not serving now: unreachable, timed out, still
-#: loading its data, or failing over (a cluster without its master, a replica not yet
-#: promoted). Every other ``redis.exceptions.RedisError`` (a ``ResponseError`` about an
-#: argument, a script error...) is a bug of the caller, not an outage, and is never
-#: reported as one.
-REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
-    RedisConnectionError,  # includes BusyLoadingError (LOADING) and AuthenticationError
-    RedisTimeoutError,
-    ClusterDownError,  # includes MasterDownError
-    ReadOnlyError,
-    SlotNotCoveredError,  # redis-py's cluster client: no node serves the slot (not a RedisError)
-)
 
 
 def get_connection() -> Redis:

@@ -69,7 +69,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from redis import Redis
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import NotDurable
@@ -242,9 +244,9 @@ def _one_connection(client: Redis) -> Iterator[Redis]:
     pool for the time of the block.
 
     Raises:
-        ImproperlyConfigured: ``client`` is not a ``redis.Redis`` (a ``RedisCluster``:
-            its commands go to nodes by key, and a wait must go to the node and the
-            connection that wrote; not supported yet).
+        ImproperlyConfigured: ``client`` is not a ``redis.Redis`` (a ``RedisCluster``
+            goes through :func:`_per_node`: a wait must go to the node and the
+            connection that wrote).
     """
     if not isinstance(client, Redis):
         raise ImproperlyConfigured(
@@ -359,6 +361,8 @@ def commands_then_wait(
     """
     if not repository.scripts_loaded:
         repository.load_scripts()
+    if isinstance(client, RedisCluster):
+        return _per_node(repository, client, writes, [_first_key(write) for write in writes], durability)
     with _one_connection(client) as held:
         replies, waited = _writes_and_wait(held, writes, durability)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -368,6 +372,64 @@ def commands_then_wait(
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
     return replies, durability.acknowledgement(waited)
+
+
+def _per_node(
+    repository: Repository,
+    cluster: RedisCluster,
+    writes: Sequence[Sequence[Any]],
+    routes: Sequence[str],
+    durability: Durability,
+) -> tuple[list[Any], Acknowledgement]:
+    """:func:`commands_then_wait` on a cluster: the writes of each primary (by the slot
+    of each write's key in ``routes``) and a wait after them on one connection to that primary,
+    which counts that primary's replicas. The replies in the order of ``writes``; the
+    weakest of the primaries' acknowledgements (met only when every one is). A primary
+    that cannot be reached gives its writes that error as their reply (the others'
+    writes stand: each is atomic alone, as on one server).
+
+    """
+    groups: dict[str, tuple[Any, list[int]]] = {}
+    for i, route in enumerate(routes):
+        node = cluster.nodes_manager.get_node_from_slot(key_slot(route.encode()))
+        groups.setdefault(node.name, (node, []))[1].append(i)
+    replies: list[Any] = [None] * len(writes)
+    acknowledgements: list[Acknowledgement] = []
+    for node, positions in groups.values():
+        try:
+            got, acknowledged = commands_then_wait(
+                repository, cluster.get_redis_connection(node), [writes[i] for i in positions], durability
+            )
+        except (RedisError, OSError) as exc:
+            got, acknowledged = [exc] * len(positions), durability.acknowledgement(exc)
+        for i, reply in zip(positions, got, strict=True):
+            replies[i] = reply
+        acknowledgements.append(acknowledged)
+    return replies, weakest(acknowledgements)
+
+
+def _first_key(write: Sequence[Any]) -> str:
+    """The first key of an ``EVALSHA`` write, which routes it to a cluster node.
+
+    Raises:
+        redis.exceptions.RedisClusterException: the write declares no key.
+    """
+    if write[0] != "EVALSHA" or int(write[2]) < 1:
+        raise RedisClusterException(f"{write[0]} without declared keys cannot be routed to a cluster node")
+    return str(write[3])
+
+
+def weakest(acknowledgements: Sequence[Acknowledgement]) -> Acknowledgement:
+    """The :class:`Acknowledgement` of several waits (one per primary) taken together:
+    the fewest replicas, met only when every wait was, the first error."""
+    return Acknowledgement(
+        min(a.replicas for a in acknowledgements),
+        None
+        if all(a.local is None for a in acknowledgements)
+        else all(bool(a.local) for a in acknowledgements),
+        all(a.met for a in acknowledgements),
+        next((a.error for a in acknowledgements if a.error), ""),
+    )
 
 
 def write_then_wait(
@@ -405,9 +467,36 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
     ``PUBLISH`` is propagated to the replicas, so the wait after it counts everything
     before it. Never raises: a failure is an acknowledgement not met, with its error.
     """
+    connection: Any = repository.connection
+    if isinstance(connection, RedisCluster):
+        return _touch_and_wait(repository, connection, durability)
+    return _publish_and_wait(connection, repository, durability)
+
+
+def _touch_and_wait(repository: Repository, cluster: RedisCluster, durability: Durability) -> Acknowledgement:
+    """:func:`wait_for_earlier_writes` on a cluster, where ``PUBLISH`` goes to the other
+    nodes over the cluster bus and is not replicated (Valkey ``pubsub.c``,
+    ``publishCommand``): on each primary serving a partition, a replicated write of a
+    short-lived key in the first of its partitions (``SET <prefix>:{p<k>}:durability ""
+    PX 60000``) and the wait after it. The earlier writes may be on any of them."""
+    keys = [f"{repository.keys.tag_prefix(k)}:{SYNC_CHANNEL}" for k in repository.keys.partition_numbers()]
+    first: dict[str, str] = {}
+    for key in keys:
+        first.setdefault(cluster.nodes_manager.get_node_from_slot(key_slot(key.encode())).name, key)
+    writes = [("SET", key, "", "PX", 60000) for key in first.values()]
+    try:
+        replies, acknowledged = _per_node(repository, cluster, writes, list(first.values()), durability)
+    except (RedisError, OSError) as exc:
+        return durability.acknowledgement(exc)
+    failed = next((r for r in replies if isinstance(r, BaseException)), None)
+    return durability.acknowledgement(failed) if failed is not None else acknowledged
+
+
+def _publish_and_wait(client: Redis, repository: Repository, durability: Durability) -> Acknowledgement:
+    """:func:`wait_for_earlier_writes` on one server."""
     publish = ("PUBLISH", f"{repository.keys.prefix}:{SYNC_CHANNEL}", "")
     try:
-        with _one_connection(repository.connection) as held:
+        with _one_connection(client) as held:
             (published,), waited = _writes_and_wait(held, [publish], durability)
     except (RedisError, OSError) as exc:
         return durability.acknowledgement(exc)
@@ -435,6 +524,7 @@ def confirm(
     """
     if not durability.waits:
         return
+    created = [c for c in created if c.code != "unstored"]  # not written: nothing to wait for
     codes = [c.code for c in created]
     if any(code in ("conflict", "refused") for code in codes):
         return

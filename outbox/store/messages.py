@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from outbox.exceptions import MessageNotFound
@@ -17,6 +18,7 @@ from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, partition_of
 from outbox.store.base import RepositoryBase, ScriptCall, script_call
 from outbox.store.destination_state import health_args
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
+from outbox.store.outages import PARTITION_UNAVAILABLE
 from outbox.store.scripts import field_names, named, sha
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
@@ -186,8 +188,10 @@ class Created:
             the same idempotency key.
         code: ``"new"`` (written), ``"exists"`` (a message with this id was already
             written: a repeated push), ``"duplicate"`` (the key names another message
-            with the same body: nothing written) or ``"conflict"`` (the key names another
-            message with a different body: nothing written).
+            with the same body: nothing written), ``"conflict"`` (the key names another
+            message with a different body: nothing written) or, with more than one
+            partition, ``"unstored"`` (its partition could not be written now, while
+            another partition of the call was: see :attr:`CreateResult.errors`).
     """
 
     id: str
@@ -204,6 +208,10 @@ class CreateResult:
     created: list[Created]
     woken: list[str]
     acknowledged: Acknowledgement | None = None
+    #: With more than one partition: the outage (:data:`.outages.PARTITION_UNAVAILABLE`)
+    #: each partition that could not be written met, by partition number; its messages
+    #: are ``"unstored"``.
+    errors: dict[int, Exception] = field(default_factory=dict)
 
 
 @dataclass
@@ -378,8 +386,17 @@ class MessageStore(RepositoryBase):
         (:meth:`raise_wake_flags`). Each call is atomic by itself, not the calls together:
         an idempotency conflict refuses the messages of its own partition only (the
         others are written), as a partition of a cluster can refuse a write the others
-        took. A ``durability`` that waits follows the last call on the same connection
-        (:func:`.durability.commands_then_wait`; single server only)."""
+        took. A partition that cannot be written now (an outage:
+        :data:`.outages.PARTITION_UNAVAILABLE`) while another was gives its messages the
+        code ``"unstored"`` and its error in :attr:`CreateResult.errors`; when none could
+        be written, the first error is raised. A ``durability`` that waits follows the
+        last call on the same connection (:func:`.durability.commands_then_wait`; on a
+        cluster, on each primary's).
+
+        Raises:
+            redis.exceptions.RedisError: no partition could be written (nothing was),
+                or a partition refused its call for another reason than an outage.
+        """
         parts: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
             parts.setdefault(partition_of(m.id), []).append(i)
@@ -404,24 +421,29 @@ class MessageStore(RepositoryBase):
             replies, acknowledged = self.thread_clients.run(
                 lambda client: commands_then_wait(self, client, writes, durability)
             )
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
         elif len(calls) == 1:  # one partition (every send()): one command on the thread's connection
             name, args, keys = script_call(calls[0])
             replies = [self.thread_clients.run(lambda client: self.run_script(name, args, client, keys=keys))]
         else:
-            replies = self.run_scripts(calls)
+            replies = self.run_scripts(calls, errors=True)
+        failed = [reply for reply in replies if isinstance(reply, Exception)]
+        for reply in failed:
+            if not isinstance(reply, PARTITION_UNAVAILABLE) or len(failed) == len(replies):
+                raise reply  # a bug, not an outage; or nothing was written
         created: list[Created] = [Created(m.id, m.id, "new") for m in messages]
         woken: list[str] = []
-        for positions, reply in zip(parts.values(), replies, strict=True):
+        errors: dict[int, Exception] = {}
+        for (part, positions), reply in zip(parts.items(), replies, strict=True):
+            if isinstance(reply, Exception):
+                errors[part] = reply
+                for i in positions:
+                    created[i] = Created(messages[i].id, messages[i].id, "unstored")
+                continue
             result = self.parse_create([messages[i] for i in positions], reply)
             for i, c in zip(positions, result.created, strict=True):
                 created[i] = c
             woken += [q for q in result.woken if q not in woken]
-        result = CreateResult(created, self.raise_wake_flags(woken, now))
-        result.acknowledged = acknowledged
-        return result
+        return CreateResult(created, self.raise_wake_flags(woken, now), acknowledged, errors)
 
     @staticmethod
     def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
@@ -525,6 +547,9 @@ class MessageStore(RepositoryBase):
             now=repr(now),
             kept=self.attempts_kept,
             channel=self.events_channel,
+            # PUBSUB NUMSUB counts the subscribers of the node it runs on only: on a
+            # cluster a subscriber may be on another node (PUBLISH reaches every node)
+            numsub="0" if isinstance(self.connection, RedisCluster) else "1",
             n=len(changes),
             fields=field_names(CHANGE_FIELDS),
         )

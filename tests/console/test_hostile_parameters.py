@@ -19,7 +19,7 @@ from django.test import Client
 from redis.exceptions import ResponseError
 
 from outbox.store import queries
-from outbox.store.connection import REDIS_UNAVAILABLE
+from outbox.store.outages import REDIS_UNAVAILABLE
 from tests.support.console import make, u
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -106,6 +106,7 @@ def outbox_at(
         },
     }
     config = {**django_settings.OUTBOX}
+    config.pop("CLUSTER", None)  # the servers here, not the suite's cluster (OUTBOX_TEST_CLUSTER)
     if durability:
         config["DURABILITY"] = durability
     with override_settings(CACHES=caches, OUTBOX=config):

@@ -17,7 +17,6 @@ from redis.exceptions import RedisClusterException
 from outbox.conf import outbox_settings, parse_cluster
 from outbox.store import base
 from outbox.store.connection import (
-    REDIS_UNAVAILABLE,
     client_like,
     empty_database,
     get_connection,
@@ -26,6 +25,7 @@ from outbox.store.connection import (
     primary_clients,
     redis_location,
 )
+from outbox.store.outages import REDIS_UNAVAILABLE
 from outbox.testing import free_port
 
 # -- OUTBOX["CLUSTER"] checked at the boundary (no server needed) -------------------------

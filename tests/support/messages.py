@@ -62,22 +62,23 @@ def hook_settings(url: str, **destination) -> override_settings:
 
 
 def redis_down() -> override_settings:
-    """override_settings: CACHES pointing the outbox's alias at a port where nothing listens."""
-    from django.conf import settings
-
+    """override_settings: the outbox's Redis (its cache alias, or in cluster mode its
+    cluster's nodes) pointed at a port where nothing listens."""
     from outbox.testing import free_port
 
-    caches = {
-        **settings.CACHES,
-        "default": {**settings.CACHES["default"], "LOCATION": f"redis://127.0.0.1:{free_port()}/0"},
-    }
-    return override_settings(CACHES=caches)
+    return redis_at(f"redis://127.0.0.1:{free_port()}/0")
 
 
 def redis_at(url: str) -> override_settings:
-    """override_settings: the outbox's cache alias pointed at ``url`` (short socket timeouts)."""
+    """override_settings: the outbox's cache alias pointed at ``url`` (short socket
+    timeouts); in cluster mode (``OUTBOX["CLUSTER"]`` set, OUTBOX_TEST_CLUSTER) the
+    cluster's startup nodes instead, when ``url`` is where nothing listens (a cluster
+    node's URL is not a plain server's)."""
     from django.conf import settings
 
+    if settings.OUTBOX.get("CLUSTER"):
+        cluster = {"NODES": [url], "SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 1}
+        return override_settings(OUTBOX={**settings.OUTBOX, "CLUSTER": cluster})
     caches = {
         **settings.CACHES,
         "default": {

@@ -10,7 +10,8 @@
 --   message's indexes, its destination's state, the stats counters), now (epoch
 --   seconds, string), kept (attempts kept per message), channel (Pub/Sub channel for
 --   events; "" = publish nothing; nothing is published either while the channel has no
---   subscriber, PUBSUB NUMSUB, and no pattern subscription), n (number of changes),
+--   subscriber, PUBSUB NUMSUB, and no pattern subscription, when numsub is "1"; on a
+--   cluster it is "0": NUMSUB counts one node's subscribers), n (number of changes),
 --   holding (with more than one partition: a JSON list of the destinations that hold
 --   their messages; their state hashes are in other slots),
 --   fields (the names of each change's fields below, comma-separated);
@@ -45,7 +46,8 @@ local prefix = K.setup(opts)
 local now = tonumber(opts.now)
 local kept = tonumber(opts.kept)
 local channel = opts.channel
-if channel ~= '' and redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0 and redis.call('PUBSUB', 'NUMPAT') == 0 then
+if channel ~= '' and opts.numsub == '1' and redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0
+    and redis.call('PUBSUB', 'NUMPAT') == 0 then
   channel = ''  -- nobody listens: Pub/Sub keeps nothing, so a PUBLISH would change nothing
 end
 local n = tonumber(opts.n)

@@ -1,0 +1,112 @@
+"""send() and send_many() on a cluster one of whose partitions cannot take a write now,
+on a private 3-primary cluster of this module's own (its slots are moved and a primary
+is crashed): a fresh message without an idempotency key goes to a partition of another
+primary; one with a key has one partition and is refused; send_many says which of its
+messages were stored (it is atomic per partition only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+import outbox
+from outbox.exceptions import OutboxUnavailable
+from outbox.records import partition_of
+from outbox.store.connection import get_repository
+from outbox.store.keys import partition_for
+from outbox.testing import ClusterServer
+from tests.support.cluster import PARTITIONS, RQ_QUEUE_NAMES, cluster_settings
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[ClusterServer]:
+    with ClusterServer(primaries=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def on_own_cluster(own_cluster: ClusterServer, settings: Any) -> Iterator[ClusterServer]:
+    """The outbox at 16 partitions on this module's cluster (short timeouts: a crashed
+    primary refuses at once on loopback), RQ on the plain private Redis."""
+    from outbox.testing.state import empty_outbox
+
+    own_cluster.flush()
+    config = cluster_settings(own_cluster, SOCKET_CONNECT_TIMEOUT=0.5, SOCKET_TIMEOUT=2)
+    settings.OUTBOX = {**settings.OUTBOX, "CLUSTER": config, "PARTITIONS": PARTITIONS}
+    settings.RQ_QUEUES = {name: {"URL": settings.REDIS_URL} for name in RQ_QUEUE_NAMES}
+    with empty_outbox():
+        yield own_cluster
+
+
+def tag_slot(partition: int) -> int:
+    return key_slot(get_repository().keys.tag_prefix(partition).encode())
+
+
+def key_in(partition: int, prefix: str = "k") -> str:
+    """An idempotency key of destination 'mem' whose partition is ``partition``."""
+    return next(f"{prefix}{i}" for i in range(10_000) if partition_for("mem", f"{prefix}{i}", PARTITIONS) == partition)
+
+
+def test_a_keyless_send_whose_slot_is_stuck_half_moved_goes_to_another_primary(on_own_cluster, monkeypatch):
+    """A legacy migration stopped half-way: the partition's indexes moved, its new
+    message records not, so create.lua's keys are split and the source answers TRYAGAIN
+    (redis-py retries, then gives up). The message is written in another partition."""
+    cluster = on_own_cluster
+    outbox.send("mem", {"warm": 1}, idempotency_key=key_in(3))  # partition 3 has indexes now
+    slot = tag_slot(3)
+    source = cluster.slot_owner(slot)
+    cluster.begin_migration(slot, next(n for n in cluster.nodes if n != source))
+    try:
+        assert cluster.migrate_keys(slot, limit=2) > 0
+        monkeypatch.setattr("outbox.api.random_partition", lambda partitions: 3)
+        m = outbox.send("mem", {"order": 1})
+        assert partition_of(m.id) != 3
+        assert cluster.slot_owner(tag_slot(partition_of(m.id))) != source
+        assert outbox.get(m.id).status == "pending"
+        many = outbox.send_many([{"destination": "mem", "body": i} for i in range(5)])
+        assert len({partition_of(x.id) for x in many}) == 1 and partition_of(many[0].id) != 3
+        assert [outbox.get(x.id).body for x in many] == [str(i).encode() for i in range(5)]
+        with pytest.raises(OutboxUnavailable) as refused:  # a key has one partition: no move
+            outbox.send("mem", {"order": 2}, idempotency_key=key_in(3, "other"))
+        assert refused.value.stored == []
+    finally:
+        cluster.finish_migration(slot)
+    m = outbox.send("mem", {"order": 3}, idempotency_key=key_in(3, "after"))
+    assert partition_of(m.id) == 3 and outbox.get(m.id).status == "pending"
+
+
+def test_with_a_primary_down_keyless_sends_go_on_and_send_many_says_what_was_stored(on_own_cluster):
+    """Runs last in the module: the crashed primary stays down."""
+    cluster = on_own_cluster
+    repo = get_repository()
+    down = cluster.nodes[0]
+    on_down = [k for k in range(PARTITIONS) if cluster.slot_owner(tag_slot(k)) == down]
+    alive = [k for k in range(PARTITIONS) if k not in on_down]
+    assert on_down and alive
+    outbox.send("mem", {"warm": 1})  # scripts loaded, destination registered
+    cluster.servers[0].halt()
+
+    sent = [outbox.send("mem", {"n": n}) for n in range(30)]
+    assert {partition_of(m.id) for m in sent} <= set(alive)
+    assert all(outbox.get(m.id).status == "pending" for m in sent)
+
+    with pytest.raises(OutboxUnavailable, match="nothing was stored"):
+        outbox.send("mem", {"n": "keyed"}, idempotency_key=key_in(on_down[0]))
+
+    items = [
+        {"destination": "mem", "body": "keyless"},
+        {"destination": "mem", "body": "alive", "idempotency_key": key_in(alive[0])},
+        {"destination": "mem", "body": "down", "idempotency_key": key_in(on_down[0], "d")},
+    ]
+    with pytest.raises(OutboxUnavailable, match="2 of 3 message") as partial:
+        outbox.send_many(items)
+    stored, unstored = partial.value.stored, partial.value.unstored
+    assert sorted(m.body for m in stored) == [b"alive", b"keyless"]
+    assert [m.body for m in unstored] == [b"down"]
+    assert all(repo.get(m.id).status == "pending" for m in stored)
+    assert all(partition_of(m.id) in alive for m in stored)
