@@ -48,18 +48,18 @@ outbox.E008    the server of ``OUTBOX["REDIS_ALIAS"]`` is a Redis Cluster node
 outbox.E009    ``OUTBOX["CLUSTER"]`` is set and an outbox queue in ``RQ_QUEUES`` is on a
                cluster node: RQ cannot run on a cluster (rq#1048, rq#2021;
                django-rq#280). Give RQ a plain Redis beside the cluster
-outbox.E010    ``OUTBOX["PARTITIONS"]`` is more than 1 or ``OUTBOX["CLUSTER"]`` is set:
-               partitions and cluster mode are being built (issue 22) and are not
-               supported in this release (the scripts that claim and record attempts
-               still touch a destination's state and a message's partition in one call,
-               which a cluster refuses). Remove both; ``PARTITIONS`` that is not an int
-               from 1 to 16,384 is E001
+outbox.E010    ``OUTBOX["CLUSTER"]`` is set and ``OUTBOX["PARTITIONS"]`` is 1: a cluster
+               needs partitions (hash-tagged keys; docs/operations.md, "Running on a
+               cluster"). ``PARTITIONS`` that is not an int from 1 to 16,384 is E001
+outbox.E011    ``OUTBOX["PARTITIONS"]`` is not the count the data in Redis was written
+               with (:func:`outbox.store.diagnostics.partition_findings`): it cannot
+               change while the deployment holds messages
 =============  =====================================================================
 
 Messages never print secret values: every error text goes through
 :func:`outbox.redaction.redact` with the secrets of every configured destination.
 
-The Redis checks (tag ``outbox_redis``: E006, W004, W006, W007, E008, E009) make a few
+The Redis checks (tag ``outbox_redis``: E006, W004, W006, W007, E008, E009, E011) make a few
 round trips of their own with 1-second timeouts, on every command that runs checks (in
 cluster mode to every primary, and to RQ's Redis); an unreachable Redis gives the
 warning W007, never an error, and E008/E009 are reported only by a server that answers.
@@ -145,17 +145,18 @@ def _configured_secrets() -> list[str]:
 
 def _partition_errors() -> list[CheckMessage]:
     """outbox.E001 for a ``PARTITIONS`` that is not an int from 1 to 16,384; outbox.E010
-    while partitions and cluster mode are not complete (see the module docstring)."""
+    for cluster mode with one partition (see the module docstring)."""
     try:
         partitions = outbox_settings.partitions
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id="outbox.E001")]
-    if partitions > 1 or outbox_settings.CLUSTER is not None:
+    if partitions == 1 and outbox_settings.CLUSTER is not None:
         return [
             Error(
-                "OUTBOX['PARTITIONS'] > 1 and OUTBOX['CLUSTER'] are not supported in this release: "
-                "partitions and cluster mode are being built (issue 22)",
-                hint="remove OUTBOX['PARTITIONS'] and OUTBOX['CLUSTER'] (the outbox runs on one Redis server)",
+                "OUTBOX['CLUSTER'] is set and OUTBOX['PARTITIONS'] is 1: with one partition the keys carry "
+                "no hash tag, so a script's keys fall in many slots and the cluster refuses it (CROSSSLOT)",
+                hint="set OUTBOX['PARTITIONS'] (64 or more on 3 to 6 primaries: docs/operations.md, "
+                "'Running on a cluster') before the first message is written; it cannot change afterwards",
                 id="outbox.E010",
             )
         ]
@@ -424,7 +425,7 @@ def _as_check_messages(findings: list[redis_health.Finding]) -> list[CheckMessag
 
 @register("outbox_redis")
 def check_redis_safety(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """outbox.E006, W004, W006, W007, E008, E009: the outbox's Redis may evict or forget
+    """outbox.E006, W004, W006, W007, E008, E009, E011: the outbox's Redis may evict or forget
     messages, or cannot work (the alias on a cluster node; RQ on a cluster).
 
     A few round trips (CONFIG GET, or INFO where CONFIG is disabled; INFO cluster) on a

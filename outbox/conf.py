@@ -23,14 +23,15 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        connection cap per node, and further ``redis.cluster.RedisCluster``
                        keyword arguments. Only ``NODES`` is required. RQ cannot run on a
                        cluster: its queues stay on a plain Redis (``RQ_QUEUES``; checks
-                       outbox.E009, W001). See ``outbox.conf.ClusterConfig``. In progress (issue
-                       22): the outbox's scripts do not run on a cluster yet.
+                       outbox.E009, W001). See ``outbox.conf.ClusterConfig`` and
+                       ``docs/operations.md``, "Running on a cluster".
 ``KEY_PREFIX``         prefix of every Redis key the outbox writes (``"outbox"``).
 ``PARTITIONS``         partitions of the outbox's data (1): every key of a message carries
                        its partition's hash tag, so a Redis or Valkey Cluster spreads them
                        over its primaries (``docs/architecture.md``, "Partitions"). 1
-                       keeps every key name as before partitions. In progress (issue
-                       22): more than 1 is refused by check outbox.E010.
+                       keeps every key name as before partitions. On a cluster it must be
+                       more than 1 (check outbox.E010; 64 or more on 3 to 6 primaries); it
+                       cannot change once messages are written (check outbox.E011).
 ``QUEUES``             priority -> django-rq queue name
                        (``{"high": "outbox_high", "default": "outbox", "low": "outbox_low"}``).
 ``DESTINATIONS``       name -> ``{"TRANSPORT": alias or dotted path, "OPTIONS": {...},

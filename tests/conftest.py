@@ -4,6 +4,7 @@ and the console's users. The helpers they use are in tests/support/."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -15,10 +16,25 @@ from tests.support.processes import Supervisor
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``cluster`` every test that uses the real cluster (tests/support/cluster.py)."""
+    """Mark ``cluster`` every test that uses the real cluster (tests/support/cluster.py);
+    when the whole suite runs on the cluster (OUTBOX_TEST_CLUSTER), skip the tests marked
+    ``single_server``, with their reason."""
+    on_cluster = bool(os.environ.get("OUTBOX_TEST_CLUSTER"))
     for item in items:
         if "redis_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+        mark = item.get_closest_marker("single_server")
+        if on_cluster and mark is not None:
+            why = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(reason=f"single server only: {why}"))
+
+
+@pytest.fixture
+def rq_redis():
+    """RQ's Redis (a plain server; beside the cluster when the suite runs on one)."""
+    import django_rq
+
+    return django_rq.get_connection("outbox")
 
 
 @pytest.fixture(autouse=True)

@@ -160,7 +160,3 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
 }
-# With OUTBOX_TEST_PARTITIONS > 1 the suite runs partitions before they are complete:
-# the processes it starts (outbox_worker, manage.py) run the system checks, where
-# outbox.E010 refuses PARTITIONS > 1 until then (issue 22). Tests call the check itself.
-SILENCED_SYSTEM_CHECKS = ["outbox.E010"] if OUTBOX["PARTITIONS"] > 1 or CLUSTER_NODES else []

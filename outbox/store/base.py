@@ -110,10 +110,15 @@ class RepositoryBase:
     def register_destinations(self, names: set[str]) -> None:
         """Add ``names`` to the destinations set (``SADD``), each once per process: with more
         than one partition the create script does not (the set is a key across the
-        deployment). A name is added before its first message is written."""
+        deployment). A name is added before its first message is written, with the
+        partition count the first time (:attr:`~.keys.Keys.partitions_record`)."""
         new = names - self.registered
         if new:
-            self.connection.sadd(self.keys.destinations, *sorted(new))
+            pipe = self.connection.pipeline(transaction=False)
+            pipe.sadd(self.keys.destinations, *sorted(new))
+            # the partition count this deployment's data is written with (outbox.E011)
+            pipe.set(self.keys.partitions_record, self.keys.partitions, nx=True)
+            pipe.execute()
             self.registered |= new
 
     def partition_elsewhere(self, avoid: set[int]) -> int | None:

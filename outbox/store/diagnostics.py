@@ -38,6 +38,10 @@ outbox.E008    the django-redis alias's server is a Redis Cluster node (``INFO c
                ``cluster_enabled:1``): django-redis has no cluster client
 outbox.E009    cluster mode, and an outbox queue of ``RQ_QUEUES`` is on a cluster node:
                RQ cannot run on a cluster
+outbox.E011    ``OUTBOX["PARTITIONS"]`` is not the partition count the data in Redis was
+               written with (:attr:`~outbox.store.keys.Keys.partitions_record`, or the
+               untagged destination set of one partition): the messages written before
+               would be out of sight under other key names
 =============  ======================================================================
 
 In cluster mode (``OUTBOX["CLUSTER"]``) :func:`inspect_redis` inspects every primary,
@@ -64,6 +68,7 @@ from outbox.store.connection import (
     is_cluster,
     primary_clients,
 )
+from outbox.store.keys import Keys
 
 INSPECT_TIMEOUT = 1.0  # seconds to connect and to wait for each reply when inspecting
 
@@ -262,9 +267,19 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
         found = _inspect_server(connection, timeout, "the outbox's Redis")
         if found.cluster_enabled:
             found.findings.append(_alias_on_cluster_finding())
+        elif found.source != "none":
+            quick = _quick_client(connection, timeout)
+            try:
+                found.findings += partition_findings(quick)
+            finally:
+                quick.close()
+                quick.connection_pool.disconnect()
         return found
     try:
-        return _inspect_cluster(connection, timeout)
+        found = _inspect_cluster(connection, timeout)
+        if found.primaries:
+            found.findings += partition_findings(connection)
+        return found
     finally:
         if quick_cluster is not None:
             quick_cluster.close()
@@ -411,6 +426,38 @@ def rq_server_findings(timeout: float = INSPECT_TIMEOUT) -> list[Finding]:
                 )
             )
     return findings
+
+
+def partition_findings(connection: Redis) -> list[Finding]:
+    """outbox.E011: the setting ``OUTBOX["PARTITIONS"]`` differs from the count the data
+    in Redis (``connection``'s, a server or a cluster) was written with. Two reads
+    (``GET`` of :attr:`~outbox.store.keys.Keys.partitions_record`, ``EXISTS`` of the
+    untagged destination set). Never raises: a read that fails finds nothing.
+
+    Returns:
+        Zero or one :class:`Finding`.
+    """
+    keys = Keys(outbox_settings.KEY_PREFIX, outbox_settings.partitions)
+    try:
+        recorded = connection.get(keys.partitions_record)
+        written = (
+            int(recorded) if recorded else (1 if connection.exists(keys.unpartitioned_destinations) else None)
+        )
+    except (RedisError, OSError, ValueError):
+        return []
+    if written is None or written == keys.partitions:
+        return []
+    return [
+        Finding(
+            "outbox.E011",
+            ERROR,
+            f"OUTBOX['PARTITIONS'] is {keys.partitions} but the outbox's data in Redis was written with "
+            f"{written} partition(s): every message written before would be out of sight (its keys have "
+            "other names)",
+            f"set OUTBOX['PARTITIONS'] = {written} again; the count of a deployment cannot change while it "
+            "holds messages (docs/operations.md, 'Running on a cluster')",
+        )
+    ]
 
 
 def _quick_client(connection: Redis, timeout: float) -> Redis:

@@ -275,6 +275,20 @@ class Keys:
     def destinations(self) -> str:
         return f"{self.shared}:destinations"
 
+    @property
+    def partitions_record(self) -> str:
+        """``outbox:{g}:partitions``: the partition count a partitioned deployment was set
+        up with (written once, ``SET NX``, with its first message), whatever this view's
+        count; a deployment of one partition has the untagged ``outbox:destinations``
+        instead. The check ``outbox.E011`` compares them with the setting."""
+        return f"{self.prefix}:{{g}}:partitions"
+
+    @property
+    def unpartitioned_destinations(self) -> str:
+        """``outbox:destinations``: the destination set of a deployment of one partition
+        (the sign, for ``outbox.E011``, that one wrote messages here)."""
+        return f"{self.prefix}:destinations"
+
     def wake(self, queue: str) -> str:
         return f"{self.shared}:wake:{queue}"
 

@@ -66,6 +66,7 @@ def wait_until_listening(process: subprocess.Popen, conn) -> None:
 # -- item 1: an idle worker is never deaf ------------------------------------------------
 
 
+@pytest.mark.single_server("RQ is given the outbox's own pool only when both are on the alias")
 def test_the_rq_worker_leaves_the_alias_read_bound_alone(settings, worker):
     """RQ's worker raises ``socket_timeout`` above its blocking wait in the pool it is
     given (``Worker._set_connection``); given the alias's pool, that removed the bound
@@ -79,6 +80,7 @@ def test_the_rq_worker_leaves_the_alias_read_bound_alone(settings, worker):
         assert pool.connection_kwargs["socket_timeout"] == ALIAS_TIMEOUT
 
 
+@pytest.mark.single_server("RQ shares the outbox's pool only when both are on the alias")
 def test_the_blocking_wait_outlasts_a_connection_made_before_rq_took_the_pool(settings):
     """The condition behind the deaf worker: a connection the outbox made in the pool
     before RQ raised the pool's timeout keeps the alias's short one; RQ's next BLPOP on
@@ -102,13 +104,13 @@ def test_the_blocking_wait_outlasts_a_connection_made_before_rq_took_the_pool(se
         rq.connection.connection_pool.disconnect()
 
 
-def test_an_idle_worker_delivers_at_once(settings, redis, processes):
+def test_an_idle_worker_delivers_at_once(settings, redis, rq_redis, processes):
     """A real worker with a 1 s read bound on its alias, idle for several times that
     bound, delivers a message within about a second of ``send()``, and never logs that
     it could not reach Redis."""
     process = start_worker(processes)
     try:
-        wait_until_listening(process, redis)
+        wait_until_listening(process, rq_redis)
         time.sleep(ALIAS_TIMEOUT * 5)  # idle: past the alias's bound several times over
         for round_ in range(2):
             sent_at = time.monotonic()
@@ -148,9 +150,9 @@ def _stops_within(process: subprocess.Popen, sig: int, bound: float) -> float:
     return took
 
 
-def test_sigterm_stops_an_idle_worker(redis, processes):
+def test_sigterm_stops_an_idle_worker(redis, rq_redis, processes):
     process = start_worker(processes)
-    wait_until_listening(process, redis)
+    wait_until_listening(process, rq_redis)
     _stops_within(process, signal.SIGTERM, STOP_BOUND)
     assert process.returncode == 0
 
@@ -179,7 +181,9 @@ def test_sigint_stops_a_worker_while_redis_is_down(own_redis, processes):
     _stops_within(process, signal.SIGINT, STOP_BOUND)
 
 
-def test_sigterm_lets_the_attempt_in_flight_finish_and_claims_nothing_more(receiver, redis, processes):
+def test_sigterm_lets_the_attempt_in_flight_finish_and_claims_nothing_more(
+    receiver, redis, rq_redis, processes
+):
     """A stop during an attempt: that attempt is answered and written as succeeded, the
     messages not yet claimed stay pending for the next worker, and the worker exits soon
     after the attempt ends."""
@@ -189,7 +193,7 @@ def test_sigterm_lets_the_attempt_in_flight_finish_and_claims_nothing_more(recei
         env={"OUTBOX_TEST_HOOK_URL": receiver.url, "OUTBOX_TEST_HOOK_EXTRA": '{"MAX_IN_FLIGHT": 1}'},
     )
     try:
-        wait_until_listening(process, redis)
+        wait_until_listening(process, rq_redis)
         first = outbox.send("hook", {"n": 0})
         rest = [outbox.send("hook", {"n": n}) for n in range(1, 4)]
         assert wait_for(lambda: len(receiver.requests) == 1, timeout=10), output_of(process)
@@ -232,12 +236,12 @@ def test_a_stop_while_redis_goes_away_gives_up_writing_outcomes_after_a_grace(re
     _stops_within(process, signal.SIGTERM, 2.0 + STOP_WRITE_GRACE + 3.0)
 
 
-def test_a_worker_started_with_sigint_ignored_keeps_ignoring_it(redis, processes):
+def test_a_worker_started_with_sigint_ignored_keeps_ignoring_it(redis, rq_redis, processes):
     """A shell starts its background commands with SIGINT ignored (scripts/demo's worker:
     a Ctrl-C reaches the whole process group); the worker keeps it so (RQ would not) and
     stops on SIGTERM."""
     process = start_worker(processes, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    wait_until_listening(process, redis)
+    wait_until_listening(process, rq_redis)
     process.send_signal(signal.SIGINT)
     time.sleep(2.0)
     assert process.poll() is None, output_of(process)

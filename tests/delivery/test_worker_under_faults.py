@@ -9,6 +9,7 @@ import os
 import signal
 import time
 
+import pytest
 from django.conf import settings as django_settings
 from django.test import override_settings
 
@@ -53,6 +54,7 @@ def test_a_poison_message_in_a_batch_dead_letters_without_repeating_its_batch_ma
 
 
 # -- 8. workers ride out a Redis restart ---------------------------------------------------
+@pytest.mark.single_server("a plain server restarted empty; scripts/faults restarts a cluster's primaries")
 def test_a_worker_rides_out_a_redis_restart(receiver, tmp_path, processes):
     port = free_port()
     server = RedisServer(port=port).start()

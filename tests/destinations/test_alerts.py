@@ -370,23 +370,17 @@ def test_notify_never_raises_even_for_what_is_not_an_event(receiver, caplog):
 
 
 def test_redis_down_during_notify_is_logged_not_raised(receiver, caplog):
-    down = {
-        "default": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": "redis://127.0.0.1:9/0",  # nothing listens there
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2},
-        }
-    }
-    with alerting(receiver, email=False), override_settings(CACHES=down):
+    from tests.support.messages import redis_down
+
+    with alerting(receiver, email=False), redis_down():
         alerts.notify([opened()])  # does not raise
     assert any("suppression window" in r.getMessage() and r.exc_info for r in caplog.records)
 
 
 # -- system checks ---------------------------------------------------------------------------
 def ids() -> set[str]:
-    """The ids the settings checks report, but outbox.E010 (refusing PARTITIONS > 1 until
-    partitions are complete: the suite may run partitioned, OUTBOX_TEST_PARTITIONS)."""
-    return {e.id for e in check_outbox_settings()} - {"outbox.E010"}
+    """The ids the settings checks report."""
+    return {e.id for e in check_outbox_settings()}
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,8 @@ from outbox.checks import check_outbox_settings
 
 
 def reported():
-    """What the settings checks report, but outbox.E010: it refuses PARTITIONS > 1 until
-    partitions are complete, and the suite may run partitioned (OUTBOX_TEST_PARTITIONS;
-    E010 is tested below)."""
-    return [e for e in check_outbox_settings() if e.id != "outbox.E010"]
+    """What the settings checks report."""
+    return check_outbox_settings()
 
 
 def ids(settings_obj=None):
@@ -165,12 +163,18 @@ def test_partitions_must_be_an_int_from_1_to_16384(settings, value):
     assert any("PARTITIONS" in e.msg for e in errors), errors
 
 
-@pytest.mark.parametrize("change", [{"PARTITIONS": 16}, {"CLUSTER": {"NODES": ["redis://127.0.0.1:7000"]}}])
-def test_partitions_and_cluster_mode_are_refused_until_complete(settings, change):
-    """Issue 22 in progress: a deployment cannot turn them on by accident."""
-    settings.OUTBOX = {**settings.OUTBOX, **change}
+def test_a_cluster_with_one_partition_is_refused(settings):
+    """One partition has no hash tags: a cluster would refuse every script (CROSSSLOT)."""
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": 1, "CLUSTER": {"NODES": ["redis://127.0.0.1:7000"]}}
     errors = [e for e in check_outbox_settings() if e.id == "outbox.E010"]
-    assert len(errors) == 1 and "not supported in this release" in errors[0].msg
+    assert len(errors) == 1 and "PARTITIONS'] is 1" in errors[0].msg and "CROSSSLOT" in errors[0].msg
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": 64}
+    assert not [e for e in check_outbox_settings() if e.id == "outbox.E010"]
+
+
+def test_partitions_without_a_cluster_pass(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": 16}
+    assert not [e for e in check_outbox_settings() if e.id in ("outbox.E010", "outbox.E001")]
 
 
 def test_one_partition_and_no_cluster_pass(settings):

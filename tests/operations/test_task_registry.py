@@ -76,7 +76,7 @@ def test_a_planted_job_hash_under_a_registered_id_is_never_unpickled(
 
 
 def test_the_registry_holds_the_job_with_a_ttl_and_the_job_writes_its_counts_there(
-    superuser_client, repo, redis, worker, monkeypatch
+    superuser_client, repo, redis, rq_redis, worker, monkeypatch
 ):
     status_url = start_background(superuser_client, repo, monkeypatch, n=1100)
     job_id = status_url.rstrip("/").rsplit("/", 1)[-1]
@@ -89,24 +89,24 @@ def test_the_registry_holds_the_job_with_a_ttl_and_the_job_writes_its_counts_the
     assert element_text(html, "task-acted") == "1,100"
     assert "1,100 requeued" in element_text(html, "task-report")
     # a job RQ no longer has (expired, or never kept) changes nothing: the registry answers
-    redis.delete(Job.key_for(job_id))
+    rq_redis.delete(Job.key_for(job_id))
     assert element_text(text_of(superuser_client.get(status_url)), "task-state") == "finished"
 
 
-def test_a_job_rq_lost_before_it_reported_shows_as_lost(superuser_client, repo, redis, monkeypatch):
+def test_a_job_rq_lost_before_it_reported_shows_as_lost(superuser_client, repo, rq_redis, monkeypatch):
     status_url = start_background(superuser_client, repo, monkeypatch)
     job_id = status_url.rstrip("/").rsplit("/", 1)[-1]
-    redis.delete(Job.key_for(job_id))  # e.g. `rq empty`, or a flushed RQ database
+    rq_redis.delete(Job.key_for(job_id))  # e.g. `rq empty`, or a flushed RQ database
     html = text_of(superuser_client.get(status_url))
     assert element_text(html, "task-state") == "lost"
     assert "no longer in RQ" in element_text(html, "task-error")
     assert 'http-equiv="refresh"' not in html
 
 
-def test_a_job_rq_ended_without_a_report_shows_rq_s_state(superuser_client, repo, redis, monkeypatch):
+def test_a_job_rq_ended_without_a_report_shows_rq_s_state(superuser_client, repo, rq_redis, monkeypatch):
     status_url = start_background(superuser_client, repo, monkeypatch)
     job_id = status_url.rstrip("/").rsplit("/", 1)[-1]
-    redis.hset(Job.key_for(job_id), "status", "stopped")  # as RQ does when it kills the work horse
+    rq_redis.hset(Job.key_for(job_id), "status", "stopped")  # as RQ does when it kills the work horse
     html = text_of(superuser_client.get(status_url))
     assert element_text(html, "task-state") == "stopped"
     assert "failed job registry" in element_text(html, "task-error")

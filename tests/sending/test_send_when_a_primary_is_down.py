@@ -49,7 +49,9 @@ def tag_slot(partition: int) -> int:
 
 def key_in(partition: int, prefix: str = "k") -> str:
     """An idempotency key of destination 'mem' whose partition is ``partition``."""
-    return next(f"{prefix}{i}" for i in range(10_000) if partition_for("mem", f"{prefix}{i}", PARTITIONS) == partition)
+    return next(
+        f"{prefix}{i}" for i in range(10_000) if partition_for("mem", f"{prefix}{i}", PARTITIONS) == partition
+    )
 
 
 def test_a_keyless_send_whose_slot_is_stuck_half_moved_goes_to_another_primary(on_own_cluster, monkeypatch):
