@@ -197,9 +197,9 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
     single = len(messages) == 1
     for index, (message, c) in enumerate(zip(messages, created, strict=True)):
         if c.code == "conflict":
-            exc = intake.conflict(message, c.standing_id, None if single else index)
-            exc.stored = stored
-            raise exc
+            refused = intake.conflict(message, c.standing_id, None if single else index)
+            refused.stored = stored
+            raise refused
     if unstored:
         raise OutboxUnavailable(
             f"{len(stored)} of {len(messages)} message(s) stored: the partition(s) of {len(unstored)} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster
@@ -120,6 +120,14 @@ class RepositoryBase:
             pipe.set(self.keys.partitions_record, self.keys.partitions, nx=True)
             pipe.execute()
             self.registered |= new
+
+    def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The values of ``keys`` (None for a missing key), in order: ``MGET``, or on a
+        cluster redis-py's ``mget_nonatomic`` (one ``MGET`` per slot, pipelined), since
+        the keys may be of several slots. Not atomic across slots."""
+        if isinstance(self.connection, RedisCluster):
+            return cast("list[bytes | None]", self.connection.mget_nonatomic(list(keys)))
+        return cast("list[bytes | None]", self.connection.mget(keys))
 
     def partition_elsewhere(self, avoid: set[int]) -> int | None:
         """A partition, at random, other than those of ``avoid`` and, on a cluster, served
@@ -290,7 +298,7 @@ class RepositoryBase:
             if isinstance(reply, (MovedError, AskError, TryAgainError, NoScriptError)):
                 name, args, keys = parts[i]
                 try:
-                    replies[i] = self.run_script(name, args, cluster, keys=keys)
+                    replies[i] = self.run_script(name, args, cast(Redis, cluster), keys=keys)
                 except (RedisError, RedisClusterException) as exc:
                     replies[i] = exc
         return replies

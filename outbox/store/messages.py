@@ -928,9 +928,7 @@ class MessageStore(RepositoryBase):
         """The id sent under each (destination, idempotency key), or None. One round trip."""
         if not keys:
             return []
-        values = cast(
-            "list[bytes | None]", self.connection.mget([self.keys.idempotency_home(d, k) for d, k in keys])
-        )
+        values = self.mget([self.keys.idempotency_home(d, k) for d, k in keys])
         return [v.decode().split("|", 1)[0] if v else None for v in values]
 
     def resend_field(self, ids: Sequence[str], field_name: str) -> list[str]:

@@ -50,8 +50,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from redis.cluster import RedisCluster
-
 from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status
 from outbox.store.base import Members, ScriptCall
 from outbox.store.indexes import Cursor, Index
@@ -663,11 +661,7 @@ def summaries(repo: MessageRepository, ids: Sequence[str]) -> list[Message | Non
     starts = repo.resolve_older_records(ids, replies[::2], lambda key, pipe: pipe.hmget(key, SUMMARY_FIELDS))
     long = [i for i, start in enumerate(starts) if isinstance(start, bytes) and b"\n" not in start and start]
     if long:  # a header over SUMMARY_BYTES: read the whole record
-        keys = [repo.keys.message(ids[i]) for i in long]
-        if isinstance(repo.connection, RedisCluster):  # records of several slots: MGET per slot
-            wholes = repo.connection.mget_nonatomic(keys)
-        else:
-            wholes = repo.connection.mget(keys)
+        wholes = repo.mget([repo.keys.message(ids[i]) for i in long])
         for i, whole in zip(long, wholes, strict=True):
             starts[i] = whole
     out: list[Message | None] = []
