@@ -592,6 +592,57 @@ def case_delivery_alternating(n: int, bursts: int = 6) -> dict:
         server.stop()
 
 
+def case_cluster(n: int, primaries: int, partitions: int, profile: str = "defaults") -> dict:
+    """Issue 22's cluster rows: on a private cluster of ``primaries`` primaries in
+    ``partitions`` partitions (RQ's queues on a plain private Redis beside it), or with
+    ``primaries`` 0 on one private server: ``send()`` of n no-op messages, one worker
+    process delivers them; then ``send_many(100)`` of n more, delivered likewise. Out of
+    the box (``profile`` "defaults": no ``MAX_IN_FLIGHT`` set, see :func:`use_profile`)."""
+    from outbox.testing.cluster_server import ClusterServer
+
+    use_profile(profile)
+    server = private_redis()  # RQ's plain Redis (and the only one with primaries 0)
+    cluster = ClusterServer(primaries=primaries).start() if primaries else None
+    if cluster is not None:
+        os.environ["BENCH_CLUSTER_NODES"] = ",".join(cluster.urls)
+        os.environ["BENCH_PARTITIONS"] = str(partitions)
+    elif partitions > 1:
+        os.environ["BENCH_PARTITIONS"] = str(partitions)
+    try:
+        setup_django()
+        import outbox
+        from outbox.store.connection import empty_database, get_repository
+
+        body = body_200()
+        outbox.send("noop", body)  # scripts loaded, queues known, this thread's connection made
+        empty_database()
+        # A new repository: the old one remembers the destinations it registered (a set in
+        # the {g} slot with partitions), which FLUSHDB removed.
+        get_repository.cache_clear()
+        get_repository().upgrade()  # as outbox_warmed: a running deployment's schema mark
+        out: dict = {}
+        for label, many in (("send", False), ("many", True)):
+            t0 = time.perf_counter()
+            if many:
+                for i in range(0, n, 100):
+                    outbox.send_many([{"destination": "noop", "body": body}] * min(100, n - i))
+            else:
+                for _ in range(n):
+                    outbox.send("noop", body)
+            out[f"{label}_per_s"] = n / (time.perf_counter() - t0)
+            worker = outbox_burst(n)
+            succeeded = get_repository().count("succeeded")
+            assert succeeded == n * (2 if many else 1), f"{succeeded} succeeded after {label}: {worker} {get_repository().counts()}"
+            out[f"{label}_deliver_per_s"] = n / worker["drain"]
+            out[f"{label}_deliver_steady_per_s"] = worker["steady"]
+            out[f"{label}_client_trips_per_msg"] = worker["trips"] / n
+        return out
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        server.stop()
+
+
 CASES = {
     "send-alternating": case_send_alternating,
     "outbox-send": lambda n: case_outbox(n, many=False),
@@ -605,6 +656,13 @@ CASES = {
     "webhook-httpx": case_webhook_httpx,
     "latency-outbox": case_latency_outbox,
     "latency-dramatiq": case_latency_dramatiq,
+    # issue 22: the same on one server (P = 1), a 1-primary and a 3-primary cluster (P = 16)
+    "single-p1": lambda n: case_cluster(n, primaries=0, partitions=1),
+    "cluster1-p16": lambda n: case_cluster(n, primaries=1, partitions=16),
+    "cluster3-p16": lambda n: case_cluster(n, primaries=3, partitions=16),
+    # diagnostics, not in a table: partitions alone, and the cluster client alone
+    "single-p16": lambda n: case_cluster(n, primaries=0, partitions=16),
+    "cluster1-p1": lambda n: case_cluster(n, primaries=1, partitions=1),
 }
 
 
