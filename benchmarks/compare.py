@@ -660,9 +660,8 @@ CASES = {
     "single-p1": lambda n: case_cluster(n, primaries=0, partitions=1),
     "cluster1-p16": lambda n: case_cluster(n, primaries=1, partitions=16),
     "cluster3-p16": lambda n: case_cluster(n, primaries=3, partitions=16),
-    # diagnostics, not in a table: partitions alone, and the cluster client alone
+    # diagnostics, not in a table: partitions alone (a cluster needs P > 1: keys of several slots)
     "single-p16": lambda n: case_cluster(n, primaries=0, partitions=16),
-    "cluster1-p1": lambda n: case_cluster(n, primaries=1, partitions=1),
 }
 
 
