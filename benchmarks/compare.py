@@ -632,13 +632,129 @@ def case_cluster(n: int, primaries: int, partitions: int, profile: str = "defaul
             out[f"{label}_per_s"] = n / (time.perf_counter() - t0)
             worker = outbox_burst(n)
             succeeded = get_repository().count("succeeded")
-            assert succeeded == n * (2 if many else 1), f"{succeeded} succeeded after {label}: {worker} {get_repository().counts()}"
+            assert succeeded == n * (2 if many else 1), (
+                f"{succeeded} succeeded after {label}: {worker} {get_repository().counts()}"
+            )
             out[f"{label}_deliver_per_s"] = n / worker["drain"]
             out[f"{label}_deliver_steady_per_s"] = worker["steady"]
             out[f"{label}_client_trips_per_msg"] = worker["trips"] / n
         return out
     finally:
         if cluster is not None:
+            cluster.stop()
+        server.stop()
+
+
+#: The set-ups of the cluster rows: (label, primaries (0: one server), partitions).
+CLUSTER_SETUPS = (("single", 0, 1), ("cluster1", 1, 16), ("cluster3", 3, 16))
+CLUSTER_SEND_BLOCK = 200  # send() calls per timed block
+CLUSTER_MANY_BLOCK = 5  # send_many(100) calls per timed block
+
+
+def case_cluster_alternating(n: int, bursts: int = 2) -> dict:
+    """Issue 22's cluster rows, in one process: one private server (P = 1), a private
+    1-primary and a 3-primary cluster (P = 16, RQ's queues on the private server beside
+    them, as a cluster deployment runs it), used in turn, so the three see the machine
+    at nearly the same moments (on this shared VM the load moves within seconds; the
+    per-set-up cases ``single-p1``... run tens of seconds apart).
+
+    * ``send()``: blocks of :data:`CLUSTER_SEND_BLOCK` calls, set-up after set-up in a
+      rotating order, n calls each; median µs per call over the blocks of each.
+    * ``send_many(100)``: blocks of :data:`CLUSTER_MANY_BLOCK` calls likewise, n
+      messages each; median messages/s over the blocks.
+    * no-op delivery: ``bursts`` bursts of n messages per set-up (sent with
+      ``send_many``, then drained by a new worker process on that set-up, out of the
+      box: no ``MAX_IN_FLIGHT``), set-up after set-up; median drain rate.
+
+    The outbox is pointed at each set-up with ``override_settings`` (the repository and
+    connection built anew at each switch, before the block's timing starts)."""
+    from django.test import override_settings
+
+    from outbox.testing.cluster_server import ClusterServer
+
+    use_profile("defaults")
+    server = private_redis()
+    clusters: dict[str, ClusterServer] = {}
+    try:
+        for label, primaries, _ in CLUSTER_SETUPS:
+            if primaries:
+                clusters[label] = ClusterServer(primaries=primaries).start()
+        setup_django()
+        from django.conf import settings
+
+        import outbox
+        from outbox.store.connection import empty_database, get_repository
+
+        base = settings.OUTBOX
+        rq_plain = {name: {"URL": server.url} for name in OUTBOX_QUEUES}
+
+        def use(label: str):
+            """override_settings for set-up ``label``, and the worker's environment."""
+            _, primaries, partitions = next(s for s in CLUSTER_SETUPS if s[0] == label)
+            if not primaries:
+                return override_settings(OUTBOX={**base}), {"BENCH_CLUSTER_NODES": "", "BENCH_PARTITIONS": ""}
+            urls = clusters[label].urls
+            outbox_setting = {**base, "CLUSTER": {"NODES": urls}, "PARTITIONS": partitions}
+            env = {"BENCH_CLUSTER_NODES": ",".join(urls), "BENCH_PARTITIONS": str(partitions)}
+            return override_settings(OUTBOX=outbox_setting, RQ_QUEUES=rq_plain), env
+
+        labels = [label for label, _, _ in CLUSTER_SETUPS]
+
+        def turns(count: int):
+            """(turn, label) for ``count`` turns of every set-up, the order rotating."""
+            for t in range(count):
+                shift = t % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    yield t, label
+
+        def empty_all() -> None:
+            for label in labels:
+                context, _ = use(label)
+                with context:
+                    empty_database()
+
+        body = body_200()
+        send_us: dict[str, list[float]] = {label: [] for label in labels}
+        for _, label in turns(max(1, n // CLUSTER_SEND_BLOCK)):
+            context, _ = use(label)
+            with context:
+                outbox.send("noop", body)  # this set-up's repository, scripts and connections ready
+                t0 = time.perf_counter()
+                for _ in range(CLUSTER_SEND_BLOCK):
+                    outbox.send("noop", body)
+                send_us[label].append((time.perf_counter() - t0) / CLUSTER_SEND_BLOCK * 1e6)
+        many_rate: dict[str, list[float]] = {label: [] for label in labels}
+        for _, label in turns(max(1, n // (100 * CLUSTER_MANY_BLOCK))):
+            context, _ = use(label)
+            with context:
+                outbox.send("noop", body)
+                t0 = time.perf_counter()
+                for _ in range(CLUSTER_MANY_BLOCK):
+                    outbox.send_many([{"destination": "noop", "body": body}] * 100)
+                many_rate[label].append(100 * CLUSTER_MANY_BLOCK / (time.perf_counter() - t0))
+        empty_all()  # and RQ's wake-up jobs of those sends, on the private server
+        deliver_rate: dict[str, list[float]] = {label: [] for label in labels}
+        delivered = dict.fromkeys(labels, 0)
+        for _, label in turns(bursts):
+            context, env = use(label)
+            with context:
+                get_repository().upgrade()  # a running deployment's schema mark (see outbox_warmed)
+                for i in range(0, n, 100):
+                    outbox.send_many([{"destination": "noop", "body": body}] * min(100, n - i))
+                worker = outbox_burst(n, env=env)
+                delivered[label] += n
+                succeeded = get_repository().count("succeeded")
+                assert succeeded == delivered[label], f"{label}: {succeeded} of {delivered[label]} succeeded"
+                deliver_rate[label].append(n / worker["drain"])
+        out: dict = {}
+        for label in labels:
+            out[f"{label}_send_us"] = statistics.median(send_us[label])
+            out[f"{label}_send_per_s"] = 1e6 / out[f"{label}_send_us"]
+            out[f"{label}_many_per_s"] = statistics.median(many_rate[label])
+            out[f"{label}_deliver_per_s"] = statistics.median(deliver_rate[label])
+        return out
+    finally:
+        for cluster in clusters.values():
             cluster.stop()
         server.stop()
 
@@ -657,6 +773,7 @@ CASES = {
     "latency-outbox": case_latency_outbox,
     "latency-dramatiq": case_latency_dramatiq,
     # issue 22: the same on one server (P = 1), a 1-primary and a 3-primary cluster (P = 16)
+    "cluster-alternating": case_cluster_alternating,
     "single-p1": lambda n: case_cluster(n, primaries=0, partitions=1),
     "cluster1-p16": lambda n: case_cluster(n, primaries=1, partitions=16),
     "cluster3-p16": lambda n: case_cluster(n, primaries=3, partitions=16),
@@ -889,6 +1006,44 @@ def settings_rows(m, vals, row) -> None:
     )
 
 
+#: The cases of ``--cluster``.
+CLUSTER_CASES = ["cluster-alternating"]
+#: Cases run by name only (``case NAME``), for diagnostics: no row of the table reads them.
+DIAGNOSTIC_CASES = {"single-p1", "cluster1-p16", "cluster3-p16", "single-p16"}
+
+
+def cluster_rows(m, vals, row) -> None:
+    """Issue 22's cluster rows (:func:`case_cluster_alternating`): each figure on a
+    1-primary cluster at P = 16 against one server at P = 1, the 3-primary cluster beside
+    it, out of the box (no ``MAX_IN_FLIGHT`` set; nothing tuned). Target: cluster / single
+    >= 0.85x on one primary. The scaling figure (1, 3, 6 primaries, >= 0.8x linear) needs
+    a machine with a core per primary and its clients; on fewer cores it is not measured."""
+    case = "cluster-alternating"
+    for key, what in (
+        ("send_per_s", f"send() per s, one thread (median of blocks of {CLUSTER_SEND_BLOCK} calls)"),
+        ("many_per_s", f"send_many(100) msg/s, one thread (median of blocks of {CLUSTER_MANY_BLOCK} calls)"),
+        ("deliver_per_s", "no-op delivery (callable), 1 worker, sent with send_many(100), msg/s"),
+    ):
+        one, single, three = m(case, f"cluster1_{key}"), m(case, f"single_{key}"), m(case, f"cluster3_{key}")
+        row(
+            f"cluster, **out of the box**: {what}: 1-primary cluster, P = 16",
+            med(vals(case, f"cluster1_{key}")),
+            f"one server, P = 1: {med(vals(case, f'single_{key}'))}; "
+            f"3-primary cluster, P = 16: {med(vals(case, f'cluster3_{key}'))}",
+            f"{one / single:.2f}× one server (3 primaries: {three / single:.2f}×)",
+            "≥ 0.85× one server",
+            one / single >= 0.85,
+        )
+    row(
+        "cluster scaling: msg/s at 1, 3 and 6 primaries",
+        f"not measured: this machine has {os.cpu_count()} CPUs",
+        "",
+        "",
+        "≥ 0.8× linear (on a machine of 16 cores)",
+        None,
+    )
+
+
 #: The outbox's own cases, and their figures, of ``--baseline``.
 BASELINE_CASES = {
     "outbox-send": ("send_per_s", "deliver_per_s", "pending_bytes", "succeeded_bytes", "server_cmds_per_msg"),
@@ -971,6 +1126,12 @@ def main(argv: list[str]) -> None:
         help="only the delivery rows out of the box beside tuned (no-op and webhook; Dramatiq for reference)",
     )
     parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="only the cluster rows: one server (P=1), a 1- and a 3-primary cluster (P=16), used in turn "
+        "(benchmarks/results/cluster.md)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
         help="another checkout (e.g. `git worktree add /tmp/base <commit>`): only the outbox's cases, "
@@ -998,11 +1159,15 @@ def main(argv: list[str]) -> None:
         "latency-outbox": latency_n,
         "latency-dramatiq": latency_n,
     }
-    cases = SETTINGS_CASES if args.settings_only else list(CASES)
+    cases = SETTINGS_CASES if args.settings_only else [c for c in CASES if c not in DIAGNOSTIC_CASES]
     if args.settings_only:
         args.admin_total = 0
         if args.out == str(RESULTS):
             args.out = str(RESULTS.with_name("settings.md"))
+    if args.cluster:
+        cases, args.admin_total = CLUSTER_CASES, 0
+        if args.out == str(RESULTS):
+            args.out = str(RESULTS.with_name("cluster.md"))
     results: dict[str, list[dict]] = {name: [] for name in cases}
     loads = [loadavg()]
     started = time.time()
@@ -1038,7 +1203,7 @@ def main(argv: list[str]) -> None:
     def row(what, ours, peers, ratio, target, met):
         rows.append((what, ours, peers, ratio, target, "" if met is None else ("yes" if met else "**NO**")))
 
-    if not args.settings_only:
+    if not (args.settings_only or args.cluster):
         r = m("outbox-send", "send_per_s") / m("dramatiq", "send_per_s")
         row(
             "send() per s",
@@ -1159,9 +1324,20 @@ def main(argv: list[str]) -> None:
                     admin[page][0] < 100,
                 )
 
-    settings_rows(m, vals, row)
+    if "outbox-send-defaults" in results:
+        settings_rows(m, vals, row)
+    if "cluster-alternating" in results:
+        cluster_rows(m, vals, row)
 
-    top = results["outbox-send"][-1]["server_top"]
+    notes = []
+    if "outbox-send" in results:
+        top = results["outbox-send"][-1]["server_top"]
+        notes = [
+            "",
+            "Server-side commands during the send() delivery run (tuned; last round, N messages): "
+            + ", ".join(f"{k} {v}" for k, v in top),
+            f"RQ keys left after the outbox's deliveries (last round): {results['outbox-send'][-1]['rq_keys_left']}.",
+        ]
     lines = [
         f"# Side-by-side benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))})",
         "",
@@ -1174,10 +1350,7 @@ def main(argv: list[str]) -> None:
         "| what | outbox | peer(s), same run | ratio | target | met |",
         "|---|---|---|---|---|:-:|",
         *[f"| {' | '.join(cells)} |" for cells in rows],
-        "",
-        "Server-side commands during the send() delivery run (tuned; last round, N messages): "
-        + ", ".join(f"{k} {v}" for k, v in top),
-        f"RQ keys left after the outbox's deliveries (last round): {results['outbox-send'][-1]['rq_keys_left']}.",
+        *notes,
     ]
     text = "\n".join(lines) + "\n"
     print()

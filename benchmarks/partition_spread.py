@@ -49,7 +49,9 @@ def partitions_per_primary(partitions: int, primaries: int) -> list[int]:
 def table(partition_counts: list[int], primary_counts: list[int]) -> str:
     """A Markdown table: one row per P, per N the busiest/idlest partitions per primary
     and busiest / mean."""
-    head = "| P | " + " | ".join(f"{n} primaries: busiest / idlest (mean), busiest ÷ mean" for n in primary_counts)
+    head = "| P | " + " | ".join(
+        f"{n} primaries: busiest / idlest (mean), busiest ÷ mean" for n in primary_counts
+    )
     lines = [head + " |", "|---|" + "---|" * len(primary_counts)]
     for p in partition_counts:
         cells = []
