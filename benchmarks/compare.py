@@ -646,15 +646,21 @@ def case_cluster(n: int, primaries: int, partitions: int, profile: str = "defaul
 
 
 #: The set-ups of the cluster rows: (label, primaries (0: one server), partitions).
-CLUSTER_SETUPS = (("single", 0, 1), ("cluster1", 1, 16), ("cluster3", 3, 16))
+#: ``single16`` (one server at P = 16, a private server of its own) tells the cost of
+#: partitions from the cost of the cluster client.
+CLUSTER_SETUPS = (("single", 0, 1), ("single16", 0, 16), ("cluster1", 1, 16), ("cluster3", 3, 16))
 CLUSTER_SEND_BLOCK = 200  # send() calls per timed block
 CLUSTER_MANY_BLOCK = 5  # send_many(100) calls per timed block
 
 
-def case_cluster_alternating(n: int, bursts: int = 2) -> dict:
-    """Issue 22's cluster rows, in one process: one private server (P = 1), a private
-    1-primary and a 3-primary cluster (P = 16, RQ's queues on the private server beside
-    them, as a cluster deployment runs it), used in turn, so the three see the machine
+#: The set-ups of the partitions rows (docs/operations.md, "Choosing P"): P on 3 primaries.
+PARTITION_SETUPS = (("p16", 3, 16), ("p64", 3, 64), ("p256", 3, 256))
+
+
+def case_cluster_alternating(n: int, bursts: int = 2, setups: tuple = CLUSTER_SETUPS) -> dict:
+    """Issue 22's cluster rows, in one process: one private server (P = 1), another at
+    P = 16, a private 1-primary and a 3-primary cluster (P = 16, RQ's queues on the first
+    private server beside them, as a cluster deployment runs it), used in turn, so the three see the machine
     at nearly the same moments (on this shared VM the load moves within seconds; the
     per-set-up cases ``single-p1``... run tens of seconds apart).
 
@@ -666,17 +672,20 @@ def case_cluster_alternating(n: int, bursts: int = 2) -> dict:
       ``send_many``, then drained by a new worker process on that set-up, out of the
       box: no ``MAX_IN_FLIGHT``), set-up after set-up; median drain rate.
 
-    The outbox is pointed at each set-up with ``override_settings`` (the repository and
+    ``setups``: (label, primaries, partitions) of each (:data:`PARTITION_SETUPS`: three
+    3-primary clusters at P = 16, 64, 256). The outbox is pointed at each set-up with ``override_settings`` (the repository and
     connection built anew at each switch, before the block's timing starts)."""
     from django.test import override_settings
 
+    from outbox.testing import RedisServer
     from outbox.testing.cluster_server import ClusterServer
 
     use_profile("defaults")
     server = private_redis()
+    other = RedisServer().start()  # single16's
     clusters: dict[str, ClusterServer] = {}
     try:
-        for label, primaries, _ in CLUSTER_SETUPS:
+        for label, primaries, _ in setups:
             if primaries:
                 clusters[label] = ClusterServer(primaries=primaries).start()
         setup_django()
@@ -690,15 +699,23 @@ def case_cluster_alternating(n: int, bursts: int = 2) -> dict:
 
         def use(label: str):
             """override_settings for set-up ``label``, and the worker's environment."""
-            _, primaries, partitions = next(s for s in CLUSTER_SETUPS if s[0] == label)
-            if not primaries:
+            _, primaries, partitions = next(s for s in setups if s[0] == label)
+            if not primaries and partitions == 1:
                 return override_settings(OUTBOX={**base}), {"BENCH_CLUSTER_NODES": "", "BENCH_PARTITIONS": ""}
+            if not primaries:
+                caches = {"default": {**settings.CACHES["default"], "LOCATION": other.url}}
+                env = {
+                    "BENCH_CLUSTER_NODES": "",
+                    "BENCH_PARTITIONS": str(partitions),
+                    "OUTBOX_TEST_REDIS_URL": other.url,
+                }
+                return override_settings(OUTBOX={**base, "PARTITIONS": partitions}, CACHES=caches), env
             urls = clusters[label].urls
             outbox_setting = {**base, "CLUSTER": {"NODES": urls}, "PARTITIONS": partitions}
             env = {"BENCH_CLUSTER_NODES": ",".join(urls), "BENCH_PARTITIONS": str(partitions)}
             return override_settings(OUTBOX=outbox_setting, RQ_QUEUES=rq_plain), env
 
-        labels = [label for label, _, _ in CLUSTER_SETUPS]
+        labels = [label for label, _, _ in setups]
 
         def turns(count: int):
             """(turn, label) for ``count`` turns of every set-up, the order rotating."""
@@ -756,6 +773,7 @@ def case_cluster_alternating(n: int, bursts: int = 2) -> dict:
     finally:
         for cluster in clusters.values():
             cluster.stop()
+        other.stop()
         server.stop()
 
 
@@ -774,11 +792,15 @@ CASES = {
     "latency-dramatiq": case_latency_dramatiq,
     # issue 22: the same on one server (P = 1), a 1-primary and a 3-primary cluster (P = 16)
     "cluster-alternating": case_cluster_alternating,
+    "partitions-alternating": lambda n: case_cluster_alternating(n, setups=PARTITION_SETUPS),
     "single-p1": lambda n: case_cluster(n, primaries=0, partitions=1),
     "cluster1-p16": lambda n: case_cluster(n, primaries=1, partitions=16),
     "cluster3-p16": lambda n: case_cluster(n, primaries=3, partitions=16),
     # diagnostics, not in a table: partitions alone (a cluster needs P > 1: keys of several slots)
     "single-p16": lambda n: case_cluster(n, primaries=0, partitions=16),
+    # choosing P (docs/operations.md): the cost of more partitions on 3 primaries
+    "cluster3-p64": lambda n: case_cluster(n, primaries=3, partitions=64),
+    "cluster3-p256": lambda n: case_cluster(n, primaries=3, partitions=256),
 }
 
 
@@ -1009,7 +1031,15 @@ def settings_rows(m, vals, row) -> None:
 #: The cases of ``--cluster``.
 CLUSTER_CASES = ["cluster-alternating"]
 #: Cases run by name only (``case NAME``), for diagnostics: no row of the table reads them.
-DIAGNOSTIC_CASES = {"single-p1", "cluster1-p16", "cluster3-p16", "single-p16"}
+DIAGNOSTIC_CASES = {
+    "partitions-alternating",
+    "single-p1",
+    "cluster1-p16",
+    "cluster3-p16",
+    "single-p16",
+    "cluster3-p64",
+    "cluster3-p256",
+}
 
 
 def cluster_rows(m, vals, row) -> None:
@@ -1025,12 +1055,15 @@ def cluster_rows(m, vals, row) -> None:
         ("deliver_per_s", "no-op delivery (callable), 1 worker, sent with send_many(100), msg/s"),
     ):
         one, single, three = m(case, f"cluster1_{key}"), m(case, f"single_{key}"), m(case, f"cluster3_{key}")
+        partitioned = m(case, f"single16_{key}")
         row(
             f"cluster, **out of the box**: {what}: 1-primary cluster, P = 16",
             med(vals(case, f"cluster1_{key}")),
             f"one server, P = 1: {med(vals(case, f'single_{key}'))}; "
-            f"3-primary cluster, P = 16: {med(vals(case, f'cluster3_{key}'))}",
-            f"{one / single:.2f}× one server (3 primaries: {three / single:.2f}×)",
+            f"3-primary cluster, P = 16: {med(vals(case, f'cluster3_{key}'))}; "
+            f"one server, P = 16: {med(vals(case, f'single16_{key}'))}",
+            f"{one / single:.2f}× one server (3 primaries: {three / single:.2f}×; "
+            f"one server at P = 16: {partitioned / single:.2f}×)",
             "≥ 0.85× one server",
             one / single >= 0.85,
         )
