@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.compare                 # 3 interleaved rounds, ~6 min
     .venv/bin/python -m benchmarks.compare --quick         # 1 round, small N (development)
     .venv/bin/python -m benchmarks.compare --baseline DIR  # the outbox's cases, this checkout vs DIR
+    .venv/bin/python -m benchmarks.compare --cluster       # issue 22's cluster rows only, ~5 min
 
 Every measurement ("case") runs in a process of its own with its own private Redis
 (:class:`outbox.testing.RedisServer`), so memory figures are clean; workers are real

@@ -200,7 +200,12 @@ class RepositoryBase:
                 name, args, keys = parts[i]
                 _need_keys(name, keys)
                 pipe.execute_command(
-                    "EVALSHA", sha(name), len(keys), *keys, *args, target_nodes=_primary_of(client, name, keys)
+                    "EVALSHA",
+                    sha(name),
+                    len(keys),
+                    *keys,
+                    *args,
+                    target_nodes=_primary_of(client, name, keys),
                 )
         else:
             for i in which:
