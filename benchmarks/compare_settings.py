@@ -61,6 +61,8 @@ if os.environ.get("BENCH_PROFILE") == "defaults":
         _entry.pop("MAX_IN_FLIGHT", None)
 if os.environ.get("BENCH_MAX_IN_FLIGHT"):  # diagnostics only: the table uses the default (16)
     OUTBOX["MAX_IN_FLIGHT"] = int(os.environ["BENCH_MAX_IN_FLIGHT"])
+if os.environ.get("BENCH_CONCURRENCY"):  # diagnostics only: the tables use the default (32)
+    OUTBOX["CONCURRENCY"] = int(os.environ["BENCH_CONCURRENCY"])
 if os.environ.get("BENCH_CLUSTER_NODES"):
     OUTBOX["CLUSTER"] = {"NODES": os.environ["BENCH_CLUSTER_NODES"].split(",")}
     OUTBOX["PARTITIONS"] = int(os.environ.get("BENCH_PARTITIONS", "16"))
