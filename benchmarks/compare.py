@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.compare                 # 3 interleaved rounds, ~6 min
     .venv/bin/python -m benchmarks.compare --quick         # 1 round, small N (development)
     .venv/bin/python -m benchmarks.compare --baseline DIR  # the outbox's cases, this checkout vs DIR
+    .venv/bin/python -m benchmarks.compare --cluster       # issue 22's cluster rows only, ~5 min
 
 Every measurement ("case") runs in a process of its own with its own private Redis
 (:class:`outbox.testing.RedisServer`), so memory figures are clean; workers are real
@@ -592,6 +593,204 @@ def case_delivery_alternating(n: int, bursts: int = 6) -> dict:
         server.stop()
 
 
+def case_cluster(n: int, primaries: int, partitions: int, profile: str = "defaults") -> dict:
+    """Issue 22's cluster rows: on a private cluster of ``primaries`` primaries in
+    ``partitions`` partitions (RQ's queues on a plain private Redis beside it), or with
+    ``primaries`` 0 on one private server: ``send()`` of n no-op messages, one worker
+    process delivers them; then ``send_many(100)`` of n more, delivered likewise. Out of
+    the box (``profile`` "defaults": no ``MAX_IN_FLIGHT`` set, see :func:`use_profile`)."""
+    from outbox.testing.cluster_server import ClusterServer
+
+    use_profile(profile)
+    server = private_redis()  # RQ's plain Redis (and the only one with primaries 0)
+    cluster = ClusterServer(primaries=primaries).start() if primaries else None
+    if cluster is not None:
+        os.environ["BENCH_CLUSTER_NODES"] = ",".join(cluster.urls)
+        os.environ["BENCH_PARTITIONS"] = str(partitions)
+    elif partitions > 1:
+        os.environ["BENCH_PARTITIONS"] = str(partitions)
+    try:
+        setup_django()
+        import outbox
+        from outbox.store.connection import empty_database, get_repository
+
+        body = body_200()
+        outbox.send("noop", body)  # scripts loaded, queues known, this thread's connection made
+        empty_database()
+        # A new repository: the old one remembers the destinations it registered (a set in
+        # the {g} slot with partitions), which FLUSHDB removed.
+        get_repository.cache_clear()
+        get_repository().upgrade()  # as outbox_warmed: a running deployment's schema mark
+        out: dict = {}
+        for label, many in (("send", False), ("many", True)):
+            t0 = time.perf_counter()
+            if many:
+                for i in range(0, n, 100):
+                    outbox.send_many([{"destination": "noop", "body": body}] * min(100, n - i))
+            else:
+                for _ in range(n):
+                    outbox.send("noop", body)
+            out[f"{label}_per_s"] = n / (time.perf_counter() - t0)
+            worker = outbox_burst(n)
+            succeeded = get_repository().count("succeeded")
+            assert succeeded == n * (2 if many else 1), (
+                f"{succeeded} succeeded after {label}: {worker} {get_repository().counts()}"
+            )
+            out[f"{label}_deliver_per_s"] = n / worker["drain"]
+            out[f"{label}_deliver_steady_per_s"] = worker["steady"]
+            out[f"{label}_client_trips_per_msg"] = worker["trips"] / n
+        return out
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        server.stop()
+
+
+#: The set-ups of the cluster rows: (label, primaries (0: one server), partitions).
+#: ``single16`` (one server at P = 16, a private server of its own) tells the cost of
+#: partitions from the cost of the cluster client.
+CLUSTER_SETUPS = (("single", 0, 1), ("single16", 0, 16), ("cluster1", 1, 16), ("cluster3", 3, 16))
+CLUSTER_SEND_BLOCK = 200  # send() calls per timed block
+CLUSTER_MANY_BLOCK = 5  # send_many(100) calls per timed block
+#: The tuned delivery rows' worker CONCURRENCY (out of the box: 32). A worker's round
+#: claims up to its free slots, split over the partitions with due work: more slots, more
+#: messages per script call.
+CLUSTER_TUNED_CONCURRENCY = 128
+
+
+#: The set-ups of the partitions rows (docs/operations.md, "Choosing P"): P on 3 primaries.
+PARTITION_SETUPS = (("p16", 3, 16), ("p64", 3, 64), ("p256", 3, 256))
+
+
+def case_cluster_alternating(n: int, bursts: int = 2, setups: tuple = CLUSTER_SETUPS) -> dict:
+    """Issue 22's cluster rows, in one process: one private server (P = 1), another at
+    P = 16, a private 1-primary and a 3-primary cluster (P = 16, RQ's queues on the first
+    private server beside them, as a cluster deployment runs it), used in turn, so the three see the machine
+    at nearly the same moments (on this shared VM the load moves within seconds; the
+    per-set-up cases ``single-p1``... run tens of seconds apart).
+
+    * ``send()``: blocks of :data:`CLUSTER_SEND_BLOCK` calls, set-up after set-up in a
+      rotating order, n calls each; median µs per call over the blocks of each.
+    * ``send_many(100)``: blocks of :data:`CLUSTER_MANY_BLOCK` calls likewise, n
+      messages each; median messages/s over the blocks.
+    * no-op delivery: ``bursts`` bursts of n messages per set-up (sent with
+      ``send_many``, then drained by a new worker process on that set-up, out of the
+      box: no ``MAX_IN_FLIGHT``), set-up after set-up; median drain rate. Beside each,
+      a burst drained by a tuned worker (``CONCURRENCY`` :data:`CLUSTER_TUNED_CONCURRENCY`),
+      which goes first every other turn.
+
+    ``setups``: (label, primaries, partitions) of each (:data:`PARTITION_SETUPS`: three
+    3-primary clusters at P = 16, 64, 256). The outbox is pointed at each set-up with ``override_settings`` (the repository and
+    connection built anew at each switch, before the block's timing starts)."""
+    from django.test import override_settings
+
+    from outbox.testing import RedisServer
+    from outbox.testing.cluster_server import ClusterServer
+
+    use_profile("defaults")
+    server = private_redis()
+    other = RedisServer().start()  # single16's
+    clusters: dict[str, ClusterServer] = {}
+    try:
+        for label, primaries, _ in setups:
+            if primaries:
+                clusters[label] = ClusterServer(primaries=primaries).start()
+        setup_django()
+        from django.conf import settings
+
+        import outbox
+        from outbox.store.connection import empty_database, get_repository
+
+        base = settings.OUTBOX
+        rq_plain = {name: {"URL": server.url} for name in OUTBOX_QUEUES}
+
+        def use(label: str):
+            """override_settings for set-up ``label``, and the worker's environment."""
+            _, primaries, partitions = next(s for s in setups if s[0] == label)
+            if not primaries and partitions == 1:
+                return override_settings(OUTBOX={**base}), {"BENCH_CLUSTER_NODES": "", "BENCH_PARTITIONS": ""}
+            if not primaries:
+                caches = {"default": {**settings.CACHES["default"], "LOCATION": other.url}}
+                env = {
+                    "BENCH_CLUSTER_NODES": "",
+                    "BENCH_PARTITIONS": str(partitions),
+                    "OUTBOX_TEST_REDIS_URL": other.url,
+                }
+                return override_settings(OUTBOX={**base, "PARTITIONS": partitions}, CACHES=caches), env
+            urls = clusters[label].urls
+            outbox_setting = {**base, "CLUSTER": {"NODES": urls}, "PARTITIONS": partitions}
+            env = {"BENCH_CLUSTER_NODES": ",".join(urls), "BENCH_PARTITIONS": str(partitions)}
+            return override_settings(OUTBOX=outbox_setting, RQ_QUEUES=rq_plain), env
+
+        labels = [label for label, _, _ in setups]
+
+        def turns(count: int):
+            """(turn, label) for ``count`` turns of every set-up, the order rotating."""
+            for t in range(count):
+                shift = t % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    yield t, label
+
+        def empty_all() -> None:
+            for label in labels:
+                context, _ = use(label)
+                with context:
+                    empty_database()
+
+        body = body_200()
+        send_us: dict[str, list[float]] = {label: [] for label in labels}
+        for _, label in turns(max(1, n // CLUSTER_SEND_BLOCK)):
+            context, _ = use(label)
+            with context:
+                outbox.send("noop", body)  # this set-up's repository, scripts and connections ready
+                t0 = time.perf_counter()
+                for _ in range(CLUSTER_SEND_BLOCK):
+                    outbox.send("noop", body)
+                send_us[label].append((time.perf_counter() - t0) / CLUSTER_SEND_BLOCK * 1e6)
+        many_rate: dict[str, list[float]] = {label: [] for label in labels}
+        for _, label in turns(max(1, n // (100 * CLUSTER_MANY_BLOCK))):
+            context, _ = use(label)
+            with context:
+                outbox.send("noop", body)
+                t0 = time.perf_counter()
+                for _ in range(CLUSTER_MANY_BLOCK):
+                    outbox.send_many([{"destination": "noop", "body": body}] * 100)
+                many_rate[label].append(100 * CLUSTER_MANY_BLOCK / (time.perf_counter() - t0))
+        empty_all()  # and RQ's wake-up jobs of those sends, on the private server
+        deliver_rate: dict[str, list[float]] = {label: [] for label in labels}
+        tuned_rate: dict[str, list[float]] = {label: [] for label in labels}
+        delivered = dict.fromkeys(labels, 0)
+        for turn, label in turns(bursts):
+            context, env = use(label)
+            with context:
+                get_repository().upgrade()  # a running deployment's schema mark (see outbox_warmed)
+                # out of the box, then tuned (or the other way round, turn by turn)
+                for tuned in (False, True) if turn % 2 == 0 else (True, False):
+                    for i in range(0, n, 100):
+                        outbox.send_many([{"destination": "noop", "body": body}] * min(100, n - i))
+                    worker_env = {**env, "BENCH_CONCURRENCY": str(CLUSTER_TUNED_CONCURRENCY) if tuned else ""}
+                    worker = outbox_burst(n, env=worker_env)
+                    delivered[label] += n
+                    succeeded = get_repository().count("succeeded")
+                    assert succeeded == delivered[label], (
+                        f"{label}: {succeeded} of {delivered[label]} succeeded"
+                    )
+                    (tuned_rate if tuned else deliver_rate)[label].append(n / worker["drain"])
+        out: dict = {}
+        for label in labels:
+            out[f"{label}_send_us"] = statistics.median(send_us[label])
+            out[f"{label}_send_per_s"] = 1e6 / out[f"{label}_send_us"]
+            out[f"{label}_many_per_s"] = statistics.median(many_rate[label])
+            out[f"{label}_deliver_per_s"] = statistics.median(deliver_rate[label])
+            out[f"{label}_tuned_deliver_per_s"] = statistics.median(tuned_rate[label])
+        return out
+    finally:
+        for cluster in clusters.values():
+            cluster.stop()
+        other.stop()
+        server.stop()
+
+
 CASES = {
     "send-alternating": case_send_alternating,
     "outbox-send": lambda n: case_outbox(n, many=False),
@@ -605,6 +804,17 @@ CASES = {
     "webhook-httpx": case_webhook_httpx,
     "latency-outbox": case_latency_outbox,
     "latency-dramatiq": case_latency_dramatiq,
+    # issue 22: the same on one server (P = 1), a 1-primary and a 3-primary cluster (P = 16)
+    "cluster-alternating": case_cluster_alternating,
+    "partitions-alternating": lambda n: case_cluster_alternating(n, setups=PARTITION_SETUPS),
+    "single-p1": lambda n: case_cluster(n, primaries=0, partitions=1),
+    "cluster1-p16": lambda n: case_cluster(n, primaries=1, partitions=16),
+    "cluster3-p16": lambda n: case_cluster(n, primaries=3, partitions=16),
+    # diagnostics, not in a table: partitions alone (a cluster needs P > 1: keys of several slots)
+    "single-p16": lambda n: case_cluster(n, primaries=0, partitions=16),
+    # choosing P (docs/operations.md): the cost of more partitions on 3 primaries
+    "cluster3-p64": lambda n: case_cluster(n, primaries=3, partitions=64),
+    "cluster3-p256": lambda n: case_cluster(n, primaries=3, partitions=256),
 }
 
 
@@ -832,6 +1042,69 @@ def settings_rows(m, vals, row) -> None:
     )
 
 
+#: The cases of ``--cluster``.
+CLUSTER_CASES = ["cluster-alternating"]
+#: Cases run by name only (``case NAME``), for diagnostics: no row of the table reads them.
+DIAGNOSTIC_CASES = {
+    "partitions-alternating",
+    "single-p1",
+    "cluster1-p16",
+    "cluster3-p16",
+    "single-p16",
+    "cluster3-p64",
+    "cluster3-p256",
+}
+
+
+def cluster_rows(m, vals, row) -> None:
+    """Issue 22's cluster rows (:func:`case_cluster_alternating`): each figure on a
+    1-primary cluster at P = 16 against one server at P = 1, the 3-primary cluster beside
+    it, out of the box (no ``MAX_IN_FLIGHT`` set; nothing tuned). Target: cluster / single
+    >= 0.85x on one primary. The scaling figure (1, 3, 6 primaries, >= 0.8x linear) needs
+    a machine with a core per primary and its clients; on fewer cores it is not measured."""
+    case = "cluster-alternating"
+    for key, what in (
+        ("send_per_s", f"send() per s, one thread (median of blocks of {CLUSTER_SEND_BLOCK} calls)"),
+        ("many_per_s", f"send_many(100) msg/s, one thread (median of blocks of {CLUSTER_MANY_BLOCK} calls)"),
+        ("deliver_per_s", "no-op delivery (callable), 1 worker, sent with send_many(100), msg/s"),
+    ):
+        one, single, three = m(case, f"cluster1_{key}"), m(case, f"single_{key}"), m(case, f"cluster3_{key}")
+        partitioned = m(case, f"single16_{key}")
+        row(
+            f"cluster, **out of the box**: {what}: 1-primary cluster, P = 16",
+            med(vals(case, f"cluster1_{key}")),
+            f"one server, P = 1: {med(vals(case, f'single_{key}'))}; "
+            f"3-primary cluster, P = 16: {med(vals(case, f'cluster3_{key}'))}; "
+            f"one server, P = 16: {med(vals(case, f'single16_{key}'))}",
+            f"{one / single:.2f}× one server (3 primaries: {three / single:.2f}×; "
+            f"one server at P = 16: {partitioned / single:.2f}×)",
+            "≥ 0.85× one server",
+            one / single >= 0.85,
+        )
+    key = "tuned_deliver_per_s"
+    one, single, three = m(case, f"cluster1_{key}"), m(case, f"single_{key}"), m(case, f"cluster3_{key}")
+    row(
+        f"cluster, **tuned** (every worker CONCURRENCY {CLUSTER_TUNED_CONCURRENCY}, against 32 out of the box): "
+        "no-op delivery, 1 worker, msg/s: 1-primary cluster, P = 16",
+        med(vals(case, f"cluster1_{key}")),
+        f"one server, P = 1, tuned alike: {med(vals(case, f'single_{key}'))}; "
+        f"3-primary cluster, P = 16: {med(vals(case, f'cluster3_{key}'))}; "
+        f"one server, P = 16: {med(vals(case, f'single16_{key}'))}",
+        f"{one / single:.2f}× one server (3 primaries: {three / single:.2f}×; "
+        f"one server at P = 16: {m(case, f'single16_{key}') / single:.2f}×)",
+        "≥ 0.85× one server",
+        one / single >= 0.85,
+    )
+    row(
+        "cluster scaling: msg/s at 1, 3 and 6 primaries",
+        f"not measured: this machine has {os.cpu_count()} CPUs",
+        "",
+        "",
+        "≥ 0.8× linear (on a machine of 16 cores)",
+        None,
+    )
+
+
 #: The outbox's own cases, and their figures, of ``--baseline``.
 BASELINE_CASES = {
     "outbox-send": ("send_per_s", "deliver_per_s", "pending_bytes", "succeeded_bytes", "server_cmds_per_msg"),
@@ -914,6 +1187,12 @@ def main(argv: list[str]) -> None:
         help="only the delivery rows out of the box beside tuned (no-op and webhook; Dramatiq for reference)",
     )
     parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="only the cluster rows: one server (P=1), a 1- and a 3-primary cluster (P=16), used in turn "
+        "(benchmarks/results/cluster.md)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
         help="another checkout (e.g. `git worktree add /tmp/base <commit>`): only the outbox's cases, "
@@ -941,11 +1220,15 @@ def main(argv: list[str]) -> None:
         "latency-outbox": latency_n,
         "latency-dramatiq": latency_n,
     }
-    cases = SETTINGS_CASES if args.settings_only else list(CASES)
+    cases = SETTINGS_CASES if args.settings_only else [c for c in CASES if c not in DIAGNOSTIC_CASES]
     if args.settings_only:
         args.admin_total = 0
         if args.out == str(RESULTS):
             args.out = str(RESULTS.with_name("settings.md"))
+    if args.cluster:
+        cases, args.admin_total = CLUSTER_CASES, 0
+        if args.out == str(RESULTS):
+            args.out = str(RESULTS.with_name("cluster.md"))
     results: dict[str, list[dict]] = {name: [] for name in cases}
     loads = [loadavg()]
     started = time.time()
@@ -981,7 +1264,7 @@ def main(argv: list[str]) -> None:
     def row(what, ours, peers, ratio, target, met):
         rows.append((what, ours, peers, ratio, target, "" if met is None else ("yes" if met else "**NO**")))
 
-    if not args.settings_only:
+    if not (args.settings_only or args.cluster):
         r = m("outbox-send", "send_per_s") / m("dramatiq", "send_per_s")
         row(
             "send() per s",
@@ -1102,9 +1385,20 @@ def main(argv: list[str]) -> None:
                     admin[page][0] < 100,
                 )
 
-    settings_rows(m, vals, row)
+    if "outbox-send-defaults" in results:
+        settings_rows(m, vals, row)
+    if "cluster-alternating" in results:
+        cluster_rows(m, vals, row)
 
-    top = results["outbox-send"][-1]["server_top"]
+    notes = []
+    if "outbox-send" in results:
+        top = results["outbox-send"][-1]["server_top"]
+        notes = [
+            "",
+            "Server-side commands during the send() delivery run (tuned; last round, N messages): "
+            + ", ".join(f"{k} {v}" for k, v in top),
+            f"RQ keys left after the outbox's deliveries (last round): {results['outbox-send'][-1]['rq_keys_left']}.",
+        ]
     lines = [
         f"# Side-by-side benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))})",
         "",
@@ -1117,10 +1411,7 @@ def main(argv: list[str]) -> None:
         "| what | outbox | peer(s), same run | ratio | target | met |",
         "|---|---|---|---|---|:-:|",
         *[f"| {' | '.join(cells)} |" for cells in rows],
-        "",
-        "Server-side commands during the send() delivery run (tuned; last round, N messages): "
-        + ", ".join(f"{k} {v}" for k, v in top),
-        f"RQ keys left after the outbox's deliveries (last round): {results['outbox-send'][-1]['rq_keys_left']}.",
+        *notes,
     ]
     text = "\n".join(lines) + "\n"
     print()

@@ -19,6 +19,11 @@ table's rows differ by; the compare says which profile each row ran):
   alone in the queue exceeds by borrowing idle slots, up to 24 (``outbox/delivery.py``,
   ``lend_reserve``).
 
+``BENCH_CLUSTER_NODES`` (comma-separated ``redis://host:port``) puts the outbox's data on
+that Redis/Valkey Cluster (``OUTBOX["CLUSTER"]``) in ``BENCH_PARTITIONS`` partitions
+(default 16), with RQ's queues on the plain private Redis of ``OUTBOX_TEST_REDIS_URL``
+beside it, as a cluster deployment runs it (docs/operations.md, "Running on a cluster").
+
 The ``outbox`` logger is at INFO (what ``manage.py outbox_worker`` sets at its default
 verbosity) with no handler: each attempt's log record is built, not written out.
 """
@@ -56,6 +61,18 @@ if os.environ.get("BENCH_PROFILE") == "defaults":
         _entry.pop("MAX_IN_FLIGHT", None)
 if os.environ.get("BENCH_MAX_IN_FLIGHT"):  # diagnostics only: the table uses the default (16)
     OUTBOX["MAX_IN_FLIGHT"] = int(os.environ["BENCH_MAX_IN_FLIGHT"])
+if os.environ.get("BENCH_CONCURRENCY"):  # diagnostics only: the tables use the default (32)
+    OUTBOX["CONCURRENCY"] = int(os.environ["BENCH_CONCURRENCY"])
+if os.environ.get("BENCH_CLUSTER_NODES"):
+    OUTBOX["CLUSTER"] = {"NODES": os.environ["BENCH_CLUSTER_NODES"].split(",")}
+    OUTBOX["PARTITIONS"] = int(os.environ.get("BENCH_PARTITIONS", "16"))
+    # RQ cannot run on a cluster: its queues on the plain private Redis (outbox.E009, W001).
+    RQ_QUEUES = {name: {"URL": REDIS_URL} for name in ("outbox_high", "outbox", "outbox_low")}  # noqa: F405
+elif os.environ.get("BENCH_PARTITIONS"):  # diagnostics: partitions on the single server
+    OUTBOX["PARTITIONS"] = int(os.environ["BENCH_PARTITIONS"])
+if OUTBOX.get("PARTITIONS", 1) > 1 or OUTBOX.get("CLUSTER"):
+    # outbox.E010 refuses both until issue 22 is done; the worker process runs the checks.
+    SILENCED_SYSTEM_CHECKS = ["outbox.E010"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -150,7 +150,8 @@ class RepositoryBase:
         """Set the wake-up flag of each of ``queues`` that has none (``SET NX PX``): the
         queues whose flag this set (the caller enqueues one wake-up job for each). With
         one partition the scripts set the flags themselves and ``queues`` are those
-        already: returned as they are.
+        already: returned as they are. One queue (every ``send()``) is one command, not a
+        pipeline: a cluster client's pipeline costs it more than a command does.
 
         The messages are written by then: when the flags' node cannot be reached (an
         outage, :data:`.outages.PARTITION_UNAVAILABLE`), no queue is woken and a warning
@@ -158,11 +159,16 @@ class RepositoryBase:
         finds the due messages instead."""
         if not queues or not self.keys.partitioned:
             return list(queues)
-        pipe = self.connection.pipeline(transaction=False)
-        for queue in queues:
-            pipe.set(self.keys.wake(queue), repr(now), nx=True, px=self.wake_ttl_ms)
         try:
-            replies = pipe.execute()
+            if len(queues) == 1:
+                replies = [
+                    self.connection.set(self.keys.wake(queues[0]), repr(now), nx=True, px=self.wake_ttl_ms)
+                ]
+            else:
+                pipe = self.connection.pipeline(transaction=False)
+                for queue in queues:
+                    pipe.set(self.keys.wake(queue), repr(now), nx=True, px=self.wake_ttl_ms)
+                replies = pipe.execute()
         except PARTITION_UNAVAILABLE as exc:
             logger.warning(
                 "outbox: messages written, but the wake-up flags of %s could not be set (%s: %s); "
@@ -251,19 +257,26 @@ class RepositoryBase:
     ) -> list[Any]:
         """The calls ``parts[i]`` for ``i`` in ``which`` in one pipeline: their replies,
         errors included. On a cluster ``EVALSHA`` goes through ``execute_command``:
-        redis-py 8.1's cluster pipeline refuses ``pipe.evalsha`` (redis-py PR #4206)."""
+        redis-py 8.1's cluster pipeline refuses ``pipe.evalsha`` (redis-py PR #4206).
+        Each call names its primary (``target_nodes``, from the client's slot map), since
+        redis-py 8's cluster pipeline otherwise asks the server for the keys of every
+        ``EVALSHA`` it routes (``COMMAND GETKEYS``, one round trip per call, the keys
+        being in the call already). A call redirected (``MOVED``, ``ASK``, ``TRYAGAIN``)
+        is sent again by redis-py without that name, routed by its keys."""
         client = client or self.connection
         pipe = client.pipeline(transaction=False)
         if isinstance(client, RedisCluster):
             for i in which:
                 name, args, keys = parts[i]
                 _need_keys(name, keys)
-                # The node named here: without it, redis-py 8.1's cluster pipeline asks a
-                # node COMMAND GETKEYS for every EVALSHA (a round trip each), as it
-                # routes no movable-keys command of a pipeline by itself. A call met by
-                # MOVED or ASK is sent again by redis-py, routed by its key.
-                node = client.nodes_manager.get_node_from_slot(key_slot(keys[0].encode()))
-                pipe.execute_command("EVALSHA", sha(name), len(keys), *keys, *args, target_nodes=node)
+                pipe.execute_command(
+                    "EVALSHA",
+                    sha(name),
+                    len(keys),
+                    *keys,
+                    *args,
+                    target_nodes=_primary_of(client, name, keys),
+                )
         else:
             for i in which:
                 name, args, keys = parts[i]
@@ -284,7 +297,7 @@ class RepositoryBase:
         groups: dict[str, tuple[Any, list[int]]] = {}
         for i, (name, _args, keys) in enumerate(parts):
             _need_keys(name, keys)
-            node = cluster.nodes_manager.get_node_from_slot(key_slot(keys[0].encode()))
+            node = _primary_of(cluster, name, keys)
             groups.setdefault(node.name, (node, []))[1].append(i)
         replies: list[Any] = [None] * len(parts)
         for node, positions in groups.values():
@@ -325,6 +338,21 @@ class RepositoryBase:
         except NoScriptError:
             self.load_scripts()
             return client.evalsha(sha(name), len(keys), *keys, *args)
+
+
+def _primary_of(client: RedisCluster, name: str, keys: Sequence[str]) -> Any:
+    """The primary (a ``redis.cluster.ClusterNode``) that serves ``keys``' slot in
+    ``client``'s slot map.
+
+    Raises:
+        redis.exceptions.RedisClusterException: ``keys`` are of several slots (as redis-py
+            raises when it routes such a call itself).
+        redis.exceptions.SlotNotCoveredError: no node serves the slot.
+    """
+    slots = {client.keyslot(key) for key in keys}  # type: ignore[no-untyped-call]
+    if len(slots) != 1:
+        raise RedisClusterException(f"script {name!r}: EVALSHA - all keys must map to the same key slot")
+    return client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
 
 
 def _need_keys(name: str, keys: Sequence[str]) -> None:

@@ -252,3 +252,47 @@ def test_redis_py_cluster_pipelines_still_refuse_evalsha(cluster_outbox):
     redis-py carries PR #4206 and ``pipe.evalsha`` works on a cluster pipeline too."""
     with pytest.raises(RedisClusterException, match="evalsha is blocked"):
         cluster_outbox.pipeline(transaction=False).evalsha("0" * 40, 1, "k")
+
+
+def getkeys_calls(redis_cluster) -> int:
+    """``COMMAND GETKEYS`` calls the cluster's primaries have answered (INFO commandstats)."""
+    total = 0
+    for node in redis_cluster.nodes:
+        stats = redis_cluster.node_client(node).info("commandstats")
+        total += int(stats.get("cmdstat_command|getkeys", {}).get("calls", 0))
+    return total
+
+
+def test_run_scripts_asks_no_node_for_the_keys_of_its_calls(cluster_outbox, redis_cluster, probe):
+    """redis-py 8's cluster pipeline asks a node (``COMMAND GETKEYS``, a round trip) for
+    the keys of each EVALSHA it routes itself; run_scripts names each call's primary."""
+    repo = get_repository()
+    keys = tagged_keys(redis_cluster)
+    repo.run_scripts([("probe", ["warm"], list(pair)) for pair in keys])
+    before = getkeys_calls(redis_cluster)
+    replies = repo.run_scripts([("probe", [f"v{i}"], list(pair)) for i, pair in enumerate(keys)] * 2)
+    assert [r[0][-1] for r in replies] == [b"v0", b"v1", b"v2"] * 2
+    assert getkeys_calls(redis_cluster) == before
+
+
+def test_run_scripts_refuses_keys_of_several_slots(cluster_outbox, redis_cluster, probe):
+    (first, _), (second, _) = tagged_keys(redis_cluster)[:2]
+    with pytest.raises(RedisClusterException, match="same key slot"):
+        get_repository().run_scripts([("probe", ["x"], [first, second])])
+
+
+def test_run_scripts_follows_a_slot_moved_behind_its_back(cluster_outbox, redis_cluster, probe):
+    """The slot map of the outbox's client is stale (MOVED): the call named the old
+    primary, and redis-py sends it again to the new one."""
+    repo = get_repository()
+    keys = tagged_keys(redis_cluster)
+    repo.run_scripts([("probe", ["a"], list(pair)) for pair in keys])
+    key = keys[0][0]
+    slot, source, target = key_slot(key.encode()), redis_cluster.nodes[0], redis_cluster.nodes[1]
+    try:
+        assert redis_cluster.move_slots([slot], target) == 1
+        replies = repo.run_scripts([("probe", ["b"], list(pair)) for pair in keys])
+        assert [r[0] for r in replies] == [[b"a", b"b"]] * 3  # each call ran once, where its slot is
+        assert redis_cluster.node_client(target).lrange(key, 0, -1) == [b"a", b"b"]
+    finally:
+        redis_cluster.move_slots([slot], source)
