@@ -23,7 +23,14 @@ from django.dispatch import receiver
 from django_redis import get_redis_connection
 from redis import ConnectionPool, Redis
 from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
-from redis.exceptions import ClusterDownError, ReadOnlyError, RedisClusterException, SlotNotCoveredError
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    ReadOnlyError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -45,6 +52,16 @@ REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
     ReadOnlyError,
     SlotNotCoveredError,  # redis-py's cluster client: no node serves the slot (not a RedisError)
 )
+
+#: The errors of a cluster that is moving a slot or failing over, after redis-py's own
+#: retries: the same command sent again a moment later may work. ``TryAgainError``
+#: (``TRYAGAIN``: a multi-key command, such as a script with its declared keys, whose keys
+#: a legacy slot migration has split between two nodes), ``ClusterError`` (redis-py's
+#: "TTL exhausted.": 16 redirects, ``ASK``/``MOVED``/``TRYAGAIN``, in a row; and its
+#: subclass ``ClusterDownError``, ``CLUSTERDOWN``), ``SlotNotCoveredError`` (no node serves
+#: the slot yet). A worker retries its writes on these with backoff, as while Redis is
+#: unreachable (:mod:`outbox.delivery.loop`).
+CLUSTER_IN_FLUX: tuple[type[Exception], ...] = (TryAgainError, ClusterError, SlotNotCoveredError)
 
 
 def get_connection() -> Redis:

@@ -91,3 +91,51 @@ def test_the_recovery_sweep_takes_back_a_lost_workers_messages(cluster_mode, hoo
         quarantine=True,
     )
     assert len(alone.messages) == 1 and alone.messages[0].status == "sending"
+
+
+def test_an_outcome_written_while_its_slot_is_half_moved_waits_for_the_move(
+    cluster_mode, redis_cluster, hook, worker
+):
+    """A legacy slot move held half-way while a message is delivered: the message's record
+    has moved, its partition's indexes have not, so writing its outcome answers TRYAGAIN
+    (redis-py gives up after its 16 redirects, about 0.4 s: ``ClusterError: TTL exhausted``).
+    The run waits for the move with backoff, as for an unreachable Redis, and writes the
+    outcome once the slot is handed over (1.5 s later): delivered once, succeeded. Before,
+    the error ended the run with the outcome unwritten, and the message was delivered
+    again after the recovery sweep."""
+    import threading
+    import time
+
+    from redis.crc import key_slot
+
+    from outbox.store import cluster_admin
+
+    m = outbox.send("hook", {"n": 1})
+    repo = get_repository()
+    record = repo.keys.message(m.id).encode()
+    slot = key_slot(record)
+    source = redis_cluster.slot_owner(slot)
+    target = next(n for n in redis_cluster.nodes if n != source)
+    handed_over = threading.Event()
+
+    def finish_later() -> None:
+        time.sleep(1.5)
+        redis_cluster.finish_migration(slot)
+        handed_over.set()
+
+    def half_move(receiver, request):  # while the attempt is in flight
+        redis_cluster.begin_migration(slot, target)
+        cluster_admin.migrate(redis_cluster.node_client(source), target, [record], 5000)
+        threading.Thread(target=finish_later, daemon=True).start()
+        return 200
+
+    hook.answer = half_move
+    try:
+        worker()
+    finally:
+        handed_over.wait(10)
+        if slot in redis_cluster.migrations:
+            redis_cluster.finish_migration(slot)
+    assert handed_over.is_set()
+    assert outbox.get(m.id).status == "succeeded"
+    assert len(hook.requests) == 1
