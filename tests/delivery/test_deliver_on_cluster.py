@@ -4,6 +4,10 @@ wake-up jobs on the plain Redis beside the cluster; signed webhooks arrive."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 import outbox
 from outbox.records import partition_of
 from outbox.store.connection import get_repository
@@ -104,7 +108,6 @@ def test_an_outcome_written_while_its_slot_is_half_moved_waits_for_the_move(
     the error ended the run with the outcome unwritten, and the message was delivered
     again after the recovery sweep."""
     import threading
-    import time
 
     from redis.crc import key_slot
 
@@ -139,3 +142,37 @@ def test_an_outcome_written_while_its_slot_is_half_moved_waits_for_the_move(
     assert handed_over.is_set()
     assert outbox.get(m.id).status == "succeeded"
     assert len(hook.requests) == 1
+
+
+def test_health_declares_every_key_it_writes_so_a_half_moved_slot_writes_nothing(cluster_mode, redis_cluster):
+    """lua/health.lua writes the destination's state hash, its health of the minute and
+    its errors of the hour, all in the destination's home slot. Under a legacy move of
+    that slot held half-way, with the errors key moved and the others not, a call must
+    write nothing (TRYAGAIN, retried by the worker) rather than abort at the errors key
+    after counting the attempt in the other two ("Script attempted to access a non local
+    key": the call's first writes kept). Once the slot is handed over, it writes."""
+    from redis.crc import key_slot
+
+    from outbox.store import cluster_admin
+    from outbox.store.connection import CLUSTER_IN_FLUX
+
+    repo = get_repository()
+    now = time.time()
+    failure = ["hook", "r", 5.0, 500, "HTTPStatusError", "HTTP 500", 0, "m1"]
+    repo.record_outcomes([failure], "{}", now)
+    state = repo.keys.dest("hook")
+    errors = repo.keys.errors("hook", int(now // 3600)).encode()
+    assert cluster_mode.hget(state, "t_r") == b"1" and cluster_mode.exists(errors)
+    slot = key_slot(errors)
+    source = redis_cluster.slot_owner(slot)
+    target = next(n for n in redis_cluster.nodes if n != source)
+    redis_cluster.begin_migration(slot, target)
+    try:
+        cluster_admin.migrate(redis_cluster.node_client(source), target, [errors], 5000)
+        with pytest.raises(CLUSTER_IN_FLUX):
+            repo.record_outcomes([failure], "{}", now)
+        assert redis_cluster.node_client(source).hget(state, "t_r") == b"1"  # nothing written
+    finally:
+        redis_cluster.finish_migration(slot)
+    repo.record_outcomes([failure], "{}", now)
+    assert cluster_mode.hget(state, "t_r") == b"2"
