@@ -26,6 +26,14 @@ replies read): no round trip beyond the wait itself.
 A wait sent on another connection of the pool would count that connection's writes and
 could return at once.
 
+On a cluster (a ``redis.cluster.RedisCluster``), each primary replicates its own writes,
+so the writes are grouped by the primary serving their first key's slot (redis-py's slot
+map) and each group is sent with its wait on one connection to that primary
+(:func:`_cluster_commands_then_wait`); the acknowledgement is met only when every
+primary's is. A write that meets ``MOVED``/``ASK`` (a slot moved since the map was read)
+or a primary that cannot be reached (failed over) makes redis-py read the slot map
+again, and the error is the caller's: the next call goes to the new owner.
+
 ``WAITAOF 1 n`` with n > 0 is preceded by ``WAIT n`` on the same connection: a replica
 answers the primary's ``REPLCONF GETACK`` (sent when a client starts waiting) as soon
 as it reads it, before the fsync of a write that came in the same read, and otherwise
@@ -69,7 +77,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from redis import Redis
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.cluster import RedisCluster
+from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import NotDurable
@@ -242,9 +253,8 @@ def _one_connection(client: Redis) -> Iterator[Redis]:
     pool for the time of the block.
 
     Raises:
-        ImproperlyConfigured: ``client`` is not a ``redis.Redis`` (a ``RedisCluster``:
-            its commands go to nodes by key, and a wait must go to the node and the
-            connection that wrote; not supported yet).
+        ImproperlyConfigured: ``client`` is not a ``redis.Redis`` (a ``RedisCluster`` is
+            split by node first: :func:`_cluster_commands_then_wait`).
     """
     if not isinstance(client, Redis):
         raise ImproperlyConfigured(
@@ -359,6 +369,8 @@ def commands_then_wait(
     """
     if not repository.scripts_loaded:
         repository.load_scripts()
+    if isinstance(client, RedisCluster):
+        return _cluster_commands_then_wait(repository, client, writes, durability)
     with _one_connection(client) as held:
         replies, waited = _writes_and_wait(held, writes, durability)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -368,6 +380,69 @@ def commands_then_wait(
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
     return replies, durability.acknowledgement(waited)
+
+
+def _cluster_commands_then_wait(
+    repository: Repository,
+    cluster: RedisCluster,
+    writes: Sequence[Sequence[Any]],
+    durability: Durability,
+) -> tuple[list[Any], Acknowledgement]:
+    """:func:`commands_then_wait` on a cluster: the writes grouped by the primary serving
+    the slot of their first key (``EVALSHA sha numkeys key ...``; every key of a script
+    call is of one slot), each group and its wait sent on that primary's connection
+    (:meth:`redis.cluster.RedisCluster.get_redis_connection`), one primary after another.
+    Returns the replies in ``writes`` order and the acknowledgements combined
+    (:func:`_combined`). A reply ``MOVED``/``ASK``, or a primary unreachable, makes
+    redis-py read the slot map again before the reply (or error) is the caller's.
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: as :func:`commands_then_wait`.
+    """
+    groups: dict[str, tuple[Redis, list[int]]] = {}
+    for i, write in enumerate(writes):
+        slot = cluster.keyslot(write[3]) if len(write) > 3 and int(write[2]) > 0 else 0
+        node = cluster.nodes_manager.get_node_from_slot(slot)
+        groups.setdefault(node.name, (cluster.get_redis_connection(node), []))[1].append(i)
+    replies: list[Any] = [None] * len(writes)
+    acknowledgements = []
+    for node_client, positions in groups.values():
+        try:
+            got, acknowledged = commands_then_wait(
+                repository, node_client, [writes[i] for i in positions], durability
+            )
+        except (RedisConnectionError, RedisTimeoutError):
+            _read_slot_map(cluster)  # a failed-over primary: ask who serves its slots now
+            raise
+        for i, reply in zip(positions, got, strict=True):
+            replies[i] = reply
+        acknowledgements.append(acknowledged)
+    if any(isinstance(reply, AskError) for reply in replies):  # MovedError is an AskError
+        _read_slot_map(cluster)
+    return replies, _combined(acknowledgements)
+
+
+def _read_slot_map(cluster: RedisCluster) -> None:
+    """Have redis-py read the cluster's slot map again (``CLUSTER SLOTS``); an error doing
+    so is left for the next command, which redis-py routes and retries itself."""
+    with contextlib.suppress(RedisError):
+        cluster.nodes_manager.initialize()
+
+
+def _combined(acknowledgements: Sequence[Acknowledgement]) -> Acknowledgement:
+    """One acknowledgement for waits on several primaries: met when every one is, with
+    the fewest replicas any of them reported and every error."""
+    if not acknowledgements:
+        return Acknowledgement(0, None, False, "no primary to wait on")
+    if len(acknowledgements) == 1:
+        return acknowledgements[0]
+    locals_ = [a.local for a in acknowledgements]
+    return Acknowledgement(
+        min(a.replicas for a in acknowledgements),
+        None if all(v is None for v in locals_) else all(bool(v) for v in locals_),
+        all(a.met for a in acknowledgements),
+        "; ".join(a.error for a in acknowledgements if a.error),
+    )
 
 
 def write_then_wait(
@@ -406,12 +481,25 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
     before it. Never raises: a failure is an acknowledgement not met, with its error.
     """
     publish = ("PUBLISH", f"{repository.keys.prefix}:{SYNC_CHANNEL}", "")
-    try:
-        with _one_connection(repository.connection) as held:
-            (published,), waited = _writes_and_wait(held, [publish], durability)
-    except (RedisError, OSError) as exc:
-        return durability.acknowledgement(exc)
-    return durability.acknowledgement(published if isinstance(published, BaseException) else waited)
+    connection: Any = repository.connection
+    if isinstance(connection, RedisCluster):  # every primary: the messages found may be on any
+        try:
+            clients = [connection.get_redis_connection(node) for node in connection.get_primaries()]
+        except RedisError as exc:
+            return durability.acknowledgement(exc)
+    else:
+        clients = [connection]
+    acknowledgements = []
+    for client in clients:
+        try:
+            with _one_connection(client) as held:
+                (published,), waited = _writes_and_wait(held, [publish], durability)
+        except (RedisError, OSError) as exc:
+            return durability.acknowledgement(exc)
+        acknowledgements.append(
+            durability.acknowledgement(published if isinstance(published, BaseException) else waited)
+        )
+    return _combined(acknowledgements)
 
 
 def confirm(

@@ -379,7 +379,8 @@ class MessageStore(RepositoryBase):
         an idempotency conflict refuses the messages of its own partition only (the
         others are written), as a partition of a cluster can refuse a write the others
         took. A ``durability`` that waits follows the last call on the same connection
-        (:func:`.durability.commands_then_wait`; single server only)."""
+        (:func:`.durability.commands_then_wait`; on a cluster, the calls of each primary
+        and a wait on that primary)."""
         parts: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
             parts.setdefault(partition_of(m.id), []).append(i)

@@ -358,6 +358,8 @@ def failover(
     rate: float = 200,
     duration: float = 12,
     kill_at: float = 5,
+    back_after: float = 3,
+    wait_timeout: float = 0.5,
     workers: int = 2,
     visibility_timeout: float = 10,
     recovery_interval: float = 2,
@@ -368,8 +370,11 @@ def failover(
 
     A 3-primary cluster with a replica each (16 partitions); sends at ``rate``/s for
     ``duration`` s; at ``kill_at`` s the primary serving the most partitions is SIGKILLed
-    and its replica takes over at once. With ``durability`` (``OUTBOX["DURABILITY"]``,
-    e.g. ``{"REPLICAS": 1}``) ``send()`` returns only once a replica has the message.
+    and its replica takes over at once; ``back_after`` s later the old primary starts
+    again and comes back as the new primary's replica. With ``durability``
+    (``OUTBOX["DURABILITY"]``, e.g. ``{"REPLICAS": 1}``, its ``TIMEOUT`` ``wait_timeout``
+    s) ``send()`` returns only once a replica has the message; while the promoted primary
+    has no replica, its sends raise ``NotDurable`` (written, not acknowledged).
     Counts the acknowledged sends (``send()`` returned) that are gone afterwards: with
     the wait, 0 expected; without, what asynchronous replication lost is measured.
     """
@@ -380,7 +385,7 @@ def failover(
     if durability:
         import json
 
-        more["DURABILITY"] = json.dumps(durability)
+        more["DURABILITY"] = json.dumps({"TIMEOUT": wait_timeout, **durability})
     settings = faults_settings(visibility_timeout, recovery_interval, **more)
     cluster = {"primaries": 3, "replicas": 1, "extra_args": ("--cluster-node-timeout", "2000")}
     with environment(name, settings=settings, cluster=cluster) as run:
@@ -399,6 +404,9 @@ def failover(
             run.cluster.server(victim).halt(signal.SIGKILL)  # type: ignore[union-attr]
             run.cluster.take_over(replica)  # type: ignore[union-attr]
             timeline["promoted"] = time.monotonic()
+            time.sleep(back_after)
+            run.cluster.server(victim).start()  # type: ignore[union-attr]
+            timeline["back"] = time.monotonic()
             run.fault_ended()
 
         acked: list[str] = []
@@ -415,7 +423,7 @@ def failover(
                 continue
             acked.append(message_id)
             when[message_id] = time.monotonic()
-        thread.join(kill_at + 30)
+        thread.join(kill_at + back_after + 30)
         settle(run, result, acked, first_send, settle_timeout)
         found = statuses(acked)
         missing = [i for i, s in found.items() if s == "missing"]
@@ -432,11 +440,18 @@ def failover(
         )
         if not expect_none:
             result.lost_expected = True
+        calls = int(rate * duration)
+        result.check(
+            "most sends acknowledged (the wait works on a cluster)",
+            len(acked) >= calls // 2,
+            f"{len(acked)} of {calls}",
+        )
         on_victim = owners[victim]
         result.notes.append(
             f"durability: {durability or 'off'}; primary {victim[1]} (serving {on_victim} of {PARTITIONS} "
             f"partitions) SIGKILLed at {killed - first_send:.1f} s, replica {replica[1]} promoted "
-            f"{timeline.get('promoted', killed) - killed:.2f} s later"
+            f"{timeline.get('promoted', killed) - killed:.2f} s later, the old primary back as its replica "
+            f"{timeline.get('back', killed) - killed:.1f} s after the kill"
         )
         result.notes.append(f"send() exceptions: {dict(errors) or 'none'}")
         worker_notes(result, supervisor)

@@ -1,0 +1,132 @@
+"""OUTBOX["DURABILITY"] on a cluster (outbox/store/durability.py, issue 22 "Failover"):
+each primary replicates its own writes, so send() sends its script and the wait on one
+connection to the primary of the message's partition, one primary after another for a
+send_many across partitions; NotDurable when a replica does not answer in time.
+
+A private cluster of 3 primaries with a replica each (:class:`outbox.testing.ClusterServer`,
+``replicas=1``) is started for the module. Replicas are held still with SIGSTOP
+(``frozen`` from the single-server tests). Before, every send() with the setting on a
+cluster raised ImproperlyConfigured ("needs a redis.Redis client").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_py
+
+import outbox
+from outbox.exceptions import NotDurable
+from outbox.store.connection import get_repository
+from outbox.testing import ClusterServer
+from tests.sending.test_durability import frozen
+from tests.support.cluster import PARTITIONS, RQ_QUEUE_NAMES, cluster_settings
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def replicated() -> Iterator[ClusterServer]:
+    with ClusterServer(primaries=3, replicas=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def on_cluster(replicated: ClusterServer, settings):
+    """outbox_at(**durability): the outbox on the (emptied) replicated cluster, 16
+    partitions, RQ beside it on the plain Redis, OUTBOX["DURABILITY"] = ``durability``."""
+    from outbox.testing.state import empty_outbox
+
+    @contextlib.contextmanager
+    def outbox_at(**durability):
+        replicated.flush()
+        settings.OUTBOX = {
+            **settings.OUTBOX,
+            "CLUSTER": cluster_settings(replicated),
+            "PARTITIONS": PARTITIONS,
+            "DURABILITY": durability,
+        }
+        settings.RQ_QUEUES = {name: {"URL": settings.REDIS_URL} for name in RQ_QUEUE_NAMES}
+        get_repository.cache_clear()
+        with empty_outbox():
+            yield
+
+    return outbox_at
+
+
+def replicas(cluster: ClusterServer) -> list:
+    primaries = cluster.primaries()
+    return [cluster.server(node) for node in cluster.nodes if node not in primaries]
+
+
+@contextlib.contextmanager
+def all_frozen(cluster: ClusterServer, thaw_after: float | None = None):
+    with contextlib.ExitStack() as stack:
+        events = [stack.enter_context(frozen(s, thaw_after=thaw_after)) for s in replicas(cluster)]
+        yield events
+
+
+def on_its_replica(cluster: ClusterServer, message_id: str) -> bool:
+    """Whether the replica of the message's primary has its record (READONLY: a replica
+    answers reads of its primary's slots)."""
+    key = get_repository().keys.message(message_id)
+    primary = cluster.slot_owner(redis_py.crc.key_slot(key.encode()))
+    replica = cluster.replica_of(primary)
+    conn = redis_py.Redis(host=replica[0], port=replica[1], single_connection_client=True, socket_timeout=5)
+    try:
+        conn.execute_command("READONLY")
+        return bool(conn.exists(key))
+    finally:
+        conn.close()
+
+
+def test_send_returns_once_the_replica_of_its_partition_s_primary_has_it(replicated, on_cluster):
+    with on_cluster(REPLICAS=1, TIMEOUT=5):
+        with all_frozen(replicated, thaw_after=0.5) as thawed:
+            started = time.monotonic()
+            m = outbox.send("mem", {"n": 1})
+            elapsed = time.monotonic() - started
+            assert all(e.is_set() for e in thawed), (
+                f"send() returned after {elapsed:.3f} s, replicas still stopped"
+            )
+        assert on_its_replica(replicated, m.id)
+
+
+def test_send_many_across_partitions_waits_on_every_primary(replicated, on_cluster):
+    with on_cluster(REPLICAS=1, TIMEOUT=5):
+        with all_frozen(replicated, thaw_after=0.5) as thawed:
+            sent = outbox.send_many(
+                [{"destination": "mem", "body": i, "idempotency_key": f"s{i}"} for i in range(30)]
+            )
+            assert all(e.is_set() for e in thawed)
+        assert len({get_repository().keys.message(m.id).split("}")[0] for m in sent}) > 3
+        assert all(on_its_replica(replicated, m.id) for m in sent)
+
+
+def test_a_replica_that_does_not_answer_is_not_durable_and_the_message_is_written(replicated, on_cluster):
+    with on_cluster(REPLICAS=1, TIMEOUT=0.3):
+        with all_frozen(replicated):
+            started = time.monotonic()
+            with pytest.raises(NotDurable) as caught:
+                outbox.send("mem", {"n": 2})
+            assert time.monotonic() - started < 2
+        (message_id,) = caught.value.ids
+        assert (caught.value.replicas, caught.value.required) == (0, 1)
+        assert outbox.get(message_id).status == "pending"
+
+
+def test_an_idempotency_key_used_before_waits_for_the_earlier_write(replicated, on_cluster):
+    """The second send() of a key writes nothing: it waits (PUBLISH and WAIT on every
+    primary) for the earlier write, so it is not durable while the replicas are stopped
+    and returns the same message once they run."""
+    with on_cluster(REPLICAS=1, TIMEOUT=0.3):
+        with all_frozen(replicated):
+            with pytest.raises(NotDurable):
+                outbox.send("mem", {"n": 3}, idempotency_key="k")
+            with pytest.raises(NotDurable):
+                outbox.send("mem", {"n": 3}, idempotency_key="k")
+        first = outbox.send("mem", {"n": 3}, idempotency_key="k")
+        assert on_its_replica(replicated, first.id)
