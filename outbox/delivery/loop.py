@@ -78,7 +78,7 @@ LEND_LATENCY = 1.0  # seconds: a destination borrows idle slots only while its a
 #: Errors on which a run's writes are retried with backoff: Redis unreachable, or a
 #: cluster moving a slot or failing over (``TRYAGAIN`` while a legacy migration has split a
 #: partition's keys, redis-py's redirects exhausted, ``CLUSTERDOWN``).
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, *CLUSTER_IN_FLUX)
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, *CLUSTER_IN_FLUX)
 #: Attempts of this process given up at their deadline whose threads may still run: a
 #: suspect is attempted only when none does (it must be alone in its process).
 _abandoned: set[Future[Outcome]] = set()

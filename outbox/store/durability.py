@@ -401,7 +401,7 @@ def _cluster_commands_then_wait(
     """
     groups: dict[str, tuple[Redis, list[int]]] = {}
     for i, write in enumerate(writes):
-        slot = cluster.keyslot(write[3]) if len(write) > 3 and int(write[2]) > 0 else 0
+        slot = cluster.keyslot(write[3]) if len(write) > 3 and int(write[2]) > 0 else 0  # type: ignore[no-untyped-call]
         node = cluster.nodes_manager.get_node_from_slot(slot)
         groups.setdefault(node.name, (cluster.get_redis_connection(node), []))[1].append(i)
     replies: list[Any] = [None] * len(writes)
@@ -484,7 +484,8 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
     connection: Any = repository.connection
     if isinstance(connection, RedisCluster):  # every primary: the messages found may be on any
         try:
-            clients = [connection.get_redis_connection(node) for node in connection.get_primaries()]
+            primaries = connection.get_primaries()  # type: ignore[no-untyped-call]
+            clients = [connection.get_redis_connection(node) for node in primaries]
         except RedisError as exc:
             return durability.acknowledgement(exc)
     else:

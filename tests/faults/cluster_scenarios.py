@@ -31,7 +31,7 @@ from typing import Any
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from .harness import Result, Run, environment, paced, statuses, worker_notes
+from .harness import Result, Run, counts, environment, paced, statuses, worker_notes
 from .scenarios import HOOK_MAX_DELAY, faults_settings, register, send_errors, settle, wait_workers
 
 PARTITIONS = 16
@@ -303,6 +303,12 @@ def slots_moved(
             not logged["CROSSSLOT"] and not any("CROSSSLOT" in k for k in errors),
             f"worker log lines: {dict(logged)}",
         )
+        stored = sum(counts().values())
+        result.check(
+            "a send() that raised stored nothing (every message stored was acknowledged)",
+            stored == len(set(acked)),
+            f"{stored} messages stored, {len(set(acked))} acknowledged",
+        )
         result.notes.append(mover.describe())
         result.notes.append(f"send() exceptions: {dict(errors) or 'none'} (of {messages} calls)")
         worker_notes(result, supervisor)
@@ -360,6 +366,7 @@ def failover(
     kill_at: float = 5,
     back_after: float = 3,
     wait_timeout: float = 0.5,
+    senders: int = 4,
     workers: int = 2,
     visibility_timeout: float = 10,
     recovery_interval: float = 2,
@@ -368,8 +375,8 @@ def failover(
 ) -> Result:
     """A primary SIGKILLed while messages are sent, its replica promoted (``CLUSTER FAILOVER TAKEOVER``).
 
-    A 3-primary cluster with a replica each (16 partitions); sends at ``rate``/s for
-    ``duration`` s; at ``kill_at`` s the primary serving the most partitions is SIGKILLed
+    A 3-primary cluster with a replica each (16 partitions); ``senders`` threads send at
+    ``rate``/s in all for ``duration`` s; at ``kill_at`` s the primary serving the most partitions is SIGKILLed
     and its replica takes over at once; ``back_after`` s later the old primary starts
     again and comes back as the new primary's replica. With ``durability``
     (``OUTBOX["DURABILITY"]``, e.g. ``{"REPLICAS": 1}``, its ``TIMEOUT`` ``wait_timeout``
@@ -415,14 +422,22 @@ def failover(
         thread = threading.Thread(target=fail_over, name="failover", daemon=True)
         first_send = time.monotonic()
         thread.start()
-        for i in paced(int(rate * duration), rate):
-            try:
-                message_id = outbox.send("hook", {"n": i}).id
-            except Exception as exc:
-                send_errors(errors, exc)
-                continue
-            acked.append(message_id)
-            when[message_id] = time.monotonic()
+
+        def sender(first: int) -> None:
+            for i in paced(int(rate * duration) // senders, rate / senders):
+                try:
+                    message_id = outbox.send("hook", {"n": first + i * senders}).id
+                except Exception as exc:
+                    send_errors(errors, exc)
+                    continue
+                acked.append(message_id)
+                when[message_id] = time.monotonic()
+
+        sending = [threading.Thread(target=sender, args=(t,), name=f"sender-{t}") for t in range(senders)]
+        for t in sending:
+            t.start()
+        for t in sending:
+            t.join()
         thread.join(kill_at + back_after + 30)
         settle(run, result, acked, first_send, settle_timeout)
         found = statuses(acked)
@@ -440,7 +455,7 @@ def failover(
         )
         if not expect_none:
             result.lost_expected = True
-        calls = int(rate * duration)
+        calls = int(rate * duration) // senders * senders
         result.check(
             "most sends acknowledged (the wait works on a cluster)",
             len(acked) >= calls // 2,
