@@ -393,27 +393,35 @@ def _cluster_commands_then_wait(
     call is of one slot), each group and its wait sent on that primary's connection
     (:meth:`redis.cluster.RedisCluster.get_redis_connection`), one primary after another.
     Returns the replies in ``writes`` order and the acknowledgements combined
-    (:func:`_combined`). A reply ``MOVED``/``ASK``, or a primary unreachable, makes
-    redis-py read the slot map again before the reply (or error) is the caller's.
+    (:func:`_combined`). A reply ``MOVED``/``ASK`` makes redis-py read the slot map
+    again before the reply is the caller's. A primary unreachable does too, and when
+    another node serves the slot now (a replica promoted), the group is sent there once
+    more (the writes must be safe to run twice, as ``create.lua`` is).
 
     Raises:
         redis.exceptions.ConnectionError, TimeoutError: as :func:`commands_then_wait`.
     """
-    groups: dict[str, tuple[Redis, list[int]]] = {}
+    groups: dict[str, tuple[Any, int, list[int]]] = {}
     for i, write in enumerate(writes):
         slot = cluster.keyslot(write[3]) if len(write) > 3 and int(write[2]) > 0 else 0  # type: ignore[no-untyped-call]
         node = cluster.nodes_manager.get_node_from_slot(slot)
-        groups.setdefault(node.name, (cluster.get_redis_connection(node), []))[1].append(i)
+        groups.setdefault(node.name, (node, slot, []))[2].append(i)
     replies: list[Any] = [None] * len(writes)
     acknowledgements = []
-    for node_client, positions in groups.values():
+    for name, (node, slot, positions) in groups.items():
+        group = [writes[i] for i in positions]
+        node_client = cluster.get_redis_connection(node)
         try:
-            got, acknowledged = commands_then_wait(
-                repository, node_client, [writes[i] for i in positions], durability
-            )
+            got, acknowledged = commands_then_wait(repository, node_client, group, durability)
         except (RedisConnectionError, RedisTimeoutError):
-            _read_slot_map(cluster)  # a failed-over primary: ask who serves its slots now
-            raise
+            # A primary gone (failed over)? Ask who serves the slot now; if another node
+            # does, send there once more (the writes are safe to run twice: create.lua).
+            _read_slot_map(cluster)
+            now_serving = cluster.nodes_manager.get_node_from_slot(slot)
+            if now_serving.name == name:
+                raise
+            node_client = cluster.get_redis_connection(now_serving)
+            got, acknowledged = commands_then_wait(repository, node_client, group, durability)
         for i, reply in zip(positions, got, strict=True):
             replies[i] = reply
         acknowledgements.append(acknowledged)

@@ -130,3 +130,33 @@ def test_an_idempotency_key_used_before_waits_for_the_earlier_write(replicated, 
                 outbox.send("mem", {"n": 3}, idempotency_key="k")
         first = outbox.send("mem", {"n": 3}, idempotency_key="k")
         assert on_its_replica(replicated, first.id)
+
+
+def test_after_a_failover_the_writes_go_to_the_promoted_replica(settings, on_cluster):
+    """A primary SIGKILLed and its replica promoted after the outbox read the slot map: a
+    send_many over every partition finds the old primary gone, reads the map again and
+    writes there once more. The promoted primary has no replica (its old primary is
+    dead), so the call is not durable: NotDurable, every message written; not
+    OutboxUnavailable with some of them not written."""
+    import signal
+
+    from outbox.exceptions import OutboxUnavailable
+
+    with ClusterServer(primaries=3, replicas=1) as cluster:
+        settings.OUTBOX = {**settings.OUTBOX, "CLUSTER": cluster_settings(cluster), "PARTITIONS": PARTITIONS}
+        settings.OUTBOX["DURABILITY"] = {"REPLICAS": 1, "TIMEOUT": 0.3}
+        settings.RQ_QUEUES = {name: {"URL": settings.REDIS_URL} for name in RQ_QUEUE_NAMES}
+        get_repository.cache_clear()
+        outbox.send("mem", {"n": 0})  # the client has read the slot map
+        victim = cluster.primaries()[0]
+        replica = cluster.replica_of(victim)
+        cluster.server(victim).halt(signal.SIGKILL)
+        cluster.take_over(replica)
+        items = [{"destination": "mem", "body": i, "idempotency_key": f"f{i}"} for i in range(48)]
+        with pytest.raises(NotDurable) as caught:
+            try:
+                outbox.send_many(items)
+            except OutboxUnavailable as exc:
+                pytest.fail(f"not written on the promoted replica: {exc}")
+        assert {outbox.get(i).status for i in caught.value.ids} == {"pending"}
+        get_repository.cache_clear()
