@@ -19,6 +19,7 @@ Registered in :data:`tests.faults.scenarios.SCENARIOS` (imported at the end of t
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 import re
 import signal
@@ -364,6 +365,7 @@ def failover(
     rate: float = 200,
     duration: float = 12,
     kill_at: float = 5,
+    replica_lag: float = 1.0,
     back_after: float = 3,
     wait_timeout: float = 0.5,
     senders: int = 4,
@@ -376,8 +378,11 @@ def failover(
     """A primary SIGKILLed while messages are sent, its replica promoted (``CLUSTER FAILOVER TAKEOVER``).
 
     A 3-primary cluster with a replica each (16 partitions); ``senders`` threads send at
-    ``rate``/s in all for ``duration`` s; at ``kill_at`` s the primary serving the most partitions is SIGKILLed
-    and its replica takes over at once; ``back_after`` s later the old primary starts
+    ``rate``/s in all for ``duration`` s; at ``kill_at`` s the primary serving the most
+    partitions is SIGKILLed and its replica takes over at once, after lagging
+    ``replica_lag`` s behind it (held still with SIGSTOP for that long before the kill, as
+    a replica behind on a slow link or a busy machine: the writes of those seconds never
+    reach it); ``back_after`` s later the old primary starts
     again and comes back as the new primary's replica. With ``durability``
     (``OUTBOX["DURABILITY"]``, e.g. ``{"REPLICAS": 1}``, its ``TIMEOUT`` ``wait_timeout``
     s) ``send()`` returns only once a replica has the message; while the promoted primary
@@ -405,10 +410,17 @@ def failover(
         replica = run.cluster.replica_of(victim)
         timeline: dict[str, float] = {}
 
+        lagging = run.cluster.server(replica).process
+
         def fail_over() -> None:
-            time.sleep(kill_at)
+            time.sleep(max(0.0, kill_at - replica_lag))
+            if replica_lag > 0 and lagging is not None:  # the replica falls behind: stopped
+                os.kill(lagging.pid, signal.SIGSTOP)
+                time.sleep(replica_lag)
             timeline["killed"] = time.monotonic()
             run.cluster.server(victim).halt(signal.SIGKILL)  # type: ignore[union-attr]
+            if replica_lag > 0 and lagging is not None:
+                os.kill(lagging.pid, signal.SIGCONT)
             run.cluster.take_over(replica)  # type: ignore[union-attr]
             timeline["promoted"] = time.monotonic()
             time.sleep(back_after)
@@ -465,7 +477,8 @@ def failover(
         result.notes.append(
             f"durability: {durability or 'off'}; primary {victim[1]} (serving {on_victim} of {PARTITIONS} "
             f"partitions) SIGKILLed at {killed - first_send:.1f} s, replica {replica[1]} promoted "
-            f"{timeline.get('promoted', killed) - killed:.2f} s later, the old primary back as its replica "
+            f"{timeline.get('promoted', killed) - killed:.2f} s later (the replica {replica_lag:g} s behind), "
+            "the old primary back as its replica "
             f"{timeline.get('back', killed) - killed:.1f} s after the kill"
         )
         result.notes.append(f"send() exceptions: {dict(errors) or 'none'}")
@@ -473,7 +486,14 @@ def failover(
     return result
 
 
-_failover_short = {"rate": 100, "duration": 5, "kill_at": 2, "visibility_timeout": 3, "recovery_interval": 1}
+_failover_short = {
+    "rate": 100,
+    "duration": 5,
+    "kill_at": 2,
+    "replica_lag": 0.5,
+    "visibility_timeout": 3,
+    "recovery_interval": 1,
+}
 register(
     "failover",
     failover,
