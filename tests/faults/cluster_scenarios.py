@@ -33,7 +33,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from .harness import Result, Run, counts, environment, paced, statuses, worker_notes
-from .scenarios import HOOK_MAX_DELAY, faults_settings, register, send_errors, settle, wait_workers
+from .scenarios import HOOK_MAX_DELAY, faults_settings, register, settle, wait_workers
 
 PARTITIONS = 16
 #: The hash tags whose slots move: every partition's, the hook destination's home, the global one.
@@ -440,7 +440,7 @@ def failover(
                 try:
                     message_id = outbox.send("hook", {"n": first + i * senders}).id
                 except Exception as exc:
-                    send_errors(errors, exc)
+                    failure(errors, exc)
                     continue
                 acked.append(message_id)
                 when[message_id] = time.monotonic()
