@@ -176,3 +176,27 @@ def test_health_declares_every_key_it_writes_so_a_half_moved_slot_writes_nothing
         redis_cluster.finish_migration(slot)
     repo.record_outcomes([failure], "{}", now)
     assert cluster_mode.hget(state, "t_r") == b"2"
+
+
+def test_health_keys_name_the_breaker_window_it_reads():
+    """lua/health.lua reads the health of each minute of a breaker's failure-rate window
+    (``minute - ceil(window / 60) + 1 .. minute``): those keys are declared too."""
+    import json
+
+    from outbox.store.destination_state import BREAKER_FIELDS, health_keys
+    from outbox.store.keys import Keys
+
+    keys = Keys("outbox", 16)
+    values = [5, 0.5, 10, 180, 1.0, 1.0, 0]
+    assert BREAKER_FIELDS[3] == "window"
+    now = 600 * 60 + 30.0  # minute 600, in hour 10
+    declared = health_keys(keys, "hook", json.dumps({"hook": values}), now)
+    assert declared == [
+        keys.dest("hook"),
+        keys.inflight("hook"),
+        keys.health("hook", 600),
+        keys.errors("hook", 10),
+        keys.health("hook", 598),
+        keys.health("hook", 599),
+    ]
+    assert health_keys(keys, "other", json.dumps({"hook": values}), now)[4:] == []
