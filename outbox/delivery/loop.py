@@ -61,6 +61,7 @@ from outbox.events import DestinationEvent, send_destination_events
 from outbox.records import Message, Outcome, partition_of
 from outbox.store import Claim, MessageRepository, wakeups
 from outbox.store.connection import get_repository
+from outbox.store.outages import CLUSTER_IN_FLUX
 from outbox.transports import deadlines
 
 logger = logging.getLogger("outbox")
@@ -75,7 +76,10 @@ FAILSAFE_WAIT = 5.0  # seconds an interrupted run waits for attempts in flight
 WATCH_GRACE = 0.2  # seconds past its transport's deadline after which a run gives an attempt up
 GATHER_WAIT = 0.001  # seconds a run waits for more quick attempts to finish when fewer than half have
 LEND_LATENCY = 1.0  # seconds: a destination borrows idle slots only while its attempts finish within this
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
+#: Errors on which a run's writes are retried with backoff: Redis unreachable, or a
+#: cluster moving a slot or failing over (``TRYAGAIN`` while a legacy migration has split a
+#: partition's keys, redis-py's redirects exhausted, ``CLUSTERDOWN``).
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, *CLUSTER_IN_FLUX)
 #: Attempts of this process given up at their deadline whose threads may still run: a
 #: suspect is attempted only when none does (it must be alone in its process).
 _abandoned: set[Future[Outcome]] = set()
@@ -388,7 +392,7 @@ class _Run:
     ) -> list[Message]:
         """Write decided outcomes and claim up to ``want`` messages (from the quarantine
         lane when ``quarantine``: see :meth:`lane`): one round trip,
-        retried with backoff while Redis is unreachable (up to the earliest lease of the
+        retried with backoff while Redis is unreachable or a cluster slot moves (up to the earliest lease of the
         outcomes being written, so a decided outcome is not given up lightly)."""
         changes = [d.change for d in self.decided]
         outcomes = [health_outcome(d.outcome) for d in self.decided if d.outcome is not None]
@@ -425,7 +429,12 @@ class _Run:
                 if time.time() + delay > give_up_at:
                     raise
                 if not logged:
-                    logger.warning("outbox: Redis unreachable while writing outcomes (%s); retrying", exc)
+                    logger.warning(
+                        "outbox: Redis unreachable (or a cluster slot moving) while writing outcomes (%s: %s); "
+                        "retrying",
+                        type(exc).__name__,
+                        exc,
+                    )
                     logged = True
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)

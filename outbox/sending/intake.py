@@ -118,7 +118,7 @@ def _create(
         if again.acknowledged is not None:
             earlier = result.acknowledged
             result.acknowledged = (
-                again.acknowledged if earlier is None else durability.weakest([earlier, again.acknowledged])
+                again.acknowledged if earlier is None else durability.combined([earlier, again.acknowledged])
             )
     if all(c.code == "unstored" for c in result.created):
         raise next(iter(result.errors.values()))  # nothing was written

@@ -111,6 +111,42 @@ def migrate(client: Redis, target: Node, keys: Sequence[bytes], timeout_ms: int)
     _run(client, "MIGRATE", target[0], target[1], "", 0, timeout_ms, "KEYS", *keys)
 
 
+def primaries(client: Redis) -> list[Node]:
+    """The primaries this node knows and does not think failed (``CLUSTER NODES``:
+    ``master`` among a line's flags, neither ``fail`` nor ``fail?``), in its listing order.
+
+    Raises:
+        redis.exceptions.RedisError: as :func:`cluster_info`.
+    """
+    found: list[Node] = []
+    for line in _text(_run(client, "CLUSTER", "NODES")).splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        flags = fields[2].split(",")
+        if "master" in flags and "fail" not in flags and "fail?" not in flags:
+            address = fields[1].split("@", 1)[0]  # host:port@busport[,hostname]
+            host, _, port = address.rpartition(":")
+            found.append((host, int(port)))
+    return found
+
+
+def migrate_slots(client: Redis, first: int, last: int, target_id: str) -> None:
+    """Start the atomic migration of slots ``first``..``last`` from the node to the
+    primary ``target_id`` (``CLUSTER MIGRATESLOTS SLOTSRANGE first last NODE target_id``,
+    Valkey 9.0+): the target copies the slots' keys as a replica would and takes the
+    slots over in one step; no ``ASK`` or ``TRYAGAIN`` is ever answered. The command
+    returns once the migration is queued; :func:`slot_owner` tells when it is done.
+    https://valkey.io/commands/cluster-migrateslots/
+
+    Raises:
+        redis.exceptions.ResponseError: the server has no such command (before Valkey 9)
+            or refused (a migration of these slots already runs, the node does not own
+            them).
+    """
+    _run(client, "CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", first, last, "NODE", target_id)
+
+
 def flush(client: Redis) -> None:
     """Empty the node (``FLUSHALL``, synchronously).
 

@@ -6,6 +6,7 @@ operator's pause/resume/disable/enable (``lua/admin.lua``), parked messages put 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -67,6 +68,28 @@ def health_args(
     )
 
 
+def health_keys(keys: Keys, destination: str, config: str, now: float) -> list[str]:
+    """With more than one partition, every key ``lua/health.lua`` may touch for the
+    outcomes of ``destination`` at ``now`` (epoch seconds), as its KEYS, all in the
+    destination's home slot: its state hash, its in-flight grants, its health of this
+    minute and its errors of this hour (written), and its health of each minute of its
+    breaker's failure-rate window (``config``'s ``window`` seconds, read). Declared so
+    that a slot half moved by a legacy migration answers ``TRYAGAIN`` before anything is
+    written, instead of the script aborting at the first key that moved ("Script
+    attempted to access a non local key"), its earlier writes kept."""
+    minute, hour = math.floor(now / 60), math.floor(now / 3600)
+    values = json.loads(config).get(destination) if config else None
+    window = float(values[BREAKER_FIELDS.index("window")]) if values else 0.0
+    read = range(minute - math.ceil(window / 60) + 1, minute) if window > 0 else range(0)
+    return [
+        keys.dest(destination),
+        keys.inflight(destination),
+        keys.health(destination, minute),
+        keys.errors(destination, hour),
+        *(keys.health(destination, m) for m in read),
+    ]
+
+
 class DestinationState(RepositoryBase):
     """The destination-state part of :class:`~outbox.store.repository.MessageRepository`."""
 
@@ -91,14 +114,15 @@ class DestinationState(RepositoryBase):
         self, outcomes: Sequence[Sequence[Any]], config: str, now: float
     ) -> tuple[list[str], set[str]]:
         """With more than one partition: ``lua/health.lua`` once per destination (its home
-        slot), in one round trip; the probe times it returns written to
+        slot, every key it may touch declared: :func:`health_keys`), in one round trip;
+        the probe times it returns written to
         ``outbox:{g}:probes``. Returns (the destination events, the destinations that hold
         their messages now)."""
         by_dest: dict[str, list[Sequence[Any]]] = {}
         for row in outcomes:
             by_dest.setdefault(str(row[0]), []).append(row)
         calls: list[ScriptCall] = [
-            ("health", self.health_args(rows, config, now), [self.keys.dest(d)])
+            ("health", self.health_args(rows, config, now), health_keys(self.keys, d, config, now))
             for d, rows in by_dest.items()
         ]
         events: list[str] = []

