@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
+    ClusterDownError,
     MovedError,
     NoScriptError,
     RedisClusterException,
     RedisError,
     TryAgainError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from outbox.records import partition_of
 from outbox.store.keys import Keys
@@ -30,6 +32,8 @@ from outbox.store.scripts import names, sha, source
 from outbox.store.thread_client import ThreadClients
 
 logger = logging.getLogger("outbox")
+
+T = TypeVar("T")
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
 # redis-py's own types also allow str (``decode_responses=True``) and give one type to
@@ -161,9 +165,14 @@ class RepositoryBase:
             return list(queues)
         try:
             if len(queues) == 1:
-                replies = [
-                    self.connection.set(self.keys.wake(queues[0]), repr(now), nx=True, px=self.wake_ttl_ms)
-                ]
+                key = self.keys.wake(queues[0])
+
+                def set_flag(c: Any) -> Any:
+                    return c.set(key, repr(now), nx=True, px=self.wake_ttl_ms)
+
+                connection: Any = self.connection
+                cluster = isinstance(connection, RedisCluster)
+                replies = [on_primary(connection, key, set_flag) if cluster else set_flag(connection)]
             else:
                 pipe = self.connection.pipeline(transaction=False)
                 for queue in queues:
@@ -333,11 +342,50 @@ class RepositoryBase:
             _need_keys(name, keys)
         if not self.scripts_loaded:
             self.load_scripts()
+
+        def call(c: Any) -> Any:
+            return c.evalsha(sha(name), len(keys), *keys, *args)
+
         try:
-            return client.evalsha(sha(name), len(keys), *keys, *args)
+            return on_primary(client, keys[0], call) if isinstance(client, RedisCluster) else call(client)
         except NoScriptError:
             self.load_scripts()
-            return client.evalsha(sha(name), len(keys), *keys, *args)
+            return on_primary(client, keys[0], call) if isinstance(client, RedisCluster) else call(client)
+
+
+#: What a node's plain client answers when the slot map this process holds is out of
+#: date (a slot moved, a primary gone): :func:`on_primary` then asks the cluster client.
+STALE_ROUTE: tuple[type[Exception], ...] = (
+    MovedError,
+    AskError,
+    TryAgainError,
+    RedisConnectionError,
+    ClusterDownError,
+)
+
+
+def on_primary(cluster: RedisCluster, key: str, call: Callable[[Any], T]) -> T:
+    """``call(client)`` with the plain ``redis.Redis`` client of the primary that serves
+    ``key``'s slot (by redis-py's slot map), else with the cluster client.
+
+    A command through redis-py's cluster client costs about 70 µs more than through the
+    node's own client (its routing and command-policy work: 175 against 105 µs for an
+    ``EVALSHA`` on loopback, measured here). So the hot calls (``send()``'s create, its
+    wake-up flag) go straight to the node. When the node answers that the map is out of
+    date (:data:`STALE_ROUTE`: ``MOVED``, ``ASK``, ``TRYAGAIN``, a connection error: a
+    slot moved, a primary gone), ``call`` runs again through the cluster client, which
+    follows redirections, reads the slot map again and retries; ``call`` must be safe
+    to run twice (every script is).
+    """
+    try:
+        node = cluster.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        direct = cluster.get_redis_connection(node)
+    except RedisClusterException:  # no node known for the slot: the cluster client decides
+        return call(cluster)
+    try:
+        return call(direct)
+    except STALE_ROUTE:
+        return call(cluster)
 
 
 def _primary_of(client: RedisCluster, name: str, keys: Sequence[str]) -> Any:
