@@ -136,8 +136,6 @@ if os.environ.get("FAULTS_CLUSTER_NODES"):
     OUTBOX["CLUSTER"] = {"NODES": os.environ["FAULTS_CLUSTER_NODES"].split(",")}
     OUTBOX["PARTITIONS"] = int(_number("FAULTS_PARTITIONS", 16))
     RQ_QUEUES = {name: {"URL": REDIS_URL} for name in RQ_QUEUES}
-    # E010 refuses partitions and clusters until issue 22 is done; this suite is how it gets done.
-    SILENCED_SYSTEM_CHECKS.append("outbox.E010")
 if os.environ.get("FAULTS_DURABILITY"):
     OUTBOX["DURABILITY"] = json.loads(os.environ["FAULTS_DURABILITY"])
 LOGGING = {
