@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from outbox.exceptions import MessageNotFound
 from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, partition_of
-from outbox.store.base import RepositoryBase, ScriptCall, script_call
+from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, script_call
 from outbox.store.destination_state import health_args
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
 from outbox.store.outages import PARTITION_UNAVAILABLE
@@ -50,6 +50,18 @@ CREATE_FIELDS = (
     "record",
     "n_resend",
 )
+
+
+def due_queues(messages: Sequence[Message], due_by: float) -> list[str]:
+    """The queues of ``messages`` that get a message due by ``due_by`` (epoch seconds), as
+    ``lua/create.lua`` judges it (its score: ``next_attempt_at``, else ``created_at``), in
+    order of first appearance."""
+    out: list[str] = []
+    for m in messages:
+        score = m.next_attempt_at if m.next_attempt_at is not None else m.created_at
+        if score <= due_by and m.queue not in out:
+            out.append(m.queue)
+    return out
 
 
 def create_groups(messages: Sequence[Message]) -> dict[tuple[str, str, str], int]:
@@ -400,6 +412,7 @@ class MessageStore(RepositoryBase):
         parts: dict[int, list[int]] = {}
         for i, m in enumerate(messages):
             parts.setdefault(partition_of(m.id), []).append(i)
+        woken_before: list[str] = []  # queues flagged with a create that did not run
         calls: list[ScriptCall] = []
         self.register_destinations({m.destination for m in messages})
         for positions in parts.values():
@@ -421,8 +434,19 @@ class MessageStore(RepositoryBase):
             replies, acknowledged = self.thread_clients.run(
                 lambda client: commands_then_wait(self, client, writes, durability)
             )
-        elif len(calls) == 1:  # one partition (every send()): one command on the thread's connection
+        elif len(calls) == 1:  # one partition (every send()): one round trip where it can be
             name, args, keys = script_call(calls[0])
+            due = due_queues(messages, now + due_slack)
+            flagged = self.create_and_flag(name, args, keys, due, now)
+            if flagged is not None and not isinstance(flagged[0], Exception):
+                reply, set_flags = flagged
+                result = self.parse_create(messages, reply)
+                # the flags of the queues made due were set with the create: a job for each
+                # one this call set (a duplicate's too: that job finds nothing, harmlessly)
+                rest = self.raise_wake_flags([q for q in result.woken if q not in due], now)
+                return CreateResult(result.created, set_flags + rest, acknowledged)
+            if flagged is not None:  # the create did not run there: once more, as below
+                woken_before = flagged[1]
             replies = [self.thread_clients.run(lambda client: self.run_script(name, args, client, keys=keys))]
         else:
             replies = self.run_scripts(calls, errors=True)
@@ -443,7 +467,54 @@ class MessageStore(RepositoryBase):
             for i, c in zip(positions, result.created, strict=True):
                 created[i] = c
             woken += [q for q in result.woken if q not in woken]
-        return CreateResult(created, self.raise_wake_flags(woken, now), acknowledged, errors)
+        woken_now = self.raise_wake_flags([q for q in woken if q not in woken_before], now)
+        return CreateResult(created, woken_before + woken_now, acknowledged, errors)
+
+    def create_and_flag(
+        self, name: str, args: Sequence[Any], keys: Sequence[str], queues: Sequence[str], now: float
+    ) -> tuple[Any, list[str]] | None:
+        """One partition's create and the wake-up flags (``SET NX PX``) of ``queues`` (those
+        its messages make due) in one pipeline, the create first, when they are on one
+        server: always with one server, on a cluster when the flags' slot (``{g}``) is on
+        the partition's primary. With more than one partition the flags are keys across
+        the deployment, which the create script may not touch: without this, every
+        ``send()`` made a second round trip for its flag.
+
+        Returns:
+            None when there is nothing to flag, or the flags are on another primary (the
+            caller then writes the flags after the create: :meth:`raise_wake_flags`);
+            else (the create's reply, or the error it met: it did not run then; the
+            queues whose flag this call set, whose wake-up jobs the caller enqueues).
+
+        Raises:
+            redis.exceptions.RedisError: the pipeline could not be sent or read (nothing
+                is known of what it did; as a failed create).
+        """
+        if not queues:
+            return None
+        flags = [self.keys.wake(q) for q in queues]
+        connection: Any = self.connection
+        if isinstance(connection, RedisCluster):
+            node = connection.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+            if any(connection.get_node_from_key(f).name != node.name for f in flags):  # type: ignore[no-untyped-call]
+                return None
+            client = connection.get_redis_connection(node)
+        else:
+            client = connection
+        if not self.scripts_loaded:
+            self.load_scripts()
+        pipe = client.pipeline(transaction=False)
+        pipe.evalsha(sha(name), len(keys), *keys, *args)
+        for flag in flags:
+            pipe.set(flag, repr(now), nx=True, px=self.wake_ttl_ms)
+        try:
+            reply, *set_replies = pipe.execute(raise_on_error=False)
+        except STALE_ROUTE:
+            return None  # a primary gone: the caller's own path asks the cluster client
+        set_flags = [q for q, was_set in zip(queues, set_replies, strict=True) if was_set is True]
+        if isinstance(reply, NoScriptError):
+            self.load_scripts()
+        return reply, set_flags
 
     @staticmethod
     def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:
