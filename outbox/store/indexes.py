@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from outbox.records import STATUSES
-from outbox.store.base import Members, RepositoryBase, ScoredMembers
+from outbox.store.base import Members, RepositoryBase, ScoredMembers, ScriptCall
 from outbox.store.scripts import named
 
 #: Where a walk over an index stopped: (score as Redis wrote it, id) of the last entry read.
@@ -32,6 +32,35 @@ class Index:
     """
 
     keys: tuple[str, ...]
+
+    def by_slot(self) -> list[tuple[str, ...]]:
+        """The keys grouped by hash tag (``{p<k>}``: one group per partition, each a
+        hash slot of a Redis Cluster, in order of first appearance), so that one script
+        call reads one group. A single group (every key) when the keys carry no tag or
+        one tag: one partition, or a batch's one sorted set."""
+        groups: dict[str, list[str]] = {}
+        for key in self.keys:
+            tag = hash_tag(key)
+            groups.setdefault(tag if tag != key else "", []).append(key)  # untagged: one group
+        return [tuple(keys) for keys in groups.values()]
+
+
+@dataclass
+class Slice:
+    """One group's part of a read of an index across partitions
+    (:meth:`IndexReads.read_slices`).
+
+    Attributes:
+        ids: the ids read that pass the checks, in list order.
+        scores: their scores, as Redis wrote them (``b"1764142207.123"``), in the same order.
+        examined: entries examined (fewer than asked: the group has no more in the range).
+        last: the last entry examined, or None when none was.
+    """
+
+    ids: list[str]
+    scores: list[bytes]
+    examined: int
+    last: Cursor | None
 
 
 class IndexReads(RepositoryBase):
@@ -133,8 +162,8 @@ class IndexReads(RepositoryBase):
 
         Returns (the ids that pass, in order; how many entries were examined: fewer than
         ``count`` at the end of the range; the cursor of the last entry examined, or None
-        when none was or the index is one sorted set read without ``after``)."""
-        matched, examined, last_score, last_id = self.run_script(
+        when none was)."""
+        matched, examined, last_score, last_id, _scores = self.run_script(
             "filter",
             named(
                 prefix=self.keys.prefix,
@@ -153,6 +182,58 @@ class IndexReads(RepositoryBase):
         )
         cursor = (last_score, last_id) if last_score is not None else None
         return [raw.decode() for raw in matched], int(examined), cursor
+
+    def read_slices(
+        self,
+        groups: Sequence[tuple[str, ...]],
+        lo: float | None,
+        hi: float | None,
+        *,
+        counts: Sequence[int],
+        descending: bool,
+        afters: Sequence[Cursor | None],
+        checks: str = "{}",
+    ) -> list[Slice]:
+        """Per group of sorted sets (:meth:`Index.by_slot`: one partition's sorted sets,
+        one hash slot), the ``counts[i]`` entries right after ``afters[i]`` (None: from
+        the start of the score range) in list order, merged as one sorted set, and which
+        of them pass ``checks`` (``lua/filter.lua`` range mode, read only), with their
+        scores. One script call per group, all in one pipeline (on a cluster one round
+        trip per node, redis-py's cluster pipeline sending each call to its slot's node).
+        A group whose count is 0 is not read (an empty :class:`Slice`).
+
+        Cost per group: O(log N + keys x (count + entries tied at the cursor's score)).
+        """
+        calls: list[ScriptCall] = []
+        asked = [i for i, n in enumerate(counts) if n > 0]
+        for i in asked:
+            after = afters[i]
+            calls.append(
+                (
+                    "filter",
+                    named(
+                        prefix=self.keys.prefix,
+                        parts=self.keys.partitions,
+                        checks=checks,
+                        mode="range",
+                        lo=score_bound(lo, "-inf"),
+                        hi=score_bound(hi, "+inf"),
+                        offset=0,
+                        count=counts[i],
+                        descending=int(descending),
+                        after_score=after[0] if after else "",
+                        after_id=after[1] if after else "",
+                    ),
+                    groups[i],
+                )
+            )
+        out = [Slice([], [], 0, None) for _ in groups]
+        for i, (matched, examined, last_score, last_id, scores) in zip(
+            asked, self.run_scripts(calls) if calls else [], strict=True
+        ):
+            last = (last_score, last_id) if last_score is not None else None
+            out[i] = Slice([raw.decode() for raw in matched], list(scores), int(examined), last)
+        return out
 
     def count(
         self,
@@ -354,6 +435,18 @@ def sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
         for status, n in one.items():
             total[status] += n
     return total
+
+
+def hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes (its hash tag, the text between the first
+    ``{`` and the next ``}`` when not empty; else the whole key), as in
+    https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
 
 
 def score_bound(value: float | None, default: str, exclusive: bool = False) -> str:
