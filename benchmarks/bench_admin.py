@@ -363,8 +363,7 @@ def measure_list(client, repo, n: int, label: str) -> list[PageTiming]:
     module's ``--cluster``): numbered pages with one partition, Previous/Next with more."""
     from django.urls import reverse
 
-    from outbox.store.queries import count_range, plan
-    from outbox.store.queries import MessageFilter
+    from outbox.store.queries import MessageFilter, count_range, plan
 
     listing = reverse("admin:outbox_message_list")
     partitioned = repo.keys.partitioned
@@ -439,28 +438,30 @@ def main_cluster(args: argparse.Namespace) -> None:
     get_connection().flushdb()
     get_repository.cache_clear()
     load_here("single server, 1 partition")
-    print(f"load average before measuring: {load_average()} ({os.cpu_count()} CPUs, shared)")
-    single = measure_list(client, get_repository(), n, "single server")
-    get_connection().flushdb()  # its memory back before the cluster loads
-
     with ClusterServer(primaries=args.primaries) as cluster:
         options = {**settings.OUTBOX, "CLUSTER": {"NODES": cluster.urls}, "PARTITIONS": args.partitions}
-        with override_settings(OUTBOX=options, SILENCED_SYSTEM_CHECKS=["outbox.E010"]):
+        on_cluster = override_settings(OUTBOX=options, SILENCED_SYSTEM_CHECKS=["outbox.E010"])
+        with on_cluster:
+            get_repository.cache_clear()
+            load_here(f"cluster of {args.primaries} primaries, {args.partitions} partitions")
+            memory = sum(cluster.node_client(node).info("memory")["used_memory"] for node in cluster.nodes)
+            print(f"cluster used_memory: {memory / 2**30:.2f} GiB in all")
+        # both loaded: measured one right after the other, under the same load
+        get_repository.cache_clear()
+        print(f"load average before measuring: {load_average()} ({os.cpu_count()} CPUs, shared)")
+        single = measure_list(client, get_repository(), n, "single server")
+        with on_cluster:
             get_repository.cache_clear()
             try:
-                load_here(f"cluster of {args.primaries} primaries, {args.partitions} partitions")
-                memory = sum(
-                    cluster.node_client(node).info("memory")["used_memory"] for node in cluster.nodes
-                )
-                print(f"cluster used_memory: {memory / 2**30:.2f} GiB in all")
-                print(f"load average before measuring: {load_average()}")
-                on_cluster = measure_list(
+                print(f"load average before measuring the cluster: {load_average()}")
+                clustered = measure_list(
                     client, get_repository(), n, f"cluster {args.primaries}×, P={args.partitions}"
                 )
             finally:
                 get_repository.cache_clear()
+    get_connection().flushdb()
     print(f"\n{args.total:,} messages ({args.failed:,} failed); {n} timed requests per row")
-    show_list(single + on_cluster, print)
+    show_list(single + clustered, print)
 
 
 def main(argv: list[str] | None = None) -> None:

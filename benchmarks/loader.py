@@ -26,6 +26,8 @@ from outbox.store.connection import get_repository
 from outbox.store.keys import partition_for
 
 CREATE_BATCH = 10_000
+#: Messages per create call (a script of 10,000 could outlast a client's read timeout on a busy machine).
+CREATE_CALL = 2_000
 TRANSITION_BATCH = 2_000
 ERRORS = [
     "HTTP 500 Internal Server Error",
@@ -110,7 +112,8 @@ def load(
                     job_id=wakeups.new_job_id(),
                 )
             )
-        repo.create(batch, time.time())  # no wake-up job is enqueued: nothing delivers them
+        for j in range(0, len(batch), CREATE_CALL):  # no wake-up job is enqueued: nothing delivers them
+            repo.create(batch[j : j + CREATE_CALL], time.time())
         _move(repo, batch, plan[offset : offset + len(batch)], rng)
         done += len(batch)
         say(f"loaded {done:,}/{total:,}")

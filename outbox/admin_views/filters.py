@@ -21,7 +21,10 @@ parameter          meaning
                    ``4f60b163``, or a start ``msg_01a2017c``)
 ``o``              sort: ``created``, ``updated`` or ``next_attempt``; ``-`` prefix
                    for newest first
-``p``              page number, from 1
+``p``              page number, from 1 (one partition; ignored with more)
+``c``              page token of a partitioned list (Previous/Next; see
+                   :mod:`outbox.admin_views.page_token`); one that is not valid
+                   is refused with an error (a 400) and the first page
 =================  ==========================================================
 """
 
@@ -35,10 +38,10 @@ from typing import TYPE_CHECKING
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
-from outbox.operations.batches import is_token
-from outbox.records import STATUSES
 from outbox.admin_views import page_token
 from outbox.admin_views.page_token import PageToken
+from outbox.operations.batches import is_token
+from outbox.records import STATUSES
 from outbox.store.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
 from outbox.times import MAX_EPOCH, parse_time
 

@@ -21,6 +21,14 @@ The HTTP status code and error class filters have no index of their own: the pag
 checks at most :data:`~outbox.store.queries.SCAN_LIMIT` entries of the index serving
 the rest of the filter and says so ("only the first N of M were checked"); bulk
 actions on "all matching" check every entry. See :mod:`outbox.store.queries`.
+
+Pagination: with one partition (``OUTBOX["PARTITIONS"]`` = 1), numbered pages read by
+rank (``?p=``), as Django's admin does. With more, each partition's index lives in its
+own hash slot and a page is a k-way merge of a page of each partition
+(:func:`~outbox.store.queries.page_at`), so the list pages by **Previous / Next**
+(``?c=<token>``, :mod:`outbox.admin_views.page_token`) and has no page numbers: page N
+by number would read N pages of every partition (P x N x page size entries), by token it
+reads one page of each, however deep. ``?p=`` is then ignored with a note.
 """
 
 from __future__ import annotations
@@ -37,11 +45,11 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
 from outbox.admin_views import page_token
+from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
 from outbox.admin_views.filters import PAGING_PARAMS, SEARCH_PARAM, ListQuery, parse_list_query, search_ids
-from outbox.admin_views.page_token import PageToken
 from outbox.admin_views.formatting import moment, shorten
+from outbox.admin_views.page_token import PageToken
 from outbox.conf import outbox_settings
 from outbox.operations.batches import TTL as BATCH_TTL
 from outbox.records import STATUSES, Message
@@ -201,6 +209,23 @@ class CursorLinks:
     first: str | None = None
 
 
+def _scan_note(limits: list[str], scanned: int, index_total: int, matches: int) -> str:
+    """The note of a first page that a bounded scan read (with partitions, the first
+    entries of each, the budget shared)."""
+    return _(
+        "No index serves the %(limits)s filter, so only the first %(scanned)s of %(total)s "
+        "messages were checked: %(matches)s of them match. Narrow the list by status, "
+        "destination or a time range the index serves (created without a status; updated "
+        "with a finished status) to see the rest. Actions on all matching messages check "
+        "every one."
+    ) % {
+        "limits": _(" and ").join(limits),
+        "scanned": f"{scanned:,}",
+        "total": f"{index_total:,}",
+        "matches": f"{matches:,}",
+    }
+
+
 def _note_empty_batch(batch: str | None, index_total: int, notes: list[str]) -> None:
     if batch and not index_total:
         notes.append(
@@ -252,7 +277,9 @@ def _cursor_page(
         next=link(result.next, False),
         first=query.querystring(c=None) if result.previous is not None else None,
     )
-    if not result.exact:
+    if not result.exact and token is None:  # from the start: as with one partition
+        notes.append(_scan_note(result.plan.limits, result.scanned, result.index_total, result.total))
+    elif not result.exact:
         notes.append(
             _(
                 "No index serves the %(limits)s filter, so this page checked %(scanned)s of the "
@@ -340,21 +367,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
                 )
         ids, total, exact, scanned = result.ids, result.total, result.exact, result.scanned
         if not exact:
-            notes.append(
-                _(
-                    "No index serves the %(limits)s filter, so only the first %(scanned)s of %(total)s "
-                    "messages were checked: %(matches)s of them match. Narrow the list by status, "
-                    "destination or a time range the index serves (created without a status; updated "
-                    "with a finished status) to see the rest. Actions on all matching messages check "
-                    "every one."
-                )
-                % {
-                    "limits": _(" and ").join(result.plan.limits),
-                    "scanned": f"{scanned:,}",
-                    "total": f"{result.index_total:,}",
-                    "matches": f"{total:,}",
-                }
-            )
+            notes.append(_scan_note(result.plan.limits, scanned, result.index_total, total))
         _note_empty_batch(flt.batch, result.index_total, notes)
     rows = [_row(model_admin, m, query) for m in summaries(repo, ids) if m is not None]
 

@@ -55,12 +55,14 @@ class Slice:
         scores: their scores, as Redis wrote them (``b"1764142207.123"``), in the same order.
         examined: entries examined (fewer than asked: the group has no more in the range).
         last: the last entry examined, or None when none was.
+        total: the group's entries within the score range, when asked; else None.
     """
 
     ids: list[str]
     scores: list[bytes]
     examined: int
     last: Cursor | None
+    total: int | None = None
 
 
 class IndexReads(RepositoryBase):
@@ -163,7 +165,7 @@ class IndexReads(RepositoryBase):
         Returns (the ids that pass, in order; how many entries were examined: fewer than
         ``count`` at the end of the range; the cursor of the last entry examined, or None
         when none was)."""
-        matched, examined, last_score, last_id, _scores = self.run_script(
+        matched, examined, last_score, last_id, *_ = self.run_script(
             "filter",
             named(
                 prefix=self.keys.prefix,
@@ -193,6 +195,7 @@ class IndexReads(RepositoryBase):
         descending: bool,
         afters: Sequence[Cursor | None],
         checks: str = "{}",
+        total: bool = False,
     ) -> list[Slice]:
         """Per group of sorted sets (:meth:`Index.by_slot`: one partition's sorted sets,
         one hash slot), the ``counts[i]`` entries right after ``afters[i]`` (None: from
@@ -200,12 +203,14 @@ class IndexReads(RepositoryBase):
         of them pass ``checks`` (``lua/filter.lua`` range mode, read only), with their
         scores. One script call per group, all in one pipeline (on a cluster one round
         trip per node, redis-py's cluster pipeline sending each call to its slot's node).
-        A group whose count is 0 is not read (an empty :class:`Slice`).
+        A group whose count is 0 is not read (an empty :class:`Slice`) unless ``total``:
+        then every group is called and counts its entries within the score range
+        (:attr:`Slice.total`), so a page and its count take one round trip.
 
         Cost per group: O(log N + keys x (count + entries tied at the cursor's score)).
         """
         calls: list[ScriptCall] = []
-        asked = [i for i, n in enumerate(counts) if n > 0]
+        asked = [i for i, n in enumerate(counts) if n > 0 or total]  # a count reads every group
         for i in asked:
             after = afters[i]
             calls.append(
@@ -223,16 +228,18 @@ class IndexReads(RepositoryBase):
                         descending=int(descending),
                         after_score=after[0] if after else "",
                         after_id=after[1] if after else "",
+                        total=int(total),
                     ),
                     groups[i],
                 )
             )
-        out = [Slice([], [], 0, None) for _ in groups]
-        for i, (matched, examined, last_score, last_id, scores) in zip(
+        out = [Slice([], [], 0, None) for _ in groups]  # not read: no total either
+        for i, (matched, examined, last_score, last_id, scores, in_range) in zip(
             asked, self.run_scripts(calls) if calls else [], strict=True
         ):
             last = (last_score, last_id) if last_score is not None else None
-            out[i] = Slice([raw.decode() for raw in matched], list(scores), int(examined), last)
+            found = None if in_range is None else int(in_range)
+            out[i] = Slice([raw.decode() for raw in matched], list(scores), int(examined), last, found)
         return out
 
     def count(
@@ -249,7 +256,11 @@ class IndexReads(RepositoryBase):
 
     def count_range(self, index: Index, lo: float | None = None, hi: float | None = None) -> int:
         """Entries of an index within a score range: ZCARD without bounds, else ZCOUNT
-        (O(log N)), per sorted set, in one round trip."""
+        (O(log N)), per sorted set, in one round trip (with partitions, one
+        ``lua/filter.lua`` "cards" call per partition, pipelined: one round trip per node)."""
+        groups = index.by_slot()
+        if len(groups) > 1:
+            return sum(sum(cards) for cards in self.cards(groups, lo, hi))
         pipe = self.connection.pipeline(transaction=False)
         for key in index.keys:
             if lo is None and hi is None:
@@ -259,6 +270,18 @@ class IndexReads(RepositoryBase):
         counts: list[int] = pipe.execute()  # ZCARD or ZCOUNT per sorted set
         return sum(counts)
 
+    def cards(
+        self, groups: Sequence[Sequence[str]], lo: float | None = None, hi: float | None = None
+    ) -> list[list[int]]:
+        """Per group of sorted sets of one hash slot each (a partition's), the entries of
+        each within a score range (ZCARD without bounds, else ZCOUNT): one
+        ``lua/filter.lua`` call per group, all in one pipeline (on a cluster one round trip
+        per node), instead of one command per sorted set through the cluster pipeline."""
+        opts = named(mode="cards", lo=score_bound(lo, "-inf"), hi=score_bound(hi, "+inf"))
+        calls: list[ScriptCall] = [("filter", opts, list(keys)) for keys in groups if keys]
+        replies = iter(self.run_scripts(calls) if calls else [])
+        return [[int(n) for n in next(replies)] if keys else [] for keys in groups]
+
     def counts(self, destination: str | None = None) -> dict[str, int]:
         """Message count per status, of one destination or all (one pipelined ZCARD per
         status and destination, O(1) each)."""
@@ -266,8 +289,20 @@ class IndexReads(RepositoryBase):
         return sum_counts(self.counts_by_destination(names).values())
 
     def counts_by_destination(self, destinations: Iterable[str]) -> dict[str, dict[str, int]]:
-        """Per destination, the message count per status: one pipeline of O(1) ZCARDs."""
+        """Per destination, the message count per status: one pipeline of O(1) ZCARDs
+        (with partitions, one call per partition of its ZCARDs: :meth:`cards`)."""
         names = list(destinations)
+        if self.keys.partitioned:  # one call per partition (its ZCARDs), not one command each
+            groups = [
+                [self.keys.partition(k).status(s, d) for d in names for s in STATUSES]
+                for k in self.keys.partition_numbers()
+            ]
+            per_partition = self.cards(groups) if names else []
+            n = len(STATUSES)
+            return {
+                d: {s: sum(c[i * n + j] for c in per_partition) for j, s in enumerate(STATUSES)}
+                for i, d in enumerate(names)
+            }
         pipe = self.connection.pipeline(transaction=False)
         self.queue_status_counts(pipe, names)
         return self.parse_status_counts(names, pipe.execute())

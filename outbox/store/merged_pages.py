@@ -67,6 +67,8 @@ class Merged:
         frontier: a scan that stopped before the end of the range examined every entry
             up to this one (the next scan goes on right after it); None otherwise.
         complete: every entry after the cursor in the range was examined.
+        in_range: the index's entries within the score range (all of them, not only those
+            after the cursor), when :func:`read` was asked to count; else None.
     """
 
     entries: list[Entry] = field(default_factory=list)
@@ -75,6 +77,7 @@ class Merged:
     matched: int = 0
     frontier: Cursor | None = None
     complete: bool = True
+    in_range: int | None = None
 
 
 def read(
@@ -89,6 +92,7 @@ def read(
     checks: str = "{}",
     budget: int | None = None,
     size: int | None = None,
+    count: bool = False,
 ) -> Merged:
     """The first ``want`` entries right after ``after`` (None: from the start) of an index
     read as one list, in score order (highest first when ``descending``), from its
@@ -96,12 +100,16 @@ def read(
 
     Without ``budget``: every group reads ``want + 1`` entries (one round trip per node)
     and the merge keeps ``want``; ``checks`` must then be "{}" (a served filter).
-    With ``budget``: a bounded scan of at most ``budget`` entries in total (at least one
-    per group), checked by ``checks`` (``lua/filter.lua``'s JSON), in rounds that share
+    With ``budget``: a bounded scan of at most ``budget`` entries in total (not per
+    group: each round shares what is left among the groups not at their end, at least
+    one entry each while it lasts, so a budget under the number of groups leaves some
+    unread and the scan can place none of its matches), checked by ``checks`` (``lua/filter.lua``'s JSON), in rounds that share
     what is left of the budget among the groups not yet at their end; it stops once
     ``want + 1`` matches are known to be in order (``want`` None: never early).
     ``size``: the entries of the range after ``after``, when known (a scan that examined
-    that many has seen them all, though no group was seen to end).
+    that many has seen them all, though no group was seen to end). ``count``: count the
+    index's entries in the score range in the same calls (:attr:`Merged.in_range`; from
+    the start, a scan also takes it as ``size``).
 
     Raises:
         ValueError: ``want`` is None without a budget.
@@ -110,7 +118,7 @@ def read(
     if budget is None:
         if want is None:
             raise ValueError("a read without a budget needs a number of entries")
-        return _served(repo, groups, lo, hi, after=after, want=want, descending=descending)
+        return _served(repo, groups, lo, hi, after=after, want=want, descending=descending, count=count)
     return _scan(
         repo,
         groups,
@@ -122,6 +130,7 @@ def read(
         checks=checks,
         budget=budget,
         size=size,
+        count=count,
     )
 
 
@@ -134,11 +143,18 @@ def _served(
     after: Cursor | None,
     want: int,
     descending: bool,
+    count: bool,
 ) -> Merged:
-    if want <= 0:
+    if want <= 0 and not count:
         return Merged()
     slices = repo.read_slices(
-        groups, lo, hi, counts=[want + 1] * len(groups), descending=descending, afters=[after] * len(groups)
+        groups,
+        lo,
+        hi,
+        counts=[want + 1] * len(groups),
+        descending=descending,
+        afters=[after] * len(groups),
+        total=count,
     )
     lists = [list(zip(s.scores, s.ids, strict=True)) for s in slices]
     merged = list(heapq.merge(*lists, key=order_key, reverse=descending))
@@ -148,6 +164,7 @@ def _served(
         examined=sum(s.examined for s in slices),
         matched=len(merged),
         complete=len(merged) <= want,
+        in_range=sum(s.total or 0 for s in slices) if count else None,
     )
 
 
@@ -163,9 +180,9 @@ def _scan(
     checks: str,
     budget: int,
     size: int | None,
+    count: bool,
 ) -> Merged:
     n = len(groups)
-    budget = max(budget, n)  # every group examines at least one entry per scan: it moves on
     cursors: list[Cursor | None] = [after] * n
     started = [False] * n  # a group examined something (its cursor is its own)
     done = [False] * n
@@ -173,6 +190,7 @@ def _scan(
     examined = 0
     definitive: list[Entry] = []
     frontier: Cursor | None = None
+    in_range: int | None = None
     while True:
         active = [i for i in range(n) if not done[i]]
         left = budget - examined
@@ -185,9 +203,14 @@ def _scan(
             left -= counts[i]
             if left <= 0:
                 break
+        first = count and in_range is None  # every group is read in the first round
         slices = repo.read_slices(
-            groups, lo, hi, counts=counts, descending=descending, afters=cursors, checks=checks
+            groups, lo, hi, counts=counts, descending=descending, afters=cursors, checks=checks, total=first
         )
+        if first:
+            in_range = sum(s.total or 0 for s in slices)
+            if size is None and after is None:
+                size = in_range
         for i, s in enumerate(slices):
             if not counts[i]:
                 continue
@@ -211,6 +234,7 @@ def _scan(
         matched=sum(len(f) for f in found),
         frontier=None if complete else frontier,
         complete=complete,
+        in_range=in_range,
     )
 
 

@@ -5,7 +5,10 @@ per destination, see :mod:`outbox.store.keys`) and never loads every id:
 
 * the index is the status index when a status is given, else the created index, of
   the destination given, or of every destination read together (merged in Redis in
-  score order, :meth:`~outbox.store.MessageRepository.range_by_rank`);
+  score order, :meth:`~outbox.store.MessageRepository.range_by_rank`); with more than
+  one partition, each partition's sorted sets are read in a call of their own (one hash
+  slot) and the partitions' pages merged here (:mod:`outbox.store.merged_pages`;
+  :func:`page_at` pages by position, as the console does then);
 * a time range on the field the index is scored by becomes a score range
   (ZCOUNT/ZRANGE, exact and O(log N) per destination; a page across destinations
   reads offset + limit entries of each);
@@ -53,8 +56,8 @@ from typing import cast
 from redis.cluster import RedisCluster
 
 from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status
-from outbox.store.base import Members, ScriptCall
 from outbox.store import merged_pages
+from outbox.store.base import Members, ScriptCall
 from outbox.store.indexes import Cursor, Index
 from outbox.store.repository import MessageRepository
 from outbox.store.scripts import named
@@ -500,19 +503,19 @@ def page_at(
     deleted meanwhile still works; one from another filter's list is only a position.
     A page read backward that would be short is the first page instead.
 
-    Cost: the count (one pipelined ZCARD/ZCOUNT round, one round trip per node) and, for a
-    served filter, ``limit + 1`` entries of each partition (one round trip per node),
-    however deep the page; for a filter no index serves, at most ``scan_limit`` (default
-    :data:`SCAN_LIMIT`) entries examined from the cursor on, in Redis.
+    Cost: for a served filter one ``lua/filter.lua`` call per partition, pipelined (one
+    round trip per node), that reads ``limit + 1`` entries of the partition's sorted sets
+    from the cursor (O(log N) to find it) and counts them (ZCARD/ZCOUNT), however deep the
+    page; for a filter no index serves, at most ``scan_limit`` (default
+    :data:`SCAN_LIMIT`) entries examined from the cursor on, in Redis, in rounds of one
+    call per partition.
     """
     scan_limit = SCAN_LIMIT if scan_limit is None else scan_limit
     limit = max(limit, 0)
     p = plan(repo, flt)
-    index_total = count_range(repo, p)
-    groups = p.index.by_slot()
     found = merged_pages.read(
         repo,
-        groups,
+        p.index.by_slot(),
         p.lo,
         p.hi,
         after=cursor,
@@ -520,8 +523,9 @@ def page_at(
         descending=descending != backward,  # backward: read the other way, then turn round
         checks="{}" if p.exact else _checks_json(p, created=True),
         budget=None if p.exact else max(1, scan_limit),
-        size=index_total if cursor is None else None,
+        count=True,  # the count in the same calls
     )
+    index_total = found.in_range or 0
     entries = found.entries
     if backward:
         if len(entries) < limit and found.complete:  # fewer than a page before it: the first page

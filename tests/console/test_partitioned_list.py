@@ -55,7 +55,11 @@ def send_spread(
     rng = random.Random(seed)
     sent = outbox.send_many(
         [
-            {"destination": destinations[i % len(destinations)], "body": {"n": i}, "idempotency_key": f"{key}{i}"}
+            {
+                "destination": destinations[i % len(destinations)],
+                "body": {"n": i},
+                "idempotency_key": f"{key}{i}",
+            }
             for i in range(n)
         ]
     )
@@ -68,7 +72,7 @@ def send_spread(
                 id=m.id,
                 from_statuses=("pending",),
                 to=status,
-                score=now + rng.choice([0, i]) * 1e-3,
+                score=now - rng.choice([0, i]) * 1e-3,  # in the past: bulk actions stop at now
                 set=dict(fields),
             )
             for i, m in enumerate(sent)
@@ -91,12 +95,20 @@ def walk(repo, flt, limit, descending=True, **options):
     """Every page forward from the first by its next cursor, then back by previous."""
     pages = [queries.page_at(repo, flt, limit=limit, descending=descending, **options)]
     while pages[-1].next is not None:
-        pages.append(queries.page_at(repo, flt, cursor=pages[-1].next, limit=limit, descending=descending, **options))
+        pages.append(
+            queries.page_at(repo, flt, cursor=pages[-1].next, limit=limit, descending=descending, **options)
+        )
     back = [pages[-1]]
     while back[-1].previous is not None:
         back.append(
             queries.page_at(
-                repo, flt, cursor=back[-1].previous, backward=True, limit=limit, descending=descending, **options
+                repo,
+                flt,
+                cursor=back[-1].previous,
+                backward=True,
+                limit=limit,
+                descending=descending,
+                **options,
             )
         )
     return pages, back[::-1]
@@ -137,7 +149,9 @@ def test_offset_pages_merge_partitions(spread):
     send_spread(60)
     want = expected(spread, None)
     for offset in (0, 13, 50, 59, 60, 10**9):
-        assert queries.page(spread, MessageFilter(), offset=offset, limit=11).ids == want[offset : offset + 11]
+        assert (
+            queries.page(spread, MessageFilter(), offset=offset, limit=11).ids == want[offset : offset + 11]
+        )
 
 
 def test_a_bounded_scan_is_per_partition_with_one_budget(spread):
@@ -231,5 +245,42 @@ def test_created_range_with_a_status_is_checked_across_partitions(spread):
     created = sorted(queries.created_at_of(m.id) for m in sent)
     flt = MessageFilter(status="succeeded", created=TimeRange(created[10], created[29]))
     ids = [i for p in walk(spread, flt, 6)[0] for i in p.ids]
-    want = [i for i in expected(spread, "succeeded") if created[10] <= queries.created_at_of(i) <= created[29]]
+    want = [
+        i for i in expected(spread, "succeeded") if created[10] <= queries.created_at_of(i) <= created[29]
+    ]
     assert ids == want and len(ids) >= 20
+
+
+@pytest.mark.parametrize("p", ["2", "10000000000000000000", "1" * 400])
+def test_a_page_number_is_ignored_with_a_note(spread, superuser_client, p):
+    """Numbered pages would read P x N pages: with partitions ``?p=`` shows the first page."""
+    send_spread(60)
+    response = superuser_client.get(u("message_list"), {"p": p})
+    html = text_of(response)
+    assert response.status_code == 200
+    assert "the list pages by Previous and Next, not by number; this is the first page." in html
+    assert listed_ids(html) == expected(spread, None)[:50]
+    assert response.context["next_url"] and "p=" not in response.context["next_url"]
+
+
+def test_a_budget_under_the_partitions_still_counts_every_partition(spread):
+    send_spread(40, status="failed")
+    page = queries.page_at(spread, MessageFilter(status="failed", queue="outbox"), limit=10, scan_limit=5)
+    assert (page.index_total, page.scanned, page.exact) == (40, 5, False)
+
+
+def test_the_requeue_command_by_filter_acts_in_every_partition(spread):
+    import io
+
+    from django.core.management import call_command
+
+    sent = send_spread(64, status="failed")
+    out = io.StringIO()
+    call_command("outbox_requeue", "--destination", "hook", "--dry-run", stdout=out, stderr=io.StringIO())
+    assert "32 message(s) match: status failed, destination hook." in out.getvalue()
+    call_command("outbox_requeue", "--destination", "hook", "--yes", stdout=out, stderr=io.StringIO())
+    assert "32 requeued." in out.getvalue()
+    hook = [m.id for m in sent if m.destination == "hook"]
+    assert len({partition_of(i) for i in hook}) > 8
+    assert {outbox.get(i).status for i in hook} == {"pending"}
+    assert spread.count("failed") == 32

@@ -16,15 +16,32 @@
 --           as ZRANGEBYSCORE takes them), offset, count, descending ("1" for highest
 --           scores first), after_score and after_id (the entry the slice starts right
 --           after; "" and "": the start of the range; a walk's next chunk)
+--         "cards": KEYS are sorted sets (of one slot); returns the number of entries of
+--           each within lo, hi (ZCARD when both are unbounded, else ZCOUNT), in order:
+--           the counts of a partition in one call instead of one command per sorted set.
+--   total: "1" in "range" mode: also count the entries of KEYS within lo, hi.
 -- Returns {ids that pass, in order; how many ids were examined; in "range" mode the score
 -- and id of the last entry examined (false when none was);
--- in "range" mode the scores of the ids that pass, as Redis wrote them, in the same order}.
+-- in "range" mode the scores of the ids that pass, as Redis wrote them, in the same order;
+-- with total "1", the entries of KEYS within lo, hi}.
 -- A message that is gone never passes. Created times come from the ids
 -- (msg_ + 12 hex digits of epoch milliseconds, see outbox.records.new_message_id).
 --! include args
 --! include keys
 --! include merge
 local opts, pos = named_args()
+local function cards()
+  local out = {}
+  for i, key in ipairs(KEYS) do
+    if opts.lo == '-inf' and opts.hi == '+inf' then
+      out[i] = redis.call('ZCARD', key)
+    else
+      out[i] = redis.call('ZCOUNT', key, opts.lo, opts.hi)
+    end
+  end
+  return out
+end
+if opts.mode == 'cards' then return cards() end
 local prefix = K.setup(opts)
 local c = cjson.decode(opts.checks)
 local ids
@@ -74,4 +91,9 @@ for i, id in ipairs(ids) do
     out_scores[#out_scores + 1] = scores[i]
   end
 end
-return {out, #ids, last[1], last[2], out_scores}
+local total = false
+if opts.total == '1' then
+  total = 0
+  for _, n in ipairs(cards()) do total = total + n end
+end
+return {out, #ids, last[1], last[2], out_scores, total}
