@@ -125,7 +125,7 @@ class ListQuery:
         number and a page token replace each other.
         """
         params = dict(self.params)
-        if any(k not in PAGING_PARAMS for k in changes) or any(k in PAGING_PARAMS for k in changes):
+        if changes:  # another filter, sort or page: the old position means nothing there
             for name in PAGING_PARAMS:
                 params.pop(name, None)
         for key, value in changes.items():
