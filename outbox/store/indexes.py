@@ -8,8 +8,10 @@ per-minute outcome counters. Read only, but for :meth:`IndexReads.drop_index_ent
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, cast
 
 from outbox.records import STATUSES
@@ -119,9 +121,24 @@ class IndexReads(RepositoryBase):
         and reads by rank, so a deep page costs O(log N) too; two round trips. Several
         (every destination): ``lua/filter.lua`` merges them in Redis in one round trip,
         reading ``offset + limit`` entries of each (O(destinations x (offset + limit))).
+        Several partitions: one such call per partition (:meth:`read_slices`, one hash
+        slot each), merged here.
         """
         if limit <= 0 or not index.keys:
             return []
+        groups = index.by_slot()
+        if len(groups) > 1:  # partitions: one call per partition (slot), merged here
+            slices = self.read_slices(
+                groups,
+                lo,
+                hi,
+                counts=[offset + limit] * len(groups),
+                descending=descending,
+                afters=[None] * len(groups),
+            )
+            rows = [list(zip(s.scores, s.ids, strict=True)) for s in slices]
+            merged = heapq.merge(*rows, key=order_key, reverse=descending)
+            return [i for _, i in islice(merged, offset, offset + limit)]
         if len(index.keys) > 1:
             return self.merged_range(index, lo, hi, offset=offset, count=limit, descending=descending)[0]
         key = index.keys[0]
@@ -154,7 +171,8 @@ class IndexReads(RepositoryBase):
         after: Cursor | None = None,
     ) -> tuple[list[str], int, Cursor | None]:
         """Entries ``offset`` to ``offset + count`` (by rank, in score order) of an index
-        within a score range, its sorted sets merged in Redis as if they were one, that
+        within a score range, its sorted sets (all of one hash slot: one partition's, or
+        any on a single server) merged in Redis as if they were one, that
         pass ``checks`` (the JSON of ``lua/filter.lua``'s per-record checks; none by
         default). One round trip, read only.
 
@@ -470,6 +488,13 @@ def sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
         for status, n in one.items():
             total[status] += n
     return total
+
+
+def order_key(entry: tuple[bytes, str] | Cursor) -> tuple[float, str]:
+    """The sort key of an index entry (score as Redis wrote it, id) or a cursor: (score,
+    id), ids compared as Redis compares members (byte order; ids are ASCII)."""
+    score, member = entry
+    return float(score), member.decode() if isinstance(member, bytes) else member
 
 
 def hash_tag(key: str) -> str:

@@ -29,7 +29,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from outbox.store.indexes import Cursor
+from outbox.store.indexes import Cursor, order_key
 from outbox.store.repository import MessageRepository
 
 #: Entries a partition examines per call while scanning.
@@ -37,13 +37,6 @@ CHUNK = 1000
 
 #: An entry of a merged read: (score as Redis wrote it, id).
 Entry = tuple[bytes, str]
-
-
-def order_key(entry: Entry | Cursor) -> tuple[float, str]:
-    """The sort key of an entry or cursor: (score, id), ids compared as Redis compares
-    members (byte order; ids are ASCII)."""
-    score, member = entry
-    return float(score), member.decode() if isinstance(member, bytes) else member
 
 
 def cursor_of(entry: Entry) -> Cursor:
@@ -211,6 +204,9 @@ def _scan(
             in_range = sum(s.total or 0 for s in slices)
             if size is None and after is None:
                 size = in_range
+            for i, s in enumerate(slices):
+                if s.total == 0:  # nothing in its range: at its end without a share
+                    done[i] = True
         for i, s in enumerate(slices):
             if not counts[i]:
                 continue

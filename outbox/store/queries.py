@@ -450,6 +450,7 @@ def _merged_page(
         checks=_checks_json(p, created=True),
         budget=min(scan_limit, index_total),
         size=index_total,
+        count=True,  # a partition with nothing in range is then at its end at once
     )
     ids = [i for _, i in found.entries[offset : offset + limit]]
     return Page(ids, found.matched, found.complete, found.examined, index_total, p)

@@ -284,3 +284,31 @@ def test_the_requeue_command_by_filter_acts_in_every_partition(spread):
     assert len({partition_of(i) for i in hook}) > 8
     assert {outbox.get(i).status for i in hook} == {"pending"}
     assert spread.count("failed") == 32
+
+
+def test_filter_by_rank_reads_one_partition_per_call(spread):
+    """``repo.filter`` (pages by rank) merges the partitions' calls, as one index would be read."""
+    send_spread(50)
+    want = expected(spread, None)
+    assert spread.filter(offset=0, limit=7) == want[:7]
+    assert spread.filter(offset=20, limit=30) == want[20:50]
+    assert spread.filter(offset=45, limit=10, newest_first=False) == want[::-1][45:]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_small_budget_reaches_the_one_partition_that_holds_messages(spread, seed):
+    """Keyless messages of one send_many share a partition: a scan whose budget is under
+    the number of partitions still spends it there (the others count 0 in its first round)."""
+    sent = outbox.send_many([{"destination": "mem", "body": {"n": i}} for i in range(12)])
+    now = time.time()
+    spread.transition(
+        [
+            Change(id=m.id, from_statuses=("pending",), to="failed", score=now - i * 1e-3)
+            for i, m in enumerate(sent)
+        ],
+        now,
+    )
+    page = queries.page_at(spread, MessageFilter(status="failed", queue="outbox"), limit=50, scan_limit=5)
+    assert (len(page.ids), page.scanned, page.exact) == (5, 5, False)
+    offset_page = queries.page(spread, MessageFilter(status="failed", queue="outbox"), limit=50, scan_limit=5)
+    assert (len(offset_page.ids), offset_page.scanned) == (5, 5)
