@@ -33,6 +33,24 @@ After (a) and (b) the requeued messages are put back to ``failed`` (same scores)
 the delivery jobs the requeue queued are removed, so every round requeues the same set.
 Targets (issue 3): dashboard and filtered list under 200 ms at the median; requeue of
 100,000 failed messages under 10 s.
+
+With ``--cluster`` it measures instead the message list on a Redis Cluster against a
+single server, in one run (issue 22: under 100 ms per page at 1,000,000 messages on 3
+primaries)::
+
+    PYTHONPATH=. DJANGO_SETTINGS_MODULE=benchmarks.settings python -m benchmarks.bench_admin \
+        --cluster [--total 1000000] [--failed 100000] [--partitions 16] [--primaries 3]
+
+``--total`` messages are loaded into the private single server (one partition: today's
+layout, numbered pages) and into a private ``--primaries``-primary Valkey cluster
+(:class:`outbox.testing.ClusterServer`) with ``--partitions`` partitions (pages by
+Previous/Next: :func:`outbox.store.queries.page_at`), then both are measured the same
+way (median and p95 of ``--requests`` GETs, ms): the list's first page (every message,
+newest first), the next page, the page 20 pages in (``p=21``; on the cluster after
+following Next 20 times), the first page of ``status=failed&destination=orders`` and
+its next page, a bounded scan (``status_code=503``), and the count alone (the ZCARD of
+every partition's created index, pipelined: one round trip per node) and the sidebar's
+counts per status.
 """
 
 from __future__ import annotations
@@ -328,6 +346,124 @@ def show(
         )
 
 
+def time_call(fn: Callable[[], object], n: int) -> list[float]:
+    """Milliseconds of each of ``n`` calls of ``fn`` after 2 warm-ups."""
+    for _ in range(2):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def measure_list(client, repo, n: int, label: str) -> list[PageTiming]:
+    """The message list's pages and counts on the outbox as configured now (see the
+    module's ``--cluster``): numbered pages with one partition, Previous/Next with more."""
+    from django.urls import reverse
+
+    from outbox.store.queries import MessageFilter, count_range, plan
+
+    listing = reverse("admin:outbox_message_list")
+    partitioned = repo.keys.partitioned
+
+    def nth(query: str, pages: int) -> str:
+        """The URL of the page ``pages`` after the first of ``listing?query``."""
+        if not partitioned:
+            return f"{listing}?{query}{'&' if query else ''}p={pages + 1}"
+        url = f"{listing}?{query}"
+        for _ in range(pages):
+            response = client.get(url)
+            assert response.status_code == 200, f"{url}: HTTP {response.status_code}"
+            url = listing + response.context["next_url"]
+        return url
+
+    failed = f"status=failed&destination={BUSY_DESTINATION}"
+    urls = [
+        ("list, first page (all, newest first)", f"{listing}?"),
+        ("list, next page", nth("", 1)),
+        ("list, 20 pages in", nth("", 20)),
+        (f"list {failed}, first page", f"{listing}?{failed}"),
+        (f"list {failed}, next page", nth(failed, 1)),
+        (f"list {failed}&status_code=503 (scan)", f"{listing}?{failed}&status_code=503"),
+    ]
+    out = []
+    for name, url in urls:
+        times, size = time_get(client, url, n)
+        out.append(PageTiming(f"{label}: {name}", statistics.median(times), p95(times), size / 1024, 100.0))
+    every = plan(repo, MessageFilter())
+    for name, fn in (
+        ("count of every message (ZCARD per sorted set, pipelined)", lambda: count_range(repo, every)),
+        ("counts per status (the sidebar)", lambda: repo.counts()),
+    ):
+        times = time_call(fn, n)
+        out.append(PageTiming(f"{label}: {name}", statistics.median(times), p95(times), 0.0, 100.0))
+    return out
+
+
+def show_list(pages: list[PageTiming], out: Callable[[str], None]) -> None:
+    """Print the list's figures (GitHub markdown)."""
+    out("")
+    out("| message list (test client; counts: the store call alone), ms | median | p95 | KiB | target | ok |")
+    out("|---|---:|---:|---:|---:|:-:|")
+    for p in pages:
+        ok = "yes" if p.target_ms is None or p.median_ms < p.target_ms else "**NO**"
+        size = f"{p.size_kb:.0f}" if p.size_kb else ""
+        out(f"| {p.name} | {p.median_ms:.1f} | {p.p95_ms:.1f} | {size} | < {p.target_ms:.0f} | {ok} |")
+
+
+def main_cluster(args: argparse.Namespace) -> None:
+    """``--cluster``: the message list on a cluster against a single server (see the module)."""
+    from django.conf import settings
+    from django.test.utils import override_settings
+
+    from benchmarks.loader import load
+    from outbox.store.connection import get_connection, get_repository
+    from outbox.testing.cluster_server import ClusterServer
+
+    client, _user = setup_database()
+    n = max(20, args.requests)
+
+    def load_here(where: str) -> None:
+        t0 = time.perf_counter()
+        written = load(
+            args.total,
+            failed=args.failed,
+            destinations=settings.BENCH_DESTINATIONS,
+            progress=lambda line: print(f"\r{where}: {line}", end="", flush=True),
+        )
+        print(f"\r{where}: loaded {args.total:,} messages in {time.perf_counter() - t0:.0f} s: {written}")
+
+    get_connection().flushdb()
+    get_repository.cache_clear()
+    load_here("single server, 1 partition")
+    with ClusterServer(primaries=args.primaries) as cluster:
+        options = {**settings.OUTBOX, "CLUSTER": {"NODES": cluster.urls}, "PARTITIONS": args.partitions}
+        on_cluster = override_settings(OUTBOX=options, SILENCED_SYSTEM_CHECKS=["outbox.E010"])
+        with on_cluster:
+            get_repository.cache_clear()
+            load_here(f"cluster of {args.primaries} primaries, {args.partitions} partitions")
+            memory = sum(cluster.node_client(node).info("memory")["used_memory"] for node in cluster.nodes)
+            print(f"cluster used_memory: {memory / 2**30:.2f} GiB in all")
+        # both loaded: measured one right after the other, under the same load
+        get_repository.cache_clear()
+        print(f"load average before measuring: {load_average()} ({os.cpu_count()} CPUs, shared)")
+        single = measure_list(client, get_repository(), n, "single server")
+        with on_cluster:
+            get_repository.cache_clear()
+            try:
+                print(f"load average before measuring the cluster: {load_average()}")
+                clustered = measure_list(
+                    client, get_repository(), n, f"cluster {args.primaries}×, P={args.partitions}"
+                )
+            finally:
+                get_repository.cache_clear()
+    print(f"\n{args.total:,} messages ({args.failed:,} failed); {n} timed requests per row")
+    show_list(single + clustered, print)
+    get_connection().flushdb(asynchronous=True)  # a million keys: in the background
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--total", type=int, default=1_000_000, help="messages to load (default 1,000,000)")
@@ -336,8 +472,16 @@ def main(argv: list[str] | None = None) -> None:
         "--requests", type=int, default=30, help="timed requests per page (default 30, at least 20)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="times each requeue is measured (default 3)")
+    parser.add_argument(
+        "--cluster", action="store_true", help="measure the message list on a cluster against a single server"
+    )
+    parser.add_argument("--partitions", type=int, default=16, help="partitions on the cluster (default 16)")
+    parser.add_argument("--primaries", type=int, default=3, help="primaries of the cluster (default 3)")
     args = parser.parse_args(argv)
     django.setup()
+    if args.cluster:
+        main_cluster(args)
+        return
 
     from django.conf import settings
 

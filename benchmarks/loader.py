@@ -1,7 +1,8 @@
 """Fill Redis with many messages in realistic statuses, quickly, through the repository.
 
 Messages are written with ``MessageRepository.create`` (the same Lua script ``send()``
-uses) in batches of 10,000 without wake-up jobs, then moved to their final status with
+uses; with partitions one call per partition, each message in the partition its
+idempotency key maps to) in batches of 10,000 without wake-up jobs, then moved to their final status with
 ``MessageRepository.transition`` (the same compare-and-set the workers use), 2,000 per
 call, with an attempt record each. Nothing bypasses the repository, so indexes and
 counts are exactly what production code would produce.
@@ -22,8 +23,11 @@ from collections.abc import Callable
 from outbox.records import Attempt, Message, Status, new_message_id
 from outbox.store import Change, wakeups
 from outbox.store.connection import get_repository
+from outbox.store.keys import partition_for
 
 CREATE_BATCH = 10_000
+#: Messages per create call (a script of 10,000 could outlast a client's read timeout on a busy machine).
+CREATE_CALL = 2_000
 TRANSITION_BATCH = 2_000
 ERRORS = [
     "HTTP 500 Internal Server Error",
@@ -69,6 +73,7 @@ def load(
     plan += [Status.SUCCEEDED.value] * succeeded
     rng.shuffle(plan)
     repo = get_repository()
+    parts = repo.keys.partitions
     start = time.time() - total * 0.001  # spread created_at over the past
     say = progress or (lambda line: None)
     done = 0
@@ -81,9 +86,11 @@ def load(
                 if plan[i] == Status.FAILED.value and i % 2
                 else destinations[i % len(destinations)]
             )
+            # with partitions, the one its idempotency key maps to (as send() picks it)
+            part = partition_for(dest, f"bench-{i}", parts) if parts > 1 else None
             batch.append(
                 Message(
-                    id=new_message_id(created),
+                    id=new_message_id(created, part),
                     destination=dest,
                     body=b'{"order":%d,"items":[{"sku":"A-1","qty":2}],"total":"19.90"}' % i,
                     content_type="application/json",
@@ -105,7 +112,8 @@ def load(
                     job_id=wakeups.new_job_id(),
                 )
             )
-        repo.create(batch, time.time())  # no wake-up job is enqueued: nothing delivers them
+        for j in range(0, len(batch), CREATE_CALL):  # no wake-up job is enqueued: nothing delivers them
+            repo.create(batch[j : j + CREATE_CALL], time.time())
         _move(repo, batch, plan[offset : offset + len(batch)], rng)
         done += len(batch)
         say(f"loaded {done:,}/{total:,}")

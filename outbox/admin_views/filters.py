@@ -21,7 +21,10 @@ parameter          meaning
                    ``4f60b163``, or a start ``msg_01a2017c``)
 ``o``              sort: ``created``, ``updated`` or ``next_attempt``; ``-`` prefix
                    for newest first
-``p``              page number, from 1
+``p``              page number, from 1 (one partition; ignored with more)
+``c``              page token of a partitioned list (Previous/Next; see
+                   :mod:`outbox.admin_views.page_token`); one that is not valid
+                   is refused with an error (a 400) and the first page
 =================  ==========================================================
 """
 
@@ -35,6 +38,8 @@ from typing import TYPE_CHECKING
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
+from outbox.admin_views import page_token
+from outbox.admin_views.page_token import PageToken
 from outbox.operations.batches import is_token
 from outbox.records import STATUSES
 from outbox.store.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
@@ -48,7 +53,10 @@ FILTER_PARAMS = ("status", "destination", "queue", *TIME_PARAMS, "status_code", 
 SEARCH_PARAM = "q"
 SORT_PARAM = "o"
 PAGE_PARAM = "p"
-LIST_PARAMS = (*FILTER_PARAMS, SEARCH_PARAM, SORT_PARAM, PAGE_PARAM)
+#: The page token of a partitioned list (:mod:`outbox.admin_views.page_token`).
+CURSOR_PARAM = "c"
+PAGING_PARAMS = (PAGE_PARAM, CURSOR_PARAM)
+LIST_PARAMS = (*FILTER_PARAMS, SEARCH_PARAM, SORT_PARAM, PAGE_PARAM, CURSOR_PARAM)
 
 
 def parse_as_of(raw: str | None, now: float) -> float:
@@ -96,6 +104,7 @@ class ListQuery:
         sort: a field of :data:`~outbox.store.queries.SORT_FIELDS`, or "" for the index order.
         descending: newest (largest) first.
         page: page number, from 1.
+        token: the page token (a partitioned list's position), or None.
         params: the accepted parameters as given (for links and hidden inputs).
         errors: messages about parameters that were ignored.
     """
@@ -105,17 +114,20 @@ class ListQuery:
     sort: str = ""
     descending: bool = True
     page: int = 1
+    token: PageToken | None = None
     params: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def querystring(self, **changes: str | int | None) -> str:
         """``?...`` of these parameters with some changed (None removes one).
 
-        Changing anything but the page resets to page 1.
+        Changing anything but the page resets to page 1 (and drops a page token); a page
+        number and a page token replace each other.
         """
         params = dict(self.params)
-        if any(k != PAGE_PARAM for k in changes):
-            params.pop(PAGE_PARAM, None)
+        if changes:  # another filter, sort or page: the old position means nothing there
+            for name in PAGING_PARAMS:
+                params.pop(name, None)
         for key, value in changes.items():
             if value is None or value == "":
                 params.pop(key, None)
@@ -226,7 +238,18 @@ def parse_list_query(data: Mapping[str, str], now: float | None = None) -> ListQ
             errors.append(_("Page %(value)s is not a number; showing page 1.") % {"value": repr(raw_page)})
         else:
             params[PAGE_PARAM] = str(page)
-    return ListQuery(flt, search, sort, descending, page, params, errors)
+    token = None
+    raw_token = (data.get(CURSOR_PARAM) or "").strip()
+    if raw_token:
+        try:
+            token = page_token.decode(raw_token)
+        except ValueError:
+            errors.append(
+                _("The page link is not valid (changed, cut, or of another list); showing the first page.")
+            )
+        else:
+            params[CURSOR_PARAM] = raw_token
+    return ListQuery(flt, search, sort, descending, page, token, params, errors)
 
 
 def describe(params: Mapping[str, str]) -> str:

@@ -21,6 +21,14 @@ The HTTP status code and error class filters have no index of their own: the pag
 checks at most :data:`~outbox.store.queries.SCAN_LIMIT` entries of the index serving
 the rest of the filter and says so ("only the first N of M were checked"); bulk
 actions on "all matching" check every entry. See :mod:`outbox.store.queries`.
+
+Pagination: with one partition (``OUTBOX["PARTITIONS"]`` = 1), numbered pages read by
+rank (``?p=``), as Django's admin does. With more, each partition's index lives in its
+own hash slot and a page is a k-way merge of a page of each partition
+(:func:`~outbox.store.queries.page_at`), so the list pages by **Previous / Next**
+(``?c=<token>``, :mod:`outbox.admin_views.page_token`) and has no page numbers: page N
+by number would read N pages of every partition (P x N x page size entries), by token it
+reads one page of each, however deep. ``?p=`` is then ignored with a note.
 """
 
 from __future__ import annotations
@@ -37,15 +45,19 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from outbox.admin_views import page_token
 from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
-from outbox.admin_views.filters import SEARCH_PARAM, ListQuery, parse_list_query, search_ids
+from outbox.admin_views.filters import PAGING_PARAMS, SEARCH_PARAM, ListQuery, parse_list_query, search_ids
 from outbox.admin_views.formatting import moment, shorten
+from outbox.admin_views.page_token import PageToken
 from outbox.conf import outbox_settings
 from outbox.operations.batches import TTL as BATCH_TTL
 from outbox.records import STATUSES, Message
 from outbox.redaction import destination_options, redact, secrets_for
 from outbox.store.connection import get_repository
-from outbox.store.queries import page, served_sorts, summaries
+from outbox.store.indexes import Cursor
+from outbox.store.queries import page, page_at, score_field, served_sorts, summaries
+from outbox.store.repository import MessageRepository
 from outbox.templatetags.outbox_admin import zone_abbreviation
 
 if TYPE_CHECKING:
@@ -188,6 +200,105 @@ def _columns(query: ListQuery, sort: str, descending: bool) -> list[Column]:
     return columns
 
 
+@dataclass
+class CursorLinks:
+    """The paging links of a partitioned list (query strings), None where there is none."""
+
+    previous: str | None = None
+    next: str | None = None
+    first: str | None = None
+
+
+def _scan_note(limits: list[str], scanned: int, index_total: int, matches: int) -> str:
+    """The note of a first page that a bounded scan read (with partitions, the first
+    entries of each, the budget shared)."""
+    return _(
+        "No index serves the %(limits)s filter, so only the first %(scanned)s of %(total)s "
+        "messages were checked: %(matches)s of them match. Narrow the list by status, "
+        "destination or a time range the index serves (created without a status; updated "
+        "with a finished status) to see the rest. Actions on all matching messages check "
+        "every one."
+    ) % {
+        "limits": _(" and ").join(limits),
+        "scanned": f"{scanned:,}",
+        "total": f"{index_total:,}",
+        "matches": f"{matches:,}",
+    }
+
+
+def _note_empty_batch(batch: str | None, index_total: int, notes: list[str]) -> None:
+    if batch and not index_total:
+        notes.append(
+            _(
+                "Batch %(batch)s holds no messages: it expired (%(hours)s hours after its action) or never existed."
+            )
+            % {"batch": batch, "hours": BATCH_TTL // 3600}
+        )
+
+
+def _cursor_page(
+    repo: MessageRepository, query: ListQuery, per_page: int, descending: bool, notes: list[str]
+) -> tuple[list[str], int, bool, CursorLinks]:
+    """A page of a partitioned list by position (:func:`~outbox.store.queries.page_at`):
+    (its ids, the count, whether the count is exact, its paging links). A page token of
+    another kind of list is refused (an error: the answer is 400) for the first page."""
+    flt = query.filter
+    scored = "batch" if flt.batch else score_field(flt.status)
+    token = query.token
+    if token is not None and token.scored != scored:
+        query.errors.append(
+            _("The page link is not valid (changed, cut, or of another list); showing the first page.")
+        )
+        token = None
+    if query.page > 1:
+        notes.append(
+            _(
+                "With the outbox's data in %(n)s partitions the list pages by Previous and Next, not by "
+                "number; this is the first page."
+            )
+            % {"n": repo.keys.partitions}
+        )
+    result = page_at(
+        repo,
+        flt,
+        cursor=token.cursor if token else None,
+        backward=token.backward if token else False,
+        limit=per_page,
+        descending=descending,
+    )
+
+    def link(cursor: Cursor | None, backward: bool) -> str | None:
+        if cursor is None:
+            return None
+        return query.querystring(c=page_token.encode(PageToken(cursor, backward, scored)))
+
+    links = CursorLinks(
+        previous=link(result.previous, True),
+        next=link(result.next, False),
+        first=query.querystring(c=None) if result.previous is not None else None,
+    )
+    if not result.exact and token is None:  # from the start: as with one partition
+        notes.append(_scan_note(result.plan.limits, result.scanned, result.index_total, result.total))
+    elif not result.exact:
+        notes.append(
+            _(
+                "No index serves the %(limits)s filter, so this page checked %(scanned)s of the "
+                "%(total)s messages the index holds: %(matches)s of them match. Next goes on from "
+                "where it stopped. Narrow the list by status, destination or a time range the index "
+                "serves (created without a status; updated with a finished status) to check fewer. "
+                "Actions on all matching messages check every one."
+            )
+            % {
+                "limits": _(" and ").join(result.plan.limits),
+                "scanned": f"{result.scanned:,}",
+                "total": f"{result.index_total:,}",
+                "matches": f"{result.total:,}",
+            }
+        )
+    _note_empty_batch(flt.batch, result.index_total, notes)
+    return result.ids, result.total, result.exact, links
+
+
 @console_view
 def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """GET: the message list (``admin:outbox_message_list``). Needs ``outbox.view_message``.
@@ -227,7 +338,8 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
                 )
             notes.append(text)
 
-    exact, scanned = True, 0
+    exact = True
+    links = CursorLinks()
     if query.search:
         found = search_ids(repo, query.search)
         ids, total, exact, current = found.ids, len(found.ids), found.complete, 1
@@ -239,6 +351,9 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
                 )
                 % {"n": len(found.ids), "examined": f"{found.examined:,}"}
             )
+    elif repo.keys.partitioned:
+        current = 1
+        ids, total, exact, links = _cursor_page(repo, query, per_page, descending, notes)
     else:
         current = query.page
         result = page(repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending)
@@ -252,33 +367,13 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
                 )
         ids, total, exact, scanned = result.ids, result.total, result.exact, result.scanned
         if not exact:
-            notes.append(
-                _(
-                    "No index serves the %(limits)s filter, so only the first %(scanned)s of %(total)s "
-                    "messages were checked: %(matches)s of them match. Narrow the list by status, "
-                    "destination or a time range the index serves (created without a status; updated "
-                    "with a finished status) to see the rest. Actions on all matching messages check "
-                    "every one."
-                )
-                % {
-                    "limits": _(" and ").join(result.plan.limits),
-                    "scanned": f"{scanned:,}",
-                    "total": f"{result.index_total:,}",
-                    "matches": f"{total:,}",
-                }
-            )
-        if flt.batch and not result.index_total:
-            notes.append(
-                _(
-                    "Batch %(batch)s holds no messages: it expired (%(hours)s hours after its action) or never existed."
-                )
-                % {"batch": flt.batch, "hours": BATCH_TTL // 3600}
-            )
+            notes.append(_scan_note(result.plan.limits, scanned, result.index_total, total))
+        _note_empty_batch(flt.batch, result.index_total, notes)
     rows = [_row(model_admin, m, query) for m in summaries(repo, ids) if m is not None]
 
     paginator = Paginator(range(total), per_page)
     page_links: list[tuple[str | None, str | int, bool]] = []
-    if paginator.num_pages > 1 and not query.search:
+    if paginator.num_pages > 1 and not query.search and not repo.keys.partitioned:
         for number in paginator.get_elided_page_range(
             min(current, paginator.num_pages), on_each_side=2, on_ends=1
         ):
@@ -304,8 +399,11 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             errors=query.errors,
             sort_columns={c.field: c for c in _columns(query, sort, descending)},
             page_links=page_links,
+            previous_url=links.previous,
+            next_url=links.next,
+            first_url=links.first,
             page_number=current,
-            num_pages=paginator.num_pages,
+            num_pages=1 if repo.keys.partitioned else paginator.num_pages,
             status_choices=_choices(query, "status", list(STATUSES), destination_counts),
             destination_choices=_choices(query, "destination", repo.destinations()),
             queue_choices=_choices(query, "queue", outbox_settings.queue_names),
@@ -321,7 +419,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             error_form_hidden=[
                 (k, v)
                 for k, v in query.params.items()
-                if k not in ("status_code", "error_class", SEARCH_PARAM, "p")
+                if k not in ("status_code", "error_class", SEARCH_PARAM, *PAGING_PARAMS)
             ],
             time_zone=timezone.get_current_timezone_name(),
             time_zone_label=time_zone_label(),

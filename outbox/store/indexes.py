@@ -8,12 +8,14 @@ per-minute outcome counters. Read only, but for :meth:`IndexReads.drop_index_ent
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, cast
 
 from outbox.records import STATUSES
-from outbox.store.base import Members, RepositoryBase, ScoredMembers
+from outbox.store.base import Members, RepositoryBase, ScoredMembers, ScriptCall
 from outbox.store.scripts import named
 
 #: Where a walk over an index stopped: (score as Redis wrote it, id) of the last entry read.
@@ -32,6 +34,37 @@ class Index:
     """
 
     keys: tuple[str, ...]
+
+    def by_slot(self) -> list[tuple[str, ...]]:
+        """The keys grouped by hash tag (``{p<k>}``: one group per partition, each a
+        hash slot of a Redis Cluster, in order of first appearance), so that one script
+        call reads one group. A single group (every key) when the keys carry no tag or
+        one tag: one partition, or a batch's one sorted set."""
+        groups: dict[str, list[str]] = {}
+        for key in self.keys:
+            tag = hash_tag(key)
+            groups.setdefault(tag if tag != key else "", []).append(key)  # untagged: one group
+        return [tuple(keys) for keys in groups.values()]
+
+
+@dataclass
+class Slice:
+    """One group's part of a read of an index across partitions
+    (:meth:`IndexReads.read_slices`).
+
+    Attributes:
+        ids: the ids read that pass the checks, in list order.
+        scores: their scores, as Redis wrote them (``b"1764142207.123"``), in the same order.
+        examined: entries examined (fewer than asked: the group has no more in the range).
+        last: the last entry examined, or None when none was.
+        total: the group's entries within the score range, when asked; else None.
+    """
+
+    ids: list[str]
+    scores: list[bytes]
+    examined: int
+    last: Cursor | None
+    total: int | None = None
 
 
 class IndexReads(RepositoryBase):
@@ -88,9 +121,24 @@ class IndexReads(RepositoryBase):
         and reads by rank, so a deep page costs O(log N) too; two round trips. Several
         (every destination): ``lua/filter.lua`` merges them in Redis in one round trip,
         reading ``offset + limit`` entries of each (O(destinations x (offset + limit))).
+        Several partitions: one such call per partition (:meth:`read_slices`, one hash
+        slot each), merged here.
         """
         if limit <= 0 or not index.keys:
             return []
+        groups = index.by_slot()
+        if len(groups) > 1:  # partitions: one call per partition (slot), merged here
+            slices = self.read_slices(
+                groups,
+                lo,
+                hi,
+                counts=[offset + limit] * len(groups),
+                descending=descending,
+                afters=[None] * len(groups),
+            )
+            rows = [list(zip(s.scores, s.ids, strict=True)) for s in slices]
+            merged = heapq.merge(*rows, key=order_key, reverse=descending)
+            return [i for _, i in islice(merged, offset, offset + limit)]
         if len(index.keys) > 1:
             return self.merged_range(index, lo, hi, offset=offset, count=limit, descending=descending)[0]
         key = index.keys[0]
@@ -123,7 +171,8 @@ class IndexReads(RepositoryBase):
         after: Cursor | None = None,
     ) -> tuple[list[str], int, Cursor | None]:
         """Entries ``offset`` to ``offset + count`` (by rank, in score order) of an index
-        within a score range, its sorted sets merged in Redis as if they were one, that
+        within a score range, its sorted sets (all of one hash slot: one partition's, or
+        any on a single server) merged in Redis as if they were one, that
         pass ``checks`` (the JSON of ``lua/filter.lua``'s per-record checks; none by
         default). One round trip, read only.
 
@@ -133,8 +182,8 @@ class IndexReads(RepositoryBase):
 
         Returns (the ids that pass, in order; how many entries were examined: fewer than
         ``count`` at the end of the range; the cursor of the last entry examined, or None
-        when none was or the index is one sorted set read without ``after``)."""
-        matched, examined, last_score, last_id = self.run_script(
+        when none was)."""
+        matched, examined, last_score, last_id, *_ = self.run_script(
             "filter",
             named(
                 prefix=self.keys.prefix,
@@ -154,6 +203,63 @@ class IndexReads(RepositoryBase):
         cursor = (last_score, last_id) if last_score is not None else None
         return [raw.decode() for raw in matched], int(examined), cursor
 
+    def read_slices(
+        self,
+        groups: Sequence[tuple[str, ...]],
+        lo: float | None,
+        hi: float | None,
+        *,
+        counts: Sequence[int],
+        descending: bool,
+        afters: Sequence[Cursor | None],
+        checks: str = "{}",
+        total: bool = False,
+    ) -> list[Slice]:
+        """Per group of sorted sets (:meth:`Index.by_slot`: one partition's sorted sets,
+        one hash slot), the ``counts[i]`` entries right after ``afters[i]`` (None: from
+        the start of the score range) in list order, merged as one sorted set, and which
+        of them pass ``checks`` (``lua/filter.lua`` range mode, read only), with their
+        scores. One script call per group, all in one pipeline (on a cluster one round
+        trip per node, redis-py's cluster pipeline sending each call to its slot's node).
+        A group whose count is 0 is not read (an empty :class:`Slice`) unless ``total``:
+        then every group is called and counts its entries within the score range
+        (:attr:`Slice.total`), so a page and its count take one round trip.
+
+        Cost per group: O(log N + keys x (count + entries tied at the cursor's score)).
+        """
+        calls: list[ScriptCall] = []
+        asked = [i for i, n in enumerate(counts) if n > 0 or total]  # a count reads every group
+        for i in asked:
+            after = afters[i]
+            calls.append(
+                (
+                    "filter",
+                    named(
+                        prefix=self.keys.prefix,
+                        parts=self.keys.partitions,
+                        checks=checks,
+                        mode="range",
+                        lo=score_bound(lo, "-inf"),
+                        hi=score_bound(hi, "+inf"),
+                        offset=0,
+                        count=counts[i],
+                        descending=int(descending),
+                        after_score=after[0] if after else "",
+                        after_id=after[1] if after else "",
+                        total=int(total),
+                    ),
+                    groups[i],
+                )
+            )
+        out = [Slice([], [], 0, None) for _ in groups]  # not read: no total either
+        for i, (matched, examined, last_score, last_id, scores, in_range) in zip(
+            asked, self.run_scripts(calls) if calls else [], strict=True
+        ):
+            last = (last_score, last_id) if last_score is not None else None
+            found = None if in_range is None else int(in_range)
+            out[i] = Slice([raw.decode() for raw in matched], list(scores), int(examined), last, found)
+        return out
+
     def count(
         self,
         status: str | None = None,
@@ -168,7 +274,11 @@ class IndexReads(RepositoryBase):
 
     def count_range(self, index: Index, lo: float | None = None, hi: float | None = None) -> int:
         """Entries of an index within a score range: ZCARD without bounds, else ZCOUNT
-        (O(log N)), per sorted set, in one round trip."""
+        (O(log N)), per sorted set, in one round trip (with partitions, one
+        ``lua/filter.lua`` "cards" call per partition, pipelined: one round trip per node)."""
+        groups = index.by_slot()
+        if len(groups) > 1:
+            return sum(sum(cards) for cards in self.cards(groups, lo, hi))
         pipe = self.connection.pipeline(transaction=False)
         for key in index.keys:
             if lo is None and hi is None:
@@ -178,6 +288,18 @@ class IndexReads(RepositoryBase):
         counts: list[int] = pipe.execute()  # ZCARD or ZCOUNT per sorted set
         return sum(counts)
 
+    def cards(
+        self, groups: Sequence[Sequence[str]], lo: float | None = None, hi: float | None = None
+    ) -> list[list[int]]:
+        """Per group of sorted sets of one hash slot each (a partition's), the entries of
+        each within a score range (ZCARD without bounds, else ZCOUNT): one
+        ``lua/filter.lua`` call per group, all in one pipeline (on a cluster one round trip
+        per node), instead of one command per sorted set through the cluster pipeline."""
+        opts = named(mode="cards", lo=score_bound(lo, "-inf"), hi=score_bound(hi, "+inf"))
+        calls: list[ScriptCall] = [("filter", opts, list(keys)) for keys in groups if keys]
+        replies = iter(self.run_scripts(calls) if calls else [])
+        return [[int(n) for n in next(replies)] if keys else [] for keys in groups]
+
     def counts(self, destination: str | None = None) -> dict[str, int]:
         """Message count per status, of one destination or all (one pipelined ZCARD per
         status and destination, O(1) each)."""
@@ -185,8 +307,20 @@ class IndexReads(RepositoryBase):
         return sum_counts(self.counts_by_destination(names).values())
 
     def counts_by_destination(self, destinations: Iterable[str]) -> dict[str, dict[str, int]]:
-        """Per destination, the message count per status: one pipeline of O(1) ZCARDs."""
+        """Per destination, the message count per status: one pipeline of O(1) ZCARDs
+        (with partitions, one call per partition of its ZCARDs: :meth:`cards`)."""
         names = list(destinations)
+        if self.keys.partitioned:  # one call per partition (its ZCARDs), not one command each
+            groups = [
+                [self.keys.partition(k).status(s, d) for d in names for s in STATUSES]
+                for k in self.keys.partition_numbers()
+            ]
+            per_partition = self.cards(groups) if names else []
+            n = len(STATUSES)
+            return {
+                d: {s: sum(c[i * n + j] for c in per_partition) for j, s in enumerate(STATUSES)}
+                for i, d in enumerate(names)
+            }
         pipe = self.connection.pipeline(transaction=False)
         self.queue_status_counts(pipe, names)
         return self.parse_status_counts(names, pipe.execute())
@@ -354,6 +488,25 @@ def sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
         for status, n in one.items():
             total[status] += n
     return total
+
+
+def order_key(entry: tuple[bytes, str] | Cursor) -> tuple[float, str]:
+    """The sort key of an index entry (score as Redis wrote it, id) or a cursor: (score,
+    id), ids compared as Redis compares members (byte order; ids are ASCII)."""
+    score, member = entry
+    return float(score), member.decode() if isinstance(member, bytes) else member
+
+
+def hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes (its hash tag, the text between the first
+    ``{`` and the next ``}`` when not empty; else the whole key), as in
+    https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#hash-tags."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
 
 
 def score_bound(value: float | None, default: str, exclusive: bool = False) -> str:

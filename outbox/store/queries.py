@@ -5,7 +5,10 @@ per destination, see :mod:`outbox.store.keys`) and never loads every id:
 
 * the index is the status index when a status is given, else the created index, of
   the destination given, or of every destination read together (merged in Redis in
-  score order, :meth:`~outbox.store.MessageRepository.range_by_rank`);
+  score order, :meth:`~outbox.store.MessageRepository.range_by_rank`); with more than
+  one partition, each partition's sorted sets are read in a call of their own (one hash
+  slot) and the partitions' pages merged here (:mod:`outbox.store.merged_pages`;
+  :func:`page_at` pages by position, as the console does then);
 * a time range on the field the index is scored by becomes a score range
   (ZCOUNT/ZRANGE, exact and O(log N) per destination; a page across destinations
   reads offset + limit entries of each);
@@ -51,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status
+from outbox.store import merged_pages
 from outbox.store.base import Members, ScriptCall
 from outbox.store.indexes import Cursor, Index
 from outbox.store.repository import MessageRepository
@@ -380,11 +384,21 @@ def page(
     ``offset`` (entries, from 0) and ``limit`` may be any non-negative integer: an
     offset past the end gives an empty page (Redis is never asked for a rank past the
     index's size, so a page number of 10**30 cannot reach it as an out-of-range integer).
+
+    With more than one partition the index's partitions are merged here
+    (:mod:`outbox.store.merged_pages`): a served page reads ``offset + limit + 1``
+    entries of every partition (P x (offset + limit) in all: deep pages cost more, so the
+    console pages by cursor with :func:`page_at` instead); a scan shares ``scan_limit``
+    among the partitions and the page holds only matches whose place in the merged
+    order is known.
     """
     scan_limit = SCAN_LIMIT if scan_limit is None else scan_limit
     p = plan(repo, flt)
     index_total = count_range(repo, p)
     offset, limit = min(max(offset, 0), index_total), min(max(limit, 0), index_total)
+    groups = p.index.by_slot()
+    if len(groups) > 1:  # partitions: merged here from a page of each (merged_pages)
+        return _merged_page(repo, p, groups, offset, limit, descending, scan_limit, index_total)
     if p.exact:
         ids = range_ids(repo, p, offset=offset, limit=limit, descending=descending)
         return Page(ids, index_total, True, 0, index_total, p)
@@ -403,6 +417,145 @@ def page(
             break
     exact = scanned >= index_total
     return Page(matches[offset : offset + limit], len(matches), exact, scanned, index_total, p)
+
+
+def _merged_page(
+    repo: MessageRepository,
+    p: Plan,
+    groups: Sequence[tuple[str, ...]],
+    offset: int,
+    limit: int,
+    descending: bool,
+    scan_limit: int,
+    index_total: int,
+) -> Page:
+    """:func:`page` of an index in several partitions (see there)."""
+    if p.exact:
+        found = merged_pages.read(
+            repo, groups, p.lo, p.hi, after=None, want=offset + limit, descending=descending
+        )
+        return Page([i for _, i in found.entries[offset:]], index_total, True, 0, index_total, p)
+    if not index_total:
+        return Page([], 0, True, 0, 0, p)
+    found = merged_pages.read(
+        repo,
+        groups,
+        p.lo,
+        p.hi,
+        after=None,
+        want=None,
+        descending=descending,
+        checks=_checks_json(p, created=True),
+        budget=min(scan_limit, index_total),
+        size=index_total,
+        count=True,  # a partition with nothing in range is then at its end at once
+    )
+    ids = [i for _, i in found.entries[offset : offset + limit]]
+    return Page(ids, found.matched, found.complete, found.examined, index_total, p)
+
+
+@dataclass
+class CursorPage:
+    """One page of a listing read by position (:func:`page_at`), for next/previous links.
+
+    Attributes:
+        ids: the message ids on the page, in list order.
+        total: how many match: exact if :attr:`exact`, else the matches a bounded scan
+            found from this page's position on (a lower bound).
+        exact: True if ``total`` is the true count of the whole list.
+        scanned: index entries a bounded scan examined (0 when the index served it).
+        index_total: entries of the index within the score range.
+        plan: how the filter was read.
+        previous: where the page before ends (read it with ``backward=True``), or None
+            when this is the first page.
+        next: where the page after starts (read it with ``backward=False``), or None when
+            this is the last page.
+    """
+
+    ids: list[str]
+    total: int
+    exact: bool
+    scanned: int
+    index_total: int
+    plan: Plan
+    previous: Cursor | None = None
+    next: Cursor | None = None
+
+
+def page_at(
+    repo: MessageRepository,
+    flt: MessageFilter,
+    *,
+    cursor: Cursor | None = None,
+    backward: bool = False,
+    limit: int = 50,
+    descending: bool = True,
+    scan_limit: int | None = None,
+) -> CursorPage:
+    """The page of the ids matching ``flt`` right after ``cursor`` (None: the first page),
+    or with ``backward`` the page right before it, in the order of the index that serves
+    the filter (highest score first when ``descending``).
+
+    A cursor is the (score, id) of an entry (:attr:`CursorPage.previous` and
+    :attr:`CursorPage.next` of another page); the order is total, so one cursor is the
+    position in every partition (:mod:`outbox.store.merged_pages`). A cursor of an entry
+    deleted meanwhile still works; one from another filter's list is only a position.
+    A page read backward that would be short is the first page instead.
+
+    Cost: for a served filter one ``lua/filter.lua`` call per partition, pipelined (one
+    round trip per node), that reads ``limit + 1`` entries of the partition's sorted sets
+    from the cursor (O(log N) to find it) and counts them (ZCARD/ZCOUNT), however deep the
+    page; for a filter no index serves, at most ``scan_limit`` (default
+    :data:`SCAN_LIMIT`) entries examined from the cursor on, in Redis, in rounds of one
+    call per partition.
+    """
+    scan_limit = SCAN_LIMIT if scan_limit is None else scan_limit
+    limit = max(limit, 0)
+    p = plan(repo, flt)
+    found = merged_pages.read(
+        repo,
+        p.index.by_slot(),
+        p.lo,
+        p.hi,
+        after=cursor,
+        want=limit,
+        descending=descending != backward,  # backward: read the other way, then turn round
+        checks="{}" if p.exact else _checks_json(p, created=True),
+        budget=None if p.exact else max(1, scan_limit),
+        count=True,  # the count in the same calls
+    )
+    index_total = found.in_range or 0
+    entries = found.entries
+    if backward:
+        if len(entries) < limit and found.complete:  # fewer than a page before it: the first page
+            return page_at(repo, flt, limit=limit, descending=descending, scan_limit=scan_limit)
+        entries = entries[::-1]
+    ends = [merged_pages.cursor_of(e) for e in entries]
+    full = bool(ends) and len(ends) >= limit
+    # Past a page that is not full a scan goes on from where it stopped (its frontier).
+    beyond = (ends[0] if backward else ends[-1]) if full else found.frontier
+    previous: Cursor | None
+    following: Cursor | None
+    if backward:
+        previous = beyond if found.more else None
+        following = ends[-1] if ends else found.frontier or cursor
+    else:
+        following = beyond if found.more else None
+        previous = None if cursor is None else ends[0] if ends else found.frontier
+    if p.exact:
+        total, exact = index_total, True
+    else:
+        total, exact = found.matched, found.complete and cursor is None
+    return CursorPage(
+        [i for _, i in entries],
+        total,
+        exact,
+        0 if p.exact else found.examined,
+        index_total,
+        p,
+        previous=previous,
+        next=following,
+    )
 
 
 @dataclass

@@ -16,24 +16,43 @@
 --           as ZRANGEBYSCORE takes them), offset, count, descending ("1" for highest
 --           scores first), after_score and after_id (the entry the slice starts right
 --           after; "" and "": the start of the range; a walk's next chunk)
+--         "cards": KEYS are sorted sets (of one slot); returns the number of entries of
+--           each within lo, hi (ZCARD when both are unbounded, else ZCOUNT), in order:
+--           the counts of a partition in one call instead of one command per sorted set.
+--   total: "1" in "range" mode: also count the entries of KEYS within lo, hi.
 -- Returns {ids that pass, in order; how many ids were examined; in "range" mode the score
--- and id of the last entry examined (false when none or one sorted set without after_score)}.
+-- and id of the last entry examined (false when none was);
+-- in "range" mode the scores of the ids that pass, as Redis wrote them, in the same order;
+-- with total "1", the entries of KEYS within lo, hi}.
 -- A message that is gone never passes. Created times come from the ids
 -- (msg_ + 12 hex digits of epoch milliseconds, see outbox.records.new_message_id).
 --! include args
 --! include keys
 --! include merge
 local opts, pos = named_args()
+local function cards()
+  local out = {}
+  for i, key in ipairs(KEYS) do
+    if opts.lo == '-inf' and opts.hi == '+inf' then
+      out[i] = redis.call('ZCARD', key)
+    else
+      out[i] = redis.call('ZCOUNT', key, opts.lo, opts.hi)
+    end
+  end
+  return out
+end
+if opts.mode == 'cards' then return cards() end
 local prefix = K.setup(opts)
 local c = cjson.decode(opts.checks)
 local ids
+local scores = {}  -- in "range" mode: the score of each of `ids`
 local rkeys = nil  -- the resend records of `ids`, when given in KEYS
 local last = {false, false}
 if opts.mode == 'range' then
   local after = nil
   if opts.after_score ~= '' then after = {opts.after_score, opts.after_id} end
   local slice = merged_range(KEYS, opts.lo, opts.hi, tonumber(opts.offset), tonumber(opts.count), opts.descending == '1', after)
-  ids, last = slice[1], {slice[2], slice[3]}
+  ids, last, scores = slice[1], {slice[2], slice[3]}, slice[4]
 else
   ids, rkeys = {}, KEYS
   for i = pos, #ARGV do ids[#ids + 1] = ARGV[i] end
@@ -48,7 +67,7 @@ local check_created = c.created_lo or c.created_hi
 local check_updated = c.updated_lo or c.updated_hi
 local check_due = c.due_lo or c.due_hi
 local reads = c.status or c.queue or c.code or c.class or c.destination or check_updated or check_due
-local out = {}
+local out, out_scores = {}, {}
 for i, id in ipairs(ids) do
   local ok = true
   if check_created then
@@ -67,6 +86,14 @@ for i, id in ipairs(ids) do
     if ok and check_updated and not within(tonumber(r[6]), c.updated_lo, c.updated_hi) then ok = false end
     if ok and check_due and not within(tonumber(r[7]), c.due_lo, c.due_hi) then ok = false end
   end
-  if ok then out[#out + 1] = id end
+  if ok then
+    out[#out + 1] = id
+    out_scores[#out_scores + 1] = scores[i]
+  end
 end
-return {out, #ids, last[1], last[2]}
+local total = false
+if opts.total == '1' then
+  total = 0
+  for _, n in ipairs(cards()) do total = total + n end
+end
+return {out, #ids, last[1], last[2], out_scores, total}

@@ -7,11 +7,23 @@
 -- after: nil, or {score (string, as Redis returned it), member}: start right after that
 --   entry instead of at the start of the range (a walk that goes on where its last call
 --   stopped, reading count entries of each set instead of offset + count).
--- Returns {members, score of the last entry read or false, that member or false}.
+-- Returns {members, score of the last entry read or false (none read), that member or false, the
+-- scores of members (strings, as Redis returned them), in the same order}.
 local function merged_range(keys, lo, hi, offset, count, descending, after)
   if #keys == 1 and not after then
-    if descending then return {redis.call('ZREVRANGEBYSCORE', keys[1], hi, lo, 'LIMIT', offset, count), false, false} end
-    return {redis.call('ZRANGEBYSCORE', keys[1], lo, hi, 'LIMIT', offset, count), false, false}
+    local rows
+    if descending then
+      rows = redis.call('ZREVRANGEBYSCORE', keys[1], hi, lo, 'WITHSCORES', 'LIMIT', offset, count)
+    else
+      rows = redis.call('ZRANGEBYSCORE', keys[1], lo, hi, 'WITHSCORES', 'LIMIT', offset, count)
+    end
+    local members, texts = {}, {}
+    for j = 1, #rows, 2 do
+      members[#members + 1] = rows[j]
+      texts[#texts + 1] = rows[j + 1]
+    end
+    if #rows == 0 then return {members, false, false, texts} end
+    return {members, rows[#rows], rows[#rows - 1], texts}
   end
   local want = offset + count
   local after_score, after_member
@@ -41,7 +53,7 @@ local function merged_range(keys, lo, hi, offset, count, descending, after)
     end
     lists[i], scores[i], raw[i], pos[i] = members, values, texts, 1
   end
-  local out, taken = {}, 0
+  local out, out_scores, taken = {}, {}, 0
   local last_score, last_member = false, false
   while taken < want do
     local best, best_score, best_member
@@ -62,9 +74,12 @@ local function merged_range(keys, lo, hi, offset, count, descending, after)
     end
     if not best then break end
     taken = taken + 1
-    if taken > offset then out[#out + 1] = best_member end
+    if taken > offset then
+      out[#out + 1] = best_member
+      out_scores[#out_scores + 1] = raw[best][pos[best]]
+    end
     last_score, last_member = raw[best][pos[best]], best_member
     pos[best] = pos[best] + 1
   end
-  return {out, last_score, last_member}
+  return {out, last_score, last_member, out_scores}
 end
