@@ -185,23 +185,42 @@ class IndexReads(RepositoryBase):
         when none was)."""
         matched, examined, last_score, last_id, *_ = self.run_script(
             "filter",
-            named(
-                prefix=self.keys.prefix,
-                parts=self.keys.partitions,
-                checks=checks,
-                mode="range",
-                lo=score_bound(lo, "-inf"),
-                hi=score_bound(hi, "+inf"),
-                offset=offset,
-                count=count,
-                descending=int(descending),
-                after_score=after[0] if after else "",
-                after_id=after[1] if after else "",
+            self.range_args(
+                lo, hi, offset=offset, count=count, descending=descending, checks=checks, after=after
             ),
             keys=index.keys,
         )
         cursor = (last_score, last_id) if last_score is not None else None
         return [raw.decode() for raw in matched], int(examined), cursor
+
+    def range_args(
+        self,
+        lo: float | None,
+        hi: float | None,
+        *,
+        offset: int,
+        count: int,
+        descending: bool,
+        checks: str,
+        after: Cursor | None,
+        total: bool = False,
+    ) -> list[Any]:
+        """ARGV of ``lua/filter.lua`` in range mode (see :meth:`merged_range` and
+        :meth:`read_slices`; ``total``: also count the entries within the score range)."""
+        return named(
+            prefix=self.keys.prefix,
+            parts=self.keys.partitions,
+            checks=checks,
+            mode="range",
+            lo=score_bound(lo, "-inf"),
+            hi=score_bound(hi, "+inf"),
+            offset=offset,
+            count=count,
+            descending=int(descending),
+            after_score=after[0] if after else "",
+            after_id=after[1] if after else "",
+            **({"total": 1} if total else {}),
+        )
 
     def read_slices(
         self,
@@ -231,26 +250,17 @@ class IndexReads(RepositoryBase):
         asked = [i for i, n in enumerate(counts) if n > 0 or total]  # a count reads every group
         for i in asked:
             after = afters[i]
-            calls.append(
-                (
-                    "filter",
-                    named(
-                        prefix=self.keys.prefix,
-                        parts=self.keys.partitions,
-                        checks=checks,
-                        mode="range",
-                        lo=score_bound(lo, "-inf"),
-                        hi=score_bound(hi, "+inf"),
-                        offset=0,
-                        count=counts[i],
-                        descending=int(descending),
-                        after_score=after[0] if after else "",
-                        after_id=after[1] if after else "",
-                        total=int(total),
-                    ),
-                    groups[i],
-                )
+            args = self.range_args(
+                lo,
+                hi,
+                offset=0,
+                count=counts[i],
+                descending=descending,
+                checks=checks,
+                after=after,
+                total=total,
             )
+            calls.append(("filter", args, groups[i]))
         out = [Slice([], [], 0, None) for _ in groups]  # not read: no total either
         for i, (matched, examined, last_score, last_id, scores, in_range) in zip(
             asked, self.run_scripts(calls) if calls else [], strict=True

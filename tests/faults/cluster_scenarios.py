@@ -33,7 +33,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from .harness import Result, Run, counts, environment, paced, statuses, worker_notes
-from .scenarios import HOOK_MAX_DELAY, faults_settings, register, settle, wait_workers
+from .scenarios import HOOK_MAX_DELAY, faults_settings, killer, register, settle, wait_workers
 
 PARTITIONS = 16
 #: The hash tags whose slots move: every partition's, the hook destination's home, the global one.
@@ -235,21 +235,10 @@ def slots_moved(
         wait_workers(run, workers)
         mover = Mover(run, rng, mode, half=half, hold=hold, pause=pause)
         stop = threading.Event()
-        kill_rng = random.Random(seed + 1)
-
-        def killer() -> None:
-            end = time.monotonic() + kill_for
-            while True:
-                wait = kill_rng.uniform(*kill_every)
-                if time.monotonic() + wait > end or stop.wait(wait):
-                    break
-                supervisor.kill_one(kill_rng)
-                run.fault_ended()
-
         acked: list[str] = []
         errors: Counter = Counter()
         threads = [
-            threading.Thread(target=killer, name="killer", daemon=True),
+            killer(run, supervisor, random.Random(seed + 1), kill_for, kill_every, stop),
             threading.Thread(target=mover.run, args=(move_for,), name="mover", daemon=True),
         ]
         first_send = time.monotonic()

@@ -112,6 +112,30 @@ def faults_settings(visibility_timeout: float, recovery_interval: float, **more:
 # -- 1. workers SIGKILLed ----------------------------------------------------------------
 
 
+def killer(
+    run: Run,
+    supervisor: Any,
+    rng: random.Random,
+    kill_for: float,
+    kill_every: tuple[float, float],
+    stop: threading.Event,
+) -> threading.Thread:
+    """A thread (not started) that SIGKILLs one of ``supervisor``'s workers every
+    ``kill_every`` (min, max) seconds, at random, for ``kill_for`` seconds or until
+    ``stop`` is set, each kill a fault of ``run``."""
+
+    def kill() -> None:
+        end = time.monotonic() + kill_for
+        while True:
+            wait = rng.uniform(*kill_every)
+            if time.monotonic() + wait > end or stop.wait(wait):
+                break
+            supervisor.kill_one(rng)
+            run.fault_ended()
+
+    return threading.Thread(target=kill, name="killer", daemon=True)
+
+
 def worker_kill(
     name: str,
     *,
@@ -146,20 +170,10 @@ def worker_kill(
         supervisor = run.workers(workers, restart_delay=restart_after)
         wait_workers(run, workers)
         stop = threading.Event()
-
-        def killer() -> None:
-            end = time.monotonic() + kill_for
-            while True:
-                wait = rng.uniform(*kill_every)
-                if time.monotonic() + wait > end or stop.wait(wait):
-                    break
-                supervisor.kill_one(rng)
-                run.fault_ended()
-
         acked: list[str] = []
         errors: Counter = Counter()
         first_send = time.monotonic()
-        thread = threading.Thread(target=killer, name="killer", daemon=True)
+        thread = killer(run, supervisor, rng, kill_for, kill_every, stop)
         thread.start()
         try:
             for i in paced(messages, rate):
