@@ -183,15 +183,27 @@ class IndexReads(RepositoryBase):
         Returns (the ids that pass, in order; how many entries were examined: fewer than
         ``count`` at the end of the range; the cursor of the last entry examined, or None
         when none was)."""
+        later = self.checked_elsewhere(index.keys, checks)
+        here = "{}" if later else checks
         matched, examined, last_score, last_id, *_ = self.run_script(
             "filter",
             self.range_args(
-                lo, hi, offset=offset, count=count, descending=descending, checks=checks, after=after
+                lo, hi, offset=offset, count=count, descending=descending, checks=here, after=after
             ),
             keys=index.keys,
         )
         cursor = (last_score, last_id) if last_score is not None else None
-        return [raw.decode() for raw in matched], int(examined), cursor
+        ids = [raw.decode() for raw in matched]
+        return (self.check_ids(ids, checks) if later else ids), int(examined), cursor
+
+    def checked_elsewhere(self, keys: Sequence[str], checks: str) -> bool:
+        """True when ``checks`` must be made where the records are, not in the script that
+        reads ``keys``: keys across the deployment (``{g}``: a batch's sorted set) with
+        more than one partition, whose ids' records are in other slots."""
+        if not self.keys.partitioned or checks == "{}":
+            return False
+        shared = f"{self.keys.shared}:"
+        return all(key.startswith(shared) for key in keys)
 
     def range_args(
         self,
@@ -245,19 +257,28 @@ class IndexReads(RepositoryBase):
         (:attr:`Slice.total`), so a page and its count take one round trip.
 
         Cost per group: O(log N + keys x (count + entries tied at the cursor's score)).
+
+        A group of keys across the deployment (:meth:`checked_elsewhere`: a batch) holds
+        ids of every partition, whose records a script of the ``{g}`` slot may not read:
+        it is read without ``checks``, and its ids checked where their records are
+        (:meth:`check_ids`).
         """
         calls: list[ScriptCall] = []
         asked = [i for i, n in enumerate(counts) if n > 0 or total]  # a count reads every group
+        later: list[int] = []  # groups of {g} keys whose ids are checked where they live
         for i in asked:
-            after = afters[i]
+            checked_here = checks
+            if self.checked_elsewhere(groups[i], checks):
+                checked_here = "{}"
+                later.append(i)
             args = self.range_args(
                 lo,
                 hi,
                 offset=0,
                 count=counts[i],
                 descending=descending,
-                checks=checks,
-                after=after,
+                checks=checked_here,
+                after=afters[i],
                 total=total,
             )
             calls.append(("filter", args, groups[i]))
@@ -267,8 +288,28 @@ class IndexReads(RepositoryBase):
         ):
             last = (last_score, last_id) if last_score is not None else None
             found = None if in_range is None else int(in_range)
-            out[i] = Slice([raw.decode() for raw in matched], list(scores), int(examined), last, found)
+            ids = [raw.decode() for raw in matched]
+            kept = list(scores)
+            if i in later:
+                passed = set(self.check_ids(ids, checks))
+                kept = [score for id_, score in zip(ids, kept, strict=True) if id_ in passed]
+                ids = [id_ for id_ in ids if id_ in passed]
+            out[i] = Slice(ids, kept, int(examined), last, found)
         return out
+
+    def check_ids(self, ids: Sequence[str], checks: str) -> list[str]:
+        """The ids that pass ``checks`` (the JSON of ``lua/filter.lua``'s per-record
+        checks), in order, checked where their records are: ``lua/filter.lua`` in ids
+        mode, one call per partition, in one pipeline (read only)."""
+        if not ids:
+            return []
+        opts = named(prefix=self.keys.prefix, parts=self.keys.partitions, checks=checks, mode="ids")
+        calls: list[ScriptCall] = []
+        for positions in self.by_partition(ids):
+            chunk = [ids[i] for i in positions]
+            calls.append(("filter", [*opts, *chunk], [self.keys.resend(i) for i in chunk]))
+        passed = {raw.decode() for reply in self.run_scripts(calls) for raw in reply[0]}
+        return [i for i in ids if i in passed]
 
     def count(
         self,

@@ -55,10 +55,9 @@ from typing import cast
 
 from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status
 from outbox.store import merged_pages
-from outbox.store.base import Members, ScriptCall
+from outbox.store.base import Members
 from outbox.store.indexes import Cursor, Index
 from outbox.store.repository import MessageRepository
-from outbox.store.scripts import named
 
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000
@@ -276,14 +275,7 @@ def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
     out = [i for i in ids if p.check_created.contains(created_at_of(i))] if p.check_created else list(ids)
     if not out or not p.reads_records:
         return out
-    opts = named(prefix=repo.keys.prefix, parts=repo.keys.partitions, checks=_checks_json(p), mode="ids")
-    groups = repo.by_partition(out)  # one call per partition (one with one partition)
-    calls: list[ScriptCall] = []
-    for positions in groups:
-        chunk = [out[i] for i in positions]
-        calls.append(("filter", [*opts, *chunk], [repo.keys.resend(i) for i in chunk]))
-    passed = {raw.decode() for reply in repo.run_scripts(calls) for raw in reply[0]}
-    return [i for i in out if i in passed]
+    return repo.check_ids(out, _checks_json(p))
 
 
 def scan(
