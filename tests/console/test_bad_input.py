@@ -106,7 +106,9 @@ def test_an_idempotency_key_with_surrounding_spaces_can_be_found(superuser_clien
 
 
 @pytest.mark.parametrize("page", ["dashboard", "message_list", "detail", "body", "status"])
-def test_console_pages_answer_503_with_what_to_check_when_redis_is_down(superuser_client, repo, page, settings):
+def test_console_pages_answer_503_with_what_to_check_when_redis_is_down(
+    superuser_client, repo, page, settings
+):
     (m,) = make(repo, 1)
     paths = {
         "dashboard": u("dashboard"),

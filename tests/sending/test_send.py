@@ -112,7 +112,9 @@ def test_send_enqueues_a_job_only_when_none_is_waiting(repo):
     assert get_queue("outbox").count == 2
 
 
-@pytest.mark.single_server("on a cluster the wake-up flag's slot ({g}) may be on another primary: two round trips then")
+@pytest.mark.single_server(
+    "on a cluster the wake-up flag's slot ({g}) may be on another primary: two round trips then"
+)
 def test_send_costs_one_round_trip(repo, monkeypatch):
     outbox.send("mem", "warm-up")  # first use loads the queue (RQ reads the server version once)
     calls = []
