@@ -147,6 +147,17 @@ def migrate_slots(client: Redis, first: int, last: int, target_id: str) -> None:
     _run(client, "CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", first, last, "NODE", target_id)
 
 
+def take_over(client: Redis) -> None:
+    """Promote the replica ``client`` is connected to now: ``CLUSTER FAILOVER TAKEOVER``
+    (no agreement of the other primaries, no wait for the old primary, which may be
+    dead). https://valkey.io/commands/cluster-failover/
+
+    Raises:
+        redis.exceptions.ResponseError: the node is not a replica, or refused.
+    """
+    _run(client, "CLUSTER", "FAILOVER", "TAKEOVER")
+
+
 def flush(client: Redis) -> None:
     """Empty the node (``FLUSHALL``, synchronously).
 

@@ -522,8 +522,7 @@ class ClusterServer:
             redis.exceptions.RedisError: the node refused.
             TimeoutError: it was not a primary within ``timeout`` seconds.
         """
-        client = self.node_client(replica)
-        client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")  # type: ignore[no-untyped-call]
+        cluster_admin.take_over(self.node_client(replica))
         deadline = time.monotonic() + timeout
         while self.server(replica).info("replication").get("role") != "master":
             if time.monotonic() > deadline:
