@@ -158,6 +158,8 @@ def decide(
             next_attempt_at=next_at,
         ),
         stat=status,
+        destination=message.destination,
+        queue=message.queue,
     )
     exhausted = None
     if (

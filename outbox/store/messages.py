@@ -118,6 +118,9 @@ class Change:
         park: what to write instead when the destination holds its messages (paused,
             disabled, circuit breaker not closed; see ``lua/transition.lua``): a dict with
             ``to``, ``score``, ``set``, ``unset``, ``attempt`` (JSON) and ``event``.
+        destination, queue: the message's, when the caller knows them (an outcome):
+            with partitions, the indexes the change touches are then declared
+            (:meth:`MessageStore.transition_keys`). The script reads the record's own.
     """
 
     id: str
@@ -135,6 +138,8 @@ class Change:
     load: bool = False
     also: str | None = None
     park: dict[str, Any] | None = None
+    destination: str = ""
+    queue: str = ""
 
     def args(self) -> list[Any]:
         """This change as ``lua/transition.lua`` reads it (named by :data:`CHANGE_FIELDS`):
@@ -628,13 +633,35 @@ class MessageStore(RepositoryBase):
             args += change.args()
         return args
 
-    def transition_keys(self, changes: Sequence[Change]) -> list[str]:
+    def transition_keys(self, changes: Sequence[Change], now: float | None = None) -> list[str]:
         """KEYS of ``lua/transition.lua``: per change, the message's resend record,
-        attempts list and message record."""
+        attempts list and message record. With more than one partition, after them the
+        indexes each change may move its message between, where the change names the
+        message's destination and queue (an outcome does), and the per-minute counter of
+        its ``stat`` at ``now`` (the script reads only the first three per change).
+        Declared, a slot held half-moved answers ``TRYAGAIN`` before the script runs,
+        instead of the script aborting at the first key that moved ("non local key"),
+        its earlier writes kept."""
         keys: list[str] = []
         for change in changes:
             keys += [self.keys.resend(change.id), self.keys.attempts(change.id), self.keys.message(change.id)]
-        return keys
+        if not self.keys.partitioned:
+            return keys
+        more: dict[str, None] = {}
+        for change in changes:
+            part = self.keys.of(change.id)
+            if change.destination:
+                ends = [*change.from_statuses, change.to, *([change.park["to"]] if change.park else [])]
+                more.update(dict.fromkeys(part.status(status, change.destination) for status in ends))
+                more[part.parked(change.destination)] = None
+            if change.queue:
+                more.update(dict.fromkeys([part.due(change.queue), part.quarantine(change.queue)]))
+            if now is not None:
+                minute = int(now // 60)
+                for stat in [change.stat, "parked" if change.park else None]:
+                    if stat:
+                        more[part.stats(stat, minute)] = None
+        return keys + list(more)
 
     def transition(self, changes: Sequence[Change], now: float) -> list[ChangeResult]:
         """Apply compare-and-set status changes atomically (one script call).
@@ -669,7 +696,7 @@ class MessageStore(RepositoryBase):
         for positions in groups:
             chunk = [changes[i] for i in positions]
             args = with_holding(self.transition_args(chunk, now), holding)
-            calls.append(("transition", args, self.transition_keys(chunk)))
+            calls.append(("transition", args, self.transition_keys(chunk, now)))
         results: list[ChangeResult] = [ChangeResult(c.id, False, "") for c in changes]
         for positions, reply in zip(groups, self.run_scripts(calls), strict=True):
             for i, r in zip(
@@ -713,7 +740,9 @@ class MessageStore(RepositoryBase):
                 )
             )
         if changes:
-            calls.append(("transition", self.transition_args(changes, now), self.transition_keys(changes)))
+            calls.append(
+                ("transition", self.transition_args(changes, now), self.transition_keys(changes, now))
+            )
         if not asks:
             asks = [(0, claim_options.pop("limit"), claim_options.pop("caps", None))]
         else:

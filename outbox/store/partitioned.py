@@ -51,6 +51,20 @@ class PartitionedMessageStore(MessageStore, DestinationState):
         ask = (partition, options.pop("limit"), options.pop("caps", None))
         return self.outcomes_and_claim([], now, queue, asks=[ask], limit=ask[1], **options)[1][0]
 
+    def claim_apply_keys(self, message_id: str, destination: str) -> list[str]:
+        """The keys ``lua/claim_apply.lua`` may touch for a message its pick saw, declared
+        after its two (the script reads only those): the message's records and its
+        partition's status and parked indexes of its destination. Declared, a slot held
+        half-moved answers ``TRYAGAIN`` before the script runs, instead of the script
+        aborting at the first key that moved ("non local key"), its earlier writes kept."""
+        part = self.keys.of(message_id)
+        return [
+            self.keys.resend(message_id),
+            self.keys.message(message_id),
+            *(part.status(status, destination) for status in ("pending", "retrying", "sending")),
+            part.parked(destination),
+        ]
+
     def outcomes_and_claim(
         self,
         changes: Sequence[Change],
@@ -94,7 +108,7 @@ class PartitionedMessageStore(MessageStore, DestinationState):
         for positions in groups:
             chunk = [changes[i] for i in positions]
             args = with_holding(self.transition_args(chunk, now), holding)
-            calls.append(("transition", args, self.transition_keys(chunk)))
+            calls.append(("transition", args, self.transition_keys(chunk, now)))
         asked = [(p, limit) for p, limit, _ in asks if limit > 0]
         for partition, limit in asked:
             part = self.keys.partition(partition)
@@ -120,6 +134,8 @@ class PartitionedMessageStore(MessageStore, DestinationState):
 
         # 3. gates per destination
         plans: dict[int, list[list[str]]] = {}  # partition -> [id, action, at] per entry
+        # partition -> the keys its claim_apply may touch, declared (see claim_apply_keys)
+        touched: dict[int, dict[str, None]] = defaultdict(dict)
         candidates: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
         for partition, limit in asked:
             rows, _, _ = picks[partition]
@@ -127,6 +143,7 @@ class PartitionedMessageStore(MessageStore, DestinationState):
             wanted = 0
             for i in range(0, len(rows), PICK_WIDTH):
                 mid, score, status, dest, suspect = (v.decode() for v in rows[i : i + PICK_WIDTH])
+                touched[partition].update(dict.fromkeys(self.claim_apply_keys(mid, dest)))
                 if status not in ("pending", "retrying"):
                     plan.append([mid, "stale", ""])
                 elif (suspect == "1") != (lane == "q"):
@@ -190,7 +207,7 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                         ),
                         *flat,
                     ],
-                    [part.due(queue), part.quarantine(queue)],
+                    [part.due(queue), part.quarantine(queue), *touched[partition]],
                 )
             )
             order.append(partition)

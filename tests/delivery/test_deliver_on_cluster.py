@@ -200,3 +200,56 @@ def test_health_keys_name_the_breaker_window_it_reads():
         keys.health("hook", 599),
     ]
     assert health_keys(keys, "other", json.dumps({"hook": values}), now)[4:] == []
+
+
+def test_an_outcome_declares_the_indexes_it_moves_so_a_half_moved_slot_writes_nothing(
+    cluster_mode, redis_cluster, worker, receiver
+):
+    """A retried message's outcome moves it from its partition's `sending` index to
+    another (transition.lua). With the slot held half-way and the `succeeded` index
+    already moved (its records and attempts list not), the call must write nothing
+    (TRYAGAIN before the script runs) rather than take the message out of `sending` and
+    then abort at the moved index ("Script attempted to access a non local key"): that
+    message would be in no index at all."""
+    from redis.crc import key_slot
+
+    from outbox.delivery.outcomes import decide
+    from outbox.records import Outcome
+    from outbox.store import cluster_admin
+    from outbox.store.keys import partition_for
+    from outbox.store.outages import CLUSTER_IN_FLUX
+    from tests.support.messages import hook_settings
+
+    repo = get_repository()
+    p = repo.keys.partitions
+    k1, k2 = [k for k in (f"k{i}" for i in range(10_000)) if partition_for("hook", k, p) == 3][:2]
+    receiver.respond(200, 500)
+    with hook_settings(receiver.url, RETRY=[60]):
+        outbox.send("hook", {"n": 1}, idempotency_key=k1)
+        worker(simple=True)  # it succeeds: partition 3's succeeded index of 'hook' exists
+        second = outbox.send("hook", {"n": 2}, idempotency_key=k2)
+        worker(simple=True)  # a 500: retrying in 60 s, its attempts list written
+    assert outbox.get(second.id).status == "retrying"
+    later = time.time() + 61
+    claim = repo.claim("outbox", later, 3, lease="L", deadline=later + 60, limit=5)
+    (claimed,) = [m for m in claim.messages if m.id == second.id]
+    part = repo.keys.of(second.id)
+    sending, succeeded = part.status("sending", "hook"), part.status("succeeded", "hook")
+    assert cluster_mode.zscore(sending, second.id) is not None and cluster_mode.exists(succeeded)
+    assert cluster_mode.exists(repo.keys.attempts(second.id))
+    change = decide(Outcome(claimed, started_at=later, duration_ms=1.0, ok=True), later).change
+    slot = key_slot(succeeded.encode())
+    source = redis_cluster.slot_owner(slot)
+    target = next(n for n in redis_cluster.nodes if n != source)
+    redis_cluster.begin_migration(slot, target)
+    try:
+        cluster_admin.migrate(redis_cluster.node_client(source), target, [succeeded.encode()], 5000)
+        with pytest.raises(CLUSTER_IN_FLUX):
+            repo.transition([change], later)
+        assert redis_cluster.node_client(source).zscore(sending, second.id) is not None  # nothing written
+    finally:
+        redis_cluster.finish_migration(slot)
+    assert repo.transition([change], later)[0].applied
+    assert (
+        outbox.get(second.id).status == "succeeded" and cluster_mode.zscore(succeeded, second.id) is not None
+    )
