@@ -12,6 +12,7 @@ import outbox
 from outbox.conf import outbox_settings
 from outbox.delivery import loop as delivery
 from outbox.destinations.config import get_destination
+from outbox.store.connection import is_cluster
 from tests.support import assert_index_invariant, hook_settings, with_destinations
 
 N = 300
@@ -66,8 +67,10 @@ def test_out_of_the_box_a_callable_destination_costs_at_most_ten_commands_per_me
     with with_destinations("callable", plain={"OPTIONS": {"path": f"{__name__}.noop"}}):
         used = drain(repo, "plain")
         # with partitions a claim takes four steps of one slot each (outbox/store/partitioned.py):
-        # about 12 commands a message
-        assert sum(used.values()) <= (10 if not repo.keys.partitioned else 12) * N, used.most_common(8)
+        # about 12 commands a message; on a cluster one more, the outcome's PUBLISH (a
+        # node's PUBSUB NUMSUB cannot tell that nobody listens on the others)
+        budget = 10 if not repo.keys.partitioned else 13 if is_cluster(repo.connection) else 12
+        assert sum(used.values()) <= budget * N, used.most_common(8)
         assert get_destination("plain").max_in_flight == outbox_settings.CONCURRENCY
 
 
