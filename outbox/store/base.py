@@ -13,7 +13,6 @@ from typing import Any, TypeVar, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -28,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from outbox.records import partition_of
 from outbox.store.keys import Keys
 from outbox.store.outages import PARTITION_UNAVAILABLE
+from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import names, sha, source
 from outbox.store.thread_client import ThreadClients
 
@@ -141,10 +141,10 @@ class RepositoryBase:
         primary serves them all, or every partition is in ``avoid``)."""
         numbers = [k for k in self.keys.partition_numbers() if k not in avoid]
         if isinstance(self.connection, RedisCluster):
-            nodes = self.connection.nodes_manager
+            cluster = self.connection
 
             def node(k: int) -> str:
-                return str(nodes.get_node_from_slot(key_slot(self.keys.tag_prefix(k).encode())).name)
+                return str(primary_of(cluster, self.keys.tag_prefix(k)).name)
 
             down = {node(k) for k in avoid}
             numbers = [k for k in numbers if node(k) not in down]
@@ -303,13 +303,11 @@ class RepositoryBase:
         call answered ``MOVED``/``ASK``/``TRYAGAIN`` or ``NOSCRIPT`` did not run: it is
         sent again alone through the cluster client, which follows the redirection
         (after loading the scripts, for ``NOSCRIPT``)."""
-        groups: dict[str, tuple[Any, list[int]]] = {}
-        for i, (name, _args, keys) in enumerate(parts):
+        for name, _args, keys in parts:
             _need_keys(name, keys)
-            node = _primary_of(cluster, name, keys)
-            groups.setdefault(node.name, (node, []))[1].append(i)
+            _one_slot(cluster, name, keys)
         replies: list[Any] = [None] * len(parts)
-        for node, positions in groups.values():
+        for node, positions in by_primary(cluster, [keys[0] for _, _, keys in parts]).values():
             try:
                 got = self._run_pipelined(parts, positions, cluster.get_redis_connection(node))
             except PARTITION_UNAVAILABLE as exc:
@@ -378,8 +376,7 @@ def on_primary(cluster: RedisCluster, key: str, call: Callable[[Any], T]) -> T:
     to run twice (every script is).
     """
     try:
-        node = cluster.get_node_from_key(key)  # type: ignore[no-untyped-call]
-        direct = cluster.get_redis_connection(node)
+        direct = cluster.get_redis_connection(primary_of(cluster, key))
     except RedisClusterException:  # no node known for the slot: the cluster client decides
         return call(cluster)
     try:
@@ -388,19 +385,27 @@ def on_primary(cluster: RedisCluster, key: str, call: Callable[[Any], T]) -> T:
         return call(cluster)
 
 
-def _primary_of(client: RedisCluster, name: str, keys: Sequence[str]) -> Any:
-    """The primary (a ``redis.cluster.ClusterNode``) that serves ``keys``' slot in
-    ``client``'s slot map.
+def _one_slot(client: RedisCluster, name: str, keys: Sequence[str]) -> None:
+    """Refuse a script call whose ``keys`` are of several slots, as redis-py does when it
+    routes such a call itself.
 
     Raises:
-        redis.exceptions.RedisClusterException: ``keys`` are of several slots (as redis-py
-            raises when it routes such a call itself).
+        redis.exceptions.RedisClusterException: ``keys`` are of several slots.
+    """
+    if len({client.keyslot(key) for key in keys}) != 1:  # type: ignore[no-untyped-call]
+        raise RedisClusterException(f"script {name!r}: EVALSHA - all keys must map to the same key slot")
+
+
+def _primary_of(client: RedisCluster, name: str, keys: Sequence[str]) -> Any:
+    """The primary (a ``redis.cluster.ClusterNode``) that serves ``keys``' slot in
+    ``client``'s slot map (:func:`.routing.primary_of`).
+
+    Raises:
+        redis.exceptions.RedisClusterException: ``keys`` are of several slots.
         redis.exceptions.SlotNotCoveredError: no node serves the slot.
     """
-    slots = {client.keyslot(key) for key in keys}  # type: ignore[no-untyped-call]
-    if len(slots) != 1:
-        raise RedisClusterException(f"script {name!r}: EVALSHA - all keys must map to the same key slot")
-    return client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+    _one_slot(client, name, keys)
+    return primary_of(client, keys[0])
 
 
 def _need_keys(name: str, keys: Sequence[str]) -> None:

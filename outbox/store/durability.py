@@ -85,6 +85,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from outbox.conf import outbox_settings
 from outbox.exceptions import NotDurable
 from outbox.store.keys import Keys
+from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import sha
 
 
@@ -400,14 +401,11 @@ def _cluster_commands_then_wait(
     cannot be reached, with no other serving its slot, gives its writes that error as
     their replies: the other primaries' writes stand (the caller sees which).
     """
-    groups: dict[str, tuple[Any, int, list[int]]] = {}
-    for i, write in enumerate(writes):
-        slot = cluster.keyslot(write[3]) if len(write) > 3 and int(write[2]) > 0 else 0  # type: ignore[no-untyped-call]
-        node = cluster.nodes_manager.get_node_from_slot(slot)
-        groups.setdefault(node.name, (node, slot, []))[2].append(i)
+    routes = [str(write[3]) if len(write) > 3 and int(write[2]) > 0 else "" for write in writes]  # "": slot 0
     replies: list[Any] = [None] * len(writes)
     acknowledgements = []
-    for name, (node, slot, positions) in groups.items():
+    for name, (node, positions) in by_primary(cluster, routes).items():
+        slot = cluster.keyslot(routes[positions[0]])  # type: ignore[no-untyped-call]
         group = [writes[i] for i in positions]
         node_client = cluster.get_redis_connection(node)
         try:
@@ -502,7 +500,7 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
             first: dict[str, tuple[Any, str]] = {}
             for k in repository.keys.partition_numbers():
                 key = f"{repository.keys.tag_prefix(k)}:{SYNC_CHANNEL}"
-                node = connection.get_node_from_key(key)  # type: ignore[no-untyped-call]
+                node = primary_of(connection, key)
                 first.setdefault(node.name, (node, key))
             writes = [
                 (connection.get_redis_connection(node), ("SET", key, "", "PX", 60000))

@@ -19,6 +19,7 @@ from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, script_ca
 from outbox.store.destination_state import health_args
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
 from outbox.store.outages import PARTITION_UNAVAILABLE
+from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import field_names, named, sha
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
@@ -500,10 +501,9 @@ class MessageStore(RepositoryBase):
         flags = [self.keys.wake(q) for q in queues]
         connection: Any = self.connection
         if isinstance(connection, RedisCluster):
-            node = connection.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
-            if any(connection.get_node_from_key(f).name != node.name for f in flags):  # type: ignore[no-untyped-call]
+            if len(by_primary(connection, [keys[0], *flags])) > 1:
                 return None
-            client = connection.get_redis_connection(node)
+            client = connection.get_redis_connection(primary_of(connection, keys[0]))
         else:
             client = connection
         if not self.scripts_loaded:
