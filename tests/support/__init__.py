@@ -15,6 +15,7 @@ The names of the first three are importable from here.
 
 from tests.support.http import ENDLESS, Received, Receiver, receiving, serving
 from tests.support.messages import (
+    assert_due_order,
     assert_index_invariant,
     hook_settings,
     redis_at,
@@ -28,6 +29,7 @@ from tests.support.messages import (
 from tests.support.processes import ROOT, Supervisor
 
 __all__ = [
+    "assert_due_order",
     "ENDLESS",
     "ROOT",
     "Received",

@@ -194,3 +194,20 @@ def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: f
             return True
         time.sleep(interval)
     return False
+
+
+def assert_due_order(repo, got: list[str], expected: list[str]) -> None:
+    """Assert ``got`` (ids in delivery order) is ``expected``'s delivery in due order.
+
+    With one partition that is the exact order. With more, due order holds within each
+    partition; a run's claims share its slots among the partitions, so across them it is
+    only roughly due order: the same deliveries, each partition's in ``expected``'s order.
+    """
+    from outbox.records import partition_of
+
+    if not repo.keys.partitioned:
+        assert got == expected
+        return
+    assert sorted(got) == sorted(expected)
+    for k in {partition_of(i) for i in expected}:
+        assert [i for i in got if partition_of(i) == k] == [i for i in expected if partition_of(i) == k]
