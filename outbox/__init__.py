@@ -32,9 +32,11 @@ __all__ = [
     "Status",
     "UnknownDestination",
     "attempts",
+    "blocked_keys",
     "cancel",
     "delete",
     "get",
+    "release_key",
     "requeue",
     "send",
     "send_many",
@@ -56,6 +58,8 @@ _LAZY = {
     "PermanentDeliveryError": "outbox.exceptions",
     "UnknownDestination": "outbox.exceptions",
     "attempts": "outbox.api",
+    "blocked_keys": "outbox.operations.ordering",
+    "release_key": "outbox.operations.ordering",
     "cancel": "outbox.api",
     "delete": "outbox.api",
     "get": "outbox.api",
@@ -79,6 +83,7 @@ if TYPE_CHECKING:
         UnknownDestination,
     )
     from outbox.operations.actions import ActionResult
+    from outbox.operations.ordering import blocked_keys, release_key
     from outbox.records import Attempt, Message, Status
 
 

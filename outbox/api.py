@@ -34,6 +34,7 @@ SEND_ARGUMENTS = frozenset(
         "content_type",
         "headers",
         "idempotency_key",
+        "ordering_key",
         "max_retries",
         "retry",
         "delay",
@@ -49,6 +50,7 @@ def send(
     content_type: str | None = None,
     headers: Mapping[str, str] | None = None,
     idempotency_key: str | None = None,
+    ordering_key: str | None = None,
     max_retries: int | None = None,
     retry: Mapping[str, Any] | Sequence[float] | None = None,
     delay: float | timedelta | None = None,
@@ -75,6 +77,11 @@ def send(
             24 hours returns the first message instead of creating another (with another
             body it raises :class:`~outbox.exceptions.IdempotencyConflict`). Keys are
             scoped per destination.
+        ordering_key: 1 to 200 printable characters: the messages of this destination
+            with this key are delivered one at a time, in the order they were accepted
+            (outside a transaction: the order in which ``send()`` returns; inside: commit
+            order). The ones behind the key's head are ``waiting``. Scoped per destination;
+            see ``docs/concepts.md``, "Ordered delivery".
         max_retries: retries after the first attempt (0 to 1000); default from the
             destination, then ``OUTBOX["MAX_RETRIES"]``.
         retry: a retry policy (see :mod:`outbox.retry`) over the destination's.
@@ -109,6 +116,7 @@ def send(
         content_type=content_type,
         headers=headers,
         idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
         max_retries=max_retries,
         retry=retry,
         delay=delay,

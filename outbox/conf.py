@@ -115,6 +115,14 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        ``send()`` raises ``NotDurable`` (the message is written); inside a
                        transaction the captured row stays for the relay. See
                        :mod:`outbox.store.durability` and docs/operations.md.
+``ORDERING``           what a dead letter does to its ordering key, for every destination
+                       whose ``ORDERING`` does not say (``"block"``): ``"block"`` holds
+                       the key's later messages until it is requeued, cancelled or
+                       deleted; ``"skip"`` sets it aside and the key goes on. See
+                       ``docs/concepts.md``, "Ordered delivery".
+``ORDERING_KEY_TTL``   seconds an ordering key's state (its sequence, the last delivered)
+                       is kept after its last message left it (7 days); a key sent to
+                       again later starts at sequence 1.
 =====================  ==========================================================
 """
 
@@ -172,6 +180,8 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_REGISTER": False,
     "TRACING": True,
     "DURABILITY": {"REPLICAS": 0, "AOF": False, "TIMEOUT": 1.0},
+    "ORDERING": "block",
+    "ORDERING_KEY_TTL": 7 * 24 * 3600,
 }
 
 #: Settings renamed, old name -> new name: the old name is read when the new one is not

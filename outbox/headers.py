@@ -10,7 +10,8 @@ What is refused, and why:
   ``TE``, ``Trailer``, ``Host`` and every ``Proxy-*``: the HTTP client writes them. A
   message that sets ``Transfer-Encoding: chunked`` next to the client's
   ``Content-Length`` is the setup of request smuggling (RFC 9112 §6.1 forbids both);
-* the ``webhook-*`` headers of Standard Webhooks, which the webhook transport writes;
+* the ``webhook-*`` headers of Standard Webhooks, which the webhook transport writes,
+  and the outbox's own ordering headers (:data:`ORDERING_HEADERS`);
 * values that hold a control character (CR, LF, NUL, DEL, C1... HTAB is allowed
   inside), or begin or end with whitespace: RFC 9110 §5.5 ``field-value`` has no
   surrounding whitespace, and h11 (httpx) refuses such values at delivery time, so they
@@ -26,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from outbox.exceptions import InvalidMessage
 
@@ -45,6 +47,20 @@ HOP_BY_HOP = frozenset(
 )
 #: Headers the webhook transport writes itself (Standard Webhooks).
 WEBHOOK_HEADERS = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature"})
+#: The outbox's own headers of an ordered message (``send(..., ordering_key=...)``), beside
+#: the Standard Webhooks ones: its key, its sequence number in the key, and the sequence
+#: of the message of its key delivered before it (absent when none was: the key is new,
+#: or its state expired). Cancelled and skipped messages leave gaps in the sequence, so
+#: a receiver compares "previous" with the last sequence it processed, not seq - 1.
+ORDERING_KEY_HEADER = "Outbox-Ordering-Key"
+ORDERING_SEQUENCE_HEADER = "Outbox-Ordering-Sequence"
+ORDERING_PREVIOUS_HEADER = "Outbox-Ordering-Previous"
+ORDERING_HEADERS = frozenset(
+    h.lower() for h in (ORDERING_KEY_HEADER, ORDERING_SEQUENCE_HEADER, ORDERING_PREVIOUS_HEADER)
+)
+#: Characters an ordering key keeps as they are in its header: printable ASCII but "%"
+#: and the space (percent-encoded, RFC 3986 §2.1, as UTF-8 like every other character).
+_KEY_SAFE = "".join(c for c in map(chr, range(0x21, 0x7F)) if c != "%")
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 8192
 MAX_CONTENT_TYPE = 255
@@ -65,7 +81,27 @@ def _label(where: str, name: str) -> str:
 def reserved(name: str) -> bool:
     """True for a header the HTTP client or the webhook transport writes itself."""
     lower = name.lower()
-    return lower in HOP_BY_HOP or lower in WEBHOOK_HEADERS or lower.startswith("proxy-")
+    return (
+        lower in HOP_BY_HOP
+        or lower in WEBHOOK_HEADERS
+        or lower in ORDERING_HEADERS
+        or lower.startswith("proxy-")
+    )
+
+
+def ordering_headers(ordering_key: str | None, seq: int | None, prev: int | None) -> dict[str, str]:
+    """The ordering headers of a message (:data:`ORDERING_HEADERS`; none without a key):
+    the key percent-encoded where it is not printable ASCII (``%``, the space and
+    non-ASCII characters as UTF-8, RFC 3986 §2.1: ``urllib.parse.unquote`` gives it back),
+    the sequence and the previous sequence as decimal integers."""
+    if not ordering_key:
+        return {}
+    headers = {ORDERING_KEY_HEADER: quote(ordering_key, safe=_KEY_SAFE)}
+    if seq is not None:
+        headers[ORDERING_SEQUENCE_HEADER] = str(seq)
+    if prev is not None:
+        headers[ORDERING_PREVIOUS_HEADER] = str(prev)
+    return headers
 
 
 def check_name(name: Any, where: str = "header") -> str:
@@ -91,7 +127,7 @@ def check_name(name: Any, where: str = "header") -> str:
     if reserved(name):
         raise InvalidMessage(
             f"{_label(where, name)} is set by the HTTP client or the outbox and cannot be given "
-            "(framing and hop-by-hop headers, Proxy-*, webhook-*)",
+            "(framing and hop-by-hop headers, Proxy-*, webhook-*, Outbox-Ordering-*)",
             field="headers",
         )
     return name

@@ -27,6 +27,7 @@ class Status(str, Enum):
     SUCCEEDED = "succeeded"  # delivered
     FAILED = "failed"  # dead letter: permanent error or retries spent; kept and visible
     CANCELLED = "cancelled"  # withdrawn before delivery
+    WAITING = "waiting"  # behind the head of its ordering key; becomes pending in its turn
 
     def __str__(self) -> str:
         return self.value
@@ -34,11 +35,16 @@ class Status(str, Enum):
 
 STATUSES = tuple(s.value for s in Status)
 #: Statuses from which a message can still be delivered without a user acting.
-ACTIVE_STATUSES = (Status.PENDING.value, Status.SENDING.value, Status.RETRYING.value)
+ACTIVE_STATUSES = (
+    Status.PENDING.value,
+    Status.SENDING.value,
+    Status.RETRYING.value,
+    Status.WAITING.value,
+)
 #: Statuses a requeue accepts.
 REQUEUEABLE_STATUSES = (Status.FAILED.value, Status.CANCELLED.value, Status.SUCCEEDED.value)
 #: Statuses a cancel accepts.
-CANCELLABLE_STATUSES = (Status.PENDING.value, Status.RETRYING.value)
+CANCELLABLE_STATUSES = (Status.PENDING.value, Status.RETRYING.value, Status.WAITING.value)
 #: Statuses a delete accepts (not ``sending``: an attempt is in flight).
 DELETABLE_STATUSES = tuple(s for s in STATUSES if s != Status.SENDING.value)
 
@@ -228,6 +234,14 @@ class Message:
             is attempted alone (the quarantine lane) until an attempt ends in a live
             process, so a message that ends its worker is singled out and takes no
             batch mates with it. A dead letter that was lost alone keeps the mark.
+        ordering_key: the caller's ordering key (1 to 200 printable characters), or None:
+            the messages of one destination with one key are delivered one at a time,
+            in the order they were accepted (``docs/concepts.md``, "Ordered delivery").
+        order_seq: its sequence number in its ordering key (1, 2, ...), given when Redis
+            accepts it; None without a key.
+        order_prev: the sequence number of the message of its key delivered before it
+            (None: none was, as far as the key's state remembers), set when it becomes
+            the head of its key.
     """
 
     id: str
@@ -252,6 +266,9 @@ class Message:
     job_id: str = ""
     lease: str = ""
     suspect: int = 0
+    ordering_key: str | None = None
+    order_seq: int | None = None
+    order_prev: int | None = None
 
     # -- conveniences -------------------------------------------------------------
     @property
@@ -338,6 +355,12 @@ class Message:
             fields["queue"] = self.queue
         if self.suspect:
             fields["suspect"] = str(self.suspect)
+        if self.ordering_key:
+            fields["okey"] = self.ordering_key
+        if self.order_seq is not None:
+            fields["oseq"] = str(self.order_seq)
+        if self.order_prev is not None:
+            fields["oprev"] = str(self.order_prev)
         fields["updated_at"] = repr(self.updated_at)
         return fields
 
@@ -386,6 +409,9 @@ class Message:
             job_id=r.get("job_id", ""),
             lease=r.get("lease", ""),
             suspect=int(r.get("suspect") or 0),
+            ordering_key=r.get("okey") or None,
+            order_seq=int(r["oseq"]) if r.get("oseq") else None,
+            order_prev=int(r["oprev"]) if r.get("oprev") else None,
         )
 
     def to_record(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from outbox.conf import outbox_settings
 from outbox.delivery.attempts import ERROR_LIMIT, worker_name
+from outbox.destinations.config import get_destination
 from outbox.events import (
     DestinationEvent,
     event_payload,
@@ -21,6 +22,7 @@ from outbox.events import (
     send_exhausted_signal,
     send_signal,
 )
+from outbox.exceptions import UnknownDestination
 from outbox.records import Attempt, Message, Outcome, Status
 from outbox.retry import RetryPolicy, retry_delay
 from outbox.store import Change, ChangeResult
@@ -160,20 +162,29 @@ def decide(
         stat=status,
         destination=message.destination,
         queue=message.queue,
+        ordering_key=message.ordering_key or "",
     )
     exhausted = None
-    if (
+    blocks = False
+    if message.ordering_key and status == Status.FAILED.value:
+        change.skip = ordering_policy(message.destination) == "skip"
+        blocks = not change.skip
+    if blocks or (
         not ok
         and not permanent
         and status == Status.FAILED.value
         and message.retry_count >= message.max_retries
     ):
-        exhausted = DestinationEvent(
-            "message.exhausted",
-            message.destination,
-            now,
-            {"id": message.id, "retry_count": retry_count, "status_code": status_code, "error": error},
-        )
+        data: dict[str, Any] = {
+            "id": message.id,
+            "retry_count": retry_count,
+            "status_code": status_code,
+            "error": error,
+        }
+        if message.ordering_key:
+            # a dead letter of an ordering key: with the policy "block" its key waits
+            data.update(ordering_key=message.ordering_key, blocked=blocks)
+        exhausted = DestinationEvent("message.exhausted", message.destination, now, data)
     park = None
     if not ok and not permanent:
         park = _park_change(message, now, record, fields, unset, error)
@@ -190,6 +201,15 @@ def decide(
     message.last_status_code = status_code
     message.suspect = suspect
     return Decision(change, record, message, exhausted)
+
+
+def ordering_policy(destination: str) -> str:
+    """``destination``'s ``ORDERING`` policy (``"block"`` or ``"skip"``), or
+    ``OUTBOX["ORDERING"]``'s for a destination no longer configured."""
+    try:
+        return get_destination(destination).ordering
+    except UnknownDestination:
+        return str(outbox_settings.ORDERING)
 
 
 def _park_change(

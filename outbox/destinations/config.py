@@ -12,6 +12,7 @@ Each entry::
         "RATE_LIMIT": "100/s",                  # optional; across all workers (GCRA)
         "MAX_CONCURRENCY": 4,                   # optional; attempts in flight across all workers
         "DISABLE_AFTER": 3 * 24 * 3600,         # optional; seconds failing before auto-disable
+        "ORDERING": "skip",                     # optional; else OUTBOX["ORDERING"] ("block")
     }
 
 The last four are parsed by :mod:`outbox.destinations.limits` and enforced in Redis (see
@@ -52,7 +53,13 @@ DESTINATION_KEYS = {
     "RATE_LIMIT",
     "MAX_CONCURRENCY",
     "DISABLE_AFTER",
+    "ORDERING",
 }
+
+#: What a dead letter does to its ordering key (``OUTBOX["ORDERING"]``, a destination's
+#: ``ORDERING``): ``block`` holds the key's later messages until it is requeued,
+#: cancelled or deleted; ``skip`` sets it aside and the key goes on.
+ORDERING_POLICIES = ("block", "skip")
 
 logger = logging.getLogger("outbox")
 _transports: dict[str, Transport] = {}
@@ -79,6 +86,8 @@ class Destination:
             transport): a share of the worker's slots while destinations compete, and a
             run may lend it idle slots when it alone is busy (:mod:`outbox.delivery`). A
             ``MAX_IN_FLIGHT`` someone set is a hard limit.
+        ordering: what a dead letter does to its ordering key, ``"block"`` or ``"skip"``
+            (:data:`ORDERING_POLICIES`).
     """
 
     name: str
@@ -92,6 +101,7 @@ class Destination:
     max_concurrency: int | None = None
     disable_after: float | None = None
     max_in_flight_default: bool = False
+    ordering: str = "block"
 
     def build_transport(self) -> Transport:
         """A new transport instance for this destination.
@@ -111,6 +121,17 @@ def validate_max_retries(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES_LIMIT:
         raise ValueError(f"{where} must be an integer from 0 to {MAX_RETRIES_LIMIT}, not {value!r}")
     return value
+
+
+def parse_ordering(value: object, where: str) -> str:
+    """Check an ordering policy: one of :data:`ORDERING_POLICIES`.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if value not in ORDERING_POLICIES:
+        raise ValueError(f"{where} must be one of {', '.join(ORDERING_POLICIES)}, not {value!r}")
+    return str(value)
 
 
 def _build(name: str, config: Any) -> Destination:
@@ -157,6 +178,7 @@ def _build(name: str, config: Any) -> Destination:
         disable_after = parse_disable_after(
             config.get("DISABLE_AFTER", outbox_settings.DISABLE_AFTER), f"{where}['DISABLE_AFTER']"
         )
+        ordering = parse_ordering(config.get("ORDERING", outbox_settings.ORDERING), f"{where}['ORDERING']")
     except ValueError as exc:
         raise ImproperlyConfigured(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from exc
     destination = Destination(
@@ -171,6 +193,7 @@ def _build(name: str, config: Any) -> Destination:
         max_concurrency,
         disable_after,
         max_in_flight_default,
+        ordering,
     )
     destination.build_transport()  # refuses bad options now, not at the first delivery
     return destination

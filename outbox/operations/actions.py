@@ -251,6 +251,25 @@ def _prepare_cancel(ids: list[str]) -> Execute:
     )
 
 
+def cancel_dead_letters(
+    ids: Iterable[str], *, progress: Progress | None = None, applied: Applied | None = None
+) -> ActionResult:
+    """Cancel dead letters (``failed`` -> ``cancelled``): the head of a blocked ordering
+    key, which releases the key (its next message becomes the head). Messages in any
+    other status are skipped."""
+    return _run(ids, "cancelled", _prepare_cancel_dead_letters, progress, applied)
+
+
+def _prepare_cancel_dead_letters(ids: list[str]) -> Execute:
+    return _writer(
+        ids,
+        action="cancelled",
+        from_statuses=(Status.FAILED.value,),
+        to=Status.CANCELLED.value,
+        now=score_clock.reserve(len(ids)),
+    )
+
+
 def delete(
     ids: Iterable[str], *, progress: Progress | None = None, applied: Applied | None = None
 ) -> ActionResult:

@@ -92,7 +92,7 @@ def _create(
     try:
         result = repository.create(messages, now, **kwargs)
     except PARTITION_UNAVAILABLE as exc:
-        if not movable or all(m.idempotency_key for m in messages):
+        if not movable or all(m.idempotency_key or m.ordering_key for m in messages):
             raise
         unstored = [Created(m.id, m.id, "unstored") for m in messages]
         result = CreateResult(unstored, [], errors={partition_of(m.id): exc for m in messages})
@@ -100,7 +100,7 @@ def _create(
         stuck = [
             i
             for i, c in enumerate(result.created)
-            if c.code == "unstored" and not messages[i].idempotency_key
+            if c.code == "unstored" and not (messages[i].idempotency_key or messages[i].ordering_key)
         ]
         elsewhere = repository.partition_elsewhere(set(result.errors)) if stuck else None
         if elsewhere is None:

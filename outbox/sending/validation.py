@@ -28,6 +28,8 @@ MAX_HEADERS = header_rules.MAX_HEADERS
 MAX_HEADER_BYTES = header_rules.MAX_HEADER_BYTES
 
 MAX_IDEMPOTENCY_KEY = 255
+#: Characters an ordering key may have at most.
+MAX_ORDERING_KEY = 200
 MAX_DELAY = 365 * 24 * 3600  # seconds
 
 
@@ -130,6 +132,22 @@ def clean_idempotency_key(key: str | None) -> str | None:
     return key
 
 
+def clean_ordering_key(key: str | None) -> str | None:
+    """Check an ordering key: a non-empty str of at most 200 printable characters.
+
+    Raises:
+        InvalidMessage: otherwise.
+    """
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key or len(key) > MAX_ORDERING_KEY or not key.isprintable():
+        raise InvalidMessage(
+            f"ordering_key must be 1 to {MAX_ORDERING_KEY} printable characters, not {shown(key)}",
+            field="ordering_key",
+        )
+    return key
+
+
 def clean_delay(delay: float | timedelta | None) -> float:
     """A delay as seconds (number or ``timedelta``), 0 to 365 days.
 
@@ -162,8 +180,9 @@ def clean_priority(priority: str | None) -> str:
 
 
 def message_partition(destination: str, key: str | None, partition: int | None = None) -> int | None:
-    """The partition of a new message of ``destination`` with idempotency ``key`` (None:
-    the deployment has one partition, and ids name none; see :func:`build_message`)."""
+    """The partition of a new message of ``destination`` with ``key``: its ordering key,
+    else its idempotency key (None: the deployment has one partition, and ids name none;
+    see :func:`build_message`)."""
     partitions = outbox_settings.partitions
     if partitions == 1:
         return None
@@ -179,6 +198,7 @@ def build_message(
     content_type: str | None = None,
     headers: Mapping[str, str] | None = None,
     idempotency_key: str | None = None,
+    ordering_key: str | None = None,
     max_retries: int | None = None,
     retry: Mapping[str, Any] | Sequence[float] | None = None,
     delay: float | timedelta | None = None,
@@ -189,7 +209,7 @@ def build_message(
     """Validate ``send()`` arguments and build the message, without writing it.
 
     With more than one partition (``OUTBOX["PARTITIONS"]``), the message's id names its
-    partition: the one its destination and idempotency key map to
+    partition: the one its destination and ordering key (else idempotency key) map to
     (:func:`~outbox.store.keys.partition_for`), else ``partition`` (``send_many`` gives
     the messages of a call without a key one partition, so they are written together),
     else one at random.
@@ -215,14 +235,16 @@ def build_message(
     now = time.time() if now is None else now
     send_time = now + clean_delay(delay)
     idempotency_key = clean_idempotency_key(idempotency_key)
+    ordering_key = clean_ordering_key(ordering_key)
     return Message(
-        id=new_message_id(now, message_partition(dest.name, idempotency_key, partition)),
+        id=new_message_id(now, message_partition(dest.name, ordering_key or idempotency_key, partition)),
         destination=dest.name,
         body=data,
         content_type=ctype,
         headers=headers,
         created_at=now,
         idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
         status=Status.PENDING.value,
         retry_count=0,
         max_retries=max_retries,

@@ -73,6 +73,7 @@ class RepositoryBase:
         idempotency_ttl: int = 0,
         wake_ttl: float = 60.0,
         partitions: int = 1,
+        ordering_key_ttl: int = 7 * 24 * 3600,
     ) -> None:
         self.connection = connection
         #: send()'s client: one connection held per thread (see :mod:`.thread_client`).
@@ -81,6 +82,7 @@ class RepositoryBase:
         self.attempts_kept = attempts_kept
         self.events_channel = events_channel or ""
         self.idempotency_ttl = idempotency_ttl
+        self.ordering_key_ttl = max(1, int(ordering_key_ttl))
         self.wake_ttl_ms = max(1, int(wake_ttl * 1000))
         self.scripts_loaded = False
         #: destinations this process added to the destinations set (partitioned layout)

@@ -225,6 +225,7 @@ def get_repository() -> MessageRepository:
         idempotency_ttl=IDEMPOTENCY_TTL,
         wake_ttl=WAKE_TTL,
         partitions=outbox_settings.partitions,
+        ordering_key_ttl=outbox_settings.ORDERING_KEY_TTL,
     )
 
 

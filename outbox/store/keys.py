@@ -234,6 +234,23 @@ class Keys:
         an ordering key): ``keys.partition(k).idempotency(d, key)``."""
         return f"{self._part_prefix}:idempotency:{self.idempotency_scope(destination, key)}"
 
+    def order(self, destination: str, key: str) -> str:
+        """The queue of an ordering key: its unsettled messages (a sorted set: id -> its
+        sequence number); the head is the lowest (``lua/lib/ordering.lua``)."""
+        return f"{self._part_prefix}:order:{self.idempotency_scope(destination, key)}"
+
+    def order_state(self, destination: str, key: str) -> str:
+        """An ordering key's state (a hash): ``seq`` (the last sequence number given),
+        ``last`` (the sequence of the last message delivered), ``blocked`` (the id of the
+        dead letter at its head while it blocks the key). It expires
+        ``ORDERING_KEY_TTL`` seconds after the key's queue empties."""
+        return f"{self._part_prefix}:orderstate:{self.idempotency_scope(destination, key)}"
+
+    def blocked(self, destination: str) -> str:
+        """The ordering keys of ``destination`` blocked by a dead letter at their head (a
+        sorted set: key -> when it was blocked), in this partition."""
+        return f"{self._part_prefix}:blocked:{destination}"
+
     def idempotency_home(self, destination: str, key: str) -> str:
         """:meth:`idempotency` in the partition the pair maps to (:func:`partition_for`)."""
         return self.partition(partition_for(destination, key, self.partitions)).idempotency(destination, key)

@@ -6,6 +6,7 @@ read back (records, attempts, idempotency keys).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -14,7 +15,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from outbox.exceptions import MessageNotFound
-from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, partition_of
+from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, Status, partition_of
 from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, script_call
 from outbox.store.destination_state import health_args
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
@@ -49,6 +50,7 @@ CREATE_FIELDS = (
     "score",
     "created",
     "record",
+    "ordered",
     "n_resend",
 )
 
@@ -89,6 +91,7 @@ CHANGE_FIELDS = (
     "load",
     "also",
     "park",
+    "oskip",
     "n_set",
     "n_unset",
     "n_inline",
@@ -122,6 +125,10 @@ class Change:
         destination, queue: the message's, when the caller knows them (an outcome):
             with partitions, the indexes the change touches are then declared
             (:meth:`MessageStore.transition_keys`). The script reads the record's own.
+        ordering_key: the message's, when the caller knows it: its key's queue and state
+            and its destination's ``waiting`` index and blocked keys are declared too.
+        skip: a dead letter of an ordering key leaves the key (policy ``"skip"``) instead
+            of blocking it (``"block"``, the default; ``lua/lib/ordering.lua``).
     """
 
     id: str
@@ -141,12 +148,14 @@ class Change:
     park: dict[str, Any] | None = None
     destination: str = ""
     queue: str = ""
+    ordering_key: str = ""
+    skip: bool = False
 
     def args(self) -> list[Any]:
         """This change as ``lua/transition.lua`` reads it (named by :data:`CHANGE_FIELDS`):
-        12 fixed values (id, from
+        13 fixed values (id, from
         statuses joined by commas, to, score, lease, due_by, attempt JSON, event JSON,
-        stat, load "1", also, park JSON; "" where absent), the number of ``set`` pairs, of
+        stat, load "1", also, park JSON, oskip "1"; "" where absent), the number of ``set`` pairs, of
         ``unset`` fields and of ``inline`` pairs, then the pairs, the fields and the
         inline pairs. Flat strings, not one JSON document: the script passes them to
         ``HSET``/``HDEL`` as ranges of its arguments and decodes nothing but a ``park``
@@ -164,6 +173,7 @@ class Change:
             "1" if self.load else "",
             self.also or "",
             "" if self.park is None else json.dumps(self.park, separators=(",", ":")),
+            "1" if self.skip else "",
             len(self.set),
             len(self.unset),
             len(self.inline or ()),
@@ -320,6 +330,7 @@ class MessageStore(RepositoryBase):
                 score,
                 repr(m.created_at),
                 m.message_value(),
+                "1" if m.ordering_key else "",
                 len(rfields),
             ]
             for pair in rfields.items():
@@ -332,7 +343,9 @@ class MessageStore(RepositoryBase):
         """KEYS of ``lua/create.lua`` for ``messages``: the destinations set; then per
         group of messages with one (status, destination, queue) (:func:`create_groups`),
         its status index, due index, created index and wake-up flag, each once; then per
-        message its message and resend records and, if it has one, its idempotency key.
+        message its message and resend records, if it has one its idempotency key, and if
+        it has an ordering key that key's queue and state and its destination's
+        ``waiting`` index (see ``lua/lib/ordering.lua``).
         (A key per message for the indexes it shares with the others of its group cost
         send_many(100) a fifth of its speed: each argument costs Redis and the client.)"""
         # every message of one call is in one partition (:meth:`create` splits a call);
@@ -348,6 +361,12 @@ class MessageStore(RepositoryBase):
             keys += [self.keys.message(m.id), self.keys.resend(m.id)]
             if m.idempotency_key:
                 keys.append(part.idempotency(m.destination, m.idempotency_key))
+            if m.ordering_key:
+                keys += [
+                    part.order(m.destination, m.ordering_key),
+                    part.order_state(m.destination, m.ordering_key),
+                    part.status(Status.WAITING.value, m.destination),
+                ]
         return keys
 
     def create(
@@ -622,6 +641,7 @@ class MessageStore(RepositoryBase):
             parts=self.keys.partitions,
             now=repr(now),
             kept=self.attempts_kept,
+            okttl=self.ordering_key_ttl,
             channel=self.events_channel,
             # PUBSUB NUMSUB counts the subscribers of the node it runs on only: on a
             # cluster a subscriber may be on another node (PUBLISH reaches every node)
@@ -656,6 +676,19 @@ class MessageStore(RepositoryBase):
                 more[part.parked(change.destination)] = None
             if change.queue:
                 more.update(dict.fromkeys([part.due(change.queue), part.quarantine(change.queue)]))
+            if change.ordering_key and change.destination:
+                d, key = change.destination, change.ordering_key
+                more.update(
+                    dict.fromkeys(
+                        [
+                            part.order(d, key),
+                            part.order_state(d, key),
+                            part.blocked(d),
+                            part.status(Status.WAITING.value, d),
+                            part.status(Status.PENDING.value, d),
+                        ]
+                    )
+                )
             if now is not None:
                 minute = int(now // 60)
                 for stat in [change.stat, "parked" if change.park else None]:
@@ -805,6 +838,7 @@ class MessageStore(RepositoryBase):
             score=repr(now),
             step=repr(step),
             wake_ttl_ms=self.wake_ttl_ms,
+            okttl=self.ordering_key_ttl,
         )
         set = set or {}
         args.append(len(set))
@@ -968,7 +1002,13 @@ class MessageStore(RepositoryBase):
                     self.keys.message(message_id),
                     self.keys.attempts(message_id),
                 ]
-            opts = named(prefix=self.keys.prefix, parts=self.keys.partitions, statuses=",".join(statuses))
+            opts = named(
+                prefix=self.keys.prefix,
+                parts=self.keys.partitions,
+                statuses=",".join(statuses),
+                okttl=self.ordering_key_ttl,
+                now=repr(time.time()),
+            )
             calls.append(("delete", [*opts, *chunk], keys))
         deleted = [False] * len(ids)
         for positions, reply in zip(groups, self.run_scripts(calls), strict=True):

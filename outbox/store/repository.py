@@ -15,6 +15,7 @@ status transitions (compare-and-set Lua scripts, see ``lua/transition.lua``).
 * :mod:`outbox.store.alerts`: alert suppression windows;
 * :mod:`outbox.store.maintenance`: schema upgrade, locks, worker heartbeats.
 * :mod:`outbox.store.partitioned`: the delivery round trip with more than one partition.
+* :mod:`outbox.store.ordering`: ordered delivery's blocked keys and key queues.
 
 Every name this module had before the split is importable from it still.
 """
@@ -41,6 +42,7 @@ from outbox.store.messages import (
     ReleaseReply,
     TransitionRow,
 )
+from outbox.store.ordering import BlockedKeyRow, OrderingReads
 from outbox.store.partitioned import PartitionedMessageStore
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "OUTCOME_FIELDS",
     "WORKER_HEARTBEAT_KEPT",
     "AlertWindow",
+    "BlockedKeyRow",
     "BulkReply",
     "BulkResult",
     "Change",
@@ -74,7 +77,9 @@ __all__ = [
 ]
 
 
-class MessageRepository(PartitionedMessageStore, IndexReads, DestinationState, AlertStore, Maintenance):
+class MessageRepository(
+    PartitionedMessageStore, IndexReads, DestinationState, AlertStore, Maintenance, OrderingReads
+):
     """Messages in Redis under one key prefix.
 
     Args:
@@ -87,6 +92,8 @@ class MessageRepository(PartitionedMessageStore, IndexReads, DestinationState, A
         wake_ttl: seconds a queue's wake-up flag lives (see ``lua/wake.lua``).
         partitions: partitions of the data (``OUTBOX["PARTITIONS"]``; see
             :class:`~outbox.store.keys.Keys`): reads across messages read every one.
+        ordering_key_ttl: seconds an ordering key's state is kept after its last
+            message left it (``OUTBOX["ORDERING_KEY_TTL"]``).
 
     Every write is one Lua script call, atomic on the server. Scripts are called by
     SHA1 (``EVALSHA``) and loaded again after a ``NOSCRIPT`` reply (a restarted Redis

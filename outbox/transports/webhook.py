@@ -6,6 +6,9 @@ Each delivery is an HTTP POST of the message body with::
     webhook-id:         the message id (stable across retries, so receivers can deduplicate)
     webhook-timestamp:  epoch seconds of this attempt
     webhook-signature:  v1,<base64 HMAC-SHA256 of "id.timestamp.body"> (when a secret is set)
+    Outbox-Ordering-Key, Outbox-Ordering-Sequence, Outbox-Ordering-Previous:
+                        an ordered message's key, sequence and the sequence delivered
+                        before it (:func:`outbox.headers.ordering_headers`)
     traceparent:        the attempt's W3C trace context, with OpenTelemetry on (outbox.tracing)
 
 signed with the ``standardwebhooks`` package (https://www.standardwebhooks.com/).
@@ -316,6 +319,9 @@ class WebhookTransport(Transport):
         headers["Content-Type"] = message.content_type
         headers["webhook-id"] = message.id
         headers["webhook-timestamp"] = str(timestamp)
+        headers.update(
+            header_rules.ordering_headers(message.ordering_key, message.order_seq, message.order_prev)
+        )
         if self.signers:
             when = datetime.fromtimestamp(timestamp, tz=timezone.utc)
             text = message.body.decode("utf-8")

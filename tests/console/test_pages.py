@@ -56,7 +56,15 @@ def test_dashboard_counts_per_status_and_destination(superuser_client, repo):
     make(repo, 3, "pending", destination="mem")
     make(repo, 2, "cancelled", destination="mem")
     html = text_of(superuser_client.get(u("dashboard")))
-    expected = {"pending": 3, "sending": 0, "retrying": 0, "succeeded": 1, "failed": 4, "cancelled": 2}
+    expected = {
+        "pending": 3,
+        "sending": 0,
+        "retrying": 0,
+        "succeeded": 1,
+        "failed": 4,
+        "cancelled": 2,
+        "waiting": 0,
+    }
     for status in STATUSES:
         assert element_text(html, f"count-{status}") == str(expected[status])
     assert element_text(html, "count-total") == "10"

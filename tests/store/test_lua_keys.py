@@ -58,6 +58,9 @@ BY_PARTITION: dict[str, list[tuple[object, ...]]] = {
     "idempotency": [(d, k) for d in DESTINATIONS for k in ("k-1", "clé:2", "")],
     "stats": [(o, m) for o in ("succeeded", "parked") for m in (29435295, 0)],
     "parked": [(d,) for d in DESTINATIONS],
+    "order": [(d, k) for d in DESTINATIONS for k in ("order-42", "clé:2")],
+    "order_state": [(d, k) for d in DESTINATIONS for k in ("order-42", "clé:2")],
+    "blocked": [(d,) for d in DESTINATIONS],
 }
 #: A destination's state and the keys across the deployment.
 SHARED: dict[str, list[tuple[object, ...]]] = {

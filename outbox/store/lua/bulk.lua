@@ -12,6 +12,12 @@
 -- then: number of fields to set N, then N field/value pairs; number of groups G, then
 --   per group: job id ("" = none; else written as job_id), number of ids, the ids.
 -- Index writes are made once per index for the whole call (lib/writes.lua).
+-- Ordered messages (lib/ordering.lua): one cancelled leaves its key (the next becomes the
+-- head, and its queue is woken); one requeued goes back into its key (a blocking dead
+-- letter stays the head, the key unblocked; one that had left joins the tail and is
+-- 'waiting' unless it is the head): the requeued messages of one key join it in their
+-- original order (sequence numbers). Named argument okttl: seconds an ordering key's
+-- state is kept after its last message left.
 -- Returns {per id in order: 1 changed, 0 skipped (other status, or no such message),
 --          queues whose wake-up flag this call set (when messages became due)}.
 --! include args
@@ -19,6 +25,7 @@
 --! include writes
 --! include move
 --! include wakeup
+--! include ordering
 local opts, pos = named_args()
 local prefix, now_s, channel, action, to = K.setup(opts), opts.now, opts.channel, opts.action, opts.to
 wake_setup(opts)
@@ -42,7 +49,40 @@ local step_us = math.max(1, math.floor(tonumber(opts.step) * 1e6 + 0.5))
 local wake_ttl = tonumber(opts.wake_ttl_ms)
 local ngroups = tonumber(ARGV[pos])
 pos = pos + 1
+local okttl = tonumber(opts.okttl or '604800')
 local out, acted, k = {}, {}, 0
+local later = {}  -- requeued ordered messages, joined to their keys in sequence order
+local function apply(e)
+  local id, rkey, cur, status, dest, queue = e.id, e.rkey, e.cur, e.cur[1], e.cur[2], e.cur[3] or ''
+  local us = base_us + (e.k - 1) * step_us
+  local s = string.format('%d.%06d', math.floor(us / 1e6), us % 1e6)
+  local okey, pp = cur[4], K.part(prefix, id)
+  local target, order = to, nil
+  if okey and to == 'pending' then
+    local head, seq, last = order_requeue(pp, dest, okey, id)
+    if seq then
+      order = {'oseq', seq}
+      if head and last then order[3], order[4] = 'oprev', last end
+    end
+    if not head then target = 'waiting' end
+  end
+  move_indexes(prefix, id, dest, queue, status, target, s, false)
+  if waiting(target) then wake_queue(K.wake(prefix, queue), queue, now_s, wake_ttl) end
+  redis.call('HSET', rkey, unpack(fields))
+  if target ~= to then redis.call('HSET', rkey, 'status', target) end
+  if order then
+    redis.call('HSET', rkey, unpack(order))
+    if not order[3] then redis.call('HDEL', rkey, 'oprev') end
+  end
+  if e.job ~= '' then redis.call('HSET', rkey, 'job_id', e.job) end
+  if #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end
+  if okey and to == 'cancelled' then
+    local q = order_leave(prefix, pp, dest, okey, id, nil, okttl, now_s)
+    if q then wake_queue(K.wake(prefix, q), q, now_s, wake_ttl) end
+  end
+  acted[#acted + 1] = id
+  out[e.k] = 1
+end
 for _ = 1, ngroups do
   local job, n = ARGV[pos], tonumber(ARGV[pos + 1])
   pos = pos + 2
@@ -51,23 +91,21 @@ for _ = 1, ngroups do
     pos = pos + 1
     k = k + 1
     local rkey = KEYS[k]
-    local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue')
-    local status, dest = cur[1], cur[2]
+    local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey', 'oseq')
+    local status = cur[1]
     if status and allowed[status] then
-      local us = base_us + (k - 1) * step_us
-      local s = string.format('%d.%06d', math.floor(us / 1e6), us % 1e6)
-      move_indexes(prefix, id, dest, cur[3] or '', status, to, s, false)
-      if waiting(to) then wake_queue(K.wake(prefix, cur[3]), cur[3], now_s, wake_ttl) end
-      redis.call('HSET', rkey, unpack(fields))
-      if job ~= '' then redis.call('HSET', rkey, 'job_id', job) end
-      if #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end
-      acted[#acted + 1] = id
-      out[k] = 1
+      local e = {id = id, rkey = rkey, cur = cur, k = k, job = job}
+      if cur[4] and to == 'pending' then later[#later + 1] = e else apply(e) end
     else
       out[k] = 0
     end
   end
 end
+table.sort(later, function(a, b)
+  if a.cur[4] ~= b.cur[4] then return a.cur[4] < b.cur[4] end
+  return (tonumber(a.cur[5]) or 0) < (tonumber(b.cur[5]) or 0)
+end)
+for _, e in ipairs(later) do apply(e) end
 flush_writes()
 if channel ~= '' and #acted > 0 then
   redis.call('PUBLISH', channel, cjson.encode({event = 'messages.' .. action, ids = acted, at = tonumber(now_s)}))

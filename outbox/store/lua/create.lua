@@ -8,8 +8,10 @@
 --   queue), in order: its status index (outbox:status:<status>:dest:<d>), its queue's due
 --   index, its destination's created index and its queue's wake-up flag (4 keys each,
 --   once per group: send_many shares them); then per message, in order: its message
---   record, its resend record, and, when it has an idempotency key, that key
---   (outbox:idempotency:<n>:<d>:<key>). With more than one partition (parts > 1: every
+--   record, its resend record, when it has an idempotency key that key
+--   (outbox:idempotency:<n>:<d>:<key>), and when it has an ordering key that key's queue
+--   and state and its destination's 'waiting' status index (lib/ordering.lua: a message
+--   with messages of its key ahead of it is written 'waiting', in no due index). With more than one partition (parts > 1: every
 --   message of the call is in one partition, whose slot every key is in) there is no
 --   outbox:destinations and no wake-up flag (3 keys per group): the caller registers
 --   the destinations and sets the flags of the queues returned (lib/wakeup.lua).
@@ -24,7 +26,8 @@
 --   idempotency key), fp (fingerprint of body and content type; "" without a key),
 --   dest, queue, status, group (its group's number, 1..G), score (status score; when it is due, also its resend record's
 --   next_attempt_at), created (created_at), record (the message record: one string, its
---   header line and the body, outbox.records.Message.message_value), n_resend; then the
+--   header line and the body, outbox.records.Message.message_value), ordered ("1" when
+--   it has an ordering key: its resend fields hold okey), n_resend; then the
 --   resend record's other field/value pairs (n_resend of them). The script writes
 --   status, destination, queue and next_attempt_at itself from the fields above, so
 --   they are not sent twice (each argument costs Redis and the client about 0.4 us).
@@ -42,6 +45,9 @@
 --! include args
 --! include writes
 --! include wakeup
+--! include keys
+--! include move
+--! include ordering
 local opts, pos = named_args()
 local idem_ttl = tonumber(opts.idem_ttl)
 local wake_ttl = tonumber(opts.wake_ttl_ms)
@@ -71,6 +77,10 @@ for i = 1, n do
   if m.keyed == '1' then
     m.ikey = KEYS[k]
     k = k + 1
+  end
+  if m.ordered == '1' then
+    m.okey, m.ostate, m.waitkey = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+    k = k + 3
   end
   pos = m.rlast + 1
   -- First pass: what would happen to each message.
@@ -125,16 +135,28 @@ for i, m in ipairs(msgs) do
       end
     end
     if m ~= guarded then mset_later(m.mkey, m.record) end
+    local skey, due = m.skey, true
+    local order = {}
+    if m.okey then
+      local head, seq, last = order_join(m.okey, m.ostate, id)
+      order = {'oseq', seq}
+      if head then
+        if last then order[3], order[4] = 'oprev', last end
+      else
+        status, skey, due = 'waiting', m.waitkey, false
+      end
+    end
     redis.call('HSET', m.rkey, 'status', status, 'destination', dest, 'queue', queue,
       'next_attempt_at', score, unpack(ARGV, m.rfirst, m.rlast))
-    zadd_later(m.skey, score, id)
-    zadd_later(m.dkey, score, id)
+    if #order > 0 then redis.call('HSET', m.rkey, unpack(order)) end
+    zadd_later(skey, score, id)
+    if due then zadd_later(m.dkey, score, id) end
     zadd_later(m.ckey, m.created, id)
     if shared and not dests[dest] then
       dests[dest] = true
       redis.call('SADD', KEYS[1], dest)
     end
-    if tonumber(score) <= due_by then wake_queue(m.wkey, queue, opts.now, wake_ttl) end
+    if due and tonumber(score) <= due_by then wake_queue(m.wkey, queue, opts.now, wake_ttl) end
   else
     if m.code == 'new' then m.code = 'refused' end
     others[#others + 1] = {i, m.standing, m.code}

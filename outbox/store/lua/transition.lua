@@ -31,6 +31,11 @@
 --   list when the record holds no inline success yet (no 'ok_at'): a message delivered
 --   at its first attempt gets no attempts list (about 340 bytes less).
 -- A message that leaves pending|retrying leaves the parked set of its destination too.
+-- An ordered message (okey in its resend record; lib/ordering.lua) that succeeds, or is
+-- cancelled, leaves its key, and the next message of the key becomes its head; one that
+-- becomes a dead letter blocks its key, or with its change's oskip "1" (the destination's
+-- ORDERING policy "skip") leaves it too. Named argument okttl: seconds an ordering key's
+-- state is kept after its last message left.
 -- Returns, per change: {applied 0|1 (2: applied as its park alternative), status after ("" if no such message)
 --                       [, message record ({id, record}: lib/message.lua), resend
 --                       HGETALL when load and applied]}
@@ -41,10 +46,12 @@
 --! include message
 --! include writes
 --! include move
+--! include ordering
 local opts, pos = named_args()
 local prefix = K.setup(opts)
 local now = tonumber(opts.now)
 local kept = tonumber(opts.kept)
+local okttl = tonumber(opts.okttl or '604800')
 local channel = opts.channel
 if channel ~= '' and opts.numsub == '1' and redis.call('PUBSUB', 'NUMSUB', channel)[2] == 0
     and redis.call('PUBSUB', 'NUMPAT') == 0 then
@@ -82,7 +89,8 @@ for i = 1, n do
   local inline_first = unset_first + nunset
   pos = inline_first + 2 * ninline
   local rkey, akey, mkey = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease', 'queue', 'ok_at')
+  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'next_attempt_at', 'lease', 'queue', 'ok_at',
+    'okey', 'oseq')
   local status = cur[1]
   local applied = 0
   if status then
@@ -122,6 +130,17 @@ for i = 1, n do
       end
       if attempt then
         if redis.call('LPUSH', akey, attempt) > kept then redis.call('LTRIM', akey, 0, kept - 1) end
+      end
+      local okey = cur[7]
+      if okey and not parking and to ~= status then
+        local pp = K.part(prefix, id)
+        if to == 'succeeded' then
+          order_leave(prefix, pp, dest, okey, id, cur[8], okttl, opts.now)
+        elseif to == 'cancelled' or (to == 'failed' and c.oskip == '1') then
+          order_leave(prefix, pp, dest, okey, id, nil, okttl, opts.now)
+        elseif to == 'failed' then
+          order_block(pp, dest, okey, id, opts.now)
+        end
       end
       if stat then
         local skey = K.stats(K.part(prefix, id), stat, minute)

@@ -51,6 +51,9 @@ function K.quarantine(pp, queue) return pp .. ':quarantine:' .. queue end
 function K.parked(pp, dest) return pp .. ':parked:' .. dest end
 function K.stats(pp, outcome, minute) return pp .. ':stats:' .. outcome .. ':' .. minute end
 function K.idempotency(pp, dest, key) return pp .. ':idempotency:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
+function K.order(pp, dest, key) return pp .. ':order:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
+function K.order_state(pp, dest, key) return pp .. ':orderstate:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
+function K.blocked(pp, dest) return pp .. ':blocked:' .. dest end
 -- a destination's state: prefix is the deployment's
 function K.dest(prefix, dest) return K.home(prefix, dest) .. ':dest:' .. dest end
 function K.health(prefix, dest, minute) return K.home(prefix, dest) .. ':health:' .. dest .. ':' .. minute end

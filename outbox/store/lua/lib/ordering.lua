@@ -1,0 +1,99 @@
+-- Ordered delivery (docs/concepts.md, "Ordered delivery"): the messages of one
+-- (destination, ordering key) are delivered one at a time, in the order they joined the
+-- key. A key keeps, in its messages' partition:
+-- * its queue, K.order: its unsettled messages (id -> sequence number); the lowest is the
+--   head, the only one that is ever pending, retrying, sending or a dead letter; the
+--   others are 'waiting' (in their destination's 'waiting' status index, never in a due
+--   index), so nothing behind the head is claimed, whatever the head's backoff;
+-- * its state, K.order_state: seq (the last sequence number given), last (the sequence of
+--   the last message delivered: a new head is told it, as its oprev), blocked (the id of
+--   the dead letter at its head while it blocks the key). It expires `ttl` seconds after
+--   the queue empties (a later message starts again at 1, with no oprev);
+-- * its destination's blocked keys, K.blocked: key -> when it was blocked.
+-- The resend record of an ordered message holds okey (its key), oseq (its sequence) and,
+-- once it is the head, oprev.
+-- Every read of these functions comes before their writes. Needs lib/keys.lua,
+-- lib/writes.lua and lib/move.lua included before this file.
+
+-- Message `id` joins the tail of its key (queue `q`, state `st`: known keys): returns
+-- whether it is the head (nothing ahead of it), its sequence number and the sequence of
+-- the last message delivered (nil: none).
+local function order_join(q, st, id)
+  local ahead = redis.call('ZCARD', q)
+  local last = redis.call('HGET', st, 'last')
+  local seq = redis.call('HINCRBY', st, 'seq', 1)
+  redis.call('PERSIST', st)
+  redis.call('ZADD', q, seq, id)
+  return ahead == 0, seq, last
+end
+
+-- The message after the head `id` of a key, when `id` is the head (else nil, false).
+local function order_next(q, id)
+  local first = redis.call('ZRANGE', q, 0, 1)
+  if first[1] ~= id then return nil, false end
+  return first[2], true
+end
+
+-- Message `nxt` (waiting behind the head that left) becomes the head: pending, in its
+-- queue's due index at its own due time (an older message is due at once), told the
+-- sequence delivered before it. Returns its queue (the caller may wake it), or nil when
+-- it was not waiting.
+local function order_promote(prefix, pp, dest, st, nxt, now_s)
+  local rkey = K.resend(prefix, nxt)
+  local cur = redis.call('HMGET', rkey, 'status', 'queue', 'next_attempt_at')
+  local last = redis.call('HGET', st, 'last')
+  if cur[1] ~= 'waiting' then return nil end
+  local queue = cur[2] or ''
+  move_indexes(prefix, nxt, dest, queue, 'waiting', 'pending', cur[3] or now_s, false)
+  redis.call('HSET', rkey, 'status', 'pending', 'updated_at', now_s)
+  if last then redis.call('HSET', rkey, 'oprev', last) else redis.call('HDEL', rkey, 'oprev') end
+  return queue
+end
+
+-- Message `id` of key `key` leaves the key's queue: delivered (`delivered`: its sequence
+-- number), cancelled, deleted, or skipped as a dead letter. A dead letter that blocked
+-- the key no longer does. When it was the head, the next message becomes the head.
+-- Returns the new head's queue when one became due (the caller may wake it), else nil.
+local function order_leave(prefix, pp, dest, key, id, delivered, ttl, now_s)
+  local q, st = K.order(pp, dest, key), K.order_state(pp, dest, key)
+  local nxt, was_head = order_next(q, id)
+  local blocked = redis.call('HGET', st, 'blocked')
+  local queue = nil
+  if delivered then redis.call('HSET', st, 'last', delivered) end
+  if blocked == id then
+    redis.call('HDEL', st, 'blocked')
+    redis.call('ZREM', K.blocked(pp, dest), key)
+  end
+  redis.call('ZREM', q, id)
+  if was_head and nxt then
+    queue = order_promote(prefix, pp, dest, st, nxt, now_s)
+  elseif redis.call('EXISTS', q) == 0 then
+    redis.call('EXPIRE', st, ttl)
+  end
+  return queue
+end
+
+-- The dead letter `id` at the head of key `key` blocks it (policy "block"): the key
+-- waits behind it until it is requeued, cancelled or deleted.
+local function order_block(pp, dest, key, id, now_s)
+  redis.call('HSET', K.order_state(pp, dest, key), 'blocked', id)
+  redis.call('ZADD', K.blocked(pp, dest), now_s, key)
+end
+
+-- A requeued message `id` of key `key` goes back into its key: a blocked dead letter at
+-- the head stays the head (the key is no longer blocked); a message that had left the key
+-- (delivered, cancelled, skipped) joins its tail with a new sequence number. Returns
+-- whether it is the head, and its new sequence and oprev (nil when it kept its place).
+local function order_requeue(pp, dest, key, id)
+  local q, st = K.order(pp, dest, key), K.order_state(pp, dest, key)
+  local nxt, was_head = order_next(q, id)
+  if was_head then
+    if redis.call('HGET', st, 'blocked') == id then
+      redis.call('HDEL', st, 'blocked')
+      redis.call('ZREM', K.blocked(pp, dest), key)
+    end
+    return true, nil, nil
+  end
+  if redis.call('ZSCORE', q, id) then return false, nil, nil end  -- already in line
+  return order_join(q, st, id)
+end
