@@ -246,6 +246,11 @@ class Keys:
         ``ORDERING_KEY_TTL`` seconds after the key's queue empties."""
         return f"{self._part_prefix}:orderstate:{self.idempotency_scope(destination, key)}"
 
+    def order_log(self, destination: str, key: str) -> str:
+        """Every message of an ordering key, settled or not, until it is deleted (a sorted
+        set: id -> created_at): the console's list of one key."""
+        return f"{self._part_prefix}:orderlog:{self.idempotency_scope(destination, key)}"
+
     def blocked(self, destination: str) -> str:
         """The ordering keys of ``destination`` blocked by a dead letter at their head (a
         sorted set: key -> when it was blocked), in this partition."""

@@ -344,8 +344,8 @@ class MessageStore(RepositoryBase):
         group of messages with one (status, destination, queue) (:func:`create_groups`),
         its status index, due index, created index and wake-up flag, each once; then per
         message its message and resend records, if it has one its idempotency key, and if
-        it has an ordering key that key's queue and state and its destination's
-        ``waiting`` index (see ``lua/lib/ordering.lua``).
+        it has an ordering key that key's queue and state, its destination's ``waiting``
+        index and the key's log (see ``lua/lib/ordering.lua``).
         (A key per message for the indexes it shares with the others of its group cost
         send_many(100) a fifth of its speed: each argument costs Redis and the client.)"""
         # every message of one call is in one partition (:meth:`create` splits a call);
@@ -366,6 +366,7 @@ class MessageStore(RepositoryBase):
                     part.order(m.destination, m.ordering_key),
                     part.order_state(m.destination, m.ordering_key),
                     part.status(Status.WAITING.value, m.destination),
+                    part.order_log(m.destination, m.ordering_key),
                 ]
         return keys
 

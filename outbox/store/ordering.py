@@ -59,6 +59,17 @@ class OrderingReads(RepositoryBase):
         ids = cast(list[bytes], self.connection.zrange(keys.order(destination, key), 0, -1))
         return [i.decode() for i in ids]
 
+    def key_log(self, destination: str, key: str, offset: int = 0, limit: int = 50) -> tuple[list[str], int]:
+        """One page of every message of ordering ``key`` of ``destination`` (settled or
+        not, until deleted), newest first: (ids, how many the key has in all)."""
+        keys = self.order_keys(destination, key)
+        log = keys.order_log(destination, key)
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.zrevrange(log, offset, offset + limit - 1)
+        pipe.zcard(log)
+        ids, total = pipe.execute()
+        return [i.decode() for i in ids], int(total)
+
     def order_keys(self, destination: str, key: str) -> Keys:
         """The :class:`~outbox.store.keys.Keys` of the partition ordering ``key`` of
         ``destination`` lives in (:func:`~outbox.store.keys.partition_for` of the pair)."""

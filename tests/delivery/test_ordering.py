@@ -169,8 +169,10 @@ def test_deleting_a_blocking_dead_letter_releases_its_key(receiver, worker, repo
     with hook(receiver):
         sent = [outbox.send("hook", {"n": n}, ordering_key="k1") for n in range(2)]
         settle(worker)
+        assert repo.key_log("hook", "k1") == ([sent[1].id, sent[0].id], 2)  # newest first
         assert outbox.delete(sent[0].id)
         assert outbox.blocked_keys("hook") == []
+        assert repo.key_log("hook", "k1") == ([sent[1].id], 1)
         settle(worker)
     assert [r.json()["n"] for r in receiver.requests] == [0, 1]
     assert_index_invariant(repo)

@@ -60,6 +60,7 @@ BY_PARTITION: dict[str, list[tuple[object, ...]]] = {
     "parked": [(d,) for d in DESTINATIONS],
     "order": [(d, k) for d in DESTINATIONS for k in ("order-42", "clé:2")],
     "order_state": [(d, k) for d in DESTINATIONS for k in ("order-42", "clé:2")],
+    "order_log": [(d, k) for d in DESTINATIONS for k in ("order-42", "clé:2")],
     "blocked": [(d,) for d in DESTINATIONS],
 }
 #: A destination's state and the keys across the deployment.

@@ -10,7 +10,7 @@
 --   once per group: send_many shares them); then per message, in order: its message
 --   record, its resend record, when it has an idempotency key that key
 --   (outbox:idempotency:<n>:<d>:<key>), and when it has an ordering key that key's queue
---   and state and its destination's 'waiting' status index (lib/ordering.lua: a message
+--   and state, its destination's 'waiting' status index and the key's log (lib/ordering.lua: a message
 --   with messages of its key ahead of it is written 'waiting', in no due index). With more than one partition (parts > 1: every
 --   message of the call is in one partition, whose slot every key is in) there is no
 --   outbox:destinations and no wake-up flag (3 keys per group): the caller registers
@@ -79,8 +79,8 @@ for i = 1, n do
     k = k + 1
   end
   if m.ordered == '1' then
-    m.okey, m.ostate, m.waitkey = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-    k = k + 3
+    m.okey, m.ostate, m.waitkey, m.logkey = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
+    k = k + 4
   end
   pos = m.rlast + 1
   -- First pass: what would happen to each message.
@@ -140,6 +140,7 @@ for i, m in ipairs(msgs) do
     if m.okey then
       local head, seq, last = order_join(m.okey, m.ostate, id)
       order = {'oseq', seq}
+      redis.call('ZADD', m.logkey, m.created, id)
       if head then
         if last then order[3], order[4] = 'oprev', last end
       else

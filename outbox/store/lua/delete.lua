@@ -54,6 +54,7 @@ for i = first, #ARGV do
     redis.call('ZREM', K.created(pp, dest), id)
     redis.call('DEL', rkey, mkey, akey)
     if cur[4] then
+      redis.call('ZREM', K.order_log(pp, dest, cur[4]), id)
       order_leave(prefix, pp, dest, cur[4], id, nil, tonumber(opts.okttl or '604800'), opts.now or '0')
     end
     out[#out + 1] = 1

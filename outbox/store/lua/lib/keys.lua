@@ -53,6 +53,7 @@ function K.stats(pp, outcome, minute) return pp .. ':stats:' .. outcome .. ':' .
 function K.idempotency(pp, dest, key) return pp .. ':idempotency:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
 function K.order(pp, dest, key) return pp .. ':order:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
 function K.order_state(pp, dest, key) return pp .. ':orderstate:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
+function K.order_log(pp, dest, key) return pp .. ':orderlog:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
 function K.blocked(pp, dest) return pp .. ':blocked:' .. dest end
 -- a destination's state: prefix is the deployment's
 function K.dest(prefix, dest) return K.home(prefix, dest) .. ':dest:' .. dest end

@@ -9,7 +9,9 @@
 --   the last message delivered: a new head is told it, as its oprev), blocked (the id of
 --   the dead letter at its head while it blocks the key). It expires `ttl` seconds after
 --   the queue empties (a later message starts again at 1, with no oprev);
--- * its destination's blocked keys, K.blocked: key -> when it was blocked.
+-- * its destination's blocked keys, K.blocked: key -> when it was blocked;
+-- * its log, K.order_log: every message of the key (id -> created_at) until it is
+--   deleted (create.lua adds, delete.lua removes): the console's list of one key.
 -- The resend record of an ordered message holds okey (its key), oseq (its sequence) and,
 -- once it is the head, oprev.
 -- Every read of these functions comes before their writes. Needs lib/keys.lua,
