@@ -202,3 +202,75 @@ def test_a_bad_ordering_key_is_refused_and_nothing_is_written(receiver, repo, ke
     with hook(receiver), pytest.raises(InvalidMessage, match="ordering_key"):
         outbox.send("hook", {"n": 0}, ordering_key=key)
     assert sum(repo.counts().values()) == 0
+
+
+def test_retry_now_does_not_move_a_waiting_message_ahead_of_its_head(receiver, worker, repo):
+    from outbox.operations import actions
+
+    receiver.answer = lambda receiver, request: 500 if request.json()["n"] == 0 else 200
+    with hook(receiver, RETRY=[3600]):  # the head's retry is an hour away
+        sent = [outbox.send("hook", {"n": n}, ordering_key="k1") for n in range(2)]
+        worker(simple=True)
+        assert outbox.get(sent[0].id).status == "retrying"
+        assert actions.retry_now([sent[1].id]).acted == 0  # waiting: not a retry to hurry
+        assert outbox.requeue(sent[1].id).acted == 0
+        worker(simple=True)
+        assert [r.json()["n"] for r in receiver.requests] == [0]
+        assert outbox.get(sent[1].id).status == "waiting"
+        receiver.answer = None
+        assert actions.retry_now([sent[0].id]).acted == 1  # the head: due now, the key follows
+        settle(worker)
+    assert [r.json()["n"] for r in receiver.requests] == [0, 0, 1]
+    assert_index_invariant(repo)
+
+
+def test_requeued_dead_letters_of_a_skipping_key_rejoin_it_in_their_original_order(receiver, worker, repo):
+    failing = {1, 2, 3}
+    receiver.answer = lambda receiver, request: 400 if request.json()["n"] in failing else 200
+    with hook(receiver, ORDERING="skip"):
+        sent = [outbox.send("hook", {"n": n}, ordering_key="k1") for n in range(5)]
+        settle(worker)
+        assert [outbox.get(m.id).status for m in sent] == [
+            "succeeded",
+            "failed",
+            "failed",
+            "failed",
+            "succeeded",
+        ]
+        failing.clear()
+        receiver.requests.clear()
+        # requeued in another order than they were sent: they rejoin in sequence order
+        assert outbox.requeue([sent[3].id, sent[1].id, sent[2].id]).acted == 3
+        got = [outbox.get(m.id) for m in sent[1:4]]
+        assert [m.status for m in got] == ["pending", "waiting", "waiting"]
+        assert [m.order_seq for m in got] == [6, 7, 8]
+        settle(worker)
+    assert [r.json()["n"] for r in receiver.requests] == [1, 2, 3]
+    assert [r.headers.get("outbox-ordering-previous") for r in receiver.requests] == ["5", "6", "7"]
+    assert_index_invariant(repo)
+
+
+def test_a_keys_state_expires_after_its_last_message_left(receiver, worker, repo, settings):
+    settings.OUTBOX = {**settings.OUTBOX, "ORDERING_KEY_TTL": 120}
+    with hook(receiver):
+        outbox.send("hook", {"n": 0}, ordering_key="k1")
+        keys = repo.order_keys("hook", "k1")
+        assert repo.connection.ttl(keys.order_state("hook", "k1")) == -1  # in use: kept
+        settle(worker)
+    assert 0 < repo.connection.ttl(keys.order_state("hook", "k1")) <= 120
+    assert not repo.connection.exists(keys.order("hook", "k1"))
+
+
+def test_a_key_that_is_not_ascii_is_percent_encoded_in_its_header(receiver, worker):
+    from urllib.parse import unquote
+
+    with hook(receiver):
+        outbox.send("hook", {"n": 0}, ordering_key="commande n°42 100%")
+        settle(worker)
+    header = receiver.requests[0].headers["outbox-ordering-key"]
+    assert header == "commande%20n%C2%B042%20100%25" and unquote(header) == "commande n°42 100%"
+
+
+def test_a_message_cannot_set_the_ordering_headers_itself(receiver):
+    with hook(receiver), pytest.raises(InvalidMessage, match="Outbox-Ordering"):
+        outbox.send("hook", {"n": 0}, headers={"Outbox-Ordering-Sequence": "1"})
