@@ -5,7 +5,7 @@ id             problem
 =============  =====================================================================
 outbox.E001    ``OUTBOX`` has unknown keys or a value of the wrong type (also an invalid
                global ``BREAKER``, ``RATE_LIMIT``, ``MAX_CONCURRENCY``, ``DISABLE_AFTER``,
-               ``DURABILITY``)
+               ``DURABILITY``, ``ORDERING``, ``ORDERING_KEY_TTL``)
 outbox.E002    a destination is malformed (its ``BREAKER``, ``RATE_LIMIT``... included), or
                its transport refuses its options
 outbox.E003    an outbox queue is missing from ``RQ_QUEUES``
@@ -94,7 +94,12 @@ from outbox.conf import (
     outbox_settings,
     parse_cluster,
 )
-from outbox.destinations.config import configuration_errors, get_destination, validate_max_retries
+from outbox.destinations.config import (
+    configuration_errors,
+    get_destination,
+    parse_ordering,
+    validate_max_retries,
+)
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.redaction import redact, secrets_for
 from outbox.retry import RetryPolicy
@@ -111,6 +116,7 @@ POSITIVE_NUMBERS = (
     "LATE_AFTER",
     "BATCH_SIZE",
     "ATTEMPTS_KEPT",
+    "ORDERING_KEY_TTL",
 )
 #: Seconds outbox.W010's name lookups may take together (each at most 1 second).
 ADDRESS_CHECK_BUDGET = 2.0
@@ -217,6 +223,11 @@ def _check() -> list[CheckMessage]:
                 id="outbox.E001",
             )
         )
+    try:
+        parse_ordering(outbox_settings.ORDERING, "OUTBOX['ORDERING']")
+    except ValueError as exc:
+        errors.append(Error(str(exc), id="outbox.E001"))
+        return errors
     try:
         RetryPolicy.from_value(outbox_settings.RETRY)
         validate_max_retries(outbox_settings.MAX_RETRIES, "OUTBOX['MAX_RETRIES']")
