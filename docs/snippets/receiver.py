@@ -7,12 +7,14 @@ pip install "standardwebhooks>=1.1". The secret is the destination's OPTIONS["se
 import json
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 SECRET = os.environ.get("WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
 seen_ids: set[str] = set()  # use a database table with a unique key in production
+last_seq: dict[str, int] = {}  # ordering key -> last sequence processed (a table too)
 
 
 def handle(body: bytes, headers: dict[str, str]) -> tuple[int, object]:
@@ -32,13 +34,44 @@ def handle(body: bytes, headers: dict[str, str]) -> tuple[int, object]:
     message_id = headers["webhook-id"]  # the same on every retry of one message
     if message_id in seen_ids:
         return 200, None  # delivered before: acknowledge, do nothing twice
+    order = ordering_of(headers)
+    if order is not None:
+        key, seq, previous = order
+        done = last_seq.get(key)
+        if done is not None and seq <= done:
+            return 200, None  # processed before (a retry after a crash): do nothing twice
+        if done is not None and previous is not None and previous != done:
+            # The outbox delivered the message before this one (sequence `previous`), but
+            # this receiver did not process it: its record of the key is behind. 409 is
+            # retried by the outbox, so the key waits until you look.
+            return 409, None
     try:
         payload = payload_of(body, headers)
     except ValueError:  # a JSON content type, but not JSON: permanent, not retried
         return 400, None
     seen_ids.add(message_id)
+    if order is not None:
+        last_seq[order[0]] = order[1]
     # ... act on the payload ...
     return 200, payload
+
+
+def ordering_of(headers: dict[str, str]) -> tuple[str, int, int | None] | None:
+    """(ordering key, sequence, previous sequence or None) of an ordered message, else None.
+
+    The outbox sends one message of a key at a time, in order, with Outbox-Ordering-Key
+    (percent-encoded), Outbox-Ordering-Sequence and Outbox-Ordering-Previous: the sequence
+    of the message of the key delivered before it (absent when none was). Cancelled and
+    skipped messages leave gaps in the sequence, so compare `previous`, not `seq - 1`.
+    """
+    if "outbox-ordering-key" not in headers:
+        return None
+    previous = headers.get("outbox-ordering-previous")
+    return (
+        unquote(headers["outbox-ordering-key"]),
+        int(headers["outbox-ordering-sequence"]),
+        int(previous) if previous else None,
+    )
 
 
 def payload_of(body: bytes, headers: dict[str, str]) -> object:

@@ -71,6 +71,40 @@ def test_python_receiver_snippet_verifies_a_request_the_webhook_transport_signed
     assert snippet.seen_ids == {message.id}
 
 
+def test_python_receiver_snippet_checks_the_order_of_an_ordering_key(worker):
+    snippet = load_python_snippet()
+    captured: list[tuple[bytes, dict[str, str]]] = []
+    verify = snippet.handle
+
+    def recording_handle(body, headers):
+        captured.append((body, headers))
+        return verify(body, headers)
+
+    snippet.handle = recording_handle
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), snippet.Handler)) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hooks/orders"
+        with hook_settings(url, OPTIONS={"secret": SECRET}):
+            sent = [
+                outbox.send("hook", {"event": e}, ordering_key="order 42")
+                for e in ("created", "paid", "shipped")
+            ]
+            for _ in sent:
+                worker()
+            assert [outbox.get(m.id).status for m in sent] == ["succeeded"] * 3
+    assert snippet.last_seq == {"order 42": 3}
+    assert [h["outbox-ordering-sequence"] for _, h in captured] == ["1", "2", "3"]
+    (body, headers) = captured[1]
+    # a retry of "paid" after the receiver processed it (its id forgotten): not acted on twice
+    snippet.seen_ids.clear()
+    assert snippet.handle(body, headers) == (200, None)
+    # "shipped" (previous: 2) to a receiver whose record of the key says 1: refused with a
+    # 409 (retried by the outbox), not processed out of order
+    snippet.last_seq["order 42"] = 1
+    assert snippet.handle(*captured[2]) == (409, None)
+    assert snippet.last_seq == {"order 42": 1}
+    assert snippet.ordering_of(captured[0][1]) == ("order 42", 1, None)
+
+
 NOT_JSON = [
     ("plain text, not JSON: {", None),  # str: sent as text/plain; charset=utf-8
     (b"raw,bytes;1\n2\n", "text/csv"),
