@@ -92,6 +92,8 @@ CHANGE_FIELDS = (
     "also",
     "park",
     "oskip",
+    "okey",
+    "dest",
     "n_set",
     "n_unset",
     "n_inline",
@@ -153,9 +155,10 @@ class Change:
 
     def args(self) -> list[Any]:
         """This change as ``lua/transition.lua`` reads it (named by :data:`CHANGE_FIELDS`):
-        13 fixed values (id, from
+        15 fixed values (id, from
         statuses joined by commas, to, score, lease, due_by, attempt JSON, event JSON,
-        stat, load "1", also, park JSON, oskip "1"; "" where absent), the number of ``set`` pairs, of
+        stat, load "1", also, park JSON, oskip "1", okey and dest (the ordering key and
+        destination of an ordered message); "" where absent), the number of ``set`` pairs, of
         ``unset`` fields and of ``inline`` pairs, then the pairs, the fields and the
         inline pairs. Flat strings, not one JSON document: the script passes them to
         ``HSET``/``HDEL`` as ranges of its arguments and decodes nothing but a ``park``
@@ -174,6 +177,8 @@ class Change:
             self.also or "",
             "" if self.park is None else json.dumps(self.park, separators=(",", ":")),
             "1" if self.skip else "",
+            self.ordering_key if self.destination else "",
+            self.destination if self.ordering_key else "",
             len(self.set),
             len(self.unset),
             len(self.inline or ()),

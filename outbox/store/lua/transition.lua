@@ -35,7 +35,9 @@
 -- cancelled, leaves its key, and the next message of the key becomes its head; one that
 -- becomes a dead letter blocks its key, or with its change's oskip "1" (the destination's
 -- ORDERING policy "skip") leaves it too. Named argument okttl: seconds an ordering key's
--- state is kept after its last message left.
+-- state is kept after its last message left. A change's okey and dest (the message's
+-- ordering key and destination, "" when not known) let the script read the record of the
+-- key's next message before it writes anything (see below).
 -- Returns, per change: {applied 0|1 (2: applied as its park alternative), status after ("" if no such message)
 --                       [, message record ({id, record}: lib/message.lua), resend
 --                       HGETALL when load and applied]}
@@ -78,6 +80,27 @@ local function holds(dest)
   return held[dest]
 end
 local function opt(v) if v == '' then return nil end return v end
+-- Before any write: the record of the message behind each ordered message's head (the
+-- change's okey and its destination, dest, given by the caller) is read, so that a slot
+-- held half-moved by a legacy migration (that record moved, the declared keys not yet)
+-- answers TRYAGAIN with nothing written, as a declared key would, instead of the script
+-- aborting after the head's writes with its next message left waiting for ever.
+do
+  local p = pos
+  for _ = 1, n do
+    local c = row_at(FIELDS, p)
+    p = p + #FIELDS + 2 * tonumber(c.n_set) + tonumber(c.n_unset) + 2 * tonumber(c.n_inline)
+    if c.okey ~= '' and c.dest ~= '' then
+      local nxt = order_next(K.order(K.part(prefix, c.id), c.dest, c.okey), c.id)
+      if nxt then
+        local r = redis.pcall('HGET', K.resend(prefix, nxt), 'status')
+        if type(r) == 'table' and r.err then
+          return redis.error_reply('TRYAGAIN the next message of ordering key ' .. c.okey .. ': ' .. r.err)
+        end
+      end
+    end
+  end
+end
 for i = 1, n do
   local c = row_at(FIELDS, pos)
   local id, from, to, score = c.id, c.from, c.to, c.score
