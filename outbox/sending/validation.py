@@ -122,14 +122,7 @@ def clean_idempotency_key(key: str | None) -> str | None:
     Raises:
         InvalidMessage: otherwise.
     """
-    if key is None:
-        return None
-    if not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
-        raise InvalidMessage(
-            f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters, not {shown(key)}",
-            field="idempotency_key",
-        )
-    return key
+    return _clean_key(key, "idempotency_key", MAX_IDEMPOTENCY_KEY)
 
 
 def clean_ordering_key(key: str | None) -> str | None:
@@ -138,13 +131,19 @@ def clean_ordering_key(key: str | None) -> str | None:
     Raises:
         InvalidMessage: otherwise.
     """
+    return _clean_key(key, "ordering_key", MAX_ORDERING_KEY)
+
+
+def _clean_key(key: str | None, name: str, most: int) -> str | None:
+    """``key`` (None stays None) if it is a str of 1 to ``most`` printable characters.
+
+    Raises:
+        InvalidMessage: otherwise, naming the argument ``name``.
+    """
     if key is None:
         return None
-    if not isinstance(key, str) or not key or len(key) > MAX_ORDERING_KEY or not key.isprintable():
-        raise InvalidMessage(
-            f"ordering_key must be 1 to {MAX_ORDERING_KEY} printable characters, not {shown(key)}",
-            field="ordering_key",
-        )
+    if not isinstance(key, str) or not key or len(key) > most or not key.isprintable():
+        raise InvalidMessage(f"{name} must be 1 to {most} printable characters, not {shown(key)}", field=name)
     return key
 
 

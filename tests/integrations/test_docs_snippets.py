@@ -34,6 +34,22 @@ def load_python_snippet():
     return module
 
 
+def recording_snippet():
+    """The Python snippet, its ``handle`` recording each request's (body, headers) on the
+    list returned with it (its own ``handle`` kept as ``verify_unrecorded``)."""
+    snippet = load_python_snippet()
+    captured: list[tuple[bytes, dict[str, str]]] = []
+    verify = snippet.handle
+
+    def recording_handle(body, headers):
+        captured.append((body, headers))
+        return verify(body, headers)
+
+    snippet.handle = recording_handle
+    snippet.verify_unrecorded = verify
+    return snippet, captured
+
+
 def post(url: str, body: bytes, headers: dict[str, str]) -> int:
     headers = {k: v for k, v in headers.items() if k not in ("content-length", "host", "connection")}
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
@@ -45,15 +61,8 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> int:
 
 
 def test_python_receiver_snippet_verifies_a_request_the_webhook_transport_signed(worker):
-    snippet = load_python_snippet()
-    captured: list[tuple[bytes, dict[str, str]]] = []
-    verify = snippet.handle
-
-    def recording_handle(body, headers):
-        captured.append((body, headers))
-        return verify(body, headers)
-
-    snippet.handle = recording_handle
+    snippet, captured = recording_snippet()
+    verify = snippet.verify_unrecorded
     with serving(ThreadingHTTPServer(("127.0.0.1", 0), snippet.Handler)) as server:
         url = f"http://127.0.0.1:{server.server_address[1]}/hooks/orders"
         with hook_settings(url, OPTIONS={"secret": SECRET}):
@@ -72,15 +81,8 @@ def test_python_receiver_snippet_verifies_a_request_the_webhook_transport_signed
 
 
 def test_python_receiver_snippet_checks_the_order_of_an_ordering_key(worker):
-    snippet = load_python_snippet()
-    captured: list[tuple[bytes, dict[str, str]]] = []
-    verify = snippet.handle
-
-    def recording_handle(body, headers):
-        captured.append((body, headers))
-        return verify(body, headers)
-
-    snippet.handle = recording_handle
+    snippet, captured = recording_snippet()
+    verify = snippet.verify_unrecorded
     with serving(ThreadingHTTPServer(("127.0.0.1", 0), snippet.Handler)) as server:
         url = f"http://127.0.0.1:{server.server_address[1]}/hooks/orders"
         with hook_settings(url, OPTIONS={"secret": SECRET}):
