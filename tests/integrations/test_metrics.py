@@ -89,6 +89,7 @@ def test_scrape_after_real_deliveries(hook, worker, scraper):
         "succeeded",
         "failed",
         "cancelled",
+        "waiting",
     }
     assert samples["outbox_queue_due"] == {
         (("queue", "outbox_high"),): 1,
