@@ -47,7 +47,8 @@ from outbox.testing import ClusterServer, RedisServer, free_port
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / ".faults"
 SETTLED = ("succeeded", "failed", "cancelled")
-ACTIVE = ("pending", "sending", "retrying")
+#: Unsettled statuses: "waiting" is a message behind its ordering key's head (issue 23).
+ACTIVE = ("pending", "sending", "retrying", "waiting")
 
 _children: list[subprocess.Popen] = []  # every process started, for the atexit sweep
 _process_groups: set[int] = set()
@@ -145,11 +146,16 @@ class ReceiverProcess:
             return False
 
     def set_mode(self, **mode: Any) -> None:
-        """Change its failure mode: ``down``, ``fail_rate``, ``slow``, ``drip``, ``drip_bytes``."""
+        """Change its failure mode: ``down``, ``fail_rate``, ``reset_rate``, ``refuse_marked``,
+        ``slow``, ``drip``, ``drip_bytes``."""
         self.client.post("/mode", json=mode).raise_for_status()
 
     def state(self) -> dict[str, Any]:
         return self.client.get("/state").json()
+
+    def log(self) -> list[list[Any]]:
+        """Every signed request so far, in order of arrival (:mod:`tests.faults.receiver`)."""
+        return self.client.get("/log", timeout=60.0).json()
 
     def stop(self) -> None:
         self.client.close()

@@ -10,10 +10,22 @@ Webhooks (``POST`` to any path on port P) are verified with
    that hangs for one message;
 2. ``"delay": s`` in the body waits s seconds, then goes on (a slow but working receiver);
 3. mode ``slow``: waits that many seconds before going on (beyond the transport deadline);
-4. mode ``fail_rate``: answers 500 (not accepted) to that fraction of requests;
-5. otherwise the ``webhook-id`` is *accepted*: counted, and answered 200 — dripped one byte
+4. mode ``refuse_marked``: a message whose body has ``"refuse": true`` is answered 400 (a
+   permanent failure: the outbox makes it a dead letter at once);
+5. mode ``reset_rate``: that fraction of requests is answered by resetting the connection
+   (``SO_LINGER`` 0, then close: the client reads a TCP RST, no answer; not accepted);
+6. mode ``fail_rate``: answers 500 (not accepted) to that fraction of requests;
+7. otherwise the ``webhook-id`` is *accepted*: counted, and answered 200 — dripped one byte
    per ``drip`` seconds when that mode is set (status line, headers and body, so a client
    with only per-read timeouts waits for all of it).
+
+Every signed request is also logged, for the ordering scenarios: ``[arrived, decided, id,
+ordering key, sequence, previous, answer]``, where ``arrived`` and ``decided`` are numbers
+of one counter (taken when the request was read, and when its answer was decided, just
+before it is written: a client cannot see an answer before its ``decided``), the ordering
+fields are the ``Outbox-Ordering-*`` headers (None when absent) and ``answer`` is ``200``,
+``400``, ``500``, ``503`` or ``"reset"``. The first ``200`` of an id is its first acceptance;
+two requests of one key whose [arrived, decided] overlap were in flight at once.
 
 An accepted id counts as processed even if the client gave up before the answer (as a real
 receiver commits its side effects); an id accepted twice is a duplicate delivery.
@@ -22,9 +34,13 @@ Mode ``down`` closes the listening socket and every open connection (connections
 refused) until it is cleared; the port stays the same.
 
 Control (port C): ``GET /state`` returns JSON ``{"accepted": {id: count}, "requests": n,
-"bad_signature": n, "failed": n, "hung": n, "mode": {...}}``; ``POST /mode`` with a JSON
-object sets mode keys (``down``, ``fail_rate``, ``slow``, ``drip``, ``drip_bytes``); ``POST /reset``
-clears the counters.
+"bad_signature": n, "failed": n, "hung": n, "reset": n, "refused": n, "incomplete": n,
+"mode": {...}}``;
+``GET /log`` the request log above (a JSON list, in order of arrival); ``POST /mode`` with a JSON
+object sets mode keys (``down``, ``fail_rate``, ``reset_rate``, ``refuse_marked``, ``slow``,
+``drip``, ``drip_bytes``); ``POST /reset`` clears the counters and the log. A request whose body
+ends before its ``Content-Length`` (the client died while sending it) is counted as
+``incomplete`` and not answered, not as a bad signature.
 """
 
 from __future__ import annotations
@@ -35,6 +51,7 @@ import json
 import random
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -44,7 +61,16 @@ from typing import Any
 
 from standardwebhooks import Webhook
 
-DEFAULT_MODE: dict[str, Any] = {"down": False, "fail_rate": 0.0, "slow": 0.0, "drip": 0.0, "drip_bytes": 40}
+DEFAULT_MODE: dict[str, Any] = {
+    "down": False,
+    "fail_rate": 0.0,
+    "reset_rate": 0.0,
+    "refuse_marked": False,
+    "slow": 0.0,
+    "drip": 0.0,
+    "drip_bytes": 40,
+}
+ORDERING_HEADERS = ("outbox-ordering-key", "outbox-ordering-sequence", "outbox-ordering-previous")
 
 
 class State:
@@ -57,10 +83,23 @@ class State:
         self.accepted: Counter[str] = Counter()
         self.hangs: Counter[str] = Counter()
         self.counters: Counter[str] = Counter()
+        self.clock = 0  # the request log's counter (arrivals and decisions)
+        self.log: list[list[Any]] = []
+        self.bad: list[str] = []  # the first bad signatures: id, why
+
+    def tick(self) -> int:
+        """The request log's next number (call with :attr:`lock` held)."""
+        self.clock += 1
+        return self.clock
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            return {"accepted": dict(self.accepted), "mode": dict(self.mode), **self.counters}
+            return {
+                "accepted": dict(self.accepted),
+                "mode": dict(self.mode),
+                "bad_examples": list(self.bad),
+                **self.counters,
+            }
 
 
 class HookServer(ThreadingHTTPServer):
@@ -77,6 +116,7 @@ class HookServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], state: State) -> None:
         self.state = state
         self.open_sockets: set[socket.socket] = set()
+        self.to_reset: set[socket.socket] = set()
         self.sockets_lock = threading.Lock()
         super().__init__(address, HookHandler)
 
@@ -88,7 +128,12 @@ class HookServer(ThreadingHTTPServer):
     def shutdown_request(self, request):  # type: ignore[override]
         with self.sockets_lock:
             self.open_sockets.discard(request)
-        super().shutdown_request(request)
+            reset = request in self.to_reset
+            self.to_reset.discard(request)
+        if reset:  # no FIN first (socketserver's shutdown(SHUT_WR)): close with SO_LINGER 0 sends RST
+            self.close_request(request)
+        else:
+            super().shutdown_request(request)
 
     def close_all(self) -> None:
         """Stop listening and cut every open connection."""
@@ -124,19 +169,55 @@ class HookHandler(BaseHTTPRequestHandler):
         except OSError:  # the client gave up
             self.close_connection = True
 
+    def reset(self) -> None:
+        """End this connection with a TCP RST instead of an answer."""
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        with self.server.sockets_lock:
+            self.server.to_reset.add(self.connection)
+        self.close_connection = True
+
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
         state = self.server.state
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        length = int(self.headers.get("Content-Length", 0))
+        body = self.rfile.read(length)
         with state.lock:
             state.counters["requests"] += 1
             mode = dict(state.mode)
+            if len(body) < length:  # the client went away mid-request (a worker killed): no answer
+                state.counters["incomplete"] += 1
+        if len(body) < length:
+            self.close_connection = True
+            return
         try:
             state.verifier.verify(body, {k.lower(): v for k, v in self.headers.items()})
-        except Exception:  # forged, or headers missing
+        except Exception as exc:  # forged, or headers missing
             with state.lock:
                 state.counters["bad_signature"] += 1
+                if len(state.bad) < 10:
+                    state.bad.append(f"{self.headers.get('webhook-id')}: {type(exc).__name__}: {exc}"[:200])
             return self.answer(401, b"bad signature")
         message_id = self.headers["webhook-id"]
+        entry: list[Any] = [0, 0, message_id, *(self.headers.get(h) for h in ORDERING_HEADERS), "error"]
+        with state.lock:
+            entry[0] = state.tick()
+            state.log.append(entry)
+        status, payload = 500, b"receiver error"
+        try:
+            status, payload = self.decide(state, mode, message_id, body)
+        finally:
+            # decided before the answer is written: the client cannot see it earlier
+            with state.lock:
+                entry[1] = state.tick()
+                entry[6] = status
+                if status == 200:
+                    state.accepted[message_id] += 1
+        if status == "reset":
+            return self.reset()
+        self.answer(status, payload, drip=float(mode["drip"]) if status == 200 else 0.0)
+
+    def decide(self, state: State, mode: dict[str, Any], message_id: str, body: bytes) -> tuple[Any, bytes]:
+        """The answer to a signed request: (status or ``"reset"``, body)."""
         try:
             data = json.loads(body)
         except ValueError:
@@ -150,20 +231,24 @@ class HookHandler(BaseHTTPRequestHandler):
                     state.counters["hung"] += 1
             if hang:
                 time.sleep(float(data["hang"]))
-                return self.answer(503, b"hung")
+                return 503, b"hung"
         if data.get("delay"):
             time.sleep(float(data["delay"]))
         if mode["slow"]:
             time.sleep(float(mode["slow"]))
+        if mode["refuse_marked"] and data.get("refuse"):
+            with state.lock:
+                state.counters["refused"] += 1
+            return 400, b"refused for good"
+        if mode["reset_rate"] and random.random() < mode["reset_rate"]:
+            with state.lock:
+                state.counters["reset"] += 1
+            return "reset", b""
         if mode["fail_rate"] and random.random() < mode["fail_rate"]:
             with state.lock:
                 state.counters["failed"] += 1
-            return self.answer(500, b"simulated failure")
-        with state.lock:
-            state.accepted[message_id] += 1
-        self.answer(
-            200, b"ok" + b"." * (int(mode["drip_bytes"]) if mode["drip"] else 0), drip=float(mode["drip"])
-        )
+            return 500, b"simulated failure"
+        return 200, b"ok" + b"." * (int(mode["drip_bytes"]) if mode["drip"] else 0)
 
 
 class ControlHandler(BaseHTTPRequestHandler):
@@ -181,7 +266,12 @@ class ControlHandler(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self) -> None:  # noqa: N802
-        self.reply(self.server.receiver.state.snapshot())  # type: ignore[attr-defined]
+        state = self.server.receiver.state  # type: ignore[attr-defined]
+        if self.path == "/log":
+            with state.lock:
+                log = [list(entry) for entry in state.log]
+            return self.reply(log)
+        self.reply(state.snapshot())
 
     def do_POST(self) -> None:  # noqa: N802
         receiver: Receiver = self.server.receiver  # type: ignore[attr-defined]
@@ -191,6 +281,8 @@ class ControlHandler(BaseHTTPRequestHandler):
                 receiver.state.accepted.clear()
                 receiver.state.hangs.clear()
                 receiver.state.counters.clear()
+                receiver.state.log.clear()
+                receiver.state.bad.clear()
             return self.reply({"ok": True})
         changes = json.loads(raw or b"{}")
         unknown = set(changes) - set(DEFAULT_MODE)

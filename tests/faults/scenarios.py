@@ -1166,6 +1166,6 @@ register(
 )
 
 
-# -- on a cluster (issue 22): tests/faults/cluster_scenarios.py registers its scenarios ----
+# -- registered by their own modules: on a cluster (issue 22), ordered delivery (issue 23) --
 
-from . import cluster_scenarios  # noqa: E402, F401
+from . import cluster_scenarios, ordering_scenarios  # noqa: E402, F401

@@ -27,6 +27,8 @@ sets before starting Django and which worker subprocesses inherit:
                                ``FAULTS_PARTITIONS`` partitions (16), RQ's queues on
                                ``FAULTS_REDIS_URL`` beside it (as ``tests/support/cluster.py``)
 ``FAULTS_DURABILITY``          JSON of ``OUTBOX["DURABILITY"]`` (default: none, no wait)
+``FAULTS_ORDERING``            the ``hook`` destination's ``ORDERING`` policy, ``block`` or
+                               ``skip`` (default: none, ``OUTBOX["ORDERING"]``'s ``block``)
 =============================  =================================================================
 
 Destinations: ``hook`` (signed webhook to the receiver, exponential retries from 0.5 s,
@@ -111,6 +113,7 @@ OUTBOX = {
                 if os.environ.get("FAULTS_BREAKER")
                 else {}
             ),
+            **({"ORDERING": os.environ["FAULTS_ORDERING"]} if os.environ.get("FAULTS_ORDERING") else {}),
         },
         "poison": {
             "TRANSPORT": "callable",
