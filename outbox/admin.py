@@ -18,11 +18,14 @@ URL name (``admin:...``)                   path                          method
 ``outbox_destination``                     ``destinations/<name>/``      GET
 ``outbox_destination_action``              ``destinations/<name>/state/``  POST
 ``outbox_destination_recover``             ``destinations/<name>/recover/``  POST
+``outbox_blocked_keys``                    ``destinations/<name>/blocked-keys/``  GET
+``outbox_release_key``                     ``destinations/<name>/blocked-keys/release/``  POST
 =========================================  ============================  ==========
 
 Permissions (see :mod:`outbox.models`): every page needs ``view_message``; each
-action its own ``requeue_message`` (requeue, retry now, recover since),
-``cancel_message`` or ``delete_message``; pausing, resuming, disabling and enabling a
+action its own ``requeue_message`` (requeue, retry now, recover since, requeue the
+head of a blocked ordering key), ``cancel_message`` (cancel, cancel the head of a
+blocked ordering key) or ``delete_message``; pausing, resuming, disabling and enabling a
 destination needs ``manage_destination``.
 """
 
@@ -37,7 +40,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
 from outbox import models
-from outbox.admin_views import confirm, dashboard, destinations, detail, listing
+from outbox.admin_views import confirm, dashboard, destinations, detail, listing, ordering
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[models.Message]
@@ -104,5 +107,15 @@ class MessageAdmin(_ModelAdmin):
                 "destinations/<str:name>/recover/",
                 wrap(destinations.destination_recover),
                 name="outbox_destination_recover",
+            ),
+            path(
+                "destinations/<str:name>/blocked-keys/",
+                wrap(ordering.blocked_keys_page),
+                name="outbox_blocked_keys",
+            ),
+            path(
+                "destinations/<str:name>/blocked-keys/release/",
+                wrap(ordering.release_key_view),
+                name="outbox_release_key",
             ),
         ]

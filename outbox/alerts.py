@@ -451,6 +451,28 @@ class Alert:
         template = SUBJECTS.get(self.event, "{d}: " + self.event)
         return "outbox: " + template.format(d=self.destination, n=self.count)
 
+    def ordering_lines(self) -> list[str]:
+        """What an exhausted alert says of the newest dead letter's ordering key (its
+        detail's ``ordering_key`` and ``blocked``, :mod:`outbox.delivery.outcomes`):
+        whether its key is blocked, and how to release it. Empty for a message without
+        a key."""
+        key = self.detail.get("ordering_key")
+        if not key:
+            return []
+        d = self.destination
+        if self.detail.get("blocked"):
+            return [
+                "",
+                f"Its ordering key {key!r} is blocked: the key's later messages wait (status waiting) "
+                f"until this dead letter is requeued or cancelled: the outbox admin's blocked keys of "
+                f"{d!r}, or manage.py outbox_ordering release {d} {key!r} --requeue (or --cancel).",
+            ]
+        return [
+            "",
+            f"Its ordering key {key!r} is not blocked (ORDERING 'skip'): the key's next message "
+            "is delivered without it.",
+        ]
+
     def email_text(self) -> str:
         """The email body: what happened, when, the detail, and what was suppressed."""
         lines = [self.subject().removeprefix("outbox: ") + ".", ""]
@@ -461,6 +483,7 @@ class Alert:
             )
             if self.detail:
                 lines += ["", "Newest:"] + [f"  {k}: {v}" for k, v in self.detail.items()]
+                lines += self.ordering_lines()
         else:
             lines.append(f"Event {self.event} at {_iso(self.at)}.")
             lines += [f"  {k}: {v}" for k, v in self.detail.items()]

@@ -59,6 +59,7 @@ from outbox.admin_views.base import (
 )
 from outbox.admin_views.filters import (
     FILTER_PARAMS,
+    KEY_PARAM,
     SEARCH_PARAM,
     describe,
     parse_as_of,
@@ -105,9 +106,18 @@ def selection_from_post(data: QueryDict, now: float) -> Selection:
     Raises:
         SelectionError: nothing selected, or too many ids.
         InvalidSelection: an invalid filter (acting on a filter with a parameter ignored
-            would act on more than the user chose) or ``as_of``.
+            would act on more than the user chose), an ordering key (no filter of "all
+            matching" holds one) or ``as_of``.
     """
     if data.get("select_across") == "1":
+        if data.get(KEY_PARAM):
+            raise InvalidSelection(
+                _(
+                    "“All matching” cannot act on the messages of one ordering key (its filter would "
+                    "select every message of the destination), so nothing was changed: select them "
+                    "on the key's list instead."
+                )
+            )
         search = search_text(data)
         if search:
             return Selection(

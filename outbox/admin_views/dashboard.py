@@ -3,10 +3,11 @@
 delivery attempts per minute by outcome over the last hour (all destinations, or one:
 ``?chart=<destination>``), how long the oldest due messages have waited (of the
 destinations that deliver: messages their destination holds are counted apart, as
-parked), and the parked messages.
+parked), the parked messages, and the blocked ordering keys (per destination, each a
+link to its page of them).
 
-Cost: a handful of round trips whatever the number of messages (ZCARDs in pipelines,
-one pipeline of small health hashes, one for the chart's minutes, three pipelines of
+Cost: a handful of round trips whatever the number of messages (ZCARDs in pipelines:
+the status indexes, the blocked keys; one pipeline of small health hashes, one for the chart's minutes, three pipelines of
 one-entry ZRANGEs for the oldest entries).
 """
 
@@ -63,6 +64,8 @@ class DestinationRow:
     url: str
     page_url: str
     chart_url: str
+    blocked_keys: int = 0
+    blocked_url: str = ""
 
 
 @dataclass
@@ -110,12 +113,13 @@ def _oldest(model_admin: ModelAdmin, found: tuple[str, float] | None, now: float
 def destination_rows(
     model_admin: ModelAdmin, now: float, names: list[str] | None = None
 ) -> list[DestinationRow]:
-    """Per destination (``names``; default: configured or ever used): counts and health
-    (two pipelines)."""
+    """Per destination (``names``; default: configured or ever used): counts, health and
+    blocked ordering keys (three pipelines)."""
     repo = get_repository()
     if names is None:
         names = health.known_destinations()
     healths = health.get_all_health(names)
+    blocked = repo.blocked_key_counts(names)
     rows = []
     for name, counts in repo.counts_by_destination(names).items():
         h = healths[name]
@@ -137,6 +141,8 @@ def destination_rows(
                 url=list_url(model_admin, destination=name),
                 page_url=url(model_admin, "destination", name),
                 chart_url=url(model_admin, "dashboard") + "?" + urlencode({"chart": name}) + "#chart-heading",
+                blocked_keys=blocked.get(name, 0),
+                blocked_url=url(model_admin, "blocked_keys", name),
             )
         )
     return rows
@@ -186,6 +192,8 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             oldest_retry=_oldest(model_admin, repo.oldest(Status.RETRYING.value, among=delivering), now),
             parked=parked,
             purge_backlog=repo.count_past_retention(outbox_settings.RETENTION or {}, now),
+            blocked_keys=sum(row.blocked_keys for row in destinations),
+            blocking=[row for row in destinations if row.blocked_keys],
             statuses=STATUSES,
             refresh_seconds=15,
         ),

@@ -1,6 +1,6 @@
 """One destination: its settings, health (state, windowed success rate, latency over
-time, last success, failing since, parked messages), its most frequent errors (each a
-link to its messages), and the operator's actions on it: pause, resume, disable,
+time, last success, failing since, parked messages, blocked ordering keys: a link to
+them, :mod:`.ordering`), its most frequent errors (each a link to its messages), and the operator's actions on it: pause, resume, disable,
 enable (``outbox.manage_destination``) and "Recover since" (requeue the dead letters
 that failed since a time; ``outbox.requeue_message``).
 
@@ -9,8 +9,8 @@ confirmation page (nothing changes), then done on the confirmation's POST
 (``post=yes``), recorded in the admin history, and reported on the destination page.
 
 Cost: a fixed number of small reads (:func:`outbox.destinations.health.get_health`, one pipeline for
-the 60-minute timeline, one for the 24 hourly error hashes, one ZCOUNT), whatever the
-number of messages.
+the 60-minute timeline, one for the 24 hourly error hashes, one ZCOUNT, one pipeline of
+a ZCARD per partition for the blocked keys), whatever the number of messages.
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ def _settings(name: str) -> dict[str, Any]:
     out["max_in_flight"] = dest.max_in_flight
     out["max_in_flight_default"] = dest.max_in_flight_default
     out["breaker_off"] = dest.breaker is None
+    out["ordering"] = dest.ordering
     limits = []
     for label, attr in (
         ("circuit breaker", "breaker"),
@@ -213,7 +214,8 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
     can_manage = request.user.has_perm(MANAGE_PERMISSION)
     can_recover = request.user.has_perm(REQUEUE.permission)
     since = _default_since(h, now)
-    counts = get_repository().counts(name)
+    repo = get_repository()
+    counts = repo.counts(name)
     window = h.window
     return TemplateResponse(
         request,
@@ -248,6 +250,8 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
             ],
             action_url=url(model_admin, "destination_action", name),
             recover_url=url(model_admin, "destination_recover", name),
+            blocked_keys=repo.blocked_key_count(name),
+            blocked_keys_url=url(model_admin, "blocked_keys", name),
             refresh_seconds=15,
         ),
     )

@@ -1,5 +1,8 @@
 """One message: both records, masked headers, the body, the attempt history, and the
-actions this user may take on it; plus the raw body as a download."""
+actions this user may take on it; plus the raw body as a download. A message of an
+ordering key shows its key (a link to every message of the key), its sequence in the
+key, the sequence delivered before it and, while it is not settled, the key's head
+(:func:`outbox.admin_views.ordering.key_state`)."""
 
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from django.utils.translation import gettext as _
 
 from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
 from outbox.admin_views.formatting import mask_headers, moment, preview_body, safe_content_type
+from outbox.admin_views.ordering import KeyState, key_list_url, key_state
 from outbox.exceptions import MessageNotFound
-from outbox.records import Attempt, Message
+from outbox.records import ACTIVE_STATUSES, Attempt, Message, Status
 from outbox.redaction import destination_options, redact, secrets_for
 from outbox.store.connection import get_repository
 
@@ -73,6 +77,16 @@ def _attempt_row(a: Attempt, secrets: list[str]) -> AttemptRow:
     )
 
 
+def _key_state(model_admin: ModelAdmin, message: Message) -> KeyState | None:
+    """The state of the message's ordering key while the message is in its key's queue
+    (not settled, or the dead letter blocking it); None otherwise."""
+    if not message.ordering_key:
+        return None
+    if message.status not in (*ACTIVE_STATUSES, Status.FAILED.value):
+        return None
+    return key_state(model_admin, message.destination, message.ordering_key)
+
+
 @console_view
 def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: str) -> HttpResponse:
     """GET: one message (``admin:outbox_message_detail``). Needs ``outbox.view_message``; 404 if gone."""
@@ -112,6 +126,10 @@ def message_detail(model_admin: ModelAdmin, request: HttpRequest, message_id: st
             actions=actions,
             action_url=url(model_admin, "message_action"),
             destination_url=url(model_admin, "destination", message.destination),
+            key=_key_state(model_admin, message),
+            key_url=key_list_url(model_admin, message.destination, message.ordering_key)
+            if message.ordering_key
+            else "",
         ),
     )
 

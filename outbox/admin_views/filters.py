@@ -15,13 +15,18 @@ parameter          meaning
 ``error_class``    kind of the last failure (``http``, ``timeout``, ``ConnectError`` ...)
 ``batch``          the messages one bulk action acted on (its token, see
                    :mod:`outbox.operations.batches`)
+``ordering_key``   every message of one ordering key (with ``destination``: the
+                   key's partition is known), newest first, from the key's log
+                   (:meth:`~outbox.store.MessageRepository.key_log`); no other
+                   filter applies to it (each is ignored with an error, a 400)
 ``q``              search: a message id or an idempotency key (exact, as typed:
                    surrounding spaces are kept, a key may have them), else part
                    of an id as the list shows it (``msg_…4f60b163``, its end
                    ``4f60b163``, or a start ``msg_01a2017c``)
 ``o``              sort: ``created``, ``updated`` or ``next_attempt``; ``-`` prefix
                    for newest first
-``p``              page number, from 1 (one partition; ignored with more)
+``p``              page number, from 1 (one partition, or one ordering key; ignored
+                   otherwise)
 ``c``              page token of a partitioned list (Previous/Next; see
                    :mod:`outbox.admin_views.page_token`); one that is not valid
                    is refused with an error (a 400) and the first page
@@ -40,8 +45,10 @@ from django.utils.translation import gettext as _
 
 from outbox.admin_views import page_token
 from outbox.admin_views.page_token import PageToken
+from outbox.exceptions import InvalidMessage
 from outbox.operations.batches import is_token
 from outbox.records import STATUSES
+from outbox.sending.validation import MAX_ORDERING_KEY, clean_ordering_key
 from outbox.store.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
 from outbox.times import MAX_EPOCH, parse_time
 
@@ -51,12 +58,14 @@ if TYPE_CHECKING:
 TIME_PARAMS = ("created_from", "created_to", "updated_from", "updated_to")
 FILTER_PARAMS = ("status", "destination", "queue", *TIME_PARAMS, "status_code", "error_class", "batch")
 SEARCH_PARAM = "q"
+#: The list of one ordering key (with a destination).
+KEY_PARAM = "ordering_key"
 SORT_PARAM = "o"
 PAGE_PARAM = "p"
 #: The page token of a partitioned list (:mod:`outbox.admin_views.page_token`).
 CURSOR_PARAM = "c"
 PAGING_PARAMS = (PAGE_PARAM, CURSOR_PARAM)
-LIST_PARAMS = (*FILTER_PARAMS, SEARCH_PARAM, SORT_PARAM, PAGE_PARAM, CURSOR_PARAM)
+LIST_PARAMS = (*FILTER_PARAMS, KEY_PARAM, SEARCH_PARAM, SORT_PARAM, PAGE_PARAM, CURSOR_PARAM)
 
 
 def parse_as_of(raw: str | None, now: float) -> float:
@@ -105,6 +114,9 @@ class ListQuery:
         descending: newest (largest) first.
         page: page number, from 1.
         token: the page token (a partitioned list's position), or None.
+        ordering_key: list every message of this ordering key of ``filter.destination``
+            ("" for none); the filter's other conditions, the search and the sort are then
+            not applied (see :func:`parse_list_query`).
         params: the accepted parameters as given (for links and hidden inputs).
         errors: messages about parameters that were ignored.
     """
@@ -115,6 +127,7 @@ class ListQuery:
     descending: bool = True
     page: int = 1
     token: PageToken | None = None
+    ordering_key: str = ""
     params: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -139,7 +152,7 @@ class ListQuery:
     @property
     def filter_params(self) -> dict[str, str]:
         """The filter and search parameters alone (what bulk actions carry)."""
-        return {k: v for k, v in self.params.items() if k in FILTER_PARAMS or k == SEARCH_PARAM}
+        return {k: v for k, v in self.params.items() if k in FILTER_PARAMS or k in (KEY_PARAM, SEARCH_PARAM)}
 
     @property
     def is_filtered(self) -> bool:
@@ -249,7 +262,58 @@ def parse_list_query(data: Mapping[str, str], now: float | None = None) -> ListQ
             )
         else:
             params[CURSOR_PARAM] = raw_token
-    return ListQuery(flt, search, sort, descending, page, token, params, errors)
+    key = ordering_key_param(data, flt.destination, errors)
+    if key:
+        params[KEY_PARAM] = key
+        ignored = [
+            name
+            for name in (*FILTER_PARAMS, SEARCH_PARAM, SORT_PARAM)
+            if name != "destination" and params.get(name)
+        ]
+        if ignored:
+            errors.append(
+                _(
+                    "The list of one ordering key shows every message of the key, newest first; "
+                    "%(names)s not applied."
+                )
+                % {"names": ", ".join(LABELS.get(n, n).replace("_", " ") for n in ignored)}
+            )
+            for name in ignored:
+                params.pop(name)
+            flt = MessageFilter(destination=flt.destination)
+            search, sort, descending, token = "", "", True, None
+            params.pop(CURSOR_PARAM, None)
+    return ListQuery(flt, search, sort, descending, page, token, key, params, errors)
+
+
+def ordering_key_param(data: Mapping[str, str], destination: str | None, errors: list[str]) -> str:
+    """The ``ordering_key`` parameter: the key exactly as typed (surrounding spaces are
+    part of a key), or "" when there is none or it cannot be used (no destination, or
+    not an ordering key: :func:`~outbox.sending.validation.clean_ordering_key`), with the
+    reason added to ``errors``."""
+    raw = data.get(KEY_PARAM) or ""
+    if not raw:
+        return ""
+    if not destination:
+        errors.append(
+            _(
+                "The ordering key filter needs a destination (a key's messages are kept with their "
+                "destination); ignored."
+            )
+        )
+        return ""
+    try:
+        return clean_ordering_key(raw) or ""
+    except InvalidMessage:
+        errors.append(
+            _("%(value)s is not an ordering key (1 to %(max)s printable characters); ignored.")
+            % {"value": repr(raw[:40]) + ("…" if len(raw) > 40 else ""), "max": MAX_ORDERING_KEY}
+        )
+        return ""
+
+
+#: How a parameter is named in texts (others: their name, ``_`` as a space).
+LABELS = {"status_code": "HTTP status", SEARCH_PARAM: "search", SORT_PARAM: "sort"}
 
 
 def describe(params: Mapping[str, str]) -> str:
@@ -257,7 +321,7 @@ def describe(params: Mapping[str, str]) -> str:
     parts = []
     for name in FILTER_PARAMS:
         if params.get(name):
-            label = "HTTP status" if name == "status_code" else name.replace("_", " ")
+            label = LABELS.get(name, name.replace("_", " "))
             parts.append(f"{label} {params[name]}")
     if params.get(SEARCH_PARAM):
         parts.append(f"search {params[SEARCH_PARAM]!r}")

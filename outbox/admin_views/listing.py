@@ -8,14 +8,19 @@ number of messages, when an index serves the filter and the sort (see
 status filter               sorts served             default
 ==========================  =======================  ==============================
 none                        created                  newest created first
-pending, retrying           next attempt             soonest due first
+pending, retrying, waiting  next attempt             soonest due first
 sending                     updated (claim time)     latest claimed first
 succeeded/failed/cancelled  updated (entered status) latest first
 ==========================  =======================  ==============================
 
 Another sort is refused with a note (never a sort of a million rows in Python).
 A batch (``?batch=<token>``, the messages one bulk action acted on) is listed in the
-order they were acted on.
+order they were acted on. One ordering key (``?destination=<name>&ordering_key=<key>``)
+is listed from the key's log, newest created first, by numbered pages whatever the
+number of partitions (the log is one sorted set, in the key's partition: a page is one
+ZREVRANGE by rank and a ZCARD); no other filter, search or sort applies to it (a status
+would have to be checked message by message through the log), and "select all
+matching" is not offered there (select the messages instead).
 
 The HTTP status code and error class filters have no index of their own: the page
 checks at most :data:`~outbox.store.queries.SCAN_LIMIT` entries of the index serving
@@ -47,8 +52,16 @@ from django.utils.translation import gettext_lazy
 
 from outbox.admin_views import page_token
 from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
-from outbox.admin_views.filters import PAGING_PARAMS, SEARCH_PARAM, ListQuery, parse_list_query, search_ids
+from outbox.admin_views.filters import (
+    KEY_PARAM,
+    PAGING_PARAMS,
+    SEARCH_PARAM,
+    ListQuery,
+    parse_list_query,
+    search_ids,
+)
 from outbox.admin_views.formatting import moment, shorten
+from outbox.admin_views.ordering import KeyState, key_state
 from outbox.admin_views.page_token import PageToken
 from outbox.conf import outbox_settings
 from outbox.operations.batches import TTL as BATCH_TTL
@@ -93,6 +106,14 @@ class Row:
     queue: str
 
 
+#: The largest rank a page of one ordering key is read from (far below Redis's 2**63).
+MAX_RANK = 2**53
+
+#: Changes of a link that narrows the list another way: it leaves a search and the list
+#: of one ordering key.
+LEAVE: dict[str, str | int | None] = {SEARCH_PARAM: None, KEY_PARAM: None}
+
+
 @dataclass
 class Choice:
     """A filter link in the sidebar."""
@@ -115,8 +136,14 @@ class Column:
     descending: bool
 
 
-def list_title(status: str | None, destination: str | None, batch: str | None) -> str:
-    """The list's title: ``Failed messages to hook``, ``All messages of batch …``."""
+def list_title(status: str | None, destination: str | None, batch: str | None, key: str = "") -> str:
+    """The list's title: ``Failed messages to hook``, ``All messages of batch …``,
+    ``Messages of ordering key order-42 to hook``."""
+    if key:
+        return _("Messages of ordering key %(key)s to %(destination)s") % {
+            "key": key,
+            "destination": destination,
+        }
     title = _("%(status)s messages") % {"status": _(status).capitalize()} if status else _("All messages")
     if destination:
         title += " " + _("to %(destination)s") % {"destination": destination}
@@ -162,10 +189,8 @@ def _row(model_admin: ModelAdmin, m: Message, query: ListQuery) -> Row:
         last_error_full=error,
         status_code=code,
         error_class=m.last_error_class,
-        code_url=query.querystring(status_code=code, **{SEARCH_PARAM: None}) if code is not None else "",
-        class_url=query.querystring(error_class=m.last_error_class, **{SEARCH_PARAM: None})
-        if m.last_error_class
-        else "",
+        code_url=query.querystring(status_code=code, **LEAVE) if code is not None else "",
+        class_url=query.querystring(error_class=m.last_error_class, **LEAVE) if m.last_error_class else "",
         created=moment(m.created_at),
         updated=moment(m.updated_at),
         queue=m.queue,
@@ -175,18 +200,23 @@ def _row(model_admin: ModelAdmin, m: Message, query: ListQuery) -> Row:
 def _choices(
     query: ListQuery, param: str, values: list[str], counts: dict[str, int] | None = None
 ) -> list[Choice]:
-    """Sidebar links for one filter parameter; following one leaves a search."""
-    current = query.params.get(param, "")
-    out = [Choice("All", "", query.querystring(**{param: None, SEARCH_PARAM: None}), current == "")]
+    """Sidebar links for one filter parameter; following one leaves a search and the
+    list of one ordering key."""
+    current = "" if query.ordering_key else query.params.get(param, "")
+    out = [
+        Choice(
+            "All", "", query.querystring(**{param: None, **LEAVE}), current == "" and not query.ordering_key
+        )
+    ]
     for value in values:
         count = counts.get(value) if counts is not None else None
-        link = query.querystring(**{param: value, SEARCH_PARAM: None})
+        link = query.querystring(**{param: value, **LEAVE})
         out.append(Choice(value, value, link, current == value, count))
     return out
 
 
 def _columns(query: ListQuery, sort: str, descending: bool) -> list[Column]:
-    served = () if query.filter.batch else served_sorts(query.filter.status)
+    served = () if query.filter.batch or query.ordering_key else served_sorts(query.filter.status)
     columns = []
     for name, label in SORT_LABELS.items():
         if name not in served:
@@ -299,6 +329,25 @@ def _cursor_page(
     return result.ids, result.total, result.exact, links
 
 
+def _key_page(
+    repo: MessageRepository, destination: str, query: ListQuery, per_page: int, notes: list[str]
+) -> tuple[list[str], int, int]:
+    """A page of the list of one ordering key, newest first, by number (one ZREVRANGE and
+    a ZCARD of the key's log: :meth:`~outbox.store.MessageRepository.key_log`):
+    (its ids, how many the key has, the page number shown). A page past the end shows
+    the last one, with a note."""
+    current = query.page
+    # a rank Redis can take (?p=10000000000000000000 reads an empty page, then the last)
+    offset = min((current - 1) * per_page, MAX_RANK)
+    ids, total = repo.key_log(destination, query.ordering_key, offset, per_page)
+    last = max(1, -(-total // per_page))
+    if current > last:
+        notes.append(_("There is no such page; this is the last page, %(last)s.") % {"last": f"{last:,}"})
+        current = last
+        ids, total = repo.key_log(destination, query.ordering_key, (current - 1) * per_page, per_page)
+    return ids, total, current
+
+
 @console_view
 def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """GET: the message list (``admin:outbox_message_list``). Needs ``outbox.view_message``.
@@ -340,7 +389,14 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
 
     exact = True
     links = CursorLinks()
-    if query.search:
+    key: KeyState | None = None
+    numbered = not repo.keys.partitioned
+    if query.ordering_key:
+        destination = flt.destination or ""  # parse_list_query keeps a key only with a destination
+        key = key_state(model_admin, destination, query.ordering_key)
+        ids, total, current = _key_page(repo, destination, query, per_page, notes)
+        numbered = True
+    elif query.search:
         found = search_ids(repo, query.search)
         ids, total, exact, current = found.ids, len(found.ids), found.complete, 1
         if not found.complete:
@@ -373,7 +429,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
 
     paginator = Paginator(range(total), per_page)
     page_links: list[tuple[str | None, str | int, bool]] = []
-    if paginator.num_pages > 1 and not query.search and not repo.keys.partitioned:
+    if paginator.num_pages > 1 and not query.search and numbered:
         for number in paginator.get_elided_page_range(
             min(current, paginator.num_pages), on_each_side=2, on_ends=1
         ):
@@ -390,7 +446,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         context(
             model_admin,
             request,
-            list_title(flt.status, flt.destination, flt.batch),
+            list_title(flt.status, flt.destination, flt.batch, query.ordering_key),
             query=query,
             rows=rows,
             total=total,
@@ -403,7 +459,8 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             next_url=links.next,
             first_url=links.first,
             page_number=current,
-            num_pages=1 if repo.keys.partitioned else paginator.num_pages,
+            num_pages=paginator.num_pages if numbered else 1,
+            key=key,
             status_choices=_choices(query, "status", list(STATUSES), destination_counts),
             destination_choices=_choices(query, "destination", repo.destinations()),
             queue_choices=_choices(query, "queue", outbox_settings.queue_names),
@@ -419,11 +476,12 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             error_form_hidden=[
                 (k, v)
                 for k, v in query.params.items()
-                if k not in ("status_code", "error_class", SEARCH_PARAM, *PAGING_PARAMS)
+                if k not in ("status_code", "error_class", SEARCH_PARAM, KEY_PARAM, *PAGING_PARAMS)
             ],
             time_zone=timezone.get_current_timezone_name(),
             time_zone_label=time_zone_label(),
-            can_select_across=bool(operations) and not query.search and total > len(rows),
+            # not for one ordering key: "all matching" carries the filter, which has no key
+            can_select_across=bool(operations) and not query.search and not key and total > len(rows),
         ),
         # Parameters that were ignored make it a bad request; the page still shows the rest.
         status=400 if query.errors else 200,

@@ -5,8 +5,9 @@ A custom collector in the manner of prometheus_client's "Custom Collectors"
 the web process; each scrape reads the outbox's indexes in Redis (see
 :mod:`outbox.store.gauges`), so every process that serves the metrics reports the same
 numbers and no multiprocess mode is needed. A scrape costs a constant number of round
-trips whatever the number of messages: one pipeline of counts and queue depths (plus a
-small one when a destination that is no longer configured still has messages), one
+trips whatever the number of messages: one pipeline of counts, queue depths and blocked
+ordering keys (plus two small ones when a destination that is no longer configured still
+has messages), one
 of destination health (:func:`outbox.destinations.health.get_all_health`), and three for the workers
 (:func:`outbox.delivery.liveness.workers`).
 
@@ -128,6 +129,13 @@ METRICS: dict[str, MetricSpec] = {
             "Messages held back while the destination is paused, disabled or its circuit breaker open.",
         ),
         MetricSpec(
+            "outbox_ordering_keys_blocked",
+            "gauge",
+            ("destination",),
+            "Ordering keys whose head is a dead letter (ORDERING 'block'): their later messages wait "
+            "until it is requeued or cancelled.",
+        ),
+        MetricSpec(
             "outbox_destination_consecutive_failures",
             "gauge",
             ("destination",),
@@ -205,6 +213,9 @@ class OutboxCollector(Collector):
         scheduled = METRICS["outbox_queue_scheduled"].family()
         quarantined = METRICS["outbox_queue_quarantined"].family()
         oldest = METRICS["outbox_oldest_due_age_seconds"].family()
+        blocked = METRICS["outbox_ordering_keys_blocked"].family()
+        for destination, count in sorted(gauges.blocked.items()):
+            blocked.add_metric([destination], count)
         for depth in gauges.queues:
             due.add_metric([depth.queue], depth.due)
             scheduled.add_metric([depth.queue], depth.scheduled)
@@ -217,6 +228,7 @@ class OutboxCollector(Collector):
             scheduled,
             quarantined,
             oldest,
+            blocked,
             *health_families(get_all_health(sorted(gauges.messages), now)),
             *worker_families(outbox_settings.queue_names, now),
         ]

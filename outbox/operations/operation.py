@@ -121,8 +121,12 @@ CANCEL = Operation(
     statuses=CANCELLABLE_STATUSES,
     consequences=(
         _(
-            "Pending and retrying messages become cancelled and are not delivered; "
+            "Pending, retrying and waiting messages become cancelled and are not delivered; "
             "delivery jobs already queued for them do nothing."
+        ),
+        _(
+            "A cancelled message of an ordering key leaves its key: when it was the head, the "
+            "next message of the key becomes the head and is due."
         ),
         _("Their records and attempt history are kept; they can be requeued later."),
         _("Messages in other statuses (being sent right now, or finished) are skipped."),

@@ -44,20 +44,16 @@ class BlockedKey:
 
 def blocked_keys(destination: str, limit: int | None = 1000) -> list[BlockedKey]:
     """``destination``'s blocked ordering keys, longest blocked first (at most ``limit``;
-    None: all). Reads every partition: one pipelined round per node."""
+    None: all). Four pipelined rounds whatever the number of keys (the blocked keys of
+    every partition, their states, their heads, their queues' lengths)."""
     repo = get_repository()
     rows = repo.blocked_key_rows(destination, limit)
     heads = repo.get_many([r.head_id for r in rows if r.head_id])
     by_id = {m.id: m for m in heads if m is not None}
+    lengths = repo.key_queue_lengths(destination, [r.key for r in rows])
     return [
-        BlockedKey(
-            destination,
-            r.key,
-            by_id.get(r.head_id or ""),
-            r.since,
-            max(0, len(repo.key_queue(destination, r.key)) - 1),
-        )
-        for r in rows
+        BlockedKey(destination, r.key, by_id.get(r.head_id or ""), r.since, max(0, n - 1))
+        for r, n in zip(rows, lengths, strict=True)
     ]
 
 

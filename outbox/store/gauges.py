@@ -1,18 +1,20 @@
 """Levels read at one moment for monitoring (:mod:`outbox.metrics`): message counts per
-destination and status, and the depth of each queue's due index.
+destination and status, the depth of each queue's due index, and each destination's
+blocked ordering keys.
 
 Everything is read from the indexes of :mod:`outbox.store.keys` with O(1) or O(log N)
-commands (ZCARD, ZCOUNT, ZRANGE of one entry), in one pipeline; a second, smaller one
-only when a destination that is no longer configured still has messages (it is found in
-the ``destinations`` set, read in the first). So a scrape costs the same whatever the
-number of messages, and every process that reads reports the same numbers.
+commands (ZCARD, ZCOUNT, ZRANGE of one entry), in one pipeline; two smaller ones only
+when a destination that is no longer configured still has messages (it is found in the
+``destinations`` set, read in the first). So a scrape costs the same whatever the number
+of messages and ordering keys, and every process that reads reports the same numbers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from outbox.records import STATUSES
 from outbox.store.repository import MessageRepository
 
 
@@ -48,17 +50,21 @@ class Gauges:
             included), for the configured destinations and every other destination that
             has messages.
         queues: one :class:`QueueDepth` per queue asked for, in order.
+        blocked: destination -> how many of its ordering keys are blocked (a dead letter
+            at their head), for the same destinations as ``messages``.
     """
 
     at: float
     messages: dict[str, dict[str, int]]
     queues: list[QueueDepth]
+    blocked: dict[str, int] = field(default_factory=dict)
 
 
 def read_gauges(
     repo: MessageRepository, destinations: Iterable[str], queues: Sequence[str], now: float
 ) -> Gauges:
-    """Message counts per destination and status, and each queue's due depth.
+    """Message counts per destination and status, each queue's due depth, and each
+    destination's blocked ordering keys.
 
     Args:
         repo: the repository to read.
@@ -86,6 +92,7 @@ def read_gauges(
             pipe.zrange(key, 0, 0, withscores=True)
             pipe.zcard(part.quarantine(queue))
     repo.queue_status_counts(pipe, names)
+    repo.queue_blocked_counts(pipe, names)
     replies = pipe.execute()
     known, replies = replies[0], replies[1:]
     depths = []
@@ -101,8 +108,12 @@ def read_gauges(
                 sum(int(row[3]) for row in rows),
             )
         )
-    messages = repo.parse_status_counts(names, replies[4 * len(queues) * parts :])
+    counted = 4 * len(queues) * parts
+    status_cards = len(names) * len(STATUSES) * parts
+    messages = repo.parse_status_counts(names, replies[counted : counted + status_cards])
+    blocked = repo.parse_blocked_counts(names, replies[counted + status_cards :])
     others = sorted({raw.decode() for raw in known} - set(names))
     if others:
         messages.update(repo.counts_by_destination(others))
-    return Gauges(now, messages, depths)
+        blocked.update(repo.blocked_key_counts(others))
+    return Gauges(now, messages, depths, blocked)

@@ -4,8 +4,9 @@ blocked keys, and the queue of one ordering key. Part of
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from outbox.store.base import RepositoryBase
 from outbox.store.keys import Keys, partition_for
@@ -47,10 +48,41 @@ class OrderingReads(RepositoryBase):
 
     def blocked_key_count(self, destination: str) -> int:
         """How many ordering keys of ``destination`` are blocked, in every partition."""
+        return self.blocked_key_counts([destination])[destination]
+
+    def blocked_key_counts(self, destinations: Iterable[str]) -> dict[str, int]:
+        """Destination -> how many of its ordering keys are blocked, in every partition
+        (one pipeline of O(1) ZCARDs: one per destination and partition)."""
+        names = list(destinations)
+        if not names:
+            return {}
         pipe = self.connection.pipeline(transaction=False)
-        for k in self.keys.partition_numbers():
-            pipe.zcard(self.keys.partition(k).blocked(destination))
-        return sum(int(n) for n in pipe.execute())
+        self.queue_blocked_counts(pipe, names)
+        return self.parse_blocked_counts(names, pipe.execute())
+
+    def queue_blocked_counts(self, pipe: Any, destinations: Sequence[str]) -> None:
+        """Add to ``pipe`` one ZCARD of the blocked keys per destination and partition (in
+        that order), for :meth:`parse_blocked_counts`: a caller that reads more in the same
+        round trip (the metrics' gauges)."""
+        for destination in destinations:
+            for k in self.keys.partition_numbers():
+                pipe.zcard(self.keys.partition(k).blocked(destination))
+
+    def parse_blocked_counts(self, destinations: Sequence[str], cards: Sequence[int]) -> dict[str, int]:
+        """The replies of :meth:`queue_blocked_counts` as destination -> blocked keys
+        (summed over partitions)."""
+        p = self.keys.partitions
+        return {d: sum(int(c) for c in cards[i * p : (i + 1) * p]) for i, d in enumerate(destinations)}
+
+    def key_queue_lengths(self, destination: str, keys: Sequence[str]) -> list[int]:
+        """How many unsettled messages each ordering key of ``keys`` of ``destination``
+        holds, head included, in order (one pipeline of O(1) ZCARDs)."""
+        if not keys:
+            return []
+        pipe = self.connection.pipeline(transaction=False)
+        for key in keys:
+            pipe.zcard(self.order_keys(destination, key).order(destination, key))
+        return [int(n) for n in pipe.execute()]
 
     def key_queue(self, destination: str, key: str) -> list[str]:
         """The ids of the unsettled messages of ordering ``key`` of ``destination``, head

@@ -119,11 +119,12 @@ class MessageFilter:
 
 
 def score_field(status: str | None) -> str:
-    """What the score of the index for ``status`` means: ``"created"``, ``"next_attempt"``,
-    ``"lease"`` (sending) or ``"updated"``."""
+    """What the score of the index for ``status`` means: ``"created"``, ``"next_attempt"``
+    (pending, retrying, and waiting: a message behind its ordering key's head keeps its
+    due time, ``lua/create.lua``), ``"lease"`` (sending) or ``"updated"``."""
     if status is None:
         return "created"
-    if status in (Status.PENDING.value, Status.RETRYING.value):
+    if status in (Status.PENDING.value, Status.RETRYING.value, Status.WAITING.value):
         return "next_attempt"
     if status == Status.SENDING.value:
         return "lease"

@@ -252,6 +252,41 @@ def test_messages_whose_retries_run_out_alert_once_with_their_count(receiver, wo
     assert "message(s) to 'dead' became dead letters" in mails[0].body
 
 
+@pytest.mark.parametrize("policy", ["block", "skip"])
+def test_an_exhausted_ordered_message_names_its_key_and_says_whether_it_is_blocked(
+    receiver, worker, mailoutbox, policy
+):
+    shop = {
+        "TRANSPORT": "locmem",
+        "OPTIONS": {"fail_with": "HTTP 503 try later"},  # retryable, and no retry left
+        "RETRY": [0],
+        "MAX_RETRIES": 0,
+        "ORDERING": policy,
+    }
+    with alerting(receiver, shop=shop):
+        sent = [outbox.send("shop", {"n": n}, ordering_key="order 42") for n in range(2)]
+        worker(simple=True)  # the head runs out of retries: the alert is sent through the outbox
+        worker(simple=True)  # and delivered (with "skip", the next one failed too)
+    blocked = policy == "block"
+    assert outbox.get(sent[1].id).status == ("waiting" if blocked else "failed")
+    payloads = [p for p in verified(receiver) if p["type"] == "message.exhausted"]
+    assert payloads, verified(receiver)
+    last = payloads[0]["data"]["last"]
+    assert (last["ordering_key"], last["blocked"]) == ("order 42", blocked)
+    (mail,) = [m for m in mailoutbox if "exhausted" in m.subject]
+    if blocked:
+        assert "Its ordering key 'order 42' is blocked: the key's later messages wait" in mail.body
+        assert "manage.py outbox_ordering release shop 'order 42' --requeue (or --cancel)" in mail.body
+    else:
+        assert "Its ordering key 'order 42' is not blocked (ORDERING 'skip')" in mail.body
+    assert "ordering_key: order 42" in mail.body
+
+
+def test_an_exhausted_alert_of_a_message_without_a_key_says_nothing_of_keys():
+    alert = alerts.Alert("message.exhausted", "hook", 1.0, 1, 1.0, {"id": "msg_1", "error": "HTTP 503"})
+    assert "ordering key" not in alert.email_text()
+
+
 def test_a_raising_signal_receiver_breaks_neither_notify_nor_delivery(receiver, worker, caplog):
     def broken(sender, **kwargs):
         raise RuntimeError("receiver bug")

@@ -19,6 +19,7 @@ from outbox.metrics import METRICS, OutboxCollector, register, unregister
 from outbox.metrics.collector import DESTINATION_STATES
 from outbox.sending import intake
 from tests.support import redis_down, settle, with_destinations
+from tests.support.console import blocked_key
 
 pytestmark = pytest.mark.urls("tests.metrics_urls")
 
@@ -91,6 +92,11 @@ def test_scrape_after_real_deliveries(hook, worker, scraper):
         "cancelled",
         "waiting",
     }
+    assert samples["outbox_ordering_keys_blocked"] == {
+        (("destination", "hook"),): 0,
+        (("destination", "mem"),): 0,
+        (("destination", "poison"),): 0,
+    }
     assert samples["outbox_queue_due"] == {
         (("queue", "outbox_high"),): 1,
         (("queue", "outbox"),): 1,
@@ -133,11 +139,30 @@ def test_scrape_after_real_deliveries(hook, worker, scraper):
     }
 
 
-def test_a_destination_no_longer_configured_is_still_counted(scraper):
+def test_blocked_ordering_keys_and_waiting_messages_per_destination(scraper, worker):
+    blocked_key(worker, "k1", behind=2)
+    blocked_key(worker, "k2", behind=1)
+    outbox.send("mem", {"n": 0}, ordering_key="free")  # at the head: pending, not blocked
+    samples = parse(scrape(scraper))
+    assert samples["outbox_ordering_keys_blocked"][(("destination", "mem"),)] == 2
+    assert samples["outbox_ordering_keys_blocked"][(("destination", "hook"),)] == 0
+    messages = samples["outbox_messages"]
+    assert messages[(("destination", "mem"), ("status", "waiting"))] == 3
+    assert messages[(("destination", "mem"), ("status", "failed"))] == 2
+    outbox.release_key("mem", "k1", "cancel")
+    samples = parse(scrape(scraper))
+    assert samples["outbox_ordering_keys_blocked"][(("destination", "mem"),)] == 1
+    assert samples["outbox_messages"][(("destination", "mem"), ("status", "waiting"))] == 2
+
+
+def test_a_destination_no_longer_configured_is_still_counted(scraper, worker):
+    blocked_key(worker, "k1", behind=1, destination="gone")
     with with_destinations("locmem", gone={}):
         outbox.send("gone", "x")
     samples = parse(scrape(scraper))
     assert samples["outbox_messages"][(("destination", "gone"), ("status", "pending"))] == 1
+    assert samples["outbox_messages"][(("destination", "gone"), ("status", "waiting"))] == 1
+    assert samples["outbox_ordering_keys_blocked"][(("destination", "gone"),)] == 1
 
 
 def test_redis_unreachable_is_outbox_up_0_not_an_error(scraper):
@@ -214,6 +239,7 @@ def test_a_scrape_costs_the_same_whatever_the_number_of_messages(scraper, redis)
     few = commands_per_scrape()
     outbox.send_many([{"destination": "mem", "body": n} for n in range(500)])
     outbox.send_many([{"destination": "hook", "body": n, "delay": 60} for n in range(500)])
+    outbox.send_many([{"destination": "mem", "body": n, "ordering_key": f"k{n % 50}"} for n in range(200)])
     assert commands_per_scrape() == few
 
 

@@ -17,7 +17,7 @@ from django.urls import reverse
 import outbox
 from outbox.records import Message, Status
 from outbox.store import Change
-from tests.support.messages import settle_due
+from tests.support.messages import settle_due, with_destinations
 
 
 def make(repo, n: int, status: str = "pending", destination: str = "mem", **send) -> list[Message]:
@@ -56,6 +56,24 @@ def deliver(receiver, worker, code: int, n: int, **send) -> list[Message]:
         [{"destination": "hook", "body": {"code": code, "i": i}, **send} for i in range(n)]
     )
     settle_due(worker, sent)
+    return sent
+
+
+#: The error of the dead letters :func:`blocked_key` makes.
+BLOCKING_ERROR = "SMTP 550 5.1.1 mailbox unavailable"
+
+
+def blocked_key(worker, key: str, behind: int = 2, destination: str = "mem") -> list[Message]:
+    """Send ``1 + behind`` messages of ordering ``key`` to ``destination`` (a locmem
+    destination that fails every delivery permanently, for the call only) and run a real
+    worker: the head becomes a dead letter that blocks the key (policy "block"), the
+    others wait behind it. Returns the messages in the order sent (the head first)."""
+    failing = {"TRANSPORT": "locmem", "OPTIONS": {"fail_with": BLOCKING_ERROR, "permanent": True}}
+    with with_destinations(**{destination: failing}):
+        sent = [outbox.send(destination, {"key": key, "n": i}, ordering_key=key) for i in range(1 + behind)]
+        worker(simple=True)
+    got = [outbox.get(m.id).status for m in sent]
+    assert got == ["failed"] + ["waiting"] * behind, got
     return sent
 
 
