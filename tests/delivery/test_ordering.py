@@ -279,7 +279,9 @@ def test_a_message_cannot_set_the_ordering_headers_itself(receiver):
 def test_eager_mode_delivers_a_keys_messages_in_order_inside_the_call(receiver, settings):
     settings.OUTBOX = {**settings.OUTBOX, "EAGER": True}
     with hook(receiver):
-        sent = outbox.send_many([{"destination": "hook", "body": {"n": n}, "ordering_key": "k"} for n in range(3)])
+        sent = outbox.send_many(
+            [{"destination": "hook", "body": {"n": n}, "ordering_key": "k"} for n in range(3)]
+        )
         outbox.send("hook", {"n": 3}, ordering_key="k")
     assert [r.json()["n"] for r in receiver.requests] == [0, 1, 2, 3]
     assert [outbox.get(m.id).status for m in sent] == ["succeeded"] * 3
