@@ -4,6 +4,7 @@
     .venv/bin/python -m benchmarks.compare --quick         # 1 round, small N (development)
     .venv/bin/python -m benchmarks.compare --baseline DIR  # the outbox's cases, this checkout vs DIR
     .venv/bin/python -m benchmarks.compare --cluster       # issue 22's cluster rows only, ~5 min
+    .venv/bin/python -m benchmarks.compare --ordered       # issue 23's ordered-delivery rows only, ~4 min
 
 Every measurement ("case") runs in a process of its own with its own private Redis
 (:class:`outbox.testing.RedisServer`), so memory figures are clean; workers are real
@@ -123,6 +124,13 @@ def commandstats(conn) -> dict[str, int]:
     return {k: int(v["calls"]) for k, v in conn.info("commandstats").items()}
 
 
+def commandstats_usec(conn) -> dict[str, int]:
+    """Microseconds the server has spent in each command (``INFO commandstats``: a
+    script's EVALSHA counts its whole run, and each command it runs counts again under
+    its own name)."""
+    return {k: int(v["usec"]) for k, v in conn.info("commandstats").items()}
+
+
 def server_cpu(conn) -> float:
     """Seconds of CPU the Redis server has used (user + system)."""
     cpu = conn.info("cpu")
@@ -141,11 +149,17 @@ def stats_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]
 
 
 # -- a receiver that answers after 50 ms ------------------------------------------------
-def start_receiver(delay: float) -> tuple[ThreadingHTTPServer, str]:
+def start_receiver(delay: float, status_of=None, latencies: bool = False) -> tuple[ThreadingHTTPServer, str]:
     """A threaded HTTP/1.1 server on loopback answering 200 after ``delay``; it records
     when each answer was sent (``server.answered``, perf_counter seconds) and the most
-    requests it was answering at once (``server.most_active[0]``)."""
+    requests it was answering at once (``server.most_active[0]``).
+
+    ``status_of``: a function of the request's headers returning the status to answer
+    (default 200). ``latencies``: also record, for each 2xx answer to a JSON body with a
+    ``t`` (epoch seconds it was sent), milliseconds from ``t`` to the moment the receiver
+    accepted it, just before it answers (``server.latencies_ms``)."""
     answered: list[float] = []
+    latencies_ms: list[float] = []
     active, most_active, lock = [0], [0], threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -153,14 +167,20 @@ def start_receiver(delay: float) -> tuple[ThreadingHTTPServer, str]:
         disable_nagle_algorithm = True
 
         def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             with lock:
                 active[0] += 1
                 most_active[0] = max(most_active[0], active[0])
-            time.sleep(delay)
+            if delay:
+                time.sleep(delay)
+            status = status_of(self.headers) if status_of else 200
+            if latencies and 200 <= status < 300:
+                sent_at = json.loads(raw).get("t")
+                if sent_at is not None:
+                    latencies_ms.append((time.time() - sent_at) * 1000)
             with lock:
                 active[0] -= 1
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Length", "0")
             self.end_headers()
             answered.append(time.perf_counter())
@@ -174,6 +194,7 @@ def start_receiver(delay: float) -> tuple[ThreadingHTTPServer, str]:
 
     server = Server(("127.0.0.1", 0), Handler)
     server.answered = answered
+    server.latencies_ms = latencies_ms
     server.most_active = most_active
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/hook"
@@ -791,6 +812,218 @@ def case_cluster_alternating(n: int, bursts: int = 2, setups: tuple = CLUSTER_SE
         server.stop()
 
 
+# -- ordered delivery (issue 23) -----------------------------------------------------------
+ORDER_PER_KEY = 10  # messages per ordering key of the throughput rows (issue 23: 1,000 keys x 10)
+ORDER_PAIRS = 2  # pairs of webhook bursts (ordered/unordered) or latency runs per case run, ABBA order
+ORDER_NOOP_PAIRS = 4  # pairs of no-op bursts per case run (a burst of 10,000 takes seconds)
+ORDER_LATENCY_KEYS = 100  # ordering keys the steady traffic of the blocked-key rows is spread over
+ORDER_BACKLOG = 1000  # messages waiting behind the blocked key's dead letter
+BLOCKED_KEY = "blocked-key"  # the receiver answers 400 (permanent) to this key's messages
+
+
+def ordered_items(destination: str, keys: int, per_key: int, ordered: bool, body: dict) -> list[dict]:
+    """``send_many`` items of ``keys`` x ``per_key`` messages, interleaved: message 1 of
+    ``key-0`` ... ``key-{keys-1}``, then message 2 of each, and so on; with ``ordered``
+    False the same messages without an ordering key."""
+    items = []
+    for _ in range(per_key):
+        for k in range(keys):
+            item = {"destination": destination, "body": body}
+            if ordered:
+                item["ordering_key"] = f"key-{k}"
+            items.append(item)
+    return items
+
+
+def top_delta(before: dict[str, int], after: dict[str, int], n: int, count: int = 10) -> list:
+    """The ``count`` largest increases of a commandstats figure, per message, by command."""
+    delta = stats_delta(before, after)
+    return [
+        (k.removeprefix("cmdstat_"), round(v / n, 2)) for k, v in sorted(delta.items(), key=lambda kv: -kv[1])
+    ][:count]
+
+
+def case_ordered_delivery(
+    n: int, destination: str, per_key: int = ORDER_PER_KEY, pairs: int = ORDER_PAIRS
+) -> dict:
+    """Issue 23's throughput rows: n messages in n / per_key ordering keys, sent
+    interleaved (:func:`ordered_items`, ``send_many(100)``) and drained by one worker
+    process (``outbox_worker --burst``, out of the box: no ``MAX_IN_FLIGHT`` set), against
+    the same n messages without ordering keys, in one private Redis (emptied before each
+    burst): ``pairs`` pairs of bursts in ABBA order (ordered, unordered, unordered,
+    ordered, ...), so both see the machine at nearly the same moments.
+
+    ``destination`` "noop" (the no-op callable): rate = n / (worker start to last
+    delivery); "hook" (the receiver answering after :data:`RECEIVER_DELAY`): rate as the
+    receiver saw it, (n - 1) / (first to last answer). Per mode: the median rate, the
+    rate of each burst, send_many's rate, and per delivered message the server's
+    commands, CPU µs and µs in scripts (``INFO commandstats``, ``INFO cpu``), with the
+    commands that grew most (of the mode's last burst)."""
+    use_profile("defaults")
+    receiver, env = None, {}
+    if destination == "hook":
+        receiver, url = start_receiver(RECEIVER_DELAY)
+        os.environ["BENCH_HOOK_URL"] = env["BENCH_HOOK_URL"] = url
+    server = private_redis()
+    try:
+        setup_django()
+        import outbox
+        from outbox.store.connection import get_repository
+
+        body = body_200()
+        conn = outbox_warmed(body)
+        keys = max(1, n // per_key)
+        n = keys * per_key
+        modes = ("ordered", "unordered")
+        figures: dict[str, dict[str, list]] = {m: {} for m in modes}
+        for i in range(2 * pairs):
+            mode = modes[(i + 1) // 2 % 2]  # ordered, unordered, unordered, ordered, ...
+            conn.flushdb()
+            get_repository().upgrade()  # the schema mark of a running deployment (see outbox_warmed)
+            items = ordered_items(destination, keys, per_key, mode == "ordered", body)
+            t0 = time.perf_counter()
+            for j in range(0, n, 100):
+                outbox.send_many(items[j : j + 100])
+            send_s = time.perf_counter() - t0
+            if receiver is not None:
+                receiver.answered.clear()
+                receiver.most_active[0] = 0
+            cs0, us0, cpu0 = commandstats(conn), commandstats_usec(conn), server_cpu(conn)
+            worker = outbox_burst(n, env=env)
+            cs1, us1, cpu1 = commandstats(conn), commandstats_usec(conn), server_cpu(conn)
+            counts = get_repository().counts()
+            assert counts["succeeded"] == n, f"{mode}: {counts}"
+            rate = receiver_rate(receiver) if receiver is not None else n / worker["drain"]
+            got = figures[mode]
+            for key, value in (
+                ("per_s", rate),
+                ("send_per_s", n / send_s),
+                ("server_cmds_per_msg", sum(stats_delta(cs0, cs1).values()) / n),
+                ("server_cpu_us_per_msg", (cpu1 - cpu0) / n * 1e6),
+                ("script_us_per_msg", (us1.get("cmdstat_evalsha", 0) - us0.get("cmdstat_evalsha", 0)) / n),
+                ("client_trips_per_msg", worker["trips"] / n),
+                ("worker_cpu_us_per_msg", worker["cpu"] / n * 1e6),
+                ("most_in_flight", receiver.most_active[0] if receiver is not None else 0),
+            ):
+                got.setdefault(key, []).append(value)
+            got["top_calls"] = top_delta(cs0, cs1, n)
+            got["top_usec"] = top_delta(us0, us1, n)
+        out: dict = {"keys": keys, "per_key": per_key, "n": n, "redis": conn.info("server")["redis_version"]}
+        for mode in modes:
+            for key, values in figures[mode].items():
+                if key.startswith("top_"):
+                    out[f"{mode}_{key}"] = values
+                else:
+                    out[f"{mode}_{key}"] = statistics.median(values)
+                    out[f"{mode}_{key}_each"] = values
+        out["ratio"] = out["ordered_per_s"] / out["unordered_per_s"]
+        return out
+    finally:
+        server.stop()
+        if receiver is not None:
+            receiver.shutdown()
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    """Poll ``condition()`` every 20 ms until it is true; RuntimeError after ``timeout``
+    seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def case_ordered_blocked(
+    n: int, backlog: int = ORDER_BACKLOG, pairs: int = ORDER_PAIRS, keys: int = ORDER_LATENCY_KEYS
+) -> dict:
+    """Issue 23's cost of one blocked key to the others: n ordered webhooks sent at a
+    steady :data:`LATENCY_RATE` per second, spread round-robin over ``keys`` ordering
+    keys, with the send time in the body, to a receiver on loopback that answers at once;
+    latency = the receiver's acceptance time - the send time. One long-running worker
+    process (``outbox_worker``, out of the box), started anew for each run on an emptied
+    private Redis. With the key blocked: before the worker starts, :data:`BLOCKED_KEY`
+    gets ``backlog`` + 1 messages; the receiver answers its head 400 (permanent), so the
+    head is a dead letter blocking the key with ``backlog`` messages waiting behind it,
+    and the steady traffic starts once that is so. In both variants the traffic starts 1 s
+    after a warm-up message was delivered. ``pairs`` pairs of runs in ABBA order
+    (clear, blocked, blocked, clear). Returns p50, p99 and max of each run, and their
+    medians per variant."""
+    use_profile("defaults")
+
+    def status_of(headers) -> int:
+        return 400 if headers.get("Outbox-Ordering-Key") == BLOCKED_KEY else 200
+
+    receiver, url = start_receiver(0.0, status_of=status_of, latencies=True)
+    os.environ["BENCH_HOOK_URL"] = url
+    server = private_redis()
+    try:
+        setup_django()
+        import outbox
+        from outbox.store.connection import get_repository
+
+        body = body_200()
+        conn = outbox_warmed(body)
+        repo = get_repository()
+
+        def latencies(blocked: bool) -> list[float]:
+            """One run on an emptied Redis with a new worker: the traffic's latencies, ms."""
+            conn.flushdb()
+            repo.upgrade()
+            if blocked:
+                items = [{"destination": "hook", "body": body, "ordering_key": BLOCKED_KEY}] * (backlog + 1)
+                for j in range(0, len(items), 100):
+                    outbox.send_many(items[j : j + 100])
+            receiver.latencies_ms.clear()
+            with tempfile.TemporaryDirectory() as tmp:
+                ready = Path(tmp) / "ready.json"
+                proc = spawn(["outbox-worker"], {"BENCH_READY": str(ready), "BENCH_HOOK_URL": url})
+                try:
+                    wait_file(ready, proc, 60)
+                    if blocked:
+                        wait_until(lambda: repo.blocked_key_count("hook") == 1, 60, "the key to block")
+                    # Both variants start warm: a first delivery (the worker's first webhook
+                    # made its client; without it the first 0.4 s of traffic waited up to 0.3 s)
+                    warm = outbox.send("hook", body, ordering_key="warm-up")
+                    wait_until(lambda: outbox.get(warm.id).status == "succeeded", 60, "the warm-up delivery")
+                    time.sleep(1.0)
+                    sent = iter(range(n))
+                    steady_send(
+                        n,
+                        LATENCY_RATE,
+                        lambda b: outbox.send("hook", b, ordering_key=f"key-{next(sent) % keys}"),
+                    )
+                    wait_until(lambda: len(receiver.latencies_ms) >= n, 120, f"{n} acceptances")
+                finally:
+                    stop(proc)
+            counts = repo.counts()
+            if blocked:  # the key stayed blocked, its messages undelivered
+                assert counts["waiting"] == backlog and counts["failed"] == 1, counts
+                assert repo.blocked_key_count("hook") == 1
+            assert counts["succeeded"] == n + 1, counts  # and the warm-up
+            return list(receiver.latencies_ms)
+
+        runs: dict[str, dict[str, list[float]]] = {"clear": {}, "blocked": {}}
+        for i in range(2 * pairs):
+            variant = ("clear", "blocked")[(i + 1) // 2 % 2]  # clear, blocked, blocked, clear, ...
+            lat = latencies(variant == "blocked")
+            for key, value in (
+                ("p50_ms", statistics.median(lat)),
+                ("p99_ms", percentile(lat, 0.99)),
+                ("max_ms", max(lat)),
+            ):
+                runs[variant].setdefault(key, []).append(value)
+        out: dict = {"n": n, "keys": keys, "backlog": backlog, "redis": conn.info("server")["redis_version"]}
+        for variant, figures in runs.items():
+            for key, values in figures.items():
+                out[f"{variant}_{key}"] = statistics.median(values)
+                out[f"{variant}_{key}_each"] = values
+        return out
+    finally:
+        server.stop()
+        receiver.shutdown()
+
+
 CASES = {
     "send-alternating": case_send_alternating,
     "outbox-send": lambda n: case_outbox(n, many=False),
@@ -807,6 +1040,10 @@ CASES = {
     # issue 22: the same on one server (P = 1), a 1-primary and a 3-primary cluster (P = 16)
     "cluster-alternating": case_cluster_alternating,
     "partitions-alternating": lambda n: case_cluster_alternating(n, setups=PARTITION_SETUPS),
+    # issue 23: ordered delivery (n messages; n // ORDER_PER_KEY keys of ORDER_PER_KEY each)
+    "ordered-noop": lambda n, **kw: case_ordered_delivery(n, "noop", pairs=ORDER_NOOP_PAIRS, **kw),
+    "ordered-hook": lambda n, **kw: case_ordered_delivery(n, "hook", **kw),
+    "ordered-blocked": case_ordered_blocked,
     "single-p1": lambda n: case_cluster(n, primaries=0, partitions=1),
     "cluster1-p16": lambda n: case_cluster(n, primaries=1, partitions=16),
     "cluster3-p16": lambda n: case_cluster(n, primaries=3, partitions=16),
@@ -858,10 +1095,10 @@ def outbox_worker(burst: bool) -> None:
 
     if burst:
         counts = count_client_commands()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         run_worker(OUTBOX_QUEUES, burst=True, logging_level="WARNING", relay=False)
-        elapsed = time.perf_counter() - t0
-        print(json.dumps({"t0": t0, "elapsed": elapsed, **counts}))
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        print(json.dumps({"t0": t0, "elapsed": elapsed, "cpu": cpu, **counts}))
         return
     peers.write_json(os.environ["BENCH_READY"], {"t0": time.perf_counter()})
     run_worker(OUTBOX_QUEUES, logging_level="WARNING", relay=False)
@@ -1162,9 +1399,151 @@ def baseline_run(args: argparse.Namespace, argv: list[str]) -> None:
     print(f"written to {out}")
 
 
+#: The cases of ``--ordered`` (issue 23).
+ORDERED_CASES = ["ordered-noop", "ordered-hook", "ordered-blocked"]
+
+
+def ordered_run(args: argparse.Namespace, argv: list[str]) -> None:
+    """Issue 23's rows (``--ordered``): ordered against unordered delivery, no-op and
+    webhook (:func:`case_ordered_delivery`), and the latency of unblocked keys with and
+    without a blocked key (:func:`case_ordered_blocked`); each case pairs its bursts or
+    runs in ABBA order in one process, so a round is already paired. Prints the table and
+    writes it (``benchmarks/results/ordered.md`` unless ``--out``)."""
+    n = args.order_keys * args.order_per_key
+    latency_n = int(LATENCY_RATE * args.latency_seconds)
+    extra = {
+        "ordered-noop": ["--n", str(n), "--per-key", str(args.order_per_key)],
+        "ordered-hook": ["--n", str(n), "--per-key", str(args.order_per_key)],
+        "ordered-blocked": ["--n", str(latency_n), "--backlog", str(args.order_backlog)],
+    }
+    results: dict[str, list[dict]] = {name: [] for name in ORDERED_CASES}
+    loads, started = [loadavg()], time.time()
+    for r in range(1, args.rounds + 1):
+        for name in ORDERED_CASES if r % 2 else list(reversed(ORDERED_CASES)):
+            t = time.perf_counter()
+            res = run_json(["case", name, *extra[name]], timeout=1800)
+            results[name].append(res)
+            shown = {k: round(v, 1) for k, v in res.items() if isinstance(v, float)}
+            print(
+                f"round {r} {name:15s} {time.perf_counter() - t:5.1f} s  load {loadavg()}  {shown}",
+                flush=True,
+            )
+        loads.append(loadavg())
+
+    def every(case: str, key: str) -> list[float]:
+        """Every burst's (or run's) figure of all rounds."""
+        return [v for res in results[case] for v in res[f"{key}_each"]]
+
+    rows: list[str] = []
+
+    def row(what, ours, peer, ratio, target, met) -> None:
+        cells = (what, ours, peer, ratio, target, "" if met is None else ("yes" if met else "**NO**"))
+        rows.append(f"| {' | '.join(cells)} |")
+
+    for case, what in (
+        ("ordered-noop", "no-op delivery (callable), 1 worker, msg/s (worker start to last delivery)"),
+        (
+            "ordered-hook",
+            f"webhook, receiver answers after {RECEIVER_DELAY * 1000:.0f} ms, 1 worker, msg/s as the receiver sees them",
+        ),
+    ):
+        o, u = every(case, "ordered_per_s"), every(case, "unordered_per_s")
+        ratio = statistics.median(o) / statistics.median(u)
+        pairs = [a / b for a, b in zip(o, u, strict=True)]
+        flight = ""
+        if case == "ordered-hook":
+            flight = f"; at most {med(every(case, 'ordered_most_in_flight'))} in flight at the receiver"
+        row(
+            f"ordered, **out of the box**: {what}; {args.order_keys:,} ordering keys × {args.order_per_key} "
+            "messages sent interleaved with send_many(100)",
+            med(o) + flight,
+            f"the same {n:,} messages without ordering keys: {med(u)}",
+            f"{ratio:.2f}× unordered (burst pairs: {', '.join(f'{p:.2f}' for p in pairs)})",
+            "≥ 0.8× unordered",
+            ratio >= 0.8,
+        )
+        o_cpu, u_cpu = (
+            every(case, "ordered_server_cpu_us_per_msg"),
+            every(case, "unordered_server_cpu_us_per_msg"),
+        )
+        o_w, u_w = (
+            every(case, "ordered_worker_cpu_us_per_msg"),
+            every(case, "unordered_worker_cpu_us_per_msg"),
+        )
+        row(
+            "  same, per delivered message: worker process CPU µs; Redis server commands, server CPU µs, "
+            "of it in scripts µs (wall)",
+            f"ordered: {med(o_w)} µs; {med(every(case, 'ordered_server_cmds_per_msg'))}, {med(o_cpu)} µs, "
+            f"{med(every(case, 'ordered_script_us_per_msg'))} µs",
+            f"unordered: {med(u_w)} µs; {med(every(case, 'unordered_server_cmds_per_msg'))}, {med(u_cpu)} µs, "
+            f"{med(every(case, 'unordered_script_us_per_msg'))} µs",
+            f"worker CPU {statistics.median(o_w) / statistics.median(u_w):.2f}×, "
+            f"server CPU {statistics.median(o_cpu) / statistics.median(u_cpu):.2f}×",
+            "(informative)",
+            None,
+        )
+    o, u = every("ordered-noop", "ordered_send_per_s"), every("ordered-noop", "unordered_send_per_s")
+    row(
+        "  send_many(100) of those messages (no-op case), msg/s",
+        f"ordered: {med(o)}",
+        f"unordered: {med(u)}",
+        f"{statistics.median(o) / statistics.median(u):.2f}× unordered",
+        "(informative)",
+        None,
+    )
+    case = "ordered-blocked"
+    for q in ("p50", "p99"):
+        b, c = every(case, f"blocked_{q}_ms"), every(case, f"clear_{q}_ms")
+        ratio = statistics.median(b) / statistics.median(c)
+        row(
+            f"{q} delivery latency (send → the receiver accepts it), ms, of ordered webhooks of "
+            f"{ORDER_LATENCY_KEYS} keys at a steady {LATENCY_RATE}/s ({latency_n:,} per run), receiver answering at once, "
+            f"1 worker, out of the box: **one other key blocked** (a dead letter at its head, answered 400, "
+            f"{args.order_backlog:,} messages waiting behind it)",
+            med(b),
+            f"no key blocked: {med(c)}",
+            f"{ratio:.2f}× not blocked (run pairs: "
+            + ", ".join(f"{x / y:.2f}" for x, y in zip(b, c, strict=True))
+            + ")",
+            "≤ 1.1× not blocked",
+            ratio <= 1.1,
+        )
+    first = results["ordered-noop"][0]
+    lines = [
+        f"# Ordered delivery (issue 23) ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))})",
+        "",
+        f"`python -m benchmarks.compare {' '.join(argv)}`",
+        f"{args.rounds} round(s). Each case runs in one process with one private Redis (emptied before each "
+        f"burst or run), in ABBA order: {ORDER_NOOP_PAIRS} pairs of no-op bursts, {ORDER_PAIRS} of webhook "
+        f"bursts, {ORDER_PAIRS} of latency runs per round; median (min-max) of every burst or run. "
+        f"Throughput: {args.order_keys:,} keys × {args.order_per_key} = {n:,} messages per burst; latency: "
+        f"{latency_n:,} messages per run ({args.latency_seconds:g} s at {LATENCY_RATE}/s).",
+        f"Machine: {os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()}, "
+        f"Redis {first.get('redis', '?')}; load average (1, 5, 15 min) at start and after each round: "
+        f"{' | '.join(loads)}.",
+        "",
+        "| what | ordered / blocked | unordered / not blocked, same run | ratio | target | met |",
+        "|---|---|---|---|---|:-:|",
+        *rows,
+        "",
+        "Server commands that grew most per delivered message, no-op case (last burst of each): "
+        f"ordered {results['ordered-noop'][-1]['ordered_top_calls']}; "
+        f"unordered {results['ordered-noop'][-1]['unordered_top_calls']}.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print()
+    print(text)
+    out = Path(args.out) if args.out != str(RESULTS) else RESULTS.with_name("ordered.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"written to {out}")
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="Issue 7's side-by-side benchmark (see docs/benchmarks.md).")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, help="rounds (default 3; 1 with --ordered, whose cases pair within)"
+    )
     parser.add_argument(
         "--n", type=int, default=2000, help="messages per throughput/memory case (default 2,000)"
     )
@@ -1198,11 +1577,35 @@ def main(argv: list[str]) -> None:
         help="another checkout (e.g. `git worktree add /tmp/base <commit>`): only the outbox's cases, "
         "run interleaved in both; before/after figures (benchmarks/results/baseline.md)",
     )
+    parser.add_argument(
+        "--ordered",
+        action="store_true",
+        help="only issue 23's rows: ordered against unordered delivery (no-op, webhook), and the latency of "
+        "unblocked keys beside a blocked one (benchmarks/results/ordered.md); ~4 min at the defaults",
+    )
+    parser.add_argument(
+        "--order-keys", type=int, default=1000, help="--ordered: ordering keys (default 1,000)"
+    )
+    parser.add_argument(
+        "--order-per-key", type=int, default=10, help="--ordered: messages per key (default 10)"
+    )
+    parser.add_argument(
+        "--order-backlog",
+        type=int,
+        default=1000,
+        help="--ordered: messages behind the blocked key (default 1,000)",
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 1 if args.ordered else 3
     if args.quick:
         args.rounds, args.n, args.webhook_n, args.latency_seconds = 1, 500, 300, 3
         args.admin_total, args.admin_failed = min(args.admin_total, 20_000), 2_000
+        args.order_keys, args.order_backlog = 100, 200
+    if args.ordered:
+        ordered_run(args, argv)
+        return
     if args.baseline:
         baseline_run(args, argv)
         return
@@ -1427,8 +1830,11 @@ def entry(argv: list[str]) -> None:
         p = argparse.ArgumentParser()
         p.add_argument("name")
         p.add_argument("--n", type=int, required=True)
+        p.add_argument("--per-key", type=int, help="ordered-noop, ordered-hook: messages per ordering key")
+        p.add_argument("--backlog", type=int, help="ordered-blocked: messages behind the blocked key's head")
         a = p.parse_args(argv[1:])
-        print(json.dumps(CASES[a.name](a.n)))
+        extra = {k: v for k, v in (("per_key", a.per_key), ("backlog", a.backlog)) if v is not None}
+        print(json.dumps(CASES[a.name](a.n, **extra)))
     elif argv[:1] == ["outbox-worker"]:
         outbox_worker(burst="--burst" in argv)
     elif argv[:1] == ["rq-worker"]:
