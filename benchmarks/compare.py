@@ -814,8 +814,9 @@ def case_cluster_alternating(n: int, bursts: int = 2, setups: tuple = CLUSTER_SE
 
 # -- ordered delivery (issue 23) -----------------------------------------------------------
 ORDER_PER_KEY = 10  # messages per ordering key of the throughput rows (issue 23: 1,000 keys x 10)
-ORDER_PAIRS = 2  # pairs of webhook bursts (ordered/unordered) or latency runs per case run, ABBA order
+ORDER_PAIRS = 2  # pairs of webhook bursts (ordered, unordered) per case run, in ABBA order
 ORDER_NOOP_PAIRS = 4  # pairs of no-op bursts per case run (a burst of 10,000 takes seconds)
+ORDER_LATENCY_PAIRS = 3  # pairs of latency runs (not blocked, blocked) per case run
 ORDER_LATENCY_KEYS = 100  # ordering keys the steady traffic of the blocked-key rows is spread over
 ORDER_BACKLOG = 1000  # messages waiting behind the blocked key's dead letter
 BLOCKED_KEY = "blocked-key"  # the receiver answers 400 (permanent) to this key's messages
@@ -935,7 +936,7 @@ def wait_until(condition, timeout: float, what: str) -> None:
 
 
 def case_ordered_blocked(
-    n: int, backlog: int = ORDER_BACKLOG, pairs: int = ORDER_PAIRS, keys: int = ORDER_LATENCY_KEYS
+    n: int, backlog: int = ORDER_BACKLOG, pairs: int = ORDER_LATENCY_PAIRS, keys: int = ORDER_LATENCY_KEYS
 ) -> dict:
     """Issue 23's cost of one blocked key to the others: n ordered webhooks sent at a
     steady :data:`LATENCY_RATE` per second, spread round-robin over ``keys`` ordering
@@ -966,8 +967,9 @@ def case_ordered_blocked(
         conn = outbox_warmed(body)
         repo = get_repository()
 
-        def latencies(blocked: bool) -> list[float]:
-            """One run on an emptied Redis with a new worker: the traffic's latencies, ms."""
+        def latencies(blocked: bool) -> tuple[list[float], dict[str, float]]:
+            """One run on an emptied Redis with a new worker: the traffic's latencies, ms,
+            and per message of the traffic the server's commands and CPU µs."""
             conn.flushdb()
             repo.upgrade()
             if blocked:
@@ -987,6 +989,7 @@ def case_ordered_blocked(
                     warm = outbox.send("hook", body, ordering_key="warm-up")
                     wait_until(lambda: outbox.get(warm.id).status == "succeeded", 60, "the warm-up delivery")
                     time.sleep(1.0)
+                    cs0, cpu0 = commandstats(conn), server_cpu(conn)
                     sent = iter(range(n))
                     steady_send(
                         n,
@@ -994,6 +997,7 @@ def case_ordered_blocked(
                         lambda b: outbox.send("hook", b, ordering_key=f"key-{next(sent) % keys}"),
                     )
                     wait_until(lambda: len(receiver.latencies_ms) >= n, 120, f"{n} acceptances")
+                    cs1, cpu1 = commandstats(conn), server_cpu(conn)
                 finally:
                     stop(proc)
             counts = repo.counts()
@@ -1001,16 +1005,21 @@ def case_ordered_blocked(
                 assert counts["waiting"] == backlog and counts["failed"] == 1, counts
                 assert repo.blocked_key_count("hook") == 1
             assert counts["succeeded"] == n + 1, counts  # and the warm-up
-            return list(receiver.latencies_ms)
+            cost = {
+                "server_cmds_per_msg": sum(stats_delta(cs0, cs1).values()) / n,
+                "server_cpu_us_per_msg": (cpu1 - cpu0) / n * 1e6,
+            }
+            return list(receiver.latencies_ms), cost
 
         runs: dict[str, dict[str, list[float]]] = {"clear": {}, "blocked": {}}
         for i in range(2 * pairs):
             variant = ("clear", "blocked")[(i + 1) // 2 % 2]  # clear, blocked, blocked, clear, ...
-            lat = latencies(variant == "blocked")
+            lat, cost = latencies(variant == "blocked")
             for key, value in (
                 ("p50_ms", statistics.median(lat)),
                 ("p99_ms", percentile(lat, 0.99)),
                 ("max_ms", max(lat)),
+                *cost.items(),
             ):
                 runs[variant].setdefault(key, []).append(value)
         out: dict = {"n": n, "keys": keys, "backlog": backlog, "redis": conn.info("server")["redis_version"]}
@@ -1508,6 +1517,17 @@ def ordered_run(args: argparse.Namespace, argv: list[str]) -> None:
             "≤ 1.1× not blocked",
             ratio <= 1.1,
         )
+    b_cmd, c_cmd = every(case, "blocked_server_cmds_per_msg"), every(case, "clear_server_cmds_per_msg")
+    b_cpu, c_cpu = every(case, "blocked_server_cpu_us_per_msg"), every(case, "clear_server_cpu_us_per_msg")
+    row(
+        "  same, per message of that traffic: Redis server commands, server CPU µs",
+        f"blocked: {med(b_cmd)}, {med(b_cpu)} µs",
+        f"not blocked: {med(c_cmd)}, {med(c_cpu)} µs",
+        f"{statistics.median(b_cmd) / statistics.median(c_cmd):.2f}× commands, "
+        f"{statistics.median(b_cpu) / statistics.median(c_cpu):.2f}× CPU",
+        "(informative)",
+        None,
+    )
     first = results["ordered-noop"][0]
     lines = [
         f"# Ordered delivery (issue 23) ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))})",
@@ -1515,7 +1535,7 @@ def ordered_run(args: argparse.Namespace, argv: list[str]) -> None:
         f"`python -m benchmarks.compare {' '.join(argv)}`",
         f"{args.rounds} round(s). Each case runs in one process with one private Redis (emptied before each "
         f"burst or run), in ABBA order: {ORDER_NOOP_PAIRS} pairs of no-op bursts, {ORDER_PAIRS} of webhook "
-        f"bursts, {ORDER_PAIRS} of latency runs per round; median (min-max) of every burst or run. "
+        f"bursts, {ORDER_LATENCY_PAIRS} of latency runs per round; median (min-max) of every burst or run. "
         f"Throughput: {args.order_keys:,} keys × {args.order_per_key} = {n:,} messages per burst; latency: "
         f"{latency_n:,} messages per run ({args.latency_seconds:g} s at {LATENCY_RATE}/s).",
         f"Machine: {os.cpu_count()} CPUs ({platform.machine()}), Python {platform.python_version()}, "
