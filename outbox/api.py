@@ -80,8 +80,10 @@ def send(
         ordering_key: 1 to 200 printable characters: the messages of this destination
             with this key are delivered one at a time, in the order they were accepted
             (outside a transaction: the order in which ``send()`` returns; inside: commit
-            order). The ones behind the key's head are ``waiting``. Scoped per destination;
-            see ``docs/concepts.md``, "Ordered delivery".
+            order, so a transaction that sends to the key waits in ``send()`` until
+            another open transaction that sent to it ends). The ones behind the key's
+            head are ``waiting``. Scoped per destination; see ``docs/concepts.md``,
+            "Ordered delivery".
         max_retries: retries after the first attempt (0 to 1000); default from the
             destination, then ``OUTBOX["MAX_RETRIES"]``.
         retry: a retry policy (see :mod:`outbox.retry`) over the destination's.

@@ -5,6 +5,8 @@
 * :class:`CapturedMessage`: messages sent inside a database transaction, written in the
   same transaction so they are as durable as the caller's own rows; a row lives only
   until Redis has the message (see :mod:`outbox.sending.capture`).
+* :class:`OrderingSequence`: per (destination, ordering key), the sequence that orders
+  the key's captured messages by commit order (see :mod:`outbox.sending.sequences`).
 
 :class:`Message`'s migration exists so that Django creates its content type and
 permissions. Its name is kept (renaming it would change the admin's URLs and these
@@ -59,6 +61,9 @@ class CapturedMessage(models.Model):
         body: the message body (bytes).
         record: the rest of the message as JSON (see :meth:`outbox.records.Message.to_record`).
         created_at: epoch seconds.
+        ordering_key, order_seq: for an ordered message, its key and its place among the
+            key's captured messages (1, 2, ... from :class:`OrderingSequence`: commit
+            order); None otherwise. A push writes the key's rows to Redis in this order.
     """
 
     id = models.CharField(primary_key=True, max_length=64)
@@ -68,6 +73,8 @@ class CapturedMessage(models.Model):
     body = models.BinaryField()
     record = models.TextField()
     created_at = models.FloatField(db_index=True)
+    ordering_key = models.CharField(max_length=200, null=True, blank=True)
+    order_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -75,8 +82,43 @@ class CapturedMessage(models.Model):
                 fields=["destination", "idempotency_key"], name="outbox_captured_unique_key"
             ),
         ]
+        indexes = [
+            models.Index(
+                fields=["destination", "ordering_key", "order_seq"], name="outbox_captured_key_order"
+            ),
+        ]
         verbose_name = "captured message"
         default_permissions = ()
 
     def __str__(self) -> str:
         return self.id
+
+
+class OrderingSequence(models.Model):
+    """The last sequence number given to a captured message of one (destination,
+    ordering key) in this database.
+
+    :func:`outbox.sending.sequences.take` increments ``last`` inside the sending
+    transaction; the row stays locked until that transaction ends, so a concurrent
+    transaction sending to the same key waits for it, and the numbers follow commit
+    order with no gap (a rollback undoes its increment). A row whose key has no captured
+    message left is deleted by the relay (:func:`outbox.sending.sequences.prune`); the
+    key's next transaction starts again at 1. Never edit by hand.
+    """
+
+    id = models.BigAutoField(primary_key=True)  # keys come and go (pruned, created again)
+    destination = models.CharField(max_length=200)
+    ordering_key = models.CharField(max_length=200)
+    last = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["destination", "ordering_key"], name="outbox_sequence_unique_key"
+            ),
+        ]
+        verbose_name = "ordering sequence"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.destination}:{self.ordering_key}={self.last}"

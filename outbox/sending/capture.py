@@ -10,7 +10,14 @@ row in the same database transaction. Then:
   pushes rows older than ``RELAY_AFTER`` seconds that the fast path missed (Redis was
   down at commit, or the process died between commit and push), with
   ``SELECT ... FOR UPDATE SKIP LOCKED`` where the database has it (PostgreSQL, MySQL
-  8, Oracle), so several workers share the rows without waiting on each other.
+  8, Oracle), so several workers share the rows without waiting on each other; then
+  it deletes the sequence rows of ordering keys with nothing captured left
+  (:func:`outbox.sending.sequences.prune`).
+
+A row is deleted only once Redis has its message (or refuses it for good: an
+idempotency conflict, logged); the rows of a partition that could not be written
+(on a cluster), and those a conflicting message of the same script call held back,
+stay for the next push.
 
 Pushing is idempotent on the message id, so the fast path and the relay racing never
 make two messages. Redis stays the store of every record; the table holds only what
@@ -19,6 +26,14 @@ that Redis wrote but did not acknowledge as durable in time
 (:class:`~outbox.exceptions.NotDurable`): its rows stay, and the relay pushes them again
 (writing nothing when the message is there, and waiting for the earlier write) until a
 push is acknowledged, so a failover that lost the write gets it again from the table.
+
+Ordering keys inside transactions: each ordered message gets its place in its key from
+the key's sequence row, incremented in the sending transaction and locked until it ends
+(:mod:`outbox.sending.sequences`: commit order, no gaps), and every push writes the key's
+earlier captured rows first (:mod:`outbox.sending.push_order`), so a key's messages
+reach Redis, and are delivered, in commit order. A push writes a key's rows in one
+script call (one partition), so if Redis cannot take the earlier ones it takes none of
+the later ones either; they all stay captured.
 
 Idempotency keys inside transactions: a unique constraint on (destination, key) makes
 a concurrent transaction using the same key wait for the first one; after it commits,
@@ -31,7 +46,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 
@@ -39,7 +54,8 @@ from outbox.conf import outbox_settings
 from outbox.exceptions import NotDurable, OutboxUnavailable
 from outbox.models import CapturedMessage
 from outbox.records import Message
-from outbox.sending import intake
+from outbox.sending import intake, push_order, sequences
+from outbox.store import Created
 from outbox.store.connection import get_repository
 
 logger = logging.getLogger("outbox")
@@ -51,6 +67,12 @@ def capture(messages: Sequence[Message], using: str) -> list[Message]:
     """Capture ``messages`` in the current transaction on database ``using`` and push
     them to Redis when it commits.
 
+    An ordered message (with an ordering key) is numbered in its key
+    (:func:`sequences.take`): the key's sequence row stays locked until the transaction
+    ends, so another transaction sending to the same key waits in its ``send()`` until
+    this one commits or rolls back. A message that an idempotency key answers with an
+    earlier message takes no number.
+
     Returns:
         Per message, the message that stands: itself, or the message already sent (or
         captured) under its idempotency key with the same body.
@@ -59,6 +81,9 @@ def capture(messages: Sequence[Message], using: str) -> list[Message]:
         IdempotencyConflict: a key was already used for the destination with another body.
         OutboxUnavailable: a key's earlier message could only be looked up in Redis,
             which is unreachable.
+        django.db.DatabaseError: from the database; with ordering keys also a deadlock
+            the database detected (two transactions each holding a key the other sends
+            to next) or a lock timeout the project set.
     """
     standing: list[Message] = []
     rows = []
@@ -69,12 +94,28 @@ def capture(messages: Sequence[Message], using: str) -> list[Message]:
         else:
             rows.append(_row(message))
             standing.append(message)
+    fresh = [m for m, s in zip(messages, standing, strict=True) if s is m]
+    numbers = _number(fresh, using)
+    for row in rows:
+        row.order_seq = numbers.get(row.id)
     if rows:
         CapturedMessage.objects.using(using).bulk_create(rows)
-    fresh = [m for m, s in zip(messages, standing, strict=True) if s is m]
+    for m in fresh:
+        if m.idempotency_key and m.id in numbers:  # its row is in already (see _capture_keyed)
+            CapturedMessage.objects.using(using).filter(id=m.id).update(order_seq=numbers[m.id])
     if fresh:
-        transaction.on_commit(lambda: push(fresh, using), using=using)
+        transaction.on_commit(lambda: push(fresh, using, numbers), using=using)
     return standing
+
+
+def _number(fresh: Sequence[Message], using: str) -> dict[str, int]:
+    """Message id -> its place in its ordering key (commit order), for the ordered
+    messages of ``fresh``, taken in the current transaction (:func:`sequences.take`)."""
+    ordered = [m for m in fresh if m.ordering_key]
+    if not ordered:
+        return {}
+    taken = sequences.take(using, [(m.destination, m.ordering_key or "") for m in ordered])
+    return {m.id: n for m, n in zip(ordered, taken, strict=True)}
 
 
 def _row(message: Message) -> CapturedMessage:
@@ -86,6 +127,7 @@ def _row(message: Message) -> CapturedMessage:
         body=message.body,
         record=message.to_record(),
         created_at=time.time(),
+        ordering_key=message.ordering_key,
     )
 
 
@@ -134,14 +176,32 @@ def _same_or_conflict(message: Message, existing: Message, fingerprint: str, ind
     return existing
 
 
-def push(messages: Sequence[Message], using: str) -> None:
+def push(messages: Sequence[Message], using: str, numbers: Mapping[str, int] | None = None) -> None:
     """The on-commit fast path: write captured messages to Redis, then delete their rows.
+
+    Ordered messages go with their key's earlier captured rows, first
+    (:func:`push_order.in_key_order`), and those rows are deleted too once Redis has
+    them. ``numbers``: message id -> ``order_seq`` of the ordered ones, as
+    :func:`capture` gave them; None: read from the table (an ordered message whose row
+    is gone was pushed already, and is left out).
 
     Never raises: if Redis cannot be reached the rows stay for the relay (logged); so
     they do when Redis wrote the messages but did not acknowledge them as
     ``OUTBOX["DURABILITY"]`` asks (:class:`~outbox.exceptions.NotDurable`, logged): the
     row is the durable copy until a push is acknowledged.
     """
+    try:
+        if numbers is None:
+            messages, numbers = _numbered(messages, using)
+        messages = push_order.in_key_order(using, messages, numbers, RELAY_BATCH)
+    except DatabaseError as exc:
+        logger.warning(
+            "outbox: %d message(s) committed but not pushed: the capture table could not be read (%s); "
+            "the relay of an outbox_worker will push them",
+            len(messages),
+            exc,
+        )
+        return
     try:
         created = intake.store(messages)
     except NotDurable as exc:
@@ -163,23 +223,50 @@ def push(messages: Sequence[Message], using: str) -> None:
             exc,
         )
         return
-    _report_refused(messages, created)
     try:
-        CapturedMessage.objects.using(using).filter(id__in=[m.id for m in messages]).delete()
+        CapturedMessage.objects.using(using).filter(id__in=_settled(messages, created)).delete()
     except DatabaseError as exc:  # harmless: the relay pushes them again (idempotent) and deletes
         logger.warning("outbox: could not delete %d captured row(s): %s", len(messages), exc)
 
 
-def _report_refused(messages: Sequence[Message], created: Sequence[object]) -> None:
+def _numbered(messages: Sequence[Message], using: str) -> tuple[list[Message], dict[str, int]]:
+    """``messages`` without the ordered ones whose rows are gone, and the ``order_seq``
+    of the ordered ones (from the table)."""
+    ordered = [m.id for m in messages if m.ordering_key]
+    if not ordered:
+        return list(messages), {}
+    found = CapturedMessage.objects.using(using).filter(id__in=ordered).values_list("id", "order_seq")
+    numbers = {i: n for i, n in found if n is not None}
+    held = {i for i, _ in found}
+    return [m for m in messages if not m.ordering_key or m.id in held], numbers
+
+
+def _settled(messages: Sequence[Message], created: Sequence[Created]) -> list[str]:
+    """The ids of ``messages`` whose rows can go: Redis has them, or refuses them for
+    good (an idempotency conflict, logged). Not those of a partition that could not be
+    written now (``unstored``), nor those a conflict of another message refused with it
+    (``refused``: the call writes nothing when one message conflicts): they stay
+    captured, and the next push writes them."""
+    _report_refused(messages, created)
+    kept = [c.id for c in created if c.code in ("unstored", "refused")]
+    if kept:
+        logger.warning(
+            "outbox: %d captured message(s) not written this time (their partition unavailable, or refused "
+            "with a conflicting message of the same call); they stay captured for the next push",
+            len(kept),
+        )
+    return [m.id for m, c in zip(messages, created, strict=True) if c.code not in ("unstored", "refused")]
+
+
+def _report_refused(messages: Sequence[Message], created: Sequence[Created]) -> None:
     for message, c in zip(messages, created, strict=True):
-        code = getattr(c, "code", "")
-        if code in ("conflict", "refused"):
+        if c.code == "conflict":
             logger.error(
                 "outbox: captured message %s was not stored: idempotency key %r was taken meanwhile by "
                 "message %s with another body",
                 message.id,
                 message.idempotency_key,
-                getattr(c, "standing_id", ""),
+                c.standing_id,
             )
 
 
@@ -213,7 +300,8 @@ def relay(
             :func:`outbox.testing.deliver_all` pushes on purpose and says nothing.
 
     Returns:
-        How many messages were pushed.
+        How many captured rows were pushed (Redis has their messages) and deleted;
+        rows of the batches' ordering keys pushed with them count too.
 
     Raises:
         redis.exceptions.RedisError: Redis is unreachable (the rows stay).
@@ -228,10 +316,11 @@ def relay(
     for alias in [using] if using else relay_databases():
         try:  # one database failing does not keep the others' messages back
             while True:
-                n = _relay_batch(alias, time.time() - wait, limit)
+                n, more = _relay_batch(alias, time.time() - wait, limit)
                 pushed += n
-                if n < limit:
+                if not more:
                     break
+            sequences.prune(alias)
         except Exception as exc:
             failure = failure or exc
     if pushed and log:
@@ -243,15 +332,44 @@ def relay(
     return pushed
 
 
-def _relay_batch(alias: str, cutoff: float, limit: int) -> int:
+def _relay_batch(alias: str, cutoff: float, limit: int) -> tuple[int, bool]:
+    """Push one batch: up to ``limit`` rows older than ``cutoff``, locked (skipping rows
+    another relay holds, where the database can), with the earlier rows of their
+    ordering keys first (read without waiting for their locks: pushing is idempotent).
+
+    Returns:
+        (rows pushed and deleted, whether to go on: the batch was full and rows of it
+        went; rows that stay, as a partition that cannot be written now, are picked
+        again first, so a batch of nothing else ends the pass).
+    """
     with transaction.atomic(using=alias):
         rows = CapturedMessage.objects.using(alias).filter(created_at__lte=cutoff).order_by("created_at")
         if connections[alias].features.has_select_for_update_skip_locked:
             rows = rows.select_for_update(skip_locked=True)
         batch = list(rows[:limit])
         if not batch:
-            return 0
-        messages = [Message.from_record(r.record, r.body) for r in batch]
-        _report_refused(messages, intake.store(messages))
-        CapturedMessage.objects.using(alias).filter(id__in=[r.id for r in batch]).delete()
-    return len(batch)
+            return 0, False
+        numbers = {r.id: r.order_seq for r in batch if r.ordering_key and r.order_seq is not None}
+        own = [Message.from_record(r.record, r.body) for r in batch]
+        messages = push_order.in_key_order(alias, own, numbers, limit)
+        settled = _settled(messages, intake.store(messages))
+        mine = {r.id for r in batch}
+        deleted, _ = (
+            CapturedMessage.objects.using(alias).filter(id__in=[i for i in settled if i in mine]).delete()
+        )
+        also = _delete_unheld(alias, [i for i in settled if i not in mine])
+    return deleted + also, len(batch) == limit and deleted > 0
+
+
+def _delete_unheld(alias: str, ids: Sequence[str]) -> int:
+    """Delete the rows of ``ids`` (pushed along with a relay batch) that no other
+    transaction holds, and return how many; a row another relay holds is left to it,
+    never waited for (two relays each waiting for the other's rows would deadlock)."""
+    if not ids:
+        return 0
+    rows = CapturedMessage.objects.using(alias).filter(id__in=ids)
+    if connections[alias].features.has_select_for_update_skip_locked:
+        ids = list(rows.select_for_update(skip_locked=True).values_list("id", flat=True))
+        rows = CapturedMessage.objects.using(alias).filter(id__in=ids)
+    deleted, _ = rows.delete()
+    return deleted

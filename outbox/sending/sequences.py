@@ -1,0 +1,154 @@
+"""Commit order for ordered messages captured inside transactions: a sequence per
+(destination, ordering key) in the database (:class:`~outbox.models.OrderingSequence`).
+
+:func:`take` numbers a transaction's captured messages of a key by incrementing the
+key's row **inside the caller's transaction**. The increment is an ``UPDATE``, which
+locks the row until the transaction ends (as ``SELECT ... FOR UPDATE`` would, in one
+statement fewer; on SQLite the database's write lock, taken by the same statement,
+serializes writers anyway). So a concurrent transaction sending to the same key waits at
+its ``send()`` until the first one commits or rolls back, and then reads the committed
+value: the numbers follow commit order, with no gap (a rollback, or the rollback of a
+savepoint, undoes its increment). Keys never wait for each other: each has its row.
+
+The numbers only have to order the captured rows of a key that are in the table at the
+same time (a push writes a key's rows in this order: :mod:`outbox.sending.push_order`),
+so :func:`prune` deletes the row of a key that has none left, without ever waiting for
+a transaction that holds it; the key's next transaction starts again at 1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Exists, F, OuterRef, QuerySet
+
+from outbox.models import CapturedMessage, OrderingSequence
+
+#: Sequence rows looked at per :func:`prune` call.
+PRUNE_BATCH = 500
+
+Key = tuple[str, str]  # (destination, ordering key)
+
+
+def take(using: str, keys: Sequence[Key]) -> list[int]:
+    """The next sequence number of each key of ``keys`` (a key may repeat: its numbers
+    follow the list's order), taken in the current transaction on database ``using``.
+
+    Each key's row stays locked until that transaction ends (see the module docstring).
+    Rows are taken in sorted key order, so two transactions sending to the same keys in
+    different orders do not deadlock here.
+
+    Returns:
+        One number per item of ``keys`` (1, 2, ... per key).
+
+    Raises:
+        django.db.DatabaseError: from the database (the caller's transaction is then
+            unusable, as for any failed statement in it).
+    """
+    counts = Counter(keys)
+    following = {}
+    for key in sorted(counts):
+        following[key] = _advance(using, key, counts[key]) - counts[key] + 1
+    numbers = []
+    for key in keys:
+        numbers.append(following[key])
+        following[key] += 1
+    return numbers
+
+
+def _advance(using: str, key: Key, n: int) -> int:
+    """Add ``n`` to ``key``'s row (made when missing) and return its new ``last``."""
+    destination, ordering_key = key
+    row = OrderingSequence.objects.using(using).filter(destination=destination, ordering_key=ordering_key)
+    for _ in range(3):
+        last = _increment(using, key, n, row)  # locks the row until the transaction ends
+        if last is not None:
+            return last
+        try:
+            with transaction.atomic(using=using):  # a savepoint: a concurrent insert rolls back only this
+                OrderingSequence.objects.using(using).create(
+                    destination=destination, ordering_key=ordering_key, last=n
+                )
+            return n
+        except IntegrityError:
+            continue  # another transaction made it and committed: increment it
+    raise IntegrityError(
+        f"could not take a sequence number for ordering key {ordering_key!r} of {destination!r}"
+    )
+
+
+def _increment(using: str, key: Key, n: int, row: QuerySet[OrderingSequence]) -> int | None:
+    """``last + n`` written to ``key``'s row and read back; None when there is no row.
+    One statement (``UPDATE ... RETURNING``) where the database has it for updates
+    (PostgreSQL, SQLite 3.35+), else an update and a read."""
+    connection = connections[using]
+    if connection.vendor == "postgresql" or (
+        connection.vendor == "sqlite" and connection.features.can_return_columns_from_insert
+    ):
+        q = connection.ops.quote_name
+        table = q(OrderingSequence._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {q('last')} = {q('last')} + %s "  # names from the model, quoted
+                f"WHERE {q('destination')} = %s AND {q('ordering_key')} = %s RETURNING {q('last')}",
+                [n, *key],
+            )
+            found = cursor.fetchone()
+        return None if found is None else int(found[0])
+    if row.update(last=F("last") + n):
+        return int(row.values_list("last", flat=True).get())
+    return None
+
+
+def prune(using: str, limit: int = PRUNE_BATCH) -> int:
+    """Delete sequence rows of keys that have no captured message left in database
+    ``using`` (up to ``limit`` of them where rows are locked one by one).
+
+    PostgreSQL (and any database with ``SKIP LOCKED``): a row is deleted only if no
+    transaction holds it and its ``last`` is still what the first read saw; a
+    transaction that numbered a message since that read either changed ``last`` or still
+    holds the row. So a key's row never goes while one of its messages is captured
+    (committed or not), and pruning never waits for a sending transaction. SQLite: one
+    ``DELETE ... WHERE NOT EXISTS`` statement, which takes the database's write lock
+    before it reads (SQLite has one writer at a time), so it sees every committed
+    capture and none is in progress. Other databases: nothing is deleted.
+
+    Returns:
+        How many rows were deleted.
+
+    Raises:
+        django.db.DatabaseError: from the database.
+    """
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        return _prune_in_one_statement(using)
+    if not connection.features.has_select_for_update_skip_locked:
+        return 0
+    captured = CapturedMessage.objects.using(using).filter(
+        destination=OuterRef("destination"), ordering_key=OuterRef("ordering_key")
+    )
+    rows = OrderingSequence.objects.using(using)
+    seen = dict(rows.filter(~Exists(captured)).order_by("pk").values_list("pk", "last")[:limit])
+    if not seen:
+        return 0
+    with transaction.atomic(using=using):
+        free = rows.filter(pk__in=seen).select_for_update(skip_locked=True).values_list("pk", "last")
+        doomed = [pk for pk, last in free if seen[pk] == last]
+        if doomed:
+            rows.filter(pk__in=doomed).delete()
+    return len(doomed)
+
+
+def _prune_in_one_statement(using: str) -> int:
+    connection = connections[using]
+    q = connection.ops.quote_name
+    sequences, captured = q(OrderingSequence._meta.db_table), q(CapturedMessage._meta.db_table)
+    destination, ordering_key = q("destination"), q("ordering_key")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {sequences} WHERE NOT EXISTS (SELECT 1 FROM {captured} AS c "  # names from the models, quoted
+            f"WHERE c.{destination} = {sequences}.{destination} AND c.{ordering_key} = {sequences}.{ordering_key})"
+        )
+        return int(cursor.rowcount)
