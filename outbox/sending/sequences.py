@@ -2,10 +2,11 @@
 (destination, ordering key) in the database (:class:`~outbox.models.OrderingSequence`).
 
 :func:`take` numbers a transaction's captured messages of a key by incrementing the
-key's row **inside the caller's transaction**. The increment is an ``UPDATE``, which
-locks the row until the transaction ends (as ``SELECT ... FOR UPDATE`` would, in one
-statement fewer; on SQLite the database's write lock, taken by the same statement,
-serializes writers anyway). So a concurrent transaction sending to the same key waits at
+key's row **inside the caller's transaction**: one upsert (``INSERT ... ON CONFLICT DO
+UPDATE ... RETURNING``), which locks the row until the transaction ends, as ``SELECT ...
+FOR UPDATE`` would, and makes it the first time, race-safe, with no savepoint (on
+SQLite the database's write lock, taken by the same statement, serializes writers
+anyway). So a concurrent transaction sending to the same key waits at
 its ``send()`` until the first one commits or rolls back, and then reads the committed
 value: the numbers follow commit order, with no gap (a rollback, or the rollback of a
 savepoint, undoes its increment). Keys never wait for each other: each has its row.
@@ -22,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Exists, F, OuterRef, QuerySet
+from django.db.models import Exists, F, OuterRef
 
 from outbox.models import CapturedMessage, OrderingSequence
 
@@ -59,13 +60,34 @@ def take(using: str, keys: Sequence[Key]) -> list[int]:
 
 
 def _advance(using: str, key: Key, n: int) -> int:
-    """Add ``n`` to ``key``'s row (made when missing) and return its new ``last``."""
+    """Add ``n`` to ``key``'s row (made when missing) and return its new ``last``.
+
+    One statement where the database has both an upsert and ``RETURNING`` (PostgreSQL,
+    SQLite 3.35+): ``INSERT ... ON CONFLICT (destination, ordering_key) DO UPDATE SET
+    last = last + n RETURNING last``. Meeting a row another transaction is inserting, it
+    waits for that one to end, then updates the committed row (or inserts, after a
+    rollback). Elsewhere an update, a read, and when there was no row an insert in a
+    savepoint (tried again as an update if a concurrent transaction made the row first).
+    """
+    connection = connections[using]
+    if connection.vendor == "postgresql" or (
+        connection.vendor == "sqlite" and connection.features.can_return_columns_from_insert
+    ):
+        q = connection.ops.quote_name
+        table, last = q(OrderingSequence._meta.db_table), q("last")
+        columns = f"{q('destination')}, {q('ordering_key')}"
+        with connection.cursor() as cursor:
+            cursor.execute(  # names from the model, quoted
+                f"INSERT INTO {table} ({columns}, {last}) VALUES (%s, %s, %s) "
+                f"ON CONFLICT ({columns}) DO UPDATE SET {last} = {table}.{last} + %s RETURNING {last}",
+                [*key, n, n],
+            )
+            return int(cursor.fetchone()[0])
     destination, ordering_key = key
     row = OrderingSequence.objects.using(using).filter(destination=destination, ordering_key=ordering_key)
     for _ in range(3):
-        last = _increment(using, key, n, row)  # locks the row until the transaction ends
-        if last is not None:
-            return last
+        if row.update(last=F("last") + n):  # locks the row until the transaction ends
+            return int(row.values_list("last", flat=True).get())
         try:
             with transaction.atomic(using=using):  # a savepoint: a concurrent insert rolls back only this
                 OrderingSequence.objects.using(using).create(
@@ -77,29 +99,6 @@ def _advance(using: str, key: Key, n: int) -> int:
     raise IntegrityError(
         f"could not take a sequence number for ordering key {ordering_key!r} of {destination!r}"
     )
-
-
-def _increment(using: str, key: Key, n: int, row: QuerySet[OrderingSequence]) -> int | None:
-    """``last + n`` written to ``key``'s row and read back; None when there is no row.
-    One statement (``UPDATE ... RETURNING``) where the database has it for updates
-    (PostgreSQL, SQLite 3.35+), else an update and a read."""
-    connection = connections[using]
-    if connection.vendor == "postgresql" or (
-        connection.vendor == "sqlite" and connection.features.can_return_columns_from_insert
-    ):
-        q = connection.ops.quote_name
-        table = q(OrderingSequence._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET {q('last')} = {q('last')} + %s "  # names from the model, quoted
-                f"WHERE {q('destination')} = %s AND {q('ordering_key')} = %s RETURNING {q('last')}",
-                [n, *key],
-            )
-            found = cursor.fetchone()
-        return None if found is None else int(found[0])
-    if row.update(last=F("last") + n):
-        return int(row.values_list("last", flat=True).get())
-    return None
 
 
 def prune(using: str, limit: int = PRUNE_BATCH) -> int:
