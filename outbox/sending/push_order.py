@@ -16,10 +16,8 @@ by either path.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import reduce
-from operator import or_
 
-from django.db.models import Q
+from django.db import connections
 
 from outbox.models import CapturedMessage
 from outbox.records import Message
@@ -47,38 +45,73 @@ def in_key_order(
         The messages without a number, in their order; then per key, its captured rows
         numbered up to the highest number of ``messages`` in that key, lowest first
         (rows of other transactions included; ``messages`` whose rows are gone from the
-        table left out: a push had them written already).
+        table left out: a push had them written already). A key whose numbers in
+        ``messages`` are 1, 2, ... k has nothing before them: its ``messages`` are taken
+        as they are, without reading the table.
 
     Raises:
         django.db.DatabaseError: the table could not be read.
     """
     loose = [m for m in messages if m.id not in numbers]
-    highest: dict[Key, int] = {}
+    own: dict[Key, list[tuple[int, str]]] = {}
     for m in messages:
         if m.id in numbers and m.ordering_key:
-            key = (m.destination, m.ordering_key)
-            highest[key] = max(highest.get(key, 0), numbers[m.id])
-    if not highest:
-        return loose
-    rows = CapturedMessage.objects.using(using)
+            own.setdefault((m.destination, m.ordering_key), []).append((numbers[m.id], m.id))
     queued: dict[Key, list[str]] = {}
-    keys = sorted(highest.items())
-    for start in range(0, len(keys), KEYS_PER_QUERY):
-        earlier = reduce(
-            or_,
-            (
-                Q(destination=d, ordering_key=k, order_seq__lte=n)
-                for (d, k), n in keys[start : start + KEYS_PER_QUERY]
-            ),
-        )
-        found = rows.filter(earlier).order_by("destination", "ordering_key", "order_seq")
-        for id_, destination, ordering_key in found.values_list("id", "destination", "ordering_key"):
-            ids = queued.setdefault((destination, ordering_key or ""), [])
-            if len(ids) < per_key:
-                ids.append(id_)
+    highest: dict[Key, int] = {}
+    for key, numbered in own.items():
+        numbered.sort()
+        if [n for n, _ in numbered] == list(range(1, len(numbered) + 1)):
+            # The key's first numbers: its sequence row was made for them, which happens
+            # only when the key has no captured row (see sequences.prune), so nothing
+            # comes before them. No read (every key sent to less often than the relay
+            # runs is numbered from 1 again).
+            queued[key] = [i for _, i in numbered[:per_key]]
+        else:
+            highest[key] = numbered[-1][0]
+    if highest:
+        queued.update(_queued(using, sorted(highest.items()), per_key))
+    if not queued:
+        return loose
     given = {m.id: m for m in messages}
     missing = [i for ids in queued.values() for i in ids if i not in given]
     if missing:
-        for row in rows.filter(id__in=missing):
+        for row in CapturedMessage.objects.using(using).filter(id__in=missing):
             given[row.id] = Message.from_record(row.record, row.body)
     return loose + [given[i] for ids in queued.values() for i in ids if i in given]
+
+
+def _queued(using: str, keys: Sequence[tuple[Key, int]], per_key: int) -> dict[Key, list[str]]:
+    """Per key of ``keys`` ((key, highest number) pairs), the ids of its captured rows
+    numbered up to that number, lowest first, at most ``per_key`` of them.
+
+    Plain SQL on the index (destination, ordering_key, order_seq): it runs on every push
+    of an ordered message, and the ORM took 0.9-1.2 ms to build and run this query where
+    the same SQL on the same cursor took 0.11-0.12 ms (PostgreSQL on loopback, a loaded
+    2-core machine). One key (every ``send()``): with a ``LIMIT``; more
+    (``send_many``): :data:`KEYS_PER_QUERY` keys per query.
+    """
+    connection = connections[using]
+    q = connection.ops.quote_name
+    table = q(CapturedMessage._meta.db_table)
+    id_, destination, ordering_key, seq = (
+        q(name) for name in ("id", "destination", "ordering_key", "order_seq")
+    )
+    queued: dict[Key, list[str]] = {}
+    with connection.cursor() as cursor:
+        for start in range(0, len(keys), KEYS_PER_QUERY):
+            chunk = keys[start : start + KEYS_PER_QUERY]
+            where = " OR ".join(
+                [f"({destination} = %s AND {ordering_key} = %s AND {seq} <= %s)"] * len(chunk)
+            )
+            limit = f" {connection.ops.limit_offset_sql(0, per_key)}" if len(chunk) == 1 else ""
+            cursor.execute(  # names from the model, quoted; values as parameters
+                f"SELECT {id_}, {destination}, {ordering_key} FROM {table} WHERE {where} "
+                f"ORDER BY {destination}, {ordering_key}, {seq}{limit}",
+                [value for (d, k), n in chunk for value in (d, k, n)],
+            )
+            for found, d, k in cursor.fetchall():
+                ids = queued.setdefault((d, k), [])
+                if len(ids) < per_key:
+                    ids.append(found)
+    return queued
