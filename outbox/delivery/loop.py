@@ -426,7 +426,8 @@ class _Run:
                 )
                 break
             except REDIS_ERRORS as exc:
-                if time.time() + delay > give_up_at:
+                left = give_up_at - time.time()
+                if left <= 0:
                     raise
                 if not logged:
                     logger.warning(
@@ -436,7 +437,7 @@ class _Run:
                         exc,
                     )
                     logged = True
-                time.sleep(delay)
+                time.sleep(min(delay, left))  # the last try is at the deadline, not a delay before it
                 delay = min(delay * 2, 5.0)
                 if want:  # the lost call may have claimed: give that claim back first
                     with contextlib.suppress(*REDIS_ERRORS):

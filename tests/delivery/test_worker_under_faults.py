@@ -15,7 +15,7 @@ from django.test import override_settings
 
 import outbox
 from outbox.testing import RedisServer, free_port
-from tests.support import ROOT, assert_index_invariant, redis_at, wait_for
+from tests.support import ROOT, assert_index_invariant, redis_at, wait_for, with_destinations
 
 
 # -- 2. a poison message in a batch --------------------------------------------------------
@@ -93,3 +93,54 @@ def worker_output(process) -> str:
 
 
 assert os.path.isdir(ROOT / "outbox")
+
+
+# -- 9. a run writes its outcomes until the end of their budget ----------------------------
+#: The private server the callable below restarts, and the seconds it stays down.
+OUTAGE: dict = {}
+
+
+def stop_redis_for_a_while(message):
+    """A callable destination: the attempt succeeds, and Redis goes down as it ends."""
+    import threading
+
+    server, down = OUTAGE["server"], OUTAGE["down"]
+    server.halt(signal.SIGTERM)  # a clean shutdown: the AOF keeps every write
+
+    def back():
+        time.sleep(down)
+        server.start()
+
+    OUTAGE["thread"] = threading.Thread(target=back, daemon=True)
+    OUTAGE["thread"].start()
+
+
+@pytest.mark.single_server("a private plain server restarted with its AOF")
+def test_a_run_writes_its_outcomes_until_the_end_of_their_budget():
+    """A run retries an outcome write while Redis is unreachable for LEASE_BUDGET of the
+    lease (here 0.5 x 16 s = 8 s), then raises. With delays doubling from 0.1 s it used
+    to stop at the first delay that would pass that deadline, 6.3 s in: an outage of 7 s
+    ended the run with the outcome unwritten (the message delivered again after its
+    lease). It now waits until the deadline and tries once more there."""
+    from outbox.delivery.loop import run
+
+    server = RedisServer(appendonly=True, appendfsync="always").start()
+    OUTAGE.update(server=server, down=6.8)
+    fn = {"OPTIONS": {"path": f"{__name__}.stop_redis_for_a_while"}, "MAX_IN_FLIGHT": 1}
+    try:
+        with (
+            redis_at(server.url),
+            override_settings(OUTBOX={**django_settings.OUTBOX, "VISIBILITY_TIMEOUT": 16}),
+            with_destinations("callable", fn=fn),
+        ):
+            m = outbox.send("fn", {"n": 1})
+            started = time.monotonic()
+            run("outbox")
+            took = time.monotonic() - started
+            assert outbox.get(m.id).status == "succeeded"
+        assert 6.8 <= took < 12
+    finally:
+        if "thread" in OUTAGE:
+            OUTAGE["thread"].join(15)
+        server.stop()
+        OUTAGE.clear()
