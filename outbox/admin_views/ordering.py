@@ -100,18 +100,17 @@ class KeyState:
 
 
 def key_state(model_admin: ModelAdmin, destination: str, key: str) -> KeyState:
-    """The state of ordering ``key`` of ``destination`` (two round trips: its queue, its
-    head's status)."""
+    """The state of ordering ``key`` of ``destination`` (two round trips: its head and
+    length, its head's status)."""
     repo = get_repository()
-    queue = repo.key_queue(destination, key)
-    head = queue[0] if queue else None
+    head, length = repo.key_head(destination, key)
     status = repo.resend_field([head], "status")[0] if head else ""
     return KeyState(
         destination,
         key,
         key_list_url(model_admin, destination, key),
         url(model_admin, "blocked_keys", destination),
-        len(queue),
+        length,
         head,
         url(model_admin, "message_detail", head) if head else "",
         status,

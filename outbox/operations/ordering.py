@@ -79,8 +79,8 @@ def release_key(destination: str, key: str, how: str = "requeue") -> str:
         raise InvalidMessage(f"how must be one of {', '.join(RELEASES)}, not {how!r}", field="how")
     key = clean_ordering_key(key) or ""
     repo = get_repository()
-    queue = repo.key_queue(destination, key)
-    head = repo.get_many(queue[:1])[0] if queue else None
+    head_id, _ = repo.key_head(destination, key)
+    head = repo.get_many([head_id])[0] if head_id else None
     if head is None or head.status != Status.FAILED.value:
         raise MessageNotFound(f"ordering key {key!r} of destination {destination!r} is not blocked")
     done = actions.requeue([head.id]) if how == "requeue" else actions.cancel_dead_letters([head.id])

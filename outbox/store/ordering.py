@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from outbox.store.base import RepositoryBase
 from outbox.store.keys import Keys, partition_for
@@ -84,12 +84,16 @@ class OrderingReads(RepositoryBase):
             pipe.zcard(self.order_keys(destination, key).order(destination, key))
         return [int(n) for n in pipe.execute()]
 
-    def key_queue(self, destination: str, key: str) -> list[str]:
-        """The ids of the unsettled messages of ordering ``key`` of ``destination``, head
-        first (empty when the key has none)."""
-        keys = self.order_keys(destination, key)
-        ids = cast(list[bytes], self.connection.zrange(keys.order(destination, key), 0, -1))
-        return [i.decode() for i in ids]
+    def key_head(self, destination: str, key: str) -> tuple[str | None, int]:
+        """The head of ordering ``key`` of ``destination`` (the id of its first unsettled
+        message, None when it has none) and how many unsettled messages it holds, head
+        included: one round trip (``ZRANGE 0 0`` and ``ZCARD``), whatever the key's length."""
+        queue = self.order_keys(destination, key).order(destination, key)
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.zrange(queue, 0, 0)
+        pipe.zcard(queue)
+        first, length = pipe.execute()
+        return (first[0].decode() if first else None), int(length)
 
     def key_log(self, destination: str, key: str, offset: int = 0, limit: int = 50) -> tuple[list[str], int]:
         """One page of every message of ordering ``key`` of ``destination`` (settled or

@@ -125,14 +125,14 @@ class Command(BaseCommand):
             clean_ordering_key(key)
         except InvalidMessage as exc:
             raise CommandError(str(exc)) from exc
-        queue = get_repository().key_queue(destination, key)
+        _, length = get_repository().key_head(destination, key)
         try:
             head = release_key(destination, key, how)
         except MessageNotFound as exc:
             raise CommandError(
                 f"{exc}: its head is not a dead letter (see 'outbox_ordering blocked'); nothing was changed"
             ) from exc
-        waiting = max(0, len(queue) - 1)
+        waiting = max(0, length - 1)
         if how == "requeue":
             done = f"requeued; {waiting} message(s) waiting behind it follow in order"
         else:
