@@ -50,7 +50,14 @@ from redis.exceptions import RedisError
 
 from outbox.store import cluster_admin
 from outbox.store.cluster_admin import Node
-from outbox.testing.redis_server import RedisServer, embedded_binary, find_server_binary, free_port
+from outbox.testing.redis_server import (
+    START_ATTEMPTS,
+    RedisServer,
+    ServerExited,
+    embedded_binary,
+    find_server_binary,
+    free_ports,
+)
 
 #: How many hash slots a Redis Cluster has.
 SLOTS = 16384
@@ -127,29 +134,33 @@ class ClusterServer:
         self.cli = found_cli
         self._dir = tempfile.TemporaryDirectory(prefix="outbox-cluster-")
         self.directory = self._dir.name
-        self.servers: list[RedisServer] = []
-        for _ in range(primaries * (1 + replicas)):
-            port = free_port()
-            self.servers.append(
-                RedisServer(
-                    server,
-                    port,
-                    data_dir=self.directory,
-                    extra_args=[
-                        "--cluster-enabled", "yes",
-                        # a bus port of its own: port + 10000 may be taken or above 65535
-                        "--cluster-port", str(free_port()),
-                        "--cluster-config-file", f"{self.directory}/nodes-{port}.conf",
-                        # a lone node knows no address of its own to answer CLUSTER SLOTS with
-                        "--cluster-announce-ip", HOST,
-                        *extra_args,
-                    ],
-                )
-            )  # fmt: skip
+        self._binary = server
+        self._extra_args = list(extra_args)
+        ports = free_ports(2 * primaries * (1 + replicas))
+        self.servers: list[RedisServer] = [
+            self._node(ports[2 * i], ports[2 * i + 1]) for i in range(primaries * (1 + replicas))
+        ]
         self._clients: dict[Node, Redis] = {}
         self._ids: dict[Node, str] = {}
         #: slot -> (source, target) of the migrations begun and not yet finished.
         self.migrations: dict[int, tuple[Node, Node]] = {}
+
+    def _node(self, port: int, bus_port: int) -> RedisServer:
+        """A node's server (not started) on ``port``, its cluster bus on ``bus_port``."""
+        return RedisServer(
+            self._binary,
+            port,
+            data_dir=self.directory,
+            extra_args=[
+                "--cluster-enabled", "yes",
+                # a bus port of its own: port + 10000 may be taken or above 65535
+                "--cluster-port", str(bus_port),
+                "--cluster-config-file", f"{self.directory}/nodes-{port}.conf",
+                # a lone node knows no address of its own to answer CLUSTER SLOTS with
+                "--cluster-announce-ip", HOST,
+                *self._extra_args,
+            ],
+        )  # fmt: skip
 
     # -- addresses ----------------------------------------------------------------------
 
@@ -235,8 +246,8 @@ class ClusterServer:
         try:
             for server in self.servers:
                 server.launch()
-            for server in self.servers:
-                server.wait_until_ready(max(0.1, deadline - time.monotonic()))
+            for i in range(len(self.servers)):
+                self._wait_for_node(i, deadline)
             self._form(deadline)
             self.wait_until_ok(max(0.1, deadline - time.monotonic()))
             if self.replicas:
@@ -245,6 +256,21 @@ class ClusterServer:
             self.stop()
             raise
         return self
+
+    def _wait_for_node(self, index: int, deadline: float) -> None:
+        """Wait until node ``index`` answers; one that exited because another process took
+        its port or bus port (between :func:`free_ports` and its start) is started again on
+        new ones, up to :data:`~outbox.testing.redis_server.START_ATTEMPTS` times (no node
+        has met another yet, so its ports are still its own to choose)."""
+        for attempt in range(START_ATTEMPTS):
+            try:
+                self.servers[index].wait_until_ready(max(0.1, deadline - time.monotonic()))
+                return
+            except ServerExited as exited:
+                if not exited.address_in_use or attempt == START_ATTEMPTS - 1:
+                    raise
+            self.servers[index] = self._node(*free_ports(2))
+            self.servers[index].launch()
 
     def _form(self, deadline: float) -> None:
         """Assign the slots and join the nodes: ``valkey-cli --cluster create`` for 3 or

@@ -31,6 +31,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+#: how many ports :meth:`RedisServer.start` tries when the one it picked is taken meanwhile
+START_ATTEMPTS = 5
+
 
 def find_server_binary() -> str | None:
     """Path of a Redis-compatible server binary, or None if there is none."""
@@ -58,11 +61,41 @@ def embedded_binary(name: str) -> str | None:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that is free right now (another process may take it before
+    it is bound again: :meth:`RedisServer.start` then picks another)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that are free right now: all are held at
+    once while they are picked, so none is handed out twice (a port closed and picked
+    again may be the same one)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class ServerExited(RuntimeError):
+    """The server process exited while it was being started.
+
+    Attributes:
+        output: the end of what the server wrote (its log), which says why.
+    """
+
+    def __init__(self, message: str, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+    @property
+    def address_in_use(self) -> bool:
+        """Whether it exited because a port it was to listen on was taken (by another
+        process between :func:`free_port` and the start): another port will do."""
+        return "Address already in use" in self.output
 
 
 class RedisServer:
@@ -126,6 +159,9 @@ class RedisServer:
             )
         self.binary = found
         self.port = port or free_port()
+        #: whether the port was picked here, so another one will do if it is taken
+        self._picked_port = port is None
+        self._started = False
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.save = save
@@ -136,6 +172,7 @@ class RedisServer:
         self.replica_of = replica_of
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.process: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -179,39 +216,79 @@ class RedisServer:
         """Start the server (again, after :meth:`halt`: same port, same directory).
 
         Waits until it answers PING, which after a restart means it has loaded its
-        AOF/RDB (Redis answers ``-LOADING`` until then).
+        AOF/RDB (Redis answers ``-LOADING`` until then). A port picked here (``port`` None)
+        that another process took before the server bound it is replaced by another free
+        one, up to :data:`START_ATTEMPTS` ports, on the first start only (a restart keeps
+        the port its clients know).
 
         Raises:
-            RuntimeError: the server exited, or did not answer PONG within ``timeout`` seconds.
+            ServerExited: the server exited (its output says why).
+            RuntimeError: it did not answer PONG within ``timeout`` seconds.
         """
-        self.launch()
-        return self.wait_until_ready(timeout)
+        for attempt in range(START_ATTEMPTS):
+            self.launch()
+            try:
+                self.wait_until_ready(timeout)
+            except ServerExited as exited:
+                # A port picked here and taken meanwhile (by a connection's local port or
+                # another test's server): a new one, before the server was ever reachable.
+                retry = exited.address_in_use and self._picked_port and not self._started
+                if not retry or attempt == START_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()
+                continue
+            self._started = True
+            break
+        return self
 
     def launch(self) -> None:
         """Start the server process without waiting for it (:meth:`wait_until_ready` does):
         several servers start side by side (:class:`~outbox.testing.cluster_server.ClusterServer`)."""
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            self.command_line(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=self.own_session,
-        )
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command_line(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=self.own_session,
+            )
+
+    @property
+    def log_path(self) -> Path:
+        """The file the server's output goes to (``--loglevel warning``: its warnings and
+        why it exited), in its directory, one per port; appended to across restarts."""
+        return Path(self.directory) / f"server-{self.port}.log"
+
+    def _output(self, limit: int = 2000) -> str:
+        """What the server wrote since its last :meth:`launch`, the last ``limit`` characters."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_offset)
+                return log.read().decode(errors="replace")[-limit:]
+        except OSError:
+            return ""
 
     def wait_until_ready(self, timeout: float = 10.0) -> RedisServer:
         """Wait until the server :meth:`launch` started answers PONG.
 
         Raises:
-            RuntimeError: the server was not launched or exited, or did not answer PONG
-                within ``timeout`` seconds (it is then stopped).
+            ServerExited: the server exited (its output says why).
+            RuntimeError: the server was not launched, or did not answer PONG within
+                ``timeout`` seconds (it is then stopped).
         """
         if self.process is None:
             raise RuntimeError("the server was not launched")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.binary} exited with code {self.process.returncode}")
+                output = self._output()
+                raise ServerExited(
+                    f"{self.binary} on port {self.port} exited with code "
+                    f"{self.process.returncode}: {output.strip() or '(no output)'}",
+                    output,
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
