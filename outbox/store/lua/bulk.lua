@@ -25,6 +25,7 @@
 --! include writes
 --! include move
 --! include wakeup
+--! include guard
 --! include ordering
 local opts, pos = named_args()
 local prefix, now_s, channel, action, to = K.setup(opts), opts.now, opts.channel, opts.action, opts.to
@@ -83,6 +84,7 @@ local function apply(e)
   acted[#acted + 1] = id
   out[e.k] = 1
 end
+local now_entries, seen = {}, {}  -- entries applied in call order (all but ordered requeues)
 for _ = 1, ngroups do
   local job, n = ARGV[pos], tonumber(ARGV[pos + 1])
   pos = pos + 2
@@ -93,14 +95,40 @@ for _ = 1, ngroups do
     local rkey = KEYS[k]
     local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey', 'oseq')
     local status = cur[1]
-    if status and allowed[status] then
+    if status and allowed[status] and not seen[id] then  -- an id given twice: acted on once
+      seen[id] = true
       local e = {id = id, rkey = rkey, cur = cur, k = k, job = job}
-      if cur[4] and to == 'pending' then later[#later + 1] = e else apply(e) end
+      if cur[4] and to == 'pending' then later[#later + 1] = e else now_entries[#now_entries + 1] = e end
     else
       out[k] = 0
     end
   end
 end
+-- Every key the writes below may touch is checked before the first of them
+-- (lib/guard.lua): the indexes of each message, its key's queue and state, and, for an
+-- ordered message cancelled at its key's head, the messages that may become the head.
+if k > 0 then
+  local keys, cancels = {}, {}
+  local function add(e)
+    local pp, dest, queue, okey = K.part(prefix, e.id), e.cur[2], e.cur[3] or '', e.cur[4]
+    index_keys(keys, pp, dest, queue, e.cur[1], to)
+    if okey then
+      if to == 'pending' then keys[#keys + 1] = K.status(pp, 'waiting', dest) end  -- behind its head
+      keys[#keys + 1] = K.order(pp, dest, okey)
+      keys[#keys + 1] = K.order_state(pp, dest, okey)
+      keys[#keys + 1] = K.blocked(pp, dest)
+      if to == 'cancelled' then
+        local q = K.order(pp, dest, okey)
+        cancels[q] = (cancels[q] or 0) + 1
+      end
+    end
+  end
+  for _, e in ipairs(now_entries) do add(e) end
+  for _, e in ipairs(later) do add(e) end
+  local refused = keys_here(KEYS[1], keys) or heirs_here(prefix, KEYS[1], cancels)
+  if refused then return refused end
+end
+for _, e in ipairs(now_entries) do apply(e) end
 table.sort(later, function(a, b)
   if a.cur[4] ~= b.cur[4] then return a.cur[4] < b.cur[4] end
   return (tonumber(a.cur[5]) or 0) < (tonumber(b.cur[5]) or 0)

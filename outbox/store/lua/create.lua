@@ -47,6 +47,7 @@
 --! include wakeup
 --! include keys
 --! include move
+--! include guard
 --! include ordering
 local opts, pos = named_args()
 local idem_ttl = tonumber(opts.idem_ttl)

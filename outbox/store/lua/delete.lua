@@ -13,12 +13,16 @@
 --! include keys
 --! include writes
 --! include move
+--! include guard
 --! include ordering
 local opts, first = named_args()
 local prefix = K.setup(opts)
 local allowed = {}
 for _, s in ipairs(split(opts.statuses)) do allowed[s] = true end
-local out = {}
+local out, doomed, doomed_ids, keys, leaving = {}, {}, {}, {}, {}
+-- First every read (the records, the idempotency key each names, the next message of a
+-- deleted ordered head), and a check that every key the writes may touch is here
+-- (lib/guard.lua); then the writes.
 for i = first, #ARGV do
   local id = ARGV[i]
   local pp = K.part(prefix, id)
@@ -26,7 +30,8 @@ for i = first, #ARGV do
   local rkey, mkey, akey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey')
   local status, dest = cur[1], cur[2]
-  if status and allowed[status] then
+  if status and allowed[status] and not doomed_ids[id] then  -- an id given twice: deleted once
+    doomed_ids[id] = true
     local idem
     local head = redis.pcall('GETRANGE', mkey, 0, 4095)  -- the header line of the record's string
     if type(head) == 'table' and head.err then
@@ -42,24 +47,46 @@ for i = first, #ARGV do
         if type(idem) ~= 'string' then idem = nil end
       end
     end
-    if idem then
-      local ikey = K.idempotency(pp, dest, idem)
-      local held = redis.call('GET', ikey)
-      if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
+    local queue = cur[3] or ''
+    doomed[#doomed + 1] = {id = id, pp = pp, rkey = rkey, mkey = mkey, akey = akey, cur = cur, idem = idem}
+    if idem then keys[#keys + 1] = K.idempotency(pp, dest, idem) end
+    for _, key in ipairs({K.due(pp, queue), K.quarantine(pp, queue), K.parked(pp, dest),
+                          K.status(pp, status, dest), K.created(pp, dest)}) do
+      keys[#keys + 1] = key
     end
-    redis.call('ZREM', K.due(pp, cur[3] or ''), id)
-    redis.call('ZREM', K.quarantine(pp, cur[3] or ''), id)
-    redis.call('ZREM', K.parked(pp, dest), id)
-    redis.call('ZREM', K.status(pp, status, dest), id)
-    redis.call('ZREM', K.created(pp, dest), id)
-    redis.call('DEL', rkey, mkey, akey)
     if cur[4] then
-      redis.call('ZREM', K.order_log(pp, dest, cur[4]), id)
-      order_leave(prefix, pp, dest, cur[4], id, nil, tonumber(opts.okttl or '604800'), opts.now or '0')
+      keys[#keys + 1] = K.order_log(pp, dest, cur[4])
+      keys[#keys + 1] = K.order(pp, dest, cur[4])
+      keys[#keys + 1] = K.order_state(pp, dest, cur[4])
+      keys[#keys + 1] = K.blocked(pp, dest)
+      local q = K.order(pp, dest, cur[4])
+      leaving[q] = (leaving[q] or 0) + 1
     end
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
+  end
+end
+if #doomed == 0 then return out end
+local refused = keys_here(KEYS[1], keys) or heirs_here(prefix, KEYS[1], leaving)
+if refused then return refused end
+for _, d in ipairs(doomed) do
+  local id, pp, cur = d.id, d.pp, d.cur
+  local status, dest, queue = cur[1], cur[2], cur[3] or ''
+  if d.idem then
+    local ikey = K.idempotency(pp, dest, d.idem)
+    local held = redis.call('GET', ikey)
+    if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
+  end
+  redis.call('ZREM', K.due(pp, queue), id)
+  redis.call('ZREM', K.quarantine(pp, queue), id)
+  redis.call('ZREM', K.parked(pp, dest), id)
+  redis.call('ZREM', K.status(pp, status, dest), id)
+  redis.call('ZREM', K.created(pp, dest), id)
+  redis.call('DEL', d.rkey, d.mkey, d.akey)
+  if cur[4] then
+    redis.call('ZREM', K.order_log(pp, dest, cur[4]), id)
+    order_leave(prefix, pp, dest, cur[4], id, nil, tonumber(opts.okttl or '604800'), opts.now or '0')
   end
 end
 flush_writes()

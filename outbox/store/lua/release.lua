@@ -17,6 +17,7 @@
 --! include writes
 --! include move
 --! include wakeup
+--! include guard
 local opts, pos = named_args()
 local prefix, now_s, lease, deadline, wake_ttl = K.setup(opts), opts.now, opts.lease, opts.deadline, tonumber(opts.wake_ttl_ms)
 wake_setup(opts)
@@ -37,30 +38,45 @@ if #ARGV >= pos then
     rkeys[#rkeys + 1] = KEYS[#rkeys + first_rkey]
   end
 else
+  local sending = {}
   for _, dest in ipairs(dests) do
-    for _, k in ipairs(parts) do
-      for _, id in ipairs(redis.call('ZRANGEBYSCORE', K.status(K.partition(prefix, k), 'sending', dest), deadline, deadline)) do
-        ids[#ids + 1] = id
-        rkeys[#rkeys + 1] = K.resend(prefix, id)
-      end
+    for _, k in ipairs(parts) do sending[#sending + 1] = K.status(K.partition(prefix, k), 'sending', dest) end
+  end
+  local refused = keys_here(KEYS[1], sending)
+  if refused then return refused end
+  for _, key in ipairs(sending) do
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', key, deadline, deadline)) do
+      ids[#ids + 1] = id
+      rkeys[#rkeys + 1] = K.resend(prefix, id)
     end
   end
 end
-local released, released_dests = {}, {}
+-- Every read first, and a check that the keys found at run time are here (lib/guard.lua);
+-- then the writes.
+local refused = keys_here(KEYS[1], rkeys)
+if refused then return refused end
+local chosen, keys, seen = {}, {}, {}
 for i, id in ipairs(ids) do
   local rkey = rkeys[i]
   local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'lease', 'retry_count')
-  if cur[1] == 'sending' and cur[4] == lease then
-    local dest, queue = cur[2], cur[3] or ''
+  if cur[1] == 'sending' and cur[4] == lease and not seen[id] then
+    seen[id] = true
     local to = 'pending'
     if tonumber(cur[5] or '0') > 0 then to = 'retrying' end
-    move_indexes(prefix, id, dest, queue, 'sending', to, now_s, false)
-    redis.call('HSET', rkey, 'status', to, 'next_attempt_at', now_s, 'updated_at', now_s)
-    redis.call('HDEL', rkey, 'lease')
-    released[#released + 1] = id
-    released_dests[#released_dests + 1] = dest
-    wake_queue(K.wake(prefix, queue), queue, now_s, wake_ttl)
+    chosen[#chosen + 1] = {id = id, rkey = rkey, dest = cur[2], queue = cur[3] or '', to = to}
+    index_keys(keys, K.part(prefix, id), cur[2], cur[3] or '', 'sending', to)
   end
+end
+refused = keys_here(KEYS[1], keys)
+if refused then return refused end
+local released, released_dests = {}, {}
+for _, c in ipairs(chosen) do
+  move_indexes(prefix, c.id, c.dest, c.queue, 'sending', c.to, now_s, false)
+  redis.call('HSET', c.rkey, 'status', c.to, 'next_attempt_at', now_s, 'updated_at', now_s)
+  redis.call('HDEL', c.rkey, 'lease')
+  released[#released + 1] = c.id
+  released_dests[#released_dests + 1] = c.dest
+  wake_queue(K.wake(prefix, c.queue), c.queue, now_s, wake_ttl)
 end
 flush_writes()
 return {released, woken, released_dests}

@@ -48,6 +48,7 @@
 --! include message
 --! include writes
 --! include move
+--! include guard
 --! include ordering
 local opts, pos = named_args()
 local prefix = K.setup(opts)
@@ -81,10 +82,11 @@ local function holds(dest)
 end
 local function opt(v) if v == '' then return nil end return v end
 -- Before any write: the record of the message behind each ordered message's head (the
--- change's okey and its destination, dest, given by the caller) is read, so that a slot
--- held half-moved by a legacy migration (that record moved, the declared keys not yet)
--- answers TRYAGAIN with nothing written, as a declared key would, instead of the script
--- aborting after the head's writes with its next message left waiting for ever.
+-- change's okey and its destination, dest, given by the caller) and the indexes its
+-- promotion writes are checked (heirs_here, lib/ordering.lua), so that a slot held half-moved by a legacy migration (that record moved, the declared
+-- keys not yet) answers TRYAGAIN with nothing written, as a declared key would, instead
+-- of the script aborting after the head's writes with its next message left waiting for
+-- ever.
 -- The fields are read where they are (no row table: building one per change here cost
 -- every transition, ordered or not, about a fifth more time; docs/benchmarks.md).
 do
@@ -95,12 +97,10 @@ do
     local okey, dest = ARGV[p + at.okey], ARGV[p + at.dest]
     if okey ~= '' and dest ~= '' then
       local id = ARGV[p + at.id]
-      local nxt = order_next(K.order(K.part(prefix, id), dest, okey), id)
-      if nxt then
-        local r = redis.pcall('HGET', K.resend(prefix, nxt), 'status')
-        if type(r) == 'table' and r.err then
-          return redis.error_reply('TRYAGAIN the next message of ordering key ' .. okey .. ': ' .. r.err)
-        end
+      local q = K.order(K.part(prefix, id), dest, okey)
+      if order_next(q, id) then
+        local refused = heirs_here(prefix, KEYS[1], {[q] = 1})
+        if refused then return refused end
       end
     end
     p = p + #FIELDS + 2 * tonumber(ARGV[p + at.n_set]) + tonumber(ARGV[p + at.n_unset])

@@ -16,6 +16,7 @@
 --! include args
 --! include keys
 --! include wakeup
+--! include guard
 local opts = named_args()
 local prefix, now_s, dest, batch, wake_ttl = K.setup(opts), opts.now, opts.destination, tonumber(opts.batch), tonumber(opts.wake_ttl_ms)
 wake_setup(opts)
@@ -58,6 +59,22 @@ if breaker ~= 'closed' then
     return {0, {}, parked_left(), probe_op}
   end
   want = 1
+end
+-- With more than one partition, the rows the loop below may look at (the first `batch`
+-- of the one parked set), their records and the due indexes they go back to are checked
+-- before its first write (lib/guard.lua).
+if K.parts > 1 then
+  local ids, keys = redis.call('ZRANGE', KEYS[first_parked], 0, batch - 1), {}
+  for i, id in ipairs(ids) do keys[i] = K.resend(prefix, id) end
+  local refused = keys_here(KEYS[first_parked], keys)
+  if refused then return refused end
+  keys = {}
+  for _, id in ipairs(ids) do
+    local queue = redis.call('HGET', K.resend(prefix, id), 'queue')
+    if queue then keys[#keys + 1] = K.due(K.part(prefix, id), queue) end
+  end
+  refused = keys_here(KEYS[first_parked], keys)
+  if refused then return refused end
 end
 local moved = 0
 local looked = 0

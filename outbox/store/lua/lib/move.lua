@@ -30,3 +30,17 @@ local function move_indexes(prefix, id, dest, queue, from, to, score, park)
     zrem_later(due_key, id)
   end
 end
+
+-- The index keys move_indexes writes for a message of destination `dest`
+-- and queue `queue` in partition prefix `pp` moved from `from` to `to` (not parked),
+-- added to the list `out`, which is returned.
+local function index_keys(out, pp, dest, queue, from, to)
+  out[#out + 1] = K.status(pp, from, dest)
+  out[#out + 1] = K.status(pp, to, dest)
+  if waiting(from) or waiting(to) then out[#out + 1] = K.due(pp, queue) end
+  if waiting(from) then
+    out[#out + 1] = K.parked(pp, dest)
+    out[#out + 1] = K.quarantine(pp, queue)
+  end
+  return out
+end

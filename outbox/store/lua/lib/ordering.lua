@@ -15,7 +15,7 @@
 -- The resend record of an ordered message holds okey (its key), oseq (its sequence) and,
 -- once it is the head, oprev.
 -- Every read of these functions comes before their writes. Needs lib/keys.lua,
--- lib/writes.lua and lib/move.lua included before this file.
+-- lib/writes.lua, lib/move.lua and lib/guard.lua included before this file.
 
 -- Message `id` joins the tail of its key (queue `q`, state `st`: known keys): returns
 -- whether it is the head (nothing ahead of it), its sequence number and the sequence of
@@ -98,4 +98,27 @@ local function order_requeue(pp, dest, key, id)
   end
   if redis.call('ZSCORE', q, id) then return false, nil, nil end  -- already in line
   return order_join(q, st, id)
+end
+
+-- The messages that may become the head of ordering keys this call removes messages from
+-- (`leaving`: a key's queue -> how many of its messages may leave it), checked as
+-- keys_here does: their resend records, then the indexes their promotion writes
+-- (lib/ordering.lua, order_promote). Returns nil or the error reply to return.
+local function heirs_here(prefix, anchor, leaving)
+  if K.parts <= 1 then return nil end
+  local ids, rkeys = {}, {}
+  for q, m in pairs(leaving) do
+    for _, id in ipairs(redis.call('ZRANGE', q, 0, m)) do
+      ids[#ids + 1] = id
+      rkeys[#rkeys + 1] = K.resend(prefix, id)
+    end
+  end
+  local refused = keys_here(anchor, rkeys)
+  if refused then return refused end
+  local keys = {}
+  for i, id in ipairs(ids) do
+    local v = redis.call('HMGET', rkeys[i], 'destination', 'queue')
+    if v[1] then index_keys(keys, K.part(prefix, id), v[1], v[2] or '', 'waiting', 'pending') end
+  end
+  return keys_here(anchor, keys)
 end
