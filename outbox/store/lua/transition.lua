@@ -83,10 +83,10 @@ end
 local function opt(v) if v == '' then return nil end return v end
 -- Before any write: the record of the message behind each ordered message's head (the
 -- change's okey and its destination, dest, given by the caller) and the indexes its
--- promotion writes are checked (heirs_here, lib/ordering.lua), so that a slot held half-moved by a legacy migration (that record moved, the declared
--- keys not yet) answers TRYAGAIN with nothing written, as a declared key would, instead
--- of the script aborting after the head's writes with its next message left waiting for
--- ever.
+-- promotion writes are checked (heirs_here, lib/ordering.lua), so that a slot held
+-- half-moved by a legacy migration (that record moved, the declared keys not yet)
+-- answers TRYAGAIN with nothing written, as a declared key would, instead of the script
+-- aborting after the head's writes with its next message left waiting for ever.
 -- The fields are read where they are (no row table: building one per change here cost
 -- every transition, ordered or not, about a fifth more time; docs/benchmarks.md).
 do

@@ -103,7 +103,7 @@ end
 -- The messages that may become the head of ordering keys this call removes messages from
 -- (`leaving`: a key's queue -> how many of its messages may leave it), checked as
 -- keys_here does: their resend records, then the indexes their promotion writes
--- (lib/ordering.lua, order_promote). Returns nil or the error reply to return.
+-- (order_promote). Returns nil or the error reply to return.
 local function heirs_here(prefix, anchor, leaving)
   if K.parts <= 1 then return nil end
   local ids, rkeys = {}, {}
