@@ -90,6 +90,13 @@ def assert_list_layout(page) -> None:
     the results and squeezed the search into a column)."""
     results, side = box(page, "#result_list"), box(page, "#changelist-filter")
     assert side["x"] >= results["x"] + results["width"], (results, side)
+    # the whole row is seen at 1,400 px: the results do not scroll sideways (the table's
+    # box can end left of the filter while its last column is cut by its container)
+    widths = page.evaluate(
+        "() => { const r = document.querySelector('#changelist .results');"
+        " return [r.scrollWidth, r.clientWidth]; }"
+    )
+    assert widths[0] <= widths[1], widths
     assert side["y"] < results["y"], (results, side)  # side by side: it starts beside the toolbar
     field, button = box(page, "#searchbar"), box(page, "#changelist-search input[type=submit]")
     assert abs(field["y"] + field["height"] / 2 - (button["y"] + button["height"] / 2)) < 6, (field, button)
