@@ -40,11 +40,25 @@ from benchmarks import peers
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "latest.md"
+
 SETTINGS = "benchmarks.compare_settings"
 RECEIVER_DELAY = 0.050  # seconds the webhook receiver takes to answer
 HTTPX_THREADS = 16
 LATENCY_RATE = 200  # messages per second, steady
 OUTBOX_QUEUES = ["outbox_high", "outbox", "outbox_low"]
+
+
+def publish(lines: list[str], out: str, default: str | None = None) -> None:
+    """Print a results table (``lines``) and write it to ``out``; when ``out`` is left at
+    :data:`RESULTS` and the run has a file of its own (``default``, e.g. ``"ordered.md"``),
+    to that file beside it instead."""
+    text = "\n".join(lines) + "\n"
+    print()
+    print(text)
+    path = RESULTS.with_name(default) if default and out == str(RESULTS) else Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"written to {path}")
 
 
 def body_200(**extra) -> dict:
@@ -1399,13 +1413,7 @@ def baseline_run(args: argparse.Namespace, argv: list[str]) -> None:
                 statistics.median(ours) / statistics.median(base) if statistics.median(base) else float("nan")
             )
             lines.append(f"| {name} | {key} | {med(ours)} | {med(base)} | {ratio:.3f} |")
-    text = "\n".join(lines) + "\n"
-    print()
-    print(text)
-    out = Path(args.out) if args.out != str(RESULTS) else RESULTS.with_name("baseline.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"written to {out}")
+    publish(lines, args.out, "baseline.md")
 
 
 #: The cases of ``--ordered`` (issue 23).
@@ -1550,13 +1558,7 @@ def ordered_run(args: argparse.Namespace, argv: list[str]) -> None:
         f"ordered {results['ordered-noop'][-1]['ordered_top_calls']}; "
         f"unordered {results['ordered-noop'][-1]['unordered_top_calls']}.",
     ]
-    text = "\n".join(lines) + "\n"
-    print()
-    print(text)
-    out = Path(args.out) if args.out != str(RESULTS) else RESULTS.with_name("ordered.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"written to {out}")
+    publish(lines, args.out, "ordered.md")
 
 
 def main(argv: list[str]) -> None:
@@ -1836,12 +1838,7 @@ def main(argv: list[str]) -> None:
         *[f"| {' | '.join(cells)} |" for cells in rows],
         *notes,
     ]
-    text = "\n".join(lines) + "\n"
-    print()
-    print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(f"written to {args.out}")
+    publish(lines, args.out)
 
 
 def entry(argv: list[str]) -> None:

@@ -114,13 +114,8 @@ if k > 0 then
     index_keys(keys, pp, dest, queue, e.cur[1], to)
     if okey then
       if to == 'pending' then keys[#keys + 1] = K.status(pp, 'waiting', dest) end  -- behind its head
-      keys[#keys + 1] = K.order(pp, dest, okey)
-      keys[#keys + 1] = K.order_state(pp, dest, okey)
-      keys[#keys + 1] = K.blocked(pp, dest)
-      if to == 'cancelled' then
-        local q = K.order(pp, dest, okey)
-        cancels[q] = (cancels[q] or 0) + 1
-      end
+      local q = order_key_names(keys, pp, dest, okey)
+      if to == 'cancelled' then cancels[q] = (cancels[q] or 0) + 1 end
     end
   end
   for _, e in ipairs(now_entries) do add(e) end

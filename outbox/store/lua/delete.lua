@@ -56,10 +56,7 @@ for i = first, #ARGV do
     end
     if cur[4] then
       keys[#keys + 1] = K.order_log(pp, dest, cur[4])
-      keys[#keys + 1] = K.order(pp, dest, cur[4])
-      keys[#keys + 1] = K.order_state(pp, dest, cur[4])
-      keys[#keys + 1] = K.blocked(pp, dest)
-      local q = K.order(pp, dest, cur[4])
+      local q = order_key_names(keys, pp, dest, cur[4])
       leaving[q] = (leaving[q] or 0) + 1
     end
     out[#out + 1] = 1

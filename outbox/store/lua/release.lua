@@ -50,11 +50,11 @@ else
       rkeys[#rkeys + 1] = K.resend(prefix, id)
     end
   end
+  refused = keys_here(KEYS[1], rkeys)  -- records found at run time (given ids' are declared)
+  if refused then return refused end
 end
 -- Every read first, and a check that the keys found at run time are here (lib/guard.lua);
 -- then the writes.
-local refused = keys_here(KEYS[1], rkeys)
-if refused then return refused end
 local chosen, keys, seen = {}, {}, {}
 for i, id in ipairs(ids) do
   local rkey = rkeys[i]
@@ -67,7 +67,7 @@ for i, id in ipairs(ids) do
     index_keys(keys, K.part(prefix, id), cur[2], cur[3] or '', 'sending', to)
   end
 end
-refused = keys_here(KEYS[1], keys)
+local refused = keys_here(KEYS[1], keys)
 if refused then return refused end
 local released, released_dests = {}, {}
 for _, c in ipairs(chosen) do

@@ -100,6 +100,17 @@ local function order_requeue(pp, dest, key, id)
   return order_join(q, st, id)
 end
 
+-- The keys of ordering key `key` of `dest` in partition prefix `pp` that a message's
+-- leaving or rejoining the key writes (its queue, its state, the destination's blocked
+-- keys), added to the list `out`, for keys_here. Returns the key's queue.
+local function order_key_names(out, pp, dest, key)
+  local q = K.order(pp, dest, key)
+  out[#out + 1] = q
+  out[#out + 1] = K.order_state(pp, dest, key)
+  out[#out + 1] = K.blocked(pp, dest)
+  return q
+end
+
 -- The messages that may become the head of ordering keys this call removes messages from
 -- (`leaving`: a key's queue -> how many of its messages may leave it), checked as
 -- keys_here does: their resend records, then the indexes their promotion writes
