@@ -15,6 +15,8 @@ and the browser test (they do not depend on these versions and take most of the 
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -34,10 +36,15 @@ COMBINATIONS = [
 
 OLDEST_EXTRA = ("django-redis==5.4.*", "django-rq==4.1.*")
 
+#: pytest's processes (pytest-xdist, each with its own private servers): OUTBOX_TEST_PROCESSES
+#: as scripts/test reads it, else 4 (the suite mostly waits on its servers and workers).
+PROCESSES = ["-n", os.environ.get("OUTBOX_TEST_PROCESSES", "4"), "--dist", "worksteal"]
+
 PYTEST = [
     "-q",
     "-p",
     "no:cacheprovider",
+    *PROCESSES,
     "-m",
     "not faults and not browser",
     "-W",
@@ -45,11 +52,13 @@ PYTEST = [
 ]
 
 
-#: The console's look in Chromium on the oldest and the newest combination (sessions
-#: look-oldest, look-newest): it depends on the Django version (6.1 changed the admin's
-#: markup), unlike the rest of the browser tests. Needs /usr/bin/chromium (scripts/test
-#: installs it on CI).
-LOOK = ["-q", "-p", "no:cacheprovider", "-m", "browser", "tests/console/test_browser_look.py"]
+#: The console's look in Chromium (marker ``look``): it depends on the Django version
+#: (6.1 changed the admin's markup), unlike the rest of the browser tests. The sessions
+#: tests-oldest and tests-newest run it with the suite, in the same virtualenv
+#: (:data:`PYTEST_WITH_LOOK`); look-oldest and look-newest run it alone. Needs
+#: /usr/bin/chromium (scripts/test installs it on CI).
+LOOK = ["-q", "-p", "no:cacheprovider", "-m", "look", "tests/console/test_browser_look.py"]
+PYTEST_WITH_LOOK = [*PYTEST[:-4], "-m", "not faults and (not browser or look)", *PYTEST[-2:]]
 
 
 def _run(
@@ -78,14 +87,16 @@ def _define(name: str, python: str, doc: str, *versions: str, pytest: list[str] 
 
 for _id, _python, _django, _rq, _redis in COMBINATIONS:
     _extra = OLDEST_EXTRA if _id == "oldest" else ()
+    _ends = _id in ("oldest", "newest")
     _define(
         f"tests-{_id}",
         _python,
-        f"Python {_python}, {_django}, {_rq}, {_redis}",
+        f"Python {_python}, {_django}, {_rq}, {_redis}" + (" (and the console's look)" if _ends else ""),
         _django,
         _rq,
         _redis,
         *_extra,
+        pytest=PYTEST_WITH_LOOK if _ends else PYTEST,
     )
     if _id in ("oldest", "newest"):
         _define(

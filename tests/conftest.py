@@ -14,6 +14,9 @@ from tests.support.http import Receiver, receiving
 from tests.support.messages import hook_settings, run_worker
 from tests.support.processes import Supervisor
 
+#: The per-test time bound (OUTBOX_TEST_TIME_LIMIT, default 60 s) and its ``slow`` marker.
+pytest_plugins = ["tests.support.time_limit"]
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``cluster`` every test that uses the real cluster (tests/support/cluster.py);
@@ -27,6 +30,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if on_cluster and mark is not None:
             why = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
             item.add_marker(pytest.mark.skip(reason=f"single server only: {why}"))
+    # The longest tests first (the fault scenarios, the browser's): run in parallel
+    # processes (scripts/test), the suite then ends on short tests instead of waiting on
+    # one process's last scenario. A stable sort: the rest keep their order.
+    items.sort(key=lambda item: not any(item.get_closest_marker(name) for name in LONG_MARKERS))
+
+
+#: Markers of the suite's longest tests, started first (see pytest_collection_modifyitems).
+LONG_MARKERS = ("faults", "browser", "slow")
 
 
 @pytest.fixture

@@ -9,12 +9,23 @@ import atexit
 import json
 import os
 
+# Under pytest-xdist (scripts/test runs the suite with -n) each test process has its own
+# servers: a process whose OUTBOX_TEST_SERVERS_FOR is not its own xdist worker id inherited
+# the URLs of the process that started it (the xdist controller) and starts its own. A
+# worker subprocess started by a test inherits both, and so shares its test's servers.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_INHERITED = os.environ.get("OUTBOX_TEST_SERVERS_FOR", _XDIST_WORKER) != _XDIST_WORKER
+if _INHERITED:
+    os.environ.pop("OUTBOX_TEST_REDIS_URL", None)
+    os.environ.pop("OUTBOX_TEST_CLUSTER_NODES", None)
+
 if not os.environ.get("OUTBOX_TEST_REDIS_URL"):
     from outbox.testing import RedisServer
 
     _server = RedisServer().start()
     atexit.register(_server.stop)
     os.environ["OUTBOX_TEST_REDIS_URL"] = _server.url
+    os.environ["OUTBOX_TEST_SERVERS_FOR"] = _XDIST_WORKER
 
 REDIS_URL = os.environ["OUTBOX_TEST_REDIS_URL"]
 
@@ -30,6 +41,7 @@ if os.environ.get("OUTBOX_TEST_CLUSTER"):
         _cluster = ClusterServer(primaries=3).start()
         atexit.register(_cluster.stop)
         os.environ["OUTBOX_TEST_CLUSTER_NODES"] = ",".join(_cluster.urls)
+        os.environ["OUTBOX_TEST_SERVERS_FOR"] = _XDIST_WORKER
     CLUSTER_NODES = os.environ["OUTBOX_TEST_CLUSTER_NODES"].split(",")
 
 SECRET_KEY = "tests-only"

@@ -21,7 +21,7 @@ import pytest
 from tests.support.browser import TIMEOUT_MS, logged_in_page, prepare, shot
 from tests.support.console import make
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.browser, pytest.mark.look, pytest.mark.django_db(transaction=True)]
 
 #: What a page's breadcrumbs look like, read in the browser: the container's element and
 #: computed style, its first link's, each item's separator (the ``::after`` content of
