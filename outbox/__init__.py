@@ -29,6 +29,7 @@ __all__ = [
     "OutboxError",
     "OutboxUnavailable",
     "PermanentDeliveryError",
+    "SendOutcomeUnknown",
     "Status",
     "UnknownDestination",
     "attempts",
@@ -39,6 +40,7 @@ __all__ = [
     "release_key",
     "requeue",
     "send",
+    "send_again",
     "send_many",
 ]
 
@@ -56,6 +58,7 @@ _LAZY = {
     "NotDurable": "outbox.exceptions",
     "OutboxError": "outbox.exceptions",
     "PermanentDeliveryError": "outbox.exceptions",
+    "SendOutcomeUnknown": "outbox.exceptions",
     "UnknownDestination": "outbox.exceptions",
     "attempts": "outbox.api",
     "blocked_keys": "outbox.operations.ordering",
@@ -65,11 +68,12 @@ _LAZY = {
     "get": "outbox.api",
     "requeue": "outbox.api",
     "send": "outbox.api",
+    "send_again": "outbox.api",
     "send_many": "outbox.api",
 }
 
 if TYPE_CHECKING:
-    from outbox.api import attempts, cancel, delete, get, requeue, send, send_many
+    from outbox.api import attempts, cancel, delete, get, requeue, send, send_again, send_many
     from outbox.exceptions import (
         DeliveryError,
         IdempotencyConflict,
@@ -80,6 +84,7 @@ if TYPE_CHECKING:
         OutboxError,
         OutboxUnavailable,
         PermanentDeliveryError,
+        SendOutcomeUnknown,
         UnknownDestination,
     )
     from outbox.operations.actions import ActionResult

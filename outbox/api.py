@@ -17,7 +17,13 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import tracing
 from outbox.conf import outbox_settings
-from outbox.exceptions import InvalidMessage, MessageNotFound, NotDurable, OutboxUnavailable
+from outbox.exceptions import (
+    InvalidMessage,
+    MessageNotFound,
+    NotDurable,
+    OutboxUnavailable,
+    SendOutcomeUnknown,
+)
 from outbox.operations import actions
 from outbox.records import Attempt, Message
 from outbox.sending import intake
@@ -26,6 +32,7 @@ from outbox.sending.validation import (
 )
 from outbox.store.connection import get_repository
 from outbox.store.keys import random_partition
+from outbox.store.outages import may_have_run
 
 SEND_ARGUMENTS = frozenset(
     {
@@ -105,6 +112,10 @@ def send(
             message without an idempotency key whose partition's primary is down (or
             whose slot is stuck half moved) is stored in a partition of another primary
             instead (its id names that partition); one with a key has one partition.
+        SendOutcomeUnknown: (an ``OutboxUnavailable``) the write was sent and its reply
+            did not come back (a timeout): the message may be stored, so it is never
+            moved to another partition. ``exc.unknown`` holds it;
+            ``outbox.send_again(exc.unknown)`` stores it once.
         NotDurable: outside a transaction, with ``OUTBOX["DURABILITY"]`` set: the
             message is stored on the Redis primary (and will be delivered) but fewer
             replicas or AOF fsyncs than asked acknowledged it within the setting's
@@ -146,9 +157,11 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
         InvalidMessage: an item is invalid; ``str(exc)`` names its index.
         IdempotencyConflict: an item's key names a message with another body (its index
             named; ``exc.stored``: the messages written, with partitions).
-        OutboxUnavailable, NotDurable: as for :func:`send` (``exc.messages``: the list
-            this call would have returned; ``exc.stored`` / ``exc.unstored`` of an
-            ``OutboxUnavailable``: what was and was not stored, with partitions).
+        OutboxUnavailable, SendOutcomeUnknown, NotDurable: as for :func:`send`
+            (``exc.messages``: the list this call would have returned; ``exc.stored`` /
+            ``exc.unstored`` of an ``OutboxUnavailable``: what was and was not stored,
+            with partitions; ``exc.unknown`` of a ``SendOutcomeUnknown``: the messages
+            whose partition timed out, which may be stored).
     """
     now = time.time()
     built = []
@@ -179,9 +192,56 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
     return _submit(built, using)
 
 
+def send_again(messages: Iterable[Message], *, using: str = DEFAULT_DB_ALIAS) -> list[Message]:
+    """Store messages again under the ids they already have, after a
+    :class:`~outbox.exceptions.SendOutcomeUnknown`: ``outbox.send_again(exc.unknown)``.
+
+    The write is idempotent on the message id: a message that the failed call did store
+    is left as it is (not a second copy, not reset), one it did not store is stored now.
+    So the pair "a send whose outcome is unknown, then send_again" makes each message
+    once, where sending the same content with :func:`send` would make a second message
+    whenever the first write had landed. Inside ``transaction.atomic`` the messages are
+    captured with the caller's rows, as by :func:`send`, and pushed the same way.
+
+    Call it soon after the error: a message stored by the failed call, delivered and
+    then purged by retention (``OUTBOX["RETENTION"]``) would be stored again.
+
+    Args:
+        messages: :class:`~outbox.records.Message` objects as an exception of
+            :func:`send` or :func:`send_many` lists them (``exc.unknown``,
+            ``exc.unstored``), not made by hand.
+
+    Returns:
+        The messages, in order, as :func:`send_many` returns them.
+
+    Raises:
+        InvalidMessage: an item is not a ``Message``.
+        OutboxUnavailable, SendOutcomeUnknown, NotDurable: as for :func:`send_many`;
+            calling it again with the new exception's messages is again safe.
+    """
+    messages = list(messages)
+    for index, item in enumerate(messages):
+        if not isinstance(item, Message):
+            raise InvalidMessage(
+                f"send_again item {index} must be a Message (exc.unknown of a SendOutcomeUnknown), "
+                f"not {type(item).__name__}",
+                field="messages",
+            )
+    # no new "send" span: the messages carry the trace context of the send they repeat
+    return _capture_or_store(messages, using, repeat=True)
+
+
 @tracing.traced_send  # OpenTelemetry "send" span; trace context into the headers
 def _submit(messages: list[Message], using: str) -> list[Message]:
-    """Capture messages in the current transaction, or write them to Redis now."""
+    """Capture new messages in the current transaction, or write them to Redis now."""
+    return _capture_or_store(messages, using, repeat=False)
+
+
+def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list[Message]:
+    """Capture messages in the current transaction, or write them to Redis now.
+
+    ``repeat``: the messages may have been stored before (:func:`send_again`), so the
+    write checks each id first (``intake.store``)."""
     if not messages:
         return []
     if transaction.get_connection(using).in_atomic_block and not outbox_settings.EAGER:
@@ -192,28 +252,50 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
         return capture(messages, using)
     not_durable: NotDurable | None = None
     try:
-        created = intake.store(messages, repeat=False)
+        created = intake.store(messages, repeat=repeat)
     except NotDurable as exc:  # written, not acknowledged: raised below, with the messages
         created, not_durable = exc.created, exc
     except (RedisError, RedisClusterException) as exc:  # the second: a cluster with a slot no node serves
+        if may_have_run(exc):
+            raise SendOutcomeUnknown(
+                f"the outcome of storing {len(messages)} message(s) is unknown ({type(exc).__name__}: {exc}): "
+                "the write was sent, its reply did not come back, and Redis may have stored them. Sending the "
+                "same content again with send() could make a second message: call "
+                "outbox.send_again(exc.unknown), which stores them under their ids "
+                f"({_first_ids(messages)}) once.",
+                unknown=messages,
+            ) from exc
         raise OutboxUnavailable(
             f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
             "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
         ) from exc
     # a message moved to another partition (a cluster's primary down) has a new id
     messages = [m if c.id == m.id else replace(m, id=c.id) for m, c in zip(messages, created, strict=True)]
-    stored = [m for m, c in zip(messages, created, strict=True) if c.code == "new"]
+    stored = [m for m, c in zip(messages, created, strict=True) if c.code in ("new", "exists")]
     unstored = [m for m, c in zip(messages, created, strict=True) if c.code == "unstored"]
+    unknown = [m for m, c in zip(messages, created, strict=True) if c.code == "unknown"]
     single = len(messages) == 1
     for index, (message, c) in enumerate(zip(messages, created, strict=True)):
         if c.code == "conflict":
             refused = intake.conflict(message, c.standing_id, None if single else index)
             refused.stored = stored
             raise refused
+    if unknown:
+        raise SendOutcomeUnknown(
+            f"{len(stored)} of {len(messages)} message(s) stored; the outcome of {len(unknown)} "
+            f"({_first_ids(unknown)}) is unknown: their partition's write was sent and its reply did not "
+            "come back (a timeout), so Redis may have stored them"
+            + (f", and {len(unstored)} were not stored" if unstored else "")
+            + ". Call outbox.send_again(exc.unknown + exc.unstored) to store them once; exc.stored, "
+            "exc.unknown and exc.unstored list them.",
+            unknown=unknown,
+            stored=stored,
+            unstored=unstored,
+        )
     if unstored:
         raise OutboxUnavailable(
             f"{len(stored)} of {len(messages)} message(s) stored: the partition(s) of {len(unstored)} "
-            f"({', '.join(m.id for m in unstored[:3])}{', ...' if len(unstored) > 3 else ''}) could not be "
+            f"({_first_ids(unstored)}) could not be "
             "written now (a Redis Cluster primary is down or a slot is moving); those were not stored. "
             "exc.stored and exc.unstored list them.",
             stored=stored,
@@ -233,6 +315,11 @@ def _submit(messages: list[Message], using: str) -> list[Message]:
         not_durable.messages = result
         raise not_durable
     return result
+
+
+def _first_ids(messages: Sequence[Message]) -> str:
+    """The first three ids of ``messages`` for an error's text, "..." after them."""
+    return ", ".join(m.id for m in messages[:3]) + (", ..." if len(messages) > 3 else "")
 
 
 def get(message_id: str) -> Message:

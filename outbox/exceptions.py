@@ -138,7 +138,9 @@ class IdempotencyConflict(InvalidMessage):
 
 class OutboxUnavailable(OutboxError):
     """Redis could not be reached to store a message (outside a transaction); nothing
-    was stored. Inside ``transaction.atomic`` this is not raised: the message is
+    was stored. When the write was sent and only its reply is missing (a timeout), the
+    subclass :class:`SendOutcomeUnknown` is raised instead: then the messages may be
+    stored. Inside ``transaction.atomic`` this is not raised: the message is
     captured in the database and reaches Redis later (see :mod:`outbox.sending.capture`).
 
     On a cluster, ``send_many()`` may store the messages of some partitions and not of
@@ -158,6 +160,45 @@ class OutboxUnavailable(OutboxError):
         super().__init__(message)
         self.stored = stored or []
         self.unstored = unstored or []
+
+
+class SendOutcomeUnknown(OutboxUnavailable):
+    """The write of ``send()`` or ``send_many()`` (outside a transaction) reached Redis, or
+    may have, but its reply did not come back: a read timed out, or the connection broke
+    after the command was sent. Redis may have stored the messages (and a worker may
+    deliver them) or not: the outcome is **unknown**, not "nothing was stored".
+
+    A subclass of :class:`OutboxUnavailable`, so an ``except OutboxUnavailable`` still
+    catches it. Sending the same content again with ``send()`` would make a second
+    message when the first write did land; instead call
+    ``outbox.send_again(exc.unknown)``, which stores these messages under the ids they
+    already have and leaves a message that is already stored as it is (the write is
+    idempotent on the message id), so the pair never makes two messages. Do it soon: a
+    message that was stored, delivered and then purged by retention would be stored
+    again. A message with an idempotency key is safe to send again with ``send()`` too.
+
+    Attributes:
+        unknown: the messages whose outcome is unknown (with the ids they were sent under).
+        stored: the messages known to be stored (``send_many()`` on a cluster, where
+            other partitions answered).
+        unstored: the messages known not to be stored.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        unknown: list[Any],
+        stored: list[Any] | None = None,
+        unstored: list[Any] | None = None,
+    ) -> None:
+        super().__init__(message, stored=stored, unstored=unstored)
+        self.unknown = unknown
+
+    @property
+    def ids(self) -> list[str]:
+        """The ids of :attr:`unknown`, in order."""
+        return [m.id for m in self.unknown]
 
 
 class NotDurable(OutboxError):

@@ -23,7 +23,7 @@ from outbox.exceptions import IdempotencyConflict
 from outbox.records import Message, new_message_id, partition_of
 from outbox.store import Created, CreateResult, MessageRepository, durability, wakeups
 from outbox.store.connection import get_repository, is_cluster
-from outbox.store.outages import PARTITION_UNAVAILABLE
+from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run
 
 
 def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool = True) -> list[Created]:
@@ -40,7 +40,9 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
 
     Raises:
         redis.exceptions.RedisError: Redis could not be reached or refused the write
-            (nothing was written: the write is one atomic script call).
+            (nothing was written: the write is one atomic script call), or the reply
+            did not come back (:func:`~outbox.store.outages.may_have_run`: then the
+            write may have run).
         NotDurable: ``OUTBOX["DURABILITY"]`` asks for a wait and fewer replicas (or AOF
             fsyncs) than asked acknowledged the write within its ``TIMEOUT``, or the wait
             failed. The messages are written and their queues woken (raised after the
@@ -52,9 +54,11 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
 
     With more than one partition (on a cluster), a message's partition may be unable to
     take a write now while others can: its :class:`~outbox.store.Created` code is then
-    ``"unstored"`` (the others are written). A fresh message without a key
-    (``repeat=False``, no idempotency key) goes to another partition instead, on another
-    primary, up to :data:`REPICKS` times: its id changes (``Created.id`` is the new one).
+    ``"unstored"`` (the others are written), or ``"unknown"`` when its partition's write
+    was sent and its reply lost (it may be stored). A fresh message without a key
+    (``repeat=False``, no idempotency key) whose partition refused goes to another
+    partition instead, on another primary, up to :data:`REPICKS` times: its id changes
+    (``Created.id`` is the new one); one whose write may have run never moves.
     """
     if not messages:
         return []
@@ -92,7 +96,8 @@ def _create(
     try:
         result = repository.create(messages, now, **kwargs)
     except PARTITION_UNAVAILABLE as exc:
-        if not movable or all(m.idempotency_key or m.ordering_key for m in messages):
+        # a write that may have run is never moved: that would store the message twice
+        if not movable or may_have_run(exc) or all(m.idempotency_key or m.ordering_key for m in messages):
             raise
         unstored = [Created(m.id, m.id, "unstored") for m in messages]
         result = CreateResult(unstored, [], errors={partition_of(m.id): exc for m in messages})
@@ -100,7 +105,9 @@ def _create(
         stuck = [
             i
             for i, c in enumerate(result.created)
-            if c.code == "unstored" and not (messages[i].idempotency_key or messages[i].ordering_key)
+            if c.code == "unstored"
+            and not (messages[i].idempotency_key or messages[i].ordering_key)
+            and not may_have_run(result.errors[partition_of(c.id)])
         ]
         elsewhere = repository.partition_elsewhere(set(result.errors)) if stuck else None
         if elsewhere is None:
@@ -120,8 +127,16 @@ def _create(
             result.acknowledged = (
                 again.acknowledged if earlier is None else durability.combined([earlier, again.acknowledged])
             )
-    if all(c.code == "unstored" for c in result.created):
-        raise next(iter(result.errors.values()))  # nothing was written
+    # an unstored message whose partition's write may have run (a timeout) is unknown
+    result.created = [
+        replace(c, code="unknown")
+        if c.code == "unstored" and may_have_run(result.errors[partition_of(c.id)])
+        else c
+        for c in result.created
+    ]
+    if all(c.code in ("unstored", "unknown") for c in result.created):
+        # nothing is known to be written: the error that may have run first, if any
+        raise sorted(result.errors.values(), key=lambda exc: not may_have_run(exc))[0]
     return result
 
 

@@ -19,7 +19,7 @@ from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, Status, part
 from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, script_call
 from outbox.store.destination_state import health_args
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
-from outbox.store.outages import PARTITION_UNAVAILABLE
+from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import field_names, named, sha
 
@@ -224,7 +224,9 @@ class Created:
             with the same body: nothing written), ``"conflict"`` (the key names another
             message with a different body: nothing written) or, with more than one
             partition, ``"unstored"`` (its partition could not be written now, while
-            another partition of the call was: see :attr:`CreateResult.errors`).
+            another partition of the call was: see :attr:`CreateResult.errors`) or
+            ``"unknown"`` (set by ``outbox.sending.intake``: its partition's write was
+            sent and the reply lost, :func:`.outages.may_have_run`; it may be stored).
     """
 
     id: str
@@ -481,10 +483,11 @@ class MessageStore(RepositoryBase):
             replies = [self.thread_clients.run(lambda client: self.run_script(name, args, client, keys=keys))]
         else:
             replies = self.run_scripts(calls, errors=True)
-        failed = [reply for reply in replies if isinstance(reply, Exception)]
+        # a write that may have run first: raised, it says the outcome is unknown
+        failed = sorted((r for r in replies if isinstance(r, Exception)), key=lambda r: not may_have_run(r))
         for reply in failed:
             if not isinstance(reply, PARTITION_UNAVAILABLE) or len(failed) == len(replies):
-                raise reply  # a bug, not an outage; or nothing was written
+                raise reply  # a bug, not an outage; or nothing is known to be written
         created: list[Created] = [Created(m.id, m.id, "new") for m in messages]
         woken: list[str] = []
         errors: dict[int, Exception] = {}

@@ -6,6 +6,8 @@ partitions take theirs."""
 from __future__ import annotations
 
 from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
     ClusterDownError,
     ClusterError,
     ReadOnlyError,
@@ -41,3 +43,23 @@ CLUSTER_IN_FLUX: tuple[type[Exception], ...] = (TryAgainError, ClusterError, Slo
 #: :data:`REDIS_UNAVAILABLE` and :data:`CLUSTER_IN_FLUX`: a partition that cannot take a
 #: write now, while others can (its primary down, its slot half moved).
 PARTITION_UNAVAILABLE: tuple[type[Exception], ...] = (*REDIS_UNAVAILABLE, *CLUSTER_IN_FLUX)
+
+
+def may_have_run(exc: BaseException) -> bool:
+    """Whether a write that failed with ``exc`` may still have run on Redis: True when
+    the command may have reached the server and only its reply was lost (a read that
+    timed out, a connection that broke after the command was written), False when the
+    server cannot have run it (the connection could not be made, or the server answered
+    with an error: ``LOADING``, ``READONLY``, ``CLUSTERDOWN``, ``TRYAGAIN``, ``MOVED``...).
+
+    redis-py raises the same classes for both sides of the write, so the connect
+    failures are told apart by the text redis-py gives them ("Timeout connecting to
+    server", "Error 111 connecting to host:port": ``AbstractConnection._error_message``
+    and ``connect``); anything else of the two classes counts as "may have run", the
+    answer that cannot make a caller send a duplicate.
+    """
+    if isinstance(exc, (BusyLoadingError, AuthenticationError)):
+        return False  # the server answered: it refused, ran nothing
+    if isinstance(exc, (RedisTimeoutError, RedisConnectionError)):
+        return "connecting to" not in str(exc).lower()
+    return False

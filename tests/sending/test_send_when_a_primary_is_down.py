@@ -6,6 +6,7 @@ messages were stored (it is atomic per partition only)."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from redis.crc import key_slot
 
 import outbox
-from outbox.exceptions import OutboxUnavailable
+from outbox.exceptions import OutboxUnavailable, SendOutcomeUnknown
 from outbox.records import partition_of
 from outbox.store.connection import get_repository
 from outbox.store.keys import partition_for
@@ -81,6 +82,42 @@ def test_a_keyless_send_whose_slot_is_stuck_half_moved_goes_to_another_primary(o
         cluster.finish_migration(slot)
     m = outbox.send("mem", {"order": 3}, idempotency_key=key_in(3, "after"))
     assert partition_of(m.id) == 3 and outbox.get(m.id).status == "pending"
+
+
+def test_a_primary_that_stops_answering_makes_its_partitions_unknown_never_moved(on_own_cluster, monkeypatch):
+    """Issue 30, item 2, on the cluster: a primary frozen with SIGSTOP takes the writes
+    sent to it and answers after the client has timed out. send_many says which messages
+    are stored (other primaries') and which are unknown (the frozen one's), and a keyless
+    send whose partition timed out is not moved to another partition (its first write
+    may land: moved, it would be stored twice); send_again then stores each once."""
+    cluster = on_own_cluster
+    frozen = cluster.nodes[0]
+    on_frozen = [k for k in range(PARTITIONS) if cluster.slot_owner(tag_slot(k)) == frozen]
+    alive = [k for k in range(PARTITIONS) if k not in on_frozen]
+    for k in (on_frozen[0], alive[0]):  # connections to both primaries in the pool
+        outbox.send("mem", {"warm": k}, idempotency_key=key_in(k, "warm"))
+    items = [
+        {"destination": "mem", "body": "alive", "idempotency_key": key_in(alive[0])},
+        {"destination": "mem", "body": "frozen", "idempotency_key": key_in(on_frozen[0], "f")},
+    ]
+    process = cluster.server(frozen).process
+    process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(SendOutcomeUnknown) as partial:
+            outbox.send_many(items)
+        monkeypatch.setattr("outbox.sending.validation.random_partition", lambda partitions: on_frozen[0])
+        with pytest.raises(SendOutcomeUnknown) as keyless:
+            outbox.send("mem", {"n": "keyless"})
+    finally:
+        process.send_signal(signal.SIGCONT)
+    assert [m.body for m in partial.value.stored] == [b"alive"]
+    assert [m.body for m in partial.value.unknown] == [b"frozen"] and partial.value.unstored == []
+    assert "1 of 2 message(s) stored" in str(partial.value) and "unknown" in str(partial.value)
+    assert [partition_of(m.id) for m in keyless.value.unknown] == [on_frozen[0]]  # not moved
+    again = outbox.send_again(partial.value.unknown + keyless.value.unknown)
+    assert [m.id for m in again] == [m.id for m in partial.value.unknown + keyless.value.unknown]
+    assert all(m is not None for m in get_repository().get_many([m.id for m in again]))
+    assert get_repository().count() == 5  # the 2 warm ones, alive, frozen, keyless: each once
 
 
 def test_with_a_primary_down_keyless_sends_go_on_and_send_many_says_what_was_stored(on_own_cluster):
