@@ -172,6 +172,12 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
 }
+if os.environ.get(
+    "OUTBOX_TEST_STALL_FILE"
+):  # tests/delivery/test_worker_process.py: a signal lost in logging
+    LOGGING["formatters"] = {"stalling": {"()": "tests.support.stalling_log.StallingFormatter"}}
+    LOGGING["handlers"]["stalling"] = {"class": "logging.StreamHandler", "formatter": "stalling"}
+    LOGGING["loggers"]["rq.worker"] = {"handlers": ["stalling"], "level": "DEBUG"}
 # Silenced here: none (tests call the checks themselves); settings that build on these
 # add their own (tests/settings_quarantine.py).
 SILENCED_SYSTEM_CHECKS: list[str] = []

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from outbox.conf import outbox_settings
 from outbox.delivery.outcomes import Decision, decide, write
-from outbox.destinations.controls import release_parked_due
+from outbox.destinations.controls import close_breakers_left, release_parked_due
 from outbox.records import Message, Outcome, Status
 from outbox.store import wakeups
 from outbox.store.connection import get_repository
@@ -95,6 +95,7 @@ def recover(
             "outbox recovery: put %d message(s) written by an older version in their due index", upgraded
         )
         wake_due(now)
+    close_breakers_left()
     report = RecoveryReport()
     _recover_lost(now, limit, report)
     report.purged, report.purge_backlog = _purge_expired(now, limit, budget)

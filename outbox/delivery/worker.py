@@ -49,7 +49,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
@@ -78,6 +78,13 @@ STOP_GRACE = (
     10.0  # seconds a stopping worker may take once no job runs (RQ's teardown) before it exits anyway
 )
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Seconds an idle worker may take to stop before its stop signal is sent to the main thread
+#: once more. RQ stops an idle worker by raising ``StopRequested`` from its signal handler,
+#: wherever the main thread is; raised inside a ``logging`` call (RQ logs right before its
+#: blocking wait), the logging module swallows it ("--- Logging error ---") and RQ waits for
+#: a job (up to its dequeue timeout, minutes) as if no stop had come. A repeated signal is
+#: RQ's cold shutdown, the same as a warm one with no job running.
+STOP_REPEAT = 2.0
 
 
 class _Step:
@@ -263,7 +270,9 @@ class StopRequest:
                 "then stopping (send it again to stop at once)",
                 signal.Signals(signum).name,
             )
-            threading.Thread(target=self._watch, name="outbox-stop-watchdog", daemon=True).start()
+            threading.Thread(
+                target=self._watch, args=(signum,), name="outbox-stop-watchdog", daemon=True
+            ).start()
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         """Signal handler outside RQ's loop: the first signal asks for a stop, a second
@@ -273,14 +282,26 @@ class StopRequest:
             raise SystemExit(128 + signum)
         self.request(signum)
 
-    def _watch(self) -> None:
-        """End the process once no job has run for :data:`STOP_GRACE` seconds in a row."""
+    def _watch(self, signum: int = signal.SIGTERM) -> None:
+        """End the process once no job has run for :data:`STOP_GRACE` seconds in a row;
+        after :data:`STOP_REPEAT` seconds of that, send ``signum`` to the main thread once
+        more (see :data:`STOP_REPEAT`)."""
         idle_since: float | None = None
+        repeated = False
         while idle_since is None or time.monotonic() - idle_since < STOP_GRACE:
             if self.job_running.is_set():
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
+            elif not repeated and time.monotonic() - idle_since >= STOP_REPEAT:
+                repeated = True
+                logger.info(
+                    "outbox worker: still running %.0f s after its stop request with no job running; "
+                    "repeating the stop signal",
+                    STOP_REPEAT,
+                )
+                with suppress(ValueError, OSError):  # the main thread is gone: the process is ending
+                    signal.pthread_kill(threading.main_thread().ident or 0, signum)
             time.sleep(0.1)
         logger.error(
             "outbox worker: still running %.0f s after its stop request with no job running "

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable
 
 from outbox.conf import outbox_settings
+from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.exceptions import UnknownDestination
 from outbox.store import wakeups
@@ -107,6 +108,35 @@ def release_parked_due(now: float | None = None, budget: float = 0.5) -> int:
     to ``budget`` seconds per destination) and wake the queues. Returns messages moved."""
     now = time.time() if now is None else now
     return sum(unpark_all(name, now, budget=budget) for name in get_repository().due_probes(now))
+
+
+def close_breakers_left() -> list[str]:
+    """Close the circuit breaker of each destination that has none configured now
+    (``"BREAKER": False``, or no ``OUTBOX["BREAKER"]``) but whose state an earlier
+    setting left ``open`` or ``half_open``, and put its parked messages back: otherwise
+    they would stay parked for good, one probe per cool-down or visibility timeout. Run
+    by the recovery sweep (every ``RECOVERY_INTERVAL`` seconds); a delivery outcome of
+    such a destination closes it too (``lua/health.lua``). Sends a ``destination.closed``
+    event (``reason``: "no breaker configured") for each.
+
+    Reads one field per such destination (one pipelined round trip); returns the names
+    closed.
+    """
+    names = [name for name, d in usable_destinations().items() if d.breaker is None]
+    repo = get_repository()
+    closed = []
+    for name in repo.breakers_not_closed(names):
+        raw = repo.destination_action(name, "close", time.time(), "no breaker configured")
+        if raw:
+            send_destination_events([DestinationEvent.from_json(raw)])
+            logger.warning(
+                "outbox: destination %r has no circuit breaker configured; the state an earlier "
+                "setting left open was closed and its parked messages put back",
+                name,
+            )
+            unpark_all(name)
+            closed.append(name)
+    return closed
 
 
 def parse_events(raw: Iterable[str | bytes]) -> list[DestinationEvent]:

@@ -223,6 +223,17 @@ class DestinationState(RepositoryBase):
         )
         return bytes(reply).decode() if reply else None
 
+    def breakers_not_closed(self, destinations: Sequence[str]) -> list[str]:
+        """Those of ``destinations`` whose breaker state is ``open`` or ``half_open`` (one
+        HGET each, in one pipeline; each state hash is in its destination's home slot)."""
+        if not destinations:
+            return []
+        pipe = self.connection.pipeline(transaction=False)
+        for destination in destinations:
+            pipe.hget(self.keys.dest(destination), "breaker")
+        states = pipe.execute()
+        return [d for d, state in zip(destinations, states, strict=True) if state not in (None, b"closed")]
+
     def due_probes(self, now: float, limit: int = 100) -> list[str]:
         """Destinations whose parked messages the wake check must look at now (``outbox:probes``)."""
         rows = cast(

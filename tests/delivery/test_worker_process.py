@@ -157,6 +157,19 @@ def test_sigterm_stops_an_idle_worker(redis, rq_redis, processes):
     assert process.returncode == 0
 
 
+def test_a_stop_signal_swallowed_by_logging_still_stops_an_idle_worker(redis, rq_redis, processes, tmp_path):
+    """RQ stops an idle worker by raising StopRequested from its signal handler; raised
+    inside a logging call (RQ logs just before its blocking wait), the logging module
+    swallows it and RQ waits for a job as if no stop had come. A formatter that stalls on
+    that line (tests/support/stalling_log.py) puts the signal there on purpose."""
+    stalled = tmp_path / "stalled"
+    process = start_worker(processes, env={"OUTBOX_TEST_STALL_FILE": str(stalled)})
+    assert wait_for(stalled.exists, timeout=30), output_of(process)
+    _stops_within(process, signal.SIGTERM, STOP_BOUND)
+    log = output_of(process)
+    assert "Logging error" in log, log  # the signal did land inside logging
+
+
 @pytest.mark.parametrize("down_for", [0.5, 4.0, 9.0])
 def test_sigterm_stops_a_worker_while_redis_is_down(own_redis, down_for, processes):
     """Redis stopped under a running worker, then SIGTERM: at once (RQ's reconnection

@@ -1,16 +1,27 @@
--- An operator's action on a destination: pause, resume, disable or enable. Resume and
--- enable do not move parked messages themselves: the caller runs unpark.lua (in batches)
--- after this call.
+-- An operator's action on a destination: pause, resume, disable or enable; or "close",
+-- the breaker state left open or half open by an earlier setting closed when no breaker
+-- is configured now (the recovery sweep's). Resume, enable and close do not move parked
+-- messages themselves: the caller runs unpark.lua (in batches) after this call.
 --
 -- KEYS[1] the destination's state hash (outbox:dest:<d>)
 -- ARGV: named (lib/args.lua): now (epoch seconds), channel (Pub/Sub, "" = none),
---   destination, action ("pause", "resume", "disable", "enable"), reason ("" = none)
+--   destination, action ("pause", "resume", "disable", "enable", "close"), reason ("" = none)
 -- Returns the event JSON when the state changed (also PUBLISHed), else false.
 --! include args
 local opts = named_args()
 local now_s, channel, dest, action, reason = opts.now, opts.channel, opts.destination, opts.action, opts.reason
 local dkey = KEYS[1]
 local admin = redis.call('HGET', dkey, 'admin') or 'active'
+if action == 'close' then
+  local breaker = redis.call('HGET', dkey, 'breaker') or 'closed'
+  if breaker == 'closed' then return false end
+  redis.call('HSET', dkey, 'breaker', 'closed')
+  redis.call('HDEL', dkey, 'opened_at', 'next_probe_at', 'cooldown', 'probe_id', 'probe_deadline')
+  local raw = cjson.encode({event = 'destination.closed', destination = dest, at = tonumber(now_s), reason = reason,
+                            previous = breaker})
+  if channel ~= '' then redis.call('PUBLISH', channel, raw) end
+  return raw
+end
 local to, name
 if action == 'pause' then
   if admin ~= 'active' then return false end

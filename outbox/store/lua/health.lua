@@ -116,6 +116,16 @@ local function open(dest, st, cfg, reason, detail)
   emit('destination.opened', dest, detail)
 end
 
+-- The breaker closes: what it parked goes back (the wake check unparks; the worker does
+-- at once too). reason: why, when it is not a successful attempt (the event says it).
+local function close(dest, st, reason)
+  st.breaker = 'closed'
+  put(st, 'breaker', 'closed')
+  for _, f in ipairs({'opened_at', 'next_probe_at', 'cooldown', 'probe_id', 'probe_deadline'}) do drop(st, f) end
+  probe_at(now, dest)
+  emit('destination.closed', dest, reason and {reason = reason} or {})
+end
+
 local function disable(dest, st, reason)
   st.admin = 'disabled'
   put(st, 'admin', 'disabled')
@@ -135,6 +145,11 @@ for _, values in ipairs(outcomes) do
     redis.call('ZREM', K.inflight(prefix, dest), o.lease .. '|' .. id)
   end
   local cfg = configs[dest]
+  if cfg and cfg.failures == 0 and st.breaker ~= 'closed' then
+    -- no breaker is configured now: a state an earlier setting left open or half open
+    -- would park this destination's messages for good
+    close(dest, st, 'no breaker configured')
+  end
   local agg = st.agg
   agg[kind] = agg[kind] + 1
   agg.sum = agg.sum + ms
@@ -154,14 +169,7 @@ for _, values in ipairs(outcomes) do
       st.failing_since = nil
       drop(st, 'failing_since')
     end
-    if st.breaker ~= 'closed' then
-      st.breaker = 'closed'
-      put(st, 'breaker', 'closed')
-      for _, f in ipairs({'opened_at', 'next_probe_at', 'cooldown', 'probe_id', 'probe_deadline'}) do drop(st, f) end
-      -- The wake check unparks what waited (the worker does at once too: belt and braces).
-      probe_at(now, dest)
-      emit('destination.closed', dest, {})
-    end
+    if st.breaker ~= 'closed' then close(dest, st) end
   else
     st.failed = true
     st.consecutive = st.consecutive + 1
