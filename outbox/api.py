@@ -30,6 +30,7 @@ from outbox.sending import intake
 from outbox.sending.validation import (
     build_message,
 )
+from outbox.store import Created
 from outbox.store.connection import get_repository
 from outbox.store.keys import random_partition
 from outbox.store.outages import may_have_run
@@ -269,8 +270,9 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
             f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
             "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
         ) from exc
-    # a message moved to another partition (a cluster's primary down) has a new id
-    messages = [m if c.id == m.id else replace(m, id=c.id) for m, c in zip(messages, created, strict=True)]
+    # a message moved to another partition (a cluster's primary down) has a new id; an
+    # ordered one has its sequence, and is "waiting" behind its key's head
+    messages = [_as_created(m, c) for m, c in zip(messages, created, strict=True)]
     stored = [m for m, c in zip(messages, created, strict=True) if c.code in ("new", "exists")]
     unstored = [m for m, c in zip(messages, created, strict=True) if c.code == "unstored"]
     unknown = [m for m, c in zip(messages, created, strict=True) if c.code == "unknown"]
@@ -315,6 +317,18 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
         not_durable.messages = result
         raise not_durable
     return result
+
+
+def _as_created(message: Message, created: Created) -> Message:
+    """``message`` as its write left it: the id it was stored under and, with an ordering
+    key, its status (``pending`` at its key's head, else ``waiting``) and sequence."""
+    if created.id != message.id:
+        message = replace(message, id=created.id)
+    if created.order_seq is not None and created.status is not None:
+        message = replace(
+            message, status=created.status, order_seq=created.order_seq, order_prev=created.order_prev
+        )
+    return message
 
 
 def _first_ids(messages: Sequence[Message]) -> str:

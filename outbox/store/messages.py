@@ -232,6 +232,11 @@ class Created:
     id: str
     standing_id: str
     code: str
+    #: A message with an ordering key written as new: ``"pending"`` (its key's head) or
+    #: ``"waiting"``, its sequence in the key and the sequence delivered before it.
+    status: str | None = None
+    order_seq: int | None = None
+    order_prev: int | None = None
 
 
 @dataclass
@@ -560,7 +565,19 @@ class MessageStore(RepositoryBase):
         rest = reply[1 + n_woken :]
         for at in range(0, len(rest), 3):
             index = int(rest[at]) - 1
-            created[index] = Created(messages[index].id, rest[at + 1].decode(), rest[at + 2].decode())
+            code = rest[at + 2].decode()
+            if code.startswith("ordered:"):  # written as new, in its ordering key's queue
+                _, status, seq, prev = code.split(":")
+                created[index] = Created(
+                    messages[index].id,
+                    messages[index].id,
+                    "new",
+                    status,
+                    int(seq),
+                    int(prev) if prev else None,
+                )
+                continue
+            created[index] = Created(messages[index].id, rest[at + 1].decode(), code)
         return CreateResult(created, woken)
 
     def claim_args(

@@ -327,3 +327,12 @@ def test_url_host_hides_credentials():
     assert url_host("https://user:pw@api.example.com/x") == "api.example.com"
     assert url_host("http://api.example.com:8080/x") == "api.example.com:8080"
     assert url_host("http://[::1]:8000/") == "[::1]:8000"
+
+
+def test_the_confirm_summary_has_no_stray_space_before_its_full_stop(superuser_client, repo):
+    """Issue 30, item 9: "12 can be requeued ." when every selected message can be."""
+    failed = make(repo, 2, "failed")
+    html = text_of(post(superuser_client, {"action": "requeue", "_selected_action": [m.id for m in failed]}))
+    summary = " ".join(re.sub(r"<[^>]+>", " ", html.split('class="outbox-confirm-summary"', 1)[1]).split())
+    assert "can be requeued." in summary, summary[:200]
+    assert " ." not in summary.split("requeued", 1)[1][:3]

@@ -61,6 +61,27 @@ def test_the_messages_of_a_key_wait_behind_its_head(receiver, repo):
     assert_index_invariant(repo)
 
 
+def test_send_returns_an_ordered_message_as_stored_waiting_with_its_sequence(receiver, repo):
+    """Issue 30, item 9: send() said "pending, order_seq None" for a message that get()
+    then showed "waiting", sequence 2. send_many too."""
+    with hook(receiver):
+        first = outbox.send("hook", {"n": 1}, ordering_key="k")
+        second = outbox.send("hook", {"n": 2}, ordering_key="k")
+        many = outbox.send_many([{"destination": "hook", "body": n, "ordering_key": "k"} for n in (3, 4)])
+        plain = outbox.send("hook", {"n": 5})
+    returned = [first, second, *many, plain]
+    assert [(m.status, m.order_seq) for m in returned] == [
+        ("pending", 1),
+        ("waiting", 2),
+        ("waiting", 3),
+        ("waiting", 4),
+        ("pending", None),
+    ]
+    assert [(m.status, m.order_seq, m.order_prev) for m in returned] == [
+        (g.status, g.order_seq, g.order_prev) for g in (outbox.get(m.id) for m in returned)
+    ]
+
+
 def test_a_key_is_delivered_in_order_and_a_retry_keeps_its_head_at_the_head(receiver, worker, repo):
     # the first message of key A fails twice: nothing of A overtakes it; key B goes on
     answers = iter([500, 500])

@@ -38,8 +38,11 @@
 -- "exists" (this id was already written), "duplicate" (the key names another message
 -- with the same fingerprint: its id stands), "conflict" (the key names another message
 -- with a different fingerprint: its id is returned) or "refused" (not written because
--- another message of the call is a conflict: a call with a conflict writes nothing).
--- Every message not listed was written ("new"): the common reply is {0} or {1, queue}.
+-- another message of the call is a conflict: a call with a conflict writes nothing);
+-- and for each message with an ordering key written as new, its position, its id and
+-- "ordered:<status>:<seq>:<prev>" (status "pending" at its key's head, else "waiting";
+-- its sequence in the key; the sequence delivered before it, or "").
+-- Every other message not listed was written ("new"): the common reply is {0} or {1, queue}.
 -- The message records and index entries are written once per key for the whole call
 -- (lib/writes.lua: one MSET, one ZADD per index).
 --! include args
@@ -147,6 +150,7 @@ for i, m in ipairs(msgs) do
       else
         status, skey, due = 'waiting', m.waitkey, false
       end
+      others[#others + 1] = {i, id, 'ordered:' .. status .. ':' .. seq .. ':' .. (head and last or '')}
     end
     redis.call('HSET', m.rkey, 'status', status, 'destination', dest, 'queue', queue,
       'next_attempt_at', score, unpack(ARGV, m.rfirst, m.rlast))
