@@ -96,8 +96,8 @@ from outbox.conf import (
 )
 from outbox.destinations.config import (
     configuration_errors,
-    get_destination,
     parse_ordering,
+    usable_destinations,
     validate_max_retries,
 )
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
@@ -238,8 +238,8 @@ def _check() -> list[CheckMessage]:
     destination_errors = configuration_errors()
     errors += [Error(message, id="outbox.E002") for message in destination_errors]
     errors += _alert_checks()
-    if "VISIBILITY_TIMEOUT" not in not_positive and not destination_errors:
-        errors += _lease_warnings()
+    if "VISIBILITY_TIMEOUT" not in not_positive:
+        errors += _lease_warnings()  # of the destinations that build, beside the others' errors
     if not outbox_settings.DESTINATIONS:
         errors.append(
             Warning("OUTBOX['DESTINATIONS'] is empty: send() has nowhere to deliver", id="outbox.W002")
@@ -402,8 +402,8 @@ def _lease_warnings() -> list[CheckMessage]:
     """
     budget = outbox_settings.VISIBILITY_TIMEOUT / 2
     warnings: list[CheckMessage] = []
-    for name in outbox_settings.DESTINATIONS:
-        transport = get_destination(name).build_transport()
+    for name, destination in usable_destinations().items():
+        transport = destination.build_transport()
         longest = transport.longest_attempt()
         if longest is None:
             warnings.append(
@@ -470,16 +470,14 @@ def check_webhook_addresses(app_configs: Any = None, **kwargs: Any) -> list[Chec
 
     The host is judged as a delivery judges it: refused when every address it resolves
     to is non-public. Destinations that allow private networks, or that send through an
-    environment proxy (``trust_env``), are not checked; nor is any when the destinations
-    are malformed (outbox.E002 reports that). See the module docstring for the lookups'
+    environment proxy (``trust_env``), are not checked; nor is a malformed one
+    (outbox.E002 reports it), while the others are. See the module docstring for the lookups'
     time limits.
     """
-    if configuration_errors():
-        return []
     deadline = time.monotonic() + ADDRESS_CHECK_BUDGET
     found: list[CheckMessage] = []
-    for name in outbox_settings.DESTINATIONS:
-        transport = get_destination(name).build_transport()
+    for name, destination in usable_destinations().items():
+        transport = destination.build_transport()
         if not isinstance(transport, WebhookTransport) or not transport.block_private_networks:
             continue
         if transport.trust_env and environment_proxy(transport.url):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -135,17 +136,34 @@ def parse_ordering(value: object, where: str) -> str:
 
 
 def _build(name: str, config: Any) -> Destination:
+    """The :class:`Destination` of ``OUTBOX["DESTINATIONS"][name]``.
+
+    Raises:
+        ImproperlyConfigured: its first problem (:func:`_parse` lists them all).
+    """
+    destination, problems = _parse(name, config)
+    if problems or destination is None:
+        raise ImproperlyConfigured(problems[0])
+    return destination
+
+
+def _parse(name: str, config: Any) -> tuple[Destination | None, list[str]]:
+    """The destination of ``config`` and every problem found in it, each checked on its
+    own: an unknown key does not hide a bad ``MAX_RETRIES`` nor a typo in ``OPTIONS`` (the
+    transport refuses its options when it is built). The destination is None when there
+    is any problem."""
     where = f"OUTBOX['DESTINATIONS'][{name!r}]"
     if not isinstance(config, dict):
-        raise ImproperlyConfigured(f"{where} must be a dict with at least 'TRANSPORT'")
+        return None, [f"{where} must be a dict with at least 'TRANSPORT'"]
+    problems: list[str] = []
     unknown = set(config) - DESTINATION_KEYS
     if unknown:
-        raise ImproperlyConfigured(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        problems.append(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     if "TRANSPORT" not in config:
-        raise ImproperlyConfigured(f"{where} has no 'TRANSPORT'")
+        problems.append(f"{where} has no 'TRANSPORT'")
     options = config.get("OPTIONS", {})
     if not isinstance(options, dict):
-        raise ImproperlyConfigured(f"{where}['OPTIONS'] must be a dict")
+        problems.append(f"{where}['OPTIONS'] must be a dict")
     try:
         cls = transport_class(config["TRANSPORT"])
         transport_default = cls.max_in_flight or (outbox_settings.CONCURRENCY if cls.in_process else None)
@@ -158,45 +176,68 @@ def _build(name: str, config: Any) -> Destination:
         and "MAX_IN_FLIGHT" not in outbox_settings.user_settings
     )
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-        raise ImproperlyConfigured(
-            f"{where}['MAX_IN_FLIGHT'] must be a positive integer, not {max_in_flight!r}"
-        )
-    try:
-        max_retries = validate_max_retries(
+        problems.append(f"{where}['MAX_IN_FLIGHT'] must be a positive integer, not {max_in_flight!r}")
+
+    def parsed(parse: Callable[[], Any]) -> Any:
+        try:
+            return parse()
+        except ValueError as exc:
+            problems.append(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
+            return None
+
+    max_retries = parsed(
+        lambda: validate_max_retries(
             config.get("MAX_RETRIES", outbox_settings.MAX_RETRIES), f"{where}['MAX_RETRIES']"
         )
-        policy = RetryPolicy.from_value(config.get("RETRY"), default=outbox_settings.retry_policy)
-        breaker = BreakerConfig.parse(
+    )
+    policy = parsed(lambda: RetryPolicy.from_value(config.get("RETRY"), default=outbox_settings.retry_policy))
+    breaker = parsed(
+        lambda: BreakerConfig.parse(
             config.get("BREAKER", outbox_settings.BREAKER), outbox_settings.BREAKER, f"{where}['BREAKER']"
         )
-        rate_limit = RateLimit.parse(
+    )
+    rate_limit = parsed(
+        lambda: RateLimit.parse(
             config.get("RATE_LIMIT", outbox_settings.RATE_LIMIT), f"{where}['RATE_LIMIT']"
         )
-        max_concurrency = parse_max_concurrency(
+    )
+    max_concurrency = parsed(
+        lambda: parse_max_concurrency(
             config.get("MAX_CONCURRENCY", outbox_settings.MAX_CONCURRENCY), f"{where}['MAX_CONCURRENCY']"
         )
-        disable_after = parse_disable_after(
+    )
+    disable_after = parsed(
+        lambda: parse_disable_after(
             config.get("DISABLE_AFTER", outbox_settings.DISABLE_AFTER), f"{where}['DISABLE_AFTER']"
         )
-        ordering = parse_ordering(config.get("ORDERING", outbox_settings.ORDERING), f"{where}['ORDERING']")
-    except ValueError as exc:
-        raise ImproperlyConfigured(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from exc
-    destination = Destination(
-        name,
-        config["TRANSPORT"],
-        dict(options),
-        max_retries,
-        policy,
-        max_in_flight,
-        breaker,
-        rate_limit,
-        max_concurrency,
-        disable_after,
-        max_in_flight_default,
-        ordering,
     )
-    destination.build_transport()  # refuses bad options now, not at the first delivery
-    return destination
+    ordering = parsed(
+        lambda: parse_ordering(config.get("ORDERING", outbox_settings.ORDERING), f"{where}['ORDERING']")
+    )
+    if "TRANSPORT" in config and isinstance(options, dict):
+        try:  # refuses bad options now, not at the first delivery
+            transport_class(config["TRANSPORT"])(name, **options)
+        except ImproperlyConfigured as exc:
+            problems.append(str(exc))
+    if problems:
+        return None, problems
+    return (
+        Destination(
+            name,
+            config["TRANSPORT"],
+            dict(options),
+            max_retries,
+            policy,
+            max_in_flight,
+            breaker,
+            rate_limit,
+            max_concurrency,
+            disable_after,
+            max_in_flight_default,
+            ordering,
+        ),
+        [],
+    )
 
 
 @cache
@@ -228,16 +269,13 @@ def usable_destinations() -> dict[str, Destination]:
 
 def configuration_errors() -> list[str]:
     """Every problem with ``OUTBOX["DESTINATIONS"]``, as messages (for system checks),
-    each naming its destination."""
+    each naming its destination: all of each destination's, not only its first."""
     errors = []
     destinations = outbox_settings.DESTINATIONS
     if not isinstance(destinations, dict):
         return ["OUTBOX['DESTINATIONS'] must be a dict of name -> destination settings"]
     for name, config in destinations.items():
-        try:
-            _build(name, config)
-        except ImproperlyConfigured as exc:
-            text = str(exc)
+        for text in _parse(name, config)[1]:
             # every message names its destination (a transport's own may not)
             errors.append(text if repr(name) in text else f"OUTBOX['DESTINATIONS'][{name!r}]: {text}")
     return errors

@@ -183,3 +183,25 @@ def test_partitions_without_a_cluster_pass(settings):
 def test_one_partition_and_no_cluster_pass(settings):
     settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": 1}
     assert not [e for e in check_outbox_settings() if e.id in ("outbox.E010", "outbox.E001")]
+
+
+def test_every_finding_is_reported_at_once(settings):
+    """Issue 30, item 9: an unknown key hid an OPTIONS typo of the same destination, and
+    any destination's error (E002) hid the other destinations' W003 and W010."""
+    from outbox.checks import check_webhook_addresses
+
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "VISIBILITY_TIMEOUT": 40,
+        "DESTINATIONS": {
+            "typos": {"TRANSPORT": "webhook", "RETRIES": 3, "OPTIONS": {"url": "https://example.com/", "timout": 5}},
+            "slow": {"TRANSPORT": "webhook", "OPTIONS": {"url": "https://93.184.215.14/", "timeout": 30}},
+            "private": {"TRANSPORT": "webhook", "OPTIONS": {"url": "http://10.1.2.3/h"}},
+        },
+    }
+    findings = [(e.id, e.msg) for e in reported()]
+    typos = [msg for id_, msg in findings if id_ == "outbox.E002" and "'typos'" in msg]
+    assert any("RETRIES" in msg for msg in typos), findings  # the unknown key
+    assert any("timout" in msg for msg in typos), findings  # and the option it did not hide
+    assert any(id_ == "outbox.W003" and "'slow'" in msg for id_, msg in findings), findings
+    assert [w.id for w in check_webhook_addresses() if "'private'" in w.msg] == ["outbox.W010"]
