@@ -37,7 +37,8 @@ Two things about the process that RQ alone gets wrong for the outbox:
   Redis: the worker claims nothing more, lets the attempts in flight finish (each bounded
   by its transport's deadline) and exits; what RQ does after that (unregistering itself)
   gets :data:`STOP_GRACE` seconds, so a Redis that hangs cannot hold the process. A
-  second signal stops it at once (RQ's cold shutdown).
+  second signal stops it at once, in one log line (the attempts in flight are abandoned:
+  their messages come back after their lease).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from datetime import datetime, timezone
 from functools import cache
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
@@ -82,8 +84,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: once more. RQ stops an idle worker by raising ``StopRequested`` from its signal handler,
 #: wherever the main thread is; raised inside a ``logging`` call (RQ logs right before its
 #: blocking wait), the logging module swallows it ("--- Logging error ---") and RQ waits for
-#: a job (up to its dequeue timeout, minutes) as if no stop had come. A repeated signal is
-#: RQ's cold shutdown, the same as a warm one with no job running.
+#: a job (up to its dequeue timeout, minutes) as if no stop had come. The repeated signal
+#: ends the process as stopped (exit status 0): no job runs.
 STOP_REPEAT = 2.0
 
 
@@ -246,6 +248,9 @@ class StopRequest:
         #: Stop signals this process was started ignoring (POSIX shells start background
         #: commands with SIGINT ignored): they stay ignored, RQ's handlers too.
         self.ignored: frozenset[int] = frozenset()
+        #: The watchdog sent the stop signal again (:data:`STOP_REPEAT`): the second one
+        #: is not the operator's "stop at once", and the process ends as stopped.
+        self.repeated = False
 
     @staticmethod
     def reset() -> None:
@@ -278,6 +283,9 @@ class StopRequest:
         """Signal handler outside RQ's loop: the first signal asks for a stop, a second
         one ends the process at once."""
         if self.is_set():
+            if self.repeated and not self.job_running.is_set():
+                logger.warning("outbox worker: stopped")
+                raise SystemExit(0)
             logger.warning("outbox worker: %s received again; stopping now", signal.Signals(signum).name)
             raise SystemExit(128 + signum)
         self.request(signum)
@@ -294,7 +302,7 @@ class StopRequest:
             elif idle_since is None:
                 idle_since = time.monotonic()
             elif not repeated and time.monotonic() - idle_since >= STOP_REPEAT:
-                repeated = True
+                repeated = self.repeated = True
                 logger.info(
                     "outbox worker: still running %.0f s after its stop request with no job running; "
                     "repeating the stop signal",
@@ -378,6 +386,31 @@ def _stop_aware(base: type[Worker]) -> type[Worker]:
         def request_stop(self, signum: int, frame: FrameType | None) -> None:
             stop_request.request(signum)
             super().request_stop(signum, frame)
+
+        def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+            """The second stop signal: stop at once, said in one line. RQ's own cold
+            shutdown raises ``SystemExit`` wherever the main thread is, in a job's
+            delivery run too, which RQ then records as a failed job with its
+            traceback. The attempts in flight are abandoned: their messages go back to
+            their queue when their lease runs out (at-least-once)."""
+            if stop_request.repeated and not stop_request.job_running.is_set():
+                logger.warning("outbox worker: stopped")  # the watchdog's repeat: nothing runs
+                logging.shutdown()
+                os._exit(0)
+            requested = getattr(self, "_shutdown_requested_date", None)
+            with suppress(TypeError):  # RQ ignores a second signal within 1 s of the first
+                if requested is not None and (datetime.now(timezone.utc) - requested).total_seconds() < 1:
+                    return
+            logger.warning(
+                "outbox worker: %s received again; stopping now (attempts in flight are abandoned: "
+                "their messages are delivered again once their lease runs out)",
+                signal.Signals(signum).name,
+            )
+            if getattr(self, "horse_pid", 0):  # a forking worker's job: taken down with it
+                self.kill_horse()
+                self.wait_for_horse()
+            logging.shutdown()
+            os._exit(128 + signum)
 
         def _install_signal_handlers(self) -> None:
             super()._install_signal_handlers()

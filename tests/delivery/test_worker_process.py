@@ -168,6 +168,7 @@ def test_a_stop_signal_swallowed_by_logging_still_stops_an_idle_worker(redis, rq
     _stops_within(process, signal.SIGTERM, STOP_BOUND)
     log = output_of(process)
     assert "Logging error" in log, log  # the signal did land inside logging
+    assert process.returncode == 0 and "received again" not in log, log  # a stop, not an operator's second signal
 
 
 @pytest.mark.parametrize("down_for", [0.5, 4.0, 9.0])
@@ -265,3 +266,22 @@ def _caches_at(url: str) -> dict:
     from django.conf import settings
 
     return {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": url}}
+
+
+def test_a_second_sigterm_stops_at_once_with_one_log_line_and_no_traceback(receiver, redis, rq_redis, processes):
+    """Issue 30, item 9: the second signal (RQ's cold shutdown) printed a raw traceback
+    ending in SystemExit. It ends the worker at once, said in one line."""
+    receiver.respond((200, {}, 8.0))
+    process = start_worker(
+        processes,
+        env={"OUTBOX_TEST_HOOK_URL": receiver.url, "OUTBOX_TEST_HOOK_EXTRA": '{"MAX_IN_FLIGHT": 1}'},
+    )
+    wait_until_listening(process, rq_redis)
+    outbox.send("hook", {"n": 0})
+    assert wait_for(lambda: len(receiver.requests) == 1, timeout=10), output_of(process)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(1.5)  # RQ ignores a second signal within 1 s of the first
+    _stops_within(process, signal.SIGTERM, 3.0)  # not the 8 s attempt
+    log = output_of(process)
+    assert "SystemExit" not in log and "handling failed execution" not in log, log
+    assert log.count("SIGTERM received again; stopping now") == 1, log
