@@ -48,7 +48,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
 from outbox.admin_views import page_token
 from outbox.admin_views.base import TEMPLATES, allowed_operations, console_view, context, require_view, url
@@ -266,6 +266,28 @@ def _note_empty_batch(batch: str | None, index_total: int, notes: list[str]) -> 
         )
 
 
+def _parked_note(repo: MessageRepository, destination: str | None) -> list[str]:
+    """For the failed list: the messages that are not failed but parked (a breaker open,
+    a destination paused or disabled), which a user looking for failures would miss."""
+    parked = repo.parked_counts([destination] if destination else repo.destinations())
+    if not parked:
+        return []
+    n = sum(parked.values())
+    where = ", ".join(f"{name}: {count:,}" for name, count in sorted(parked.items()))
+    return [
+        ngettext(
+            "%(n)s more message is not failed but parked (%(where)s): its destination's circuit "
+            "breaker is open, or it is paused or disabled. It spends no retries and goes back to its "
+            "queue when the destination recovers; the dashboard and the destination's page show it.",
+            "%(n)s more messages are not failed but parked (%(where)s): their destination's circuit "
+            "breaker is open, or it is paused or disabled. They spend no retries and go back to their "
+            "queue when the destination recovers; the dashboard and the destination's page show them.",
+            n,
+        )
+        % {"n": f"{n:,}", "where": where}
+    ]
+
+
 def _cursor_page(
     repo: MessageRepository, query: ListQuery, per_page: int, descending: bool, notes: list[str]
 ) -> tuple[list[str], int, bool, CursorLinks]:
@@ -438,6 +460,8 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             else:
                 page_links.append((query.querystring(p=number), number, number == current))
 
+    if flt.status == "failed":
+        notes += _parked_note(repo, flt.destination)
     destination_counts = repo.counts(flt.destination) if not query.search else None
     operations = allowed_operations(request)
     return TemplateResponse(

@@ -437,6 +437,23 @@ class IndexReads(RepositoryBase):
         parked. One round trip (one ``ZRANGE`` of one entry per destination)."""
         return self._lowest(tuple(k for d in destinations for k in self.keys.every("parked", d)))
 
+    def parked_counts(self, destinations: Iterable[str]) -> dict[str, int]:
+        """How many messages each of ``destinations`` holds parked now (paused, disabled,
+        breaker open), those with none left out. One round trip (a ``ZCARD`` per
+        destination and partition)."""
+        names = list(destinations)
+        keyed = [(d, k) for d in names for k in self.keys.every("parked", d)]
+        if not keyed:
+            return {}
+        pipe = self.connection.pipeline(transaction=False)
+        for _, key in keyed:
+            pipe.zcard(key)
+        counts: dict[str, int] = {}
+        for (destination, _), n in zip(keyed, pipe.execute(), strict=True):
+            if n:
+                counts[destination] = counts.get(destination, 0) + int(n)
+        return counts
+
     def _lowest(self, keys: Sequence[str]) -> tuple[str, float] | None:
         """The (member, score) with the lowest score over the sorted sets ``keys``."""
         if not keys:

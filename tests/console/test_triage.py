@@ -336,3 +336,18 @@ def test_the_confirm_summary_has_no_stray_space_before_its_full_stop(superuser_c
     summary = " ".join(re.sub(r"<[^>]+>", " ", html.split('class="outbox-confirm-summary"', 1)[1]).split())
     assert "can be requeued." in summary, summary[:200]
     assert " ." not in summary.split("requeued", 1)[1][:3]
+
+
+def test_the_failed_list_says_where_the_parked_messages_are(superuser_client, repo, hook, worker):
+    """Issue 30, item 7: with the default breaker a failing destination's messages park
+    rather than fail; the Failed list said "0" and nothing else."""
+    from outbox.destinations import controls
+
+    controls.pause("hook")
+    sent = [outbox.send("hook", {"n": n}) for n in range(3)]
+    worker(simple=True)
+    assert {outbox.get(m.id).status for m in sent} == {"pending"}
+    html = text_of(superuser_client.get(u("message_list") + "?status=failed"))
+    assert "3 more messages are not failed but parked (hook: 3)" in unescape(html)
+    mine = text_of(superuser_client.get(u("message_list") + "?status=failed&destination=mem"))
+    assert "not failed but parked" not in mine  # another destination's parked are not its own

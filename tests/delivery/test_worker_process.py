@@ -168,7 +168,9 @@ def test_a_stop_signal_swallowed_by_logging_still_stops_an_idle_worker(redis, rq
     _stops_within(process, signal.SIGTERM, STOP_BOUND)
     log = output_of(process)
     assert "Logging error" in log, log  # the signal did land inside logging
-    assert process.returncode == 0 and "received again" not in log, log  # a stop, not an operator's second signal
+    assert process.returncode == 0 and "received again" not in log, (
+        log
+    )  # a stop, not an operator's second signal
 
 
 @pytest.mark.parametrize("down_for", [0.5, 4.0, 9.0])
@@ -268,7 +270,9 @@ def _caches_at(url: str) -> dict:
     return {**settings.CACHES, "default": {**settings.CACHES["default"], "LOCATION": url}}
 
 
-def test_a_second_sigterm_stops_at_once_with_one_log_line_and_no_traceback(receiver, redis, rq_redis, processes):
+def test_a_second_sigterm_stops_at_once_with_one_log_line_and_no_traceback(
+    receiver, redis, rq_redis, processes
+):
     """Issue 30, item 9: the second signal (RQ's cold shutdown) printed a raw traceback
     ending in SystemExit. It ends the worker at once, said in one line."""
     receiver.respond((200, {}, 8.0))

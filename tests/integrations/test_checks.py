@@ -194,7 +194,11 @@ def test_every_finding_is_reported_at_once(settings):
         **settings.OUTBOX,
         "VISIBILITY_TIMEOUT": 40,
         "DESTINATIONS": {
-            "typos": {"TRANSPORT": "webhook", "RETRIES": 3, "OPTIONS": {"url": "https://example.com/", "timout": 5}},
+            "typos": {
+                "TRANSPORT": "webhook",
+                "RETRIES": 3,
+                "OPTIONS": {"url": "https://example.com/", "timout": 5},
+            },
             "slow": {"TRANSPORT": "webhook", "OPTIONS": {"url": "https://93.184.215.14/", "timeout": 30}},
             "private": {"TRANSPORT": "webhook", "OPTIONS": {"url": "http://10.1.2.3/h"}},
         },
