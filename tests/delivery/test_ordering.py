@@ -306,3 +306,25 @@ def test_eager_mode_delivers_a_keys_messages_in_order_inside_the_call(receiver, 
         outbox.send("hook", {"n": 3}, ordering_key="k")
     assert [r.json()["n"] for r in receiver.requests] == [0, 1, 2, 3]
     assert [outbox.get(m.id).status for m in sent] == ["succeeded"] * 3
+
+
+@pytest.mark.parametrize("action", ["cancel", "delete"])
+def test_acting_on_a_key_head_and_its_next_message_in_one_call_leaves_no_stale_index_entry(
+    receiver, worker, repo, action
+):
+    """Issue 31, item 5: cancelling (or deleting) a key's head together with the message
+    behind it, in one call (the console's "all of key K" lists the head first), promoted
+    the next message to pending and then moved it out of its index on its stale status:
+    its pending entry (and a due entry) stayed, and the pending count read 2 for 1."""
+    with hook(receiver):
+        head, second, third = (outbox.send("hook", {"n": n}, ordering_key="k1") for n in range(3))
+        result = getattr(outbox, action)([head.id, second.id])
+        assert result.acted == 2, result
+        assert repo.counts()["pending"] == 1 and repo.counts()["waiting"] == 0
+        assert_index_invariant(repo)
+        settle(worker)
+    assert outbox.get(third.id).status == "succeeded"
+    assert [r.json()["n"] for r in receiver.requests] == [2]
+    counts = repo.counts()
+    assert counts["pending"] == counts["waiting"] == 0 and counts["succeeded"] == 1
+    assert_index_invariant(repo)

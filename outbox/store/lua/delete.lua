@@ -48,7 +48,8 @@ for i = first, #ARGV do
       end
     end
     local queue = cur[3] or ''
-    doomed[#doomed + 1] = {id = id, pp = pp, rkey = rkey, mkey = mkey, akey = akey, cur = cur, idem = idem}
+    doomed[#doomed + 1] = {id = id, pp = pp, rkey = rkey, mkey = mkey, akey = akey, cur = cur, idem = idem,
+                           at = #out + 1}
     if idem then keys[#keys + 1] = K.idempotency(pp, dest, idem) end
     for _, key in ipairs({K.due(pp, queue), K.quarantine(pp, queue), K.parked(pp, dest),
                           K.status(pp, status, dest), K.created(pp, dest)}) do
@@ -69,21 +70,31 @@ local refused = keys_here(KEYS[1], keys) or heirs_here(prefix, KEYS[1], leaving)
 if refused then return refused end
 for _, d in ipairs(doomed) do
   local id, pp, cur = d.id, d.pp, d.cur
-  local status, dest, queue = cur[1], cur[2], cur[3] or ''
-  if d.idem then
-    local ikey = K.idempotency(pp, dest, d.idem)
-    local held = redis.call('GET', ikey)
-    if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
-  end
-  redis.call('ZREM', K.due(pp, queue), id)
-  redis.call('ZREM', K.quarantine(pp, queue), id)
-  redis.call('ZREM', K.parked(pp, dest), id)
-  redis.call('ZREM', K.status(pp, status, dest), id)
-  redis.call('ZREM', K.created(pp, dest), id)
-  redis.call('DEL', d.rkey, d.mkey, d.akey)
-  if cur[4] then
-    redis.call('ZREM', K.order_log(pp, dest, cur[4]), id)
-    order_leave(prefix, pp, dest, cur[4], id, nil, tonumber(opts.okttl or '604800'), opts.now or '0')
+  local dest, queue = cur[2], cur[3] or ''
+  -- An earlier message of this call may have promoted this one (a deleted key head's
+  -- next message goes from 'waiting' to 'pending', lib/ordering.lua): its gathered index
+  -- writes land first, and it is removed from the index of its status now, not the one
+  -- it was read in (else its pending and due entries would outlive it).
+  flush_writes()
+  local status = redis.call('HGET', d.rkey, 'status')
+  if status and allowed[status] then
+    if d.idem then
+      local ikey = K.idempotency(pp, dest, d.idem)
+      local held = redis.call('GET', ikey)
+      if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
+    end
+    redis.call('ZREM', K.due(pp, queue), id)
+    redis.call('ZREM', K.quarantine(pp, queue), id)
+    redis.call('ZREM', K.parked(pp, dest), id)
+    redis.call('ZREM', K.status(pp, status, dest), id)
+    redis.call('ZREM', K.created(pp, dest), id)
+    redis.call('DEL', d.rkey, d.mkey, d.akey)
+    if cur[4] then
+      redis.call('ZREM', K.order_log(pp, dest, cur[4]), id)
+      order_leave(prefix, pp, dest, cur[4], id, nil, tonumber(opts.okttl or '604800'), opts.now or '0')
+    end
+  else
+    out[d.at] = 0
   end
 end
 flush_writes()
