@@ -18,7 +18,10 @@ in the destination's home slot, so the same work takes up to four round trips:
    each message, the attempts it lets go granted (the destination's in-flight set);
 4. ``lua/claim_apply.lua`` once per partition asked: the gates' answers applied to the
    messages still where the pick saw them; then, only when a granted message could not
-   be claimed, its grant given back, and the probes claimed registered.
+   be claimed, its grant given back, and the probes claimed registered. A partition whose
+   call fails for an outage (a slot moving, a primary away) claims nothing this time and
+   gives its grants back (unless the call may have run: a timeout); the others' claims
+   stand.
 
 A limit is never exceeded: a concurrency slot is held from its grant (step 2) to its
 attempt's outcome (or release, or the end of its lease); a grant the claim could not
@@ -34,6 +37,7 @@ from typing import Any, cast
 
 from outbox.store.destination_state import DestinationState
 from outbox.store.messages import Change, ChangeResult, Claim, MessageStore, with_holding
+from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.scripts import named
 
 #: What the pick reports per entry: id, score, status, destination, suspect ("1" or "").
@@ -211,11 +215,28 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 )
             )
             order.append(partition)
-        applied = dict(zip(order, self.run_scripts(calls), strict=True)) if calls else {}
+        destination_of = {mid: d for d, rows in candidates.items() for _, mid, _ in rows}
+        unused: dict[str, list[str]] = defaultdict(list)
+        applied: dict[int, Any] = {}
+        for partition, reply in zip(
+            order, self.run_scripts(calls, errors=True) if calls else [], strict=True
+        ):
+            if not isinstance(reply, Exception):
+                applied[partition] = reply
+                continue
+            if not isinstance(reply, PARTITION_UNAVAILABLE):
+                raise reply  # a bug, not an outage
+            # The partition claimed nothing now (its slot moving, its primary away): its
+            # messages stay due for a later claim, the other partitions' claims stand, and
+            # the grants its gate answers gave are given back at once (they would hold the
+            # destination's concurrency slots until the lease ends). Unless its call may
+            # have run (a timeout): then its claims may stand, and the grants end with them.
+            if not may_have_run(reply):
+                for mid, _, _ in plans[partition]:
+                    if mid in destination_of:
+                        unused[destination_of[mid]].append(mid)
         idle = [p for p, _, _ in asks if p not in applied and p not in picks]
         firsts = self._first_scores(queue, idle)
-        unused: dict[str, list[str]] = defaultdict(list)
-        destination_of = {mid: d for d, rows in candidates.items() for _, mid, _ in rows}
         claims: list[Claim] = []
         for partition, _, _ in asks:
             if partition in applied:
@@ -224,7 +245,9 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 for mid in reply[5]:
                     unused[destination_of[mid.decode()]].append(mid.decode())
             elif partition in picks:
-                _, next_due, next_suspect = picks[partition]
+                rows, next_due, next_suspect = picks[partition]
+                if partition in order and rows:  # its claim failed: what it picked is still due
+                    next_due = rows[1]
                 claim = Claim(
                     [],
                     float(next_due) if next_due else None,

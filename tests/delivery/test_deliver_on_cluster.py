@@ -311,3 +311,44 @@ def test_an_ordered_heads_outcome_writes_nothing_while_its_next_message_is_on_a_
         redis_cluster.finish_migration(slot)
     assert repo.transition([change], now)[0].applied
     assert (outbox.get(head.id).status, outbox.get(nxt.id).status) == ("succeeded", "pending")
+
+
+def test_a_claim_refused_in_one_partition_gives_its_grants_back_at_once(
+    cluster_mode, receiver, worker, monkeypatch
+):
+    """Issue 31, item 2: a claim_apply call that fails (TRYAGAIN: its slot half moved)
+    left the concurrency grants its gate gave until the lease ended, so a destination at
+    MAX_CONCURRENCY 1 delivered nothing for the whole visibility timeout. The failure is
+    injected at the client (TRYAGAIN is answered before a script runs: nothing ran)."""
+    from redis.exceptions import TryAgainError
+
+    from outbox.conf import outbox_settings
+    from outbox.store.partitioned import PartitionedMessageStore
+
+    real = PartitionedMessageStore.run_scripts
+    refused: list[int] = []
+
+    def refusing_once(self, calls, client=None, *, errors=False):
+        if refused or not any(call[0] == "claim_apply" for call in calls):
+            return real(self, calls, client, errors=errors)
+        refused.append(len(calls))
+        error = TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot")
+        if not errors:
+            raise error
+        return [error for _ in calls]
+
+    monkeypatch.setattr(PartitionedMessageStore, "run_scripts", refusing_once)
+    extra = {"OPTIONS": {"url": receiver.url, "allow_private_networks": True}, "MAX_CONCURRENCY": 1}
+    with with_destinations("webhook", capped=extra):
+        sent = outbox.send_many(
+            [{"destination": "capped", "body": i, "idempotency_key": f"g{i}"} for i in range(3)]
+        )
+        started = time.monotonic()
+        worker(simple=True)  # the run, and the wake-up job it leaves for what is still due
+        took = time.monotonic() - started
+        assert refused, "the claim was never refused: the test did not test anything"
+        assert {outbox.get(m.id).status for m in sent} == {"succeeded"}, took
+    # within the run, not a visibility timeout (30 s) later
+    assert took < outbox_settings.VISIBILITY_TIMEOUT / 3, took
+    repo = get_repository()
+    assert repo.connection.zcard(repo.keys.inflight("capped")) == 0
