@@ -30,9 +30,10 @@ On a cluster (a ``redis.cluster.RedisCluster``), each primary replicates its own
 so the writes are grouped by the primary serving their first key's slot (redis-py's slot
 map) and each group is sent with its wait on one connection to that primary
 (:func:`_cluster_commands_then_wait`); the acknowledgement is met only when every
-primary's is. A write that meets ``MOVED``/``ASK`` (a slot moved since the map was read)
-or a primary that cannot be reached (failed over) makes redis-py read the slot map
-again, and the error is the caller's: the next call goes to the new owner.
+primary's is. A write that meets ``MOVED``/``ASK``/``TRYAGAIN`` (a slot moved or moving
+since the map was read) is sent again where the cluster says, as redis-py's cluster client
+does for one command; a primary that cannot be reached (failed over) makes redis-py read
+the slot map again, and the writes go to the node that serves the slot now.
 
 ``WAITAOF 1 n`` with n > 0 is preceded by ``WAIT n`` on the same connection: a replica
 answers the primary's ``REPLCONF GETACK`` (sent when a client starts waiting) as soon
@@ -78,7 +79,15 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    MovedError,
+    NoScriptError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -389,13 +398,94 @@ def _cluster_commands_then_wait(
     writes: Sequence[Sequence[Any]],
     durability: Durability,
 ) -> tuple[list[Any], Acknowledgement]:
-    """:func:`commands_then_wait` on a cluster: the writes grouped by the primary serving
+    """:func:`commands_then_wait` on a cluster, following redirects as redis-py's cluster
+    client does for one command (its ``RedisCluster._execute_command``), since the writes
+    and their wait go on connections of their own here:
+
+    * ``MOVED`` (the slot has another owner now): the slot map is read again and the
+      writes go to the new owner, with their wait;
+    * ``ASK`` (a legacy migration under way, the keys already on the target): the writes
+      go to the node the error names, each after ``ASKING``, with their wait;
+    * ``TRYAGAIN`` (a legacy migration split the call's keys): sent again after
+      :data:`TRYAGAIN_DELAY` seconds.
+
+    At most :data:`REDIRECTS` rounds (redis-py's ``RedisCluster.RedisClusterRequestTTL``
+    is 16); a write still redirected after them gets redis-py's answer then,
+    ``ClusterError("TTL exhausted.")``, as its reply (the caller falls over to another
+    partition, or refuses a keyed message: during a legacy migration a script whose keys
+    are split between the two nodes is refused by both until the migration ends). A redirected
+    write did not run, so sending it again cannot write it twice. Returns the replies in
+    ``writes`` order and every primary's acknowledgement combined (:func:`combined`).
+    """
+    replies, acknowledgements = _cluster_round(repository, cluster, writes, durability)
+    for _ in range(REDIRECTS):
+        redirected = [i for i, reply in enumerate(replies) if isinstance(reply, (AskError, TryAgainError))]
+        if not redirected:
+            break
+        if any(isinstance(replies[i], TryAgainError) for i in redirected):
+            time.sleep(TRYAGAIN_DELAY)
+        asked = [i for i in redirected if type(replies[i]) is AskError]  # ASK, not MOVED
+        again = [i for i in redirected if i not in asked]
+        if again:
+            if any(isinstance(replies[i], MovedError) for i in again):
+                _read_slot_map(cluster)
+            got, acks = _cluster_round(repository, cluster, [writes[i] for i in again], durability)
+            acknowledgements += acks
+            for i, reply in zip(again, got, strict=True):
+                replies[i] = reply
+        by_target: dict[tuple[str, int], list[int]] = {}
+        for i in asked:
+            host, port = replies[i].node_addr
+            by_target.setdefault((host, int(port)), []).append(i)
+        for (host, port), positions in by_target.items():
+            node = cluster.get_node(host=host, port=port)  # type: ignore[no-untyped-call]
+            if node is None:  # a node this client does not know yet
+                _read_slot_map(cluster)
+                node = cluster.get_node(host=host, port=port)  # type: ignore[no-untyped-call]
+            if node is None:
+                continue  # the ASK stays the reply
+            commands = [part for i in positions for part in (("ASKING",), writes[i])]
+            try:
+                got, acknowledged = commands_then_wait(
+                    repository, cluster.get_redis_connection(node), commands, durability
+                )
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                got, acknowledged = [exc] * len(commands), durability.acknowledgement(exc)
+            acknowledgements.append(acknowledged)
+            for i, reply in zip(positions, got[1::2], strict=True):  # each write's, not ASKING's
+                replies[i] = reply
+    if any(isinstance(reply, AskError) for reply in replies):  # MovedError is an AskError
+        _read_slot_map(cluster)
+    # still redirected: redis-py's own answer after its redirects ("TTL exhausted."), a
+    # cluster in flux (outages.CLUSTER_IN_FLUX) that the caller handles as such
+    replies = [
+        ClusterError(f"TTL exhausted. ({type(reply).__name__}: {reply})")
+        if isinstance(reply, (AskError, TryAgainError))
+        else reply
+        for reply in replies
+    ]
+    return replies, combined(acknowledgements)
+
+
+#: Rounds of redirected writes :func:`_cluster_commands_then_wait` follows (redis-py's
+#: cluster client follows 16 redirects of one command).
+REDIRECTS = 16
+#: Seconds before writes answered ``TRYAGAIN`` are sent again (redis-py waits 0.05 s).
+TRYAGAIN_DELAY = 0.05
+
+
+def _cluster_round(
+    repository: Repository,
+    cluster: RedisCluster,
+    writes: Sequence[Sequence[Any]],
+    durability: Durability,
+) -> tuple[list[Any], list[Acknowledgement]]:
+    """One round of :func:`_cluster_commands_then_wait`: the writes grouped by the primary serving
     the slot of their first key (``EVALSHA sha numkeys key ...``; every key of a script
     call is of one slot), each group and its wait sent on that primary's connection
     (:meth:`redis.cluster.RedisCluster.get_redis_connection`), one primary after another.
-    Returns the replies in ``writes`` order and the acknowledgements combined
-    (:func:`combined`). A reply ``MOVED``/``ASK`` makes redis-py read the slot map
-    again before the reply is the caller's. A primary unreachable does too, and when
+    Returns the replies in ``writes`` order and each primary's acknowledgement. A
+    primary unreachable makes redis-py read the slot map again, and when
     another node serves the slot now (a replica promoted), the group is sent there once
     more (the writes must be safe to run twice, as ``create.lua`` is). A primary that
     cannot be reached, with no other serving its slot, gives its writes that error as
@@ -426,9 +516,7 @@ def _cluster_commands_then_wait(
         for i, reply in zip(positions, got, strict=True):
             replies[i] = reply
         acknowledgements.append(acknowledged)
-    if any(isinstance(reply, AskError) for reply in replies):  # MovedError is an AskError
-        _read_slot_map(cluster)
-    return replies, combined(acknowledgements)
+    return replies, acknowledgements
 
 
 def _read_slot_map(cluster: RedisCluster) -> None:

@@ -186,3 +186,68 @@ def test_after_a_failover_the_writes_go_to_the_promoted_replica(settings, on_clu
                 pytest.fail(f"not written on the promoted replica: {exc}")
         assert {outbox.get(i).status for i in caught.value.ids} == {"pending"}
         get_repository.cache_clear()
+
+
+def test_a_durable_send_follows_a_slot_that_moved(replicated, on_cluster):
+    """Issue 30, item 3: with DURABILITY the cluster path read the slot map again and
+    handed the MOVED back, so send() raised OutboxUnavailable as soon as a slot had
+    moved (plain messages included). It follows the redirect, as redis-py does."""
+    from redis.crc import key_slot
+
+    from outbox.records import partition_of
+    from outbox.store.keys import partition_for
+
+    with on_cluster(REPLICAS=1, TIMEOUT=5):
+        repo = get_repository()
+        keys = [f"m{i}" for i in range(2000) if partition_for("mem", f"m{i}", PARTITIONS) == 5][:5]
+        slot = key_slot(repo.keys.tag_prefix(5).encode())
+        outbox.send("mem", {"warm": 1}, idempotency_key=keys[0])  # this process's slot map: its owner
+        source = replicated.slot_owner(slot)
+        target = next(n for n in replicated.primaries() if n != source)
+        replicated.move_slots([slot], target)
+        try:
+            m = outbox.send("mem", {"n": 1}, idempotency_key=keys[1])
+            assert partition_of(m.id) == 5 and outbox.get(m.id).status == "pending"
+            many = outbox.send_many(
+                [{"destination": "mem", "body": i, "idempotency_key": k} for i, k in enumerate(keys[2:])]
+            )
+            assert {partition_of(x.id) for x in many} == {5}
+            assert on_its_replica(replicated, m.id)
+        finally:
+            replicated.move_slots([slot], source)
+
+
+def test_a_durable_plain_send_during_a_legacy_migration_goes_to_another_partition(
+    replicated, on_cluster, monkeypatch
+):
+    """The same during a legacy migration, with the partition's keys on the target and its
+    slot still MIGRATING: the source answers ASK, the target TRYAGAIN (a script's keys
+    split between them), so the write cannot land there until the move ends. A message
+    without a key goes to a partition of another primary, as without DURABILITY; one
+    with a key is refused (OutboxUnavailable, nothing stored), as documented."""
+    from redis.crc import key_slot
+
+    from outbox.exceptions import OutboxUnavailable, SendOutcomeUnknown
+    from outbox.records import partition_of
+    from outbox.store.keys import partition_for
+
+    with on_cluster(REPLICAS=1, TIMEOUT=5):
+        repo = get_repository()
+        keys = [f"a{i}" for i in range(2000) if partition_for("mem", f"a{i}", PARTITIONS) == 9][:3]
+        slot = key_slot(repo.keys.tag_prefix(9).encode())
+        outbox.send("mem", {"warm": 1}, idempotency_key=keys[0])
+        source = replicated.slot_owner(slot)
+        target = next(n for n in replicated.primaries() if n != source)
+        replicated.begin_migration(slot, target)
+        try:
+            replicated.migrate_keys(slot)  # every key of the partition, on the target now
+            monkeypatch.setattr("outbox.sending.validation.random_partition", lambda partitions: 9)
+            m = outbox.send("mem", {"n": 1})
+            assert partition_of(m.id) != 9 and outbox.get(m.id).status == "pending"
+            with pytest.raises(OutboxUnavailable, match="nothing was stored") as refused:
+                outbox.send("mem", {"n": 2}, idempotency_key=keys[1])
+            assert not isinstance(refused.value, SendOutcomeUnknown)
+        finally:
+            replicated.finish_migration(slot)
+        assert on_its_replica(replicated, m.id)
+        replicated.move_slots([slot], source)
