@@ -95,9 +95,30 @@ def deadline_of(destination: str) -> float | None:
         return None
 
 
-def watched_attempt(message: Message, seconds: float | None) -> Outcome:
+def watched_attempt(message: Message, seconds: float | None, not_before: float = 0.0) -> Outcome:
     """:func:`attempt` in an attempt thread whose deadline the run watches, in a copy of
     the thread's context (context variables a transport or a callable sets do not carry
-    over to the thread's next attempt)."""
+    over to the thread's next attempt).
+
+    ``not_before`` (epoch seconds): the attempt starts no earlier (the message's due
+    time, when a claim took it a moment early: :func:`early_by`)."""
+    wait = not_before - time.time()
+    if wait > 0:
+        time.sleep(wait)
     with deadlines.watching(seconds):
         return contextvars.copy_context().run(attempt, message)
+
+
+def early_by(message: Message, now: float, slack: float) -> float:
+    """How many seconds before its due time (``next_attempt_at``) a claim took
+    ``message``: at most ``slack``, the claim's ``DUE_SLACK``, 0 when it was due already.
+
+    A claim takes messages due within ``DUE_SLACK`` (0.5 s) of now, so that one round
+    trip serves what falls due meanwhile; the attempt itself waits for the due time, so
+    a retry never starts before the delay its backoff policy (or a receiver's
+    ``Retry-After``) computed. Its concurrency slot (the destination's grant, the
+    worker's in-flight count) is held for that wait: at most ``slack`` seconds."""
+    due = message.next_attempt_at
+    if due is None:
+        return 0.0
+    return max(0.0, min(due - now, slack))

@@ -507,9 +507,10 @@ class _Run:
         for index, message in enumerate(messages):
             seconds = attempts.deadline_of(message.destination)  # transports are built once and kept
             try:
-                started = time.time()
+                now = time.time()
+                started = now + attempts.early_by(message, now, DUE_SLACK)  # never before it is due
                 future = deadlines.attempt_threads.submit(
-                    functools.partial(attempts.watched_attempt, message, seconds)
+                    functools.partial(attempts.watched_attempt, message, seconds, started)
                 )
             except BaseException:
                 self.release_unstarted(messages[index:])

@@ -102,6 +102,22 @@ def recover(
     return report
 
 
+def repair_indexes() -> dict[str, int]:
+    """Take out of every index the entries whose message's record disagrees with it (the
+    message gone, or of another status or destination), which made counts and lists lie
+    (:meth:`~outbox.store.maintenance.Maintenance.repair_indexes`; ``manage.py
+    outbox_recover --repair-indexes``). Logs and returns how many, by kind of index."""
+    repo = get_repository()
+    repaired = repo.repair_indexes(repo.destinations(), outbox_settings.queue_names)
+    if repaired:
+        logger.warning(
+            "outbox: took out %d index entries whose record disagreed: %s",
+            sum(repaired.values()),
+            dict(repaired),
+        )
+    return dict(repaired)
+
+
 def purge_backlog(now: float | None = None) -> int:
     """Finished messages past their retention, not yet deleted (O(log N) per status)."""
     retention = {s: v for s, v in (outbox_settings.RETENTION or {}).items() if s in FINISHED_STATUSES}

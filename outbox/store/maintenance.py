@@ -1,13 +1,21 @@
 """Maintenance in Redis: the schema upgrade of records written by older versions
-(``lua/backfill.lua``), short locks, and the ``outbox_worker`` heartbeats.
+(``lua/backfill.lua``), the repair of index entries whose record disagrees
+(``lua/repair.lua``), short locks, and the ``outbox_worker`` heartbeats.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from typing import cast
 
 from outbox.records import STATUSES
 from outbox.store.base import RepositoryBase, ScoredMembers
+from outbox.store.scripts import named
+
+#: The statuses whose messages belong in a queue's due and quarantine indexes and in a
+#: destination's parked index.
+DUE_STATUSES = "pending,retrying"
 
 #: Seconds an ``outbox:workers`` entry is kept after its heartbeat expired: longer than
 #: RQ keeps a dead worker's key (its ``worker_ttl``, 420 s, + 60), so a killed worker
@@ -52,6 +60,47 @@ class Maintenance(RepositoryBase):
         self.connection.unlink(*self.keys.legacy_indexes(STATUSES))
         self.connection.set(key, self.SCHEMA)
         return added
+
+    def repair_indexes(
+        self, destinations: Sequence[str], queues: Sequence[str], batch: int = 500
+    ) -> Counter[str]:
+        """Take out of every index the entries whose message's record disagrees with it
+        (``lua/repair.lua``): the message is gone, or its status (or destination) is not
+        the index's. Each destination's status and parked indexes and each queue's due and
+        quarantine indexes, in every partition, are read in batches (``ZSCAN``); each
+        batch is checked and repaired in one script call, atomic against the writes that
+        move messages. O(entries): a maintenance command's work, not a sweep's.
+
+        Returns:
+            How many entries were taken out, by kind of index (a status name,
+            ``"parked"``, ``"due"``, ``"quarantine"``); none when every index was true.
+        """
+        targets: list[tuple[str, str, str, str]] = []  # (index, statuses, destination, kind)
+        for k in self.keys.partition_numbers():
+            part = self.keys.partition(k)
+            for d in destinations:
+                targets += [(part.status(s, d), s, d, s) for s in STATUSES]
+                targets.append((part.parked(d), DUE_STATUSES, d, "parked"))
+            for q in queues:
+                targets.append((part.due(q), DUE_STATUSES, "", "due"))
+                targets.append((part.quarantine(q), DUE_STATUSES, "", "quarantine"))
+        repaired: Counter[str] = Counter()
+        for key, statuses, destination, kind in targets:
+            cursor = 0
+            while True:
+                cursor, rows = cast(
+                    tuple[int, ScoredMembers], self.connection.zscan(key, cursor, count=batch)
+                )
+                ids = [raw.decode() for raw, _ in rows]
+                if ids:
+                    args = [*named(statuses=statuses, destination=destination), *ids]
+                    keys = [key, *(self.keys.resend(i) for i in ids)]
+                    removed = self.run_scripts([("repair", args, keys)])[0]
+                    if removed:
+                        repaired[kind] += len(removed)
+                if not cursor:
+                    break
+        return repaired
 
     def acquire_lock(self, name: str, token: str, ttl: float) -> bool:
         """Take a short lock (``SET NX PX``); True if this caller holds it now."""

@@ -299,3 +299,37 @@ def test_an_upgrade_from_0_2_drops_the_indexes_across_destinations(hook, worker,
     worker(simple=True)
     assert {outbox.get(m.id).status for m in sent} == {"succeeded"}
     assert_index_invariant(repo)
+
+
+def test_outbox_recover_repairs_index_entries_whose_record_disagrees(repo):
+    """Issue 31, item 5: index entries left by a defect (a message gone, or moved on to
+    another status) made counts lie for good: nothing took them out. `outbox_recover
+    --repair-indexes` does, counts them, and leaves every true entry alone."""
+    import io
+
+    from django.core.management import call_command
+
+    from tests.support import assert_index_invariant
+
+    kept = [outbox.send("mem", {"n": n}) for n in range(3)]
+    cancelled = outbox.send("mem", {"n": 9})
+    outbox.cancel([cancelled.id])
+    conn, keys = repo.connection, repo.keys.of(kept[0].id)
+    queue = outbox.get(kept[0].id).queue
+    # as the old bulk.lua left them: a cancelled message still pending and due, and a
+    # deleted one still counted
+    conn.zadd(keys.status("pending", "mem"), {cancelled.id: 1.0})
+    conn.zadd(keys.due(queue), {cancelled.id: 1.0})
+    first = kept[0].id
+    gone = first[:10] + ("f" if first[10] != "f" else "e") + first[11:]  # no such message, same partition
+    conn.zadd(keys.status("pending", "mem"), {gone: 2.0})
+    assert repo.counts()["pending"] == 5  # the lie: 3 are pending
+
+    out = io.StringIO()
+    call_command("outbox_recover", "--repair-indexes", stdout=out)
+    assert "repaired: 3 index entries whose record disagreed (due 1, pending 2)" in out.getvalue()
+    assert repo.counts()["pending"] == 3 and repo.counts()["cancelled"] == 1
+    assert_index_invariant(repo)
+    out = io.StringIO()
+    call_command("outbox_recover", "--repair-indexes", stdout=out)
+    assert "repaired: 0 index entries" in out.getvalue()

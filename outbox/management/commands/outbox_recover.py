@@ -1,5 +1,7 @@
 """``python manage.py outbox_recover``: run one recovery sweep now (see :mod:`outbox.delivery.recovery`),
-then wake every queue that has due messages and no waiting job."""
+then wake every queue that has due messages and no waiting job. ``--repair-indexes``
+first takes out of every index the entries whose message's record disagrees
+(:func:`outbox.delivery.recovery.repair_indexes`)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from outbox.delivery.recovery import recover, wake_due
+from outbox.delivery.recovery import recover, repair_indexes, wake_due
 
 
 class Command(BaseCommand):
@@ -16,7 +18,22 @@ class Command(BaseCommand):
         "and wake queues whose due messages have no waiting job."
     )
 
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--repair-indexes",
+            action="store_true",
+            help="First check every index entry against its message's record and take out those that "
+            "disagree (a message gone, or of another status): counts that lie. Reads every index.",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["repair_indexes"]:
+            repaired = repair_indexes()
+            total = sum(repaired.values())
+            self.stdout.write(
+                f"repaired: {total} index entr{'y' if total == 1 else 'ies'} whose record disagreed"
+                + (f" ({', '.join(f'{kind} {n}' for kind, n in sorted(repaired.items()))})" if total else "")
+            )
         report = recover()
         woken = wake_due()
         self.stdout.write(
