@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import cast
 
-from outbox.records import STATUSES
+from outbox.records import STATUSES, partition_of
 from outbox.store.base import RepositoryBase, ScoredMembers
 from outbox.store.scripts import named
 
@@ -75,23 +75,30 @@ class Maintenance(RepositoryBase):
             How many entries were taken out, by kind of index (a status name,
             ``"parked"``, ``"due"``, ``"quarantine"``); none when every index was true.
         """
-        targets: list[tuple[str, str, str, str]] = []  # (index, statuses, destination, kind)
+        targets: list[tuple[int, str, str, str, str]] = []  # (partition, index, statuses, destination, kind)
         for k in self.keys.partition_numbers():
             part = self.keys.partition(k)
             for d in destinations:
-                targets += [(part.status(s, d), s, d, s) for s in STATUSES]
-                targets.append((part.parked(d), DUE_STATUSES, d, "parked"))
+                targets += [(k, part.status(s, d), s, d, s) for s in STATUSES]
+                targets.append((k, part.parked(d), DUE_STATUSES, d, "parked"))
             for q in queues:
-                targets.append((part.due(q), DUE_STATUSES, "", "due"))
-                targets.append((part.quarantine(q), DUE_STATUSES, "", "quarantine"))
+                targets.append((k, part.due(q), DUE_STATUSES, "", "due"))
+                targets.append((k, part.quarantine(q), DUE_STATUSES, "", "quarantine"))
         repaired: Counter[str] = Counter()
-        for key, statuses, destination, kind in targets:
+        for k, key, statuses, destination, kind in targets:
             cursor = 0
             while True:
                 cursor, rows = cast(
                     tuple[int, ScoredMembers], self.connection.zscan(key, cursor, count=batch)
                 )
                 ids = [raw.decode() for raw, _ in rows]
+                if self.keys.partitioned:
+                    # an id of another partition never belongs here (its record is in
+                    # another slot, which the script may not read): taken out as it is
+                    foreign = [i for i in ids if partition_of(i) != k]
+                    if foreign:
+                        repaired[kind] += int(self.connection.zrem(key, *foreign))
+                        ids = [i for i in ids if i not in foreign]
                 if ids:
                     args = [*named(statuses=statuses, destination=destination), *ids]
                     keys = [key, *(self.keys.resend(i) for i in ids)]
