@@ -69,7 +69,10 @@ def test_two_busy_destinations_each_keep_to_their_share(repo):
             # interleaved: every claim meets both destinations
             outbox.send_many([{"destination": d, "body": {"n": i}} for i in range(100) for d in ("a", "b")])
             report = delivery.run(outbox_settings.queue_name(None), budget=0.5)
-    assert a.most_active == 16 and b.most_active == 16, (a.most_active, b.most_active)
+    # never past the share (lent slots would take each to 32: that fails here); most of it
+    # used (16 on a quiet machine; a loaded one starts the slow requests further apart:
+    # 13 was seen in CI)
+    assert 8 <= a.most_active <= 16 and 8 <= b.most_active <= 16, (a.most_active, b.most_active)
     assert repo.count("succeeded") == len(report.claimed) < 200  # both still had messages due
     assert_index_invariant(repo)
 
