@@ -23,7 +23,7 @@ from outbox.exceptions import IdempotencyConflict
 from outbox.records import Message, new_message_id, partition_of
 from outbox.store import Created, CreateResult, MessageRepository, durability, wakeups
 from outbox.store.connection import get_repository, is_cluster
-from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run
+from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run, unknown_first
 
 
 def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool = True) -> list[Created]:
@@ -136,7 +136,7 @@ def _create(
     ]
     if all(c.code in ("unstored", "unknown") for c in result.created):
         # nothing is known to be written: the error that may have run first, if any
-        raise sorted(result.errors.values(), key=lambda exc: not may_have_run(exc))[0]
+        raise unknown_first(result.errors.values())[0]
     return result
 
 

@@ -95,7 +95,7 @@ class Maintenance(RepositoryBase):
                 if self.keys.partitioned:
                     # an id of another partition never belongs here (its record is in
                     # another slot, which the script may not read): taken out as it is
-                    foreign = [i for i in ids if partition_of(i) != k]
+                    foreign = {i for i in ids if partition_of(i) != k}
                     if foreign:
                         repaired[kind] += int(self.connection.zrem(key, *foreign))
                         ids = [i for i in ids if i not in foreign]

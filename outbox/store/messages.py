@@ -19,7 +19,7 @@ from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, Status, part
 from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, script_call
 from outbox.store.destination_state import health_args
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
-from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run
+from outbox.store.outages import PARTITION_UNAVAILABLE, unknown_first
 from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import field_names, named, sha
 
@@ -489,7 +489,7 @@ class MessageStore(RepositoryBase):
         else:
             replies = self.run_scripts(calls, errors=True)
         # a write that may have run first: raised, it says the outcome is unknown
-        failed = sorted((r for r in replies if isinstance(r, Exception)), key=lambda r: not may_have_run(r))
+        failed = unknown_first(r for r in replies if isinstance(r, Exception))
         for reply in failed:
             if not isinstance(reply, PARTITION_UNAVAILABLE) or len(failed) == len(replies):
                 raise reply  # a bug, not an outage; or nothing is known to be written

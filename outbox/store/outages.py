@@ -5,6 +5,8 @@ partitions take theirs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
@@ -63,3 +65,10 @@ def may_have_run(exc: BaseException) -> bool:
     if isinstance(exc, (RedisTimeoutError, RedisConnectionError)):
         return "connecting to" not in str(exc).lower()
     return False
+
+
+def unknown_first(errors: Iterable[BaseException]) -> list[BaseException]:
+    """``errors`` with those whose write :func:`may_have_run` first (in their order, then
+    the others): the one to raise for a call none of whose writes is known to have landed,
+    so that the caller says "unknown" rather than "nothing was stored"."""
+    return sorted(errors, key=lambda exc: not may_have_run(exc))

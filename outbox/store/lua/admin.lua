@@ -8,15 +8,21 @@
 --   destination, action ("pause", "resume", "disable", "enable", "close"), reason ("" = none)
 -- Returns the event JSON when the state changed (also PUBLISHed), else false.
 --! include args
+--! include breaker
 local opts = named_args()
 local now_s, channel, dest, action, reason = opts.now, opts.channel, opts.destination, opts.action, opts.reason
 local dkey = KEYS[1]
 local admin = redis.call('HGET', dkey, 'admin') or 'active'
+local function close_breaker(...)  -- the fields given are deleted with the breaker's
+  local fields = {unpack(BREAKER_OPEN_FIELDS)}
+  for _, f in ipairs({...}) do fields[#fields + 1] = f end
+  redis.call('HSET', dkey, 'breaker', 'closed')
+  redis.call('HDEL', dkey, unpack(fields))
+end
 if action == 'close' then
   local breaker = redis.call('HGET', dkey, 'breaker') or 'closed'
   if breaker == 'closed' then return false end
-  redis.call('HSET', dkey, 'breaker', 'closed')
-  redis.call('HDEL', dkey, 'opened_at', 'next_probe_at', 'cooldown', 'probe_id', 'probe_deadline')
+  close_breaker()
   local raw = cjson.encode({event = 'destination.closed', destination = dest, at = tonumber(now_s), reason = reason,
                             previous = breaker})
   if channel ~= '' then redis.call('PUBLISH', channel, raw) end
@@ -37,9 +43,8 @@ elseif action == 'enable' then
   to, name = 'active', 'destination.enabled'
   -- Enabling starts afresh: the failure run that disabled it (and its breaker) is over,
   -- so DISABLE_AFTER does not strike again at the next failure.
-  redis.call('HSET', dkey, 'breaker', 'closed', 'consecutive', '0')
-  redis.call('HDEL', dkey, 'failing_since', 'failing_notified', 'opened_at', 'next_probe_at', 'cooldown',
-             'probe_id', 'probe_deadline')
+  close_breaker('failing_since', 'failing_notified')
+  redis.call('HSET', dkey, 'consecutive', '0')
 else
   return redis.error_reply('unknown action ' .. action)
 end

@@ -55,15 +55,19 @@ local out, acted, k = {}, {}, 0
 local later = {}  -- requeued ordered messages, joined to their keys in sequence order
 local function apply(e)
   local id, rkey, cur, dest, queue = e.id, e.rkey, e.cur, e.cur[2], e.cur[3] or ''
-  -- Its status now: an earlier message of this call may have changed it (a key's head
-  -- cancelled promotes the next message from 'waiting' to 'pending', lib/ordering.lua);
-  -- moved out of the index it was read in, it would stay in the one it is in.
-  local status = redis.call('HGET', rkey, 'status')
-  if not (status and allowed[status]) then
-    out[e.k] = 0
-    return
+  -- An ordered message's status now: an earlier message of this call may have changed it
+  -- (a key's head cancelled promotes the next message from 'waiting' to 'pending',
+  -- lib/ordering.lua); moved out of the index it was read in, it would stay in the one it
+  -- is in. Only an ordered message is promoted: the others are not read again.
+  local status = cur[1]
+  if cur[4] then
+    status = redis.call('HGET', rkey, 'status')
+    if not (status and allowed[status]) then
+      out[e.k] = 0
+      return
+    end
+    cur[1] = status
   end
-  cur[1] = status
   local us = base_us + (e.k - 1) * step_us
   local s = string.format('%d.%06d', math.floor(us / 1e6), us % 1e6)
   local okey, pp = cur[4], K.part(prefix, id)

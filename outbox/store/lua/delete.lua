@@ -71,12 +71,15 @@ if refused then return refused end
 for _, d in ipairs(doomed) do
   local id, pp, cur = d.id, d.pp, d.cur
   local dest, queue = cur[2], cur[3] or ''
-  -- An earlier message of this call may have promoted this one (a deleted key head's
-  -- next message goes from 'waiting' to 'pending', lib/ordering.lua): its gathered index
-  -- writes land first, and it is removed from the index of its status now, not the one
-  -- it was read in (else its pending and due entries would outlive it).
-  flush_writes()
-  local status = redis.call('HGET', d.rkey, 'status')
+  -- An earlier message of this call may have promoted this one, if it is ordered (a
+  -- deleted key head's next message goes from 'waiting' to 'pending', lib/ordering.lua):
+  -- its gathered index writes land first, and it is removed from the index of its status
+  -- now, not the one it was read in (else its pending and due entries would outlive it).
+  local status = cur[1]
+  if cur[4] then
+    flush_writes()
+    status = redis.call('HGET', d.rkey, 'status')
+  end
   if status and allowed[status] then
     if d.idem then
       local ikey = K.idempotency(pp, dest, d.idem)

@@ -27,6 +27,7 @@
 --    "destination": ..., "at": now, ...detail}
 --! include args
 --! include keys
+--! include breaker
 local opts = named_args()
 local prefix, now_s, channel = K.setup(opts), opts.now, opts.channel
 local now = tonumber(now_s)
@@ -121,7 +122,7 @@ end
 local function close(dest, st, reason)
   st.breaker = 'closed'
   put(st, 'breaker', 'closed')
-  for _, f in ipairs({'opened_at', 'next_probe_at', 'cooldown', 'probe_id', 'probe_deadline'}) do drop(st, f) end
+  for _, f in ipairs(BREAKER_OPEN_FIELDS) do drop(st, f) end
   probe_at(now, dest)
   emit('destination.closed', dest, reason and {reason = reason} or {})
 end
