@@ -6,19 +6,21 @@ read back (records, attempts, idempotency keys).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
-from outbox.exceptions import MessageNotFound
+from outbox.exceptions import MessageNotFound, OutboxUnavailable
 from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, Status, partition_of
 from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, script_call
 from outbox.store.destination_state import health_args
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
+from outbox.store.idempotency import away_from_home, exists_elsewhere, point_home, reserve
 from outbox.store.outages import PARTITION_UNAVAILABLE, unknown_first
 from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import field_names, named, sha
@@ -53,6 +55,8 @@ CREATE_FIELDS = (
     "ordered",
     "n_resend",
 )
+
+logger = logging.getLogger(__name__)
 
 
 def due_queues(messages: Sequence[Message], due_by: float) -> list[str]:
@@ -447,23 +451,30 @@ class MessageStore(RepositoryBase):
             redis.exceptions.RedisError: no partition could be written (nothing was),
                 or a partition refused its call for another reason than an outage.
         """
+        settled, work, substituted = self.settle_idempotency(messages)
         parts: dict[int, list[int]] = {}
-        for i, m in enumerate(messages):
-            parts.setdefault(partition_of(m.id), []).append(i)
+        for i, m in enumerate(work):
+            if i not in settled:
+                parts.setdefault(partition_of(m.id), []).append(i)
+        if not parts:
+            return CreateResult([settled[i] for i in range(len(messages))], [])
         woken_before: list[str] = []  # queues flagged with a create that did not run
         calls: list[ScriptCall] = []
         self.register_destinations({m.destination for m in messages})
         for positions in parts.values():
-            chunk = [messages[i] for i in positions]
+            chunk = [work[i] for i in positions]
             groups = create_groups(chunk)
+            # a message sent under the id its key names may be stored already: check ids
+            again = repeat or any(i in substituted for i in positions)
             calls.append(
                 (
                     "create",
-                    self.create_args(chunk, now, due_slack, repeat, groups),
+                    self.create_args(chunk, now, due_slack, again, groups),
                     self.create_keys(chunk, groups),
                 )
             )
         acknowledged = None
+        replies: list[Any]
         if durability is not None and durability.waits:
             writes = [
                 ("EVALSHA", sha(name), len(keys), *keys, *args)
@@ -474,15 +485,17 @@ class MessageStore(RepositoryBase):
             )
         elif len(calls) == 1:  # one partition (every send()): one round trip where it can be
             name, args, keys = script_call(calls[0])
-            due = due_queues(messages, now + due_slack)
+            chunk = [work[i] for i in next(iter(parts.values()))]
+            due = due_queues(chunk, now + due_slack)
             flagged = self.create_and_flag(name, args, keys, due, now)
             if flagged is not None and not isinstance(flagged[0], Exception):
                 reply, set_flags = flagged
-                result = self.parse_create(messages, reply)
+                result = self.parse_create(chunk, reply)
                 # the flags of the queues made due were set with the create: a job for each
                 # one this call set (a duplicate's too: that job finds nothing, harmlessly)
                 rest = self.raise_wake_flags([q for q in result.woken if q not in due], now)
-                return CreateResult(result.created, set_flags + rest, acknowledged)
+                created = self.after_create(messages, work, parts, [result], settled, substituted)
+                return CreateResult(created, set_flags + rest, acknowledged)
             if flagged is not None:  # the create did not run there: once more, as below
                 woken_before = flagged[1]
             replies = [self.thread_clients.run(lambda client: self.run_script(name, args, client, keys=keys))]
@@ -493,21 +506,112 @@ class MessageStore(RepositoryBase):
         for reply in failed:
             if not isinstance(reply, PARTITION_UNAVAILABLE) or len(failed) == len(replies):
                 raise reply  # a bug, not an outage; or nothing is known to be written
-        created: list[Created] = [Created(m.id, m.id, "new") for m in messages]
+        results: list[CreateResult | Exception] = []
         woken: list[str] = []
         errors: dict[int, Exception] = {}
         for (part, positions), reply in zip(parts.items(), replies, strict=True):
             if isinstance(reply, Exception):
                 errors[part] = reply
-                for i in positions:
-                    created[i] = Created(messages[i].id, messages[i].id, "unstored")
+                results.append(reply)
                 continue
-            result = self.parse_create([messages[i] for i in positions], reply)
-            for i, c in zip(positions, result.created, strict=True):
-                created[i] = c
+            result = self.parse_create([work[i] for i in positions], reply)
+            results.append(result)
             woken += [q for q in result.woken if q not in woken]
+        created = self.after_create(messages, work, parts, results, settled, substituted)
         woken_now = self.raise_wake_flags([q for q in woken if q not in woken_before], now)
         return CreateResult(created, woken_before + woken_now, acknowledged, errors)
+
+    def settle_idempotency(
+        self, messages: Sequence[Message]
+    ) -> tuple[dict[int, Created], list[Message], set[int]]:
+        """The step before the create calls of :meth:`create_partitioned`: the home records
+        of the ordered messages whose idempotency record lives in another partition
+        (:mod:`.idempotency`, which states the rule), one round trip when there are any.
+
+        Returns:
+            (the positions settled without a create: ``"conflict"`` and the others of its
+            partition ``"refused"``, as one create call refuses; ``"duplicate"`` of a
+            stored message of another partition), the messages to create (a message whose
+            key names an id of its own partition is created under that id), and the
+            positions so substituted.
+
+        Raises:
+            OutboxUnavailable: a key names a message of another partition that is not
+                stored (its send has not finished, or failed after its reservation).
+            redis.exceptions.RedisError: the reservation's round trip failed (nothing
+                was created).
+        """
+        work = list(messages)
+        settled: dict[int, Created] = {}
+        substituted: set[int] = set()
+        found = reserve(self.connection, self.keys, self.idempotency_ttl, messages)
+        if not found.held:
+            return settled, work, substituted
+        elsewhere = [
+            i
+            for i, held in found.held.items()
+            if held.fingerprint == messages[i].fingerprint()
+            and partition_of(held.id) != partition_of(messages[i].id)
+        ]
+        stored = exists_elsewhere(self.connection, self.keys, [found.held[i].id for i in elsewhere])
+        for i, present in zip(elsewhere, stored, strict=True):
+            if not present:
+                m, held_id = messages[i], found.held[i].id
+                raise OutboxUnavailable(
+                    f"idempotency_key {m.idempotency_key!r} of destination {m.destination!r} names message "
+                    f"{held_id}, which is not stored: the send() that reserved the key (with another ordering "
+                    "key) has not finished, or failed after reserving it. Nothing was stored; send again later."
+                )
+            settled[i] = Created(messages[i].id, found.held[i].id, "duplicate")
+        for i, held in found.held.items():
+            m = messages[i]
+            if held.fingerprint != m.fingerprint():
+                settled[i] = Created(m.id, held.id, "conflict")
+                for j, other in enumerate(messages):  # one create call refuses its partition whole
+                    if j not in settled and partition_of(other.id) == partition_of(m.id):
+                        settled[j] = Created(other.id, other.id, "refused")
+            elif i not in settled:
+                work[i] = replace(m, id=held.id)
+                substituted.add(i)
+        substituted -= set(settled)
+        return settled, work, substituted
+
+    def after_create(
+        self,
+        messages: Sequence[Message],
+        work: Sequence[Message],
+        parts: dict[int, list[int]],
+        results: Sequence[CreateResult | Exception],
+        settled: dict[int, Created],
+        substituted: set[int],
+    ) -> list[Created]:
+        """One :class:`Created` per message of :meth:`create_partitioned`, in order: the
+        settled ones, the results of the create calls (``"unstored"`` where a call failed),
+        a substituted message as a ``"duplicate"`` of the id it was created under; and the
+        home records of the messages whose create found an older version's record in
+        their partition pointed at the message that stands (:func:`.idempotency.point_home`)."""
+        created = [settled.get(i, Created(m.id, m.id, "new")) for i, m in enumerate(messages)]
+        repoint: list[tuple[Message, str]] = []
+        for positions, result in zip(parts.values(), results, strict=True):
+            for n, i in enumerate(positions):
+                c = (
+                    Created(work[i].id, work[i].id, "unstored")
+                    if isinstance(result, Exception)
+                    else result.created[n]
+                )
+                if i in substituted and c.code in ("new", "exists"):
+                    c = Created(messages[i].id, work[i].id, "duplicate")
+                elif c.code == "duplicate" and away_from_home(self.keys, work[i]):
+                    repoint.append((work[i], c.standing_id))
+                created[i] = c
+        if repoint:
+            try:
+                point_home(self.connection, self.keys, repoint)
+            except (RedisError, RedisClusterException):  # the messages stand; the record expires in time
+                logger.warning(
+                    "outbox: could not point %d idempotency record(s) at their message", len(repoint)
+                )
+        return created
 
     def create_and_flag(
         self, name: str, args: Sequence[Any], keys: Sequence[str], queues: Sequence[str], now: float
