@@ -39,7 +39,11 @@ REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
 #: "TTL exhausted.": 16 redirects, ``ASK``/``MOVED``/``TRYAGAIN``, in a row; and its
 #: subclass ``ClusterDownError``, ``CLUSTERDOWN``), ``SlotNotCoveredError`` (no node serves
 #: the slot yet). A worker retries its writes on these with backoff, as while Redis is
-#: unreachable (:mod:`outbox.delivery.loop`).
+#: unreachable (:mod:`outbox.delivery.loop`). A script's ``ResponseError`` "Script
+#: attempted to access a non local key" is deliberately not one: the script stopped
+#: half-way with its earlier writes kept, so running it again is not known to be safe; a
+#: script that finds keys at run time checks them first (``lua/lib/guard.lua``) and
+#: answers ``TRYAGAIN`` instead, with nothing written (tests/store/test_lua_guard.py).
 CLUSTER_IN_FLUX: tuple[type[Exception], ...] = (TryAgainError, ClusterError, SlotNotCoveredError)
 
 #: :data:`REDIS_UNAVAILABLE` and :data:`CLUSTER_IN_FLUX`: a partition that cannot take a

@@ -352,3 +352,44 @@ def test_a_claim_refused_in_one_partition_gives_its_grants_back_at_once(
     assert took < outbox_settings.VISIBILITY_TIMEOUT / 3, took
     repo = get_repository()
     assert repo.connection.zcard(repo.keys.inflight("capped")) == 0
+
+
+def test_a_claim_reads_nothing_while_a_due_messages_record_has_moved(cluster_mode, redis_cluster):
+    """Issue 31, item 3: the pick of a claim (lua/pick.lua, read only) reads the resend
+    record of each due entry, a key found at run time. With the partition's slot held
+    half-moved by a legacy migration, that record already moved and both declared indexes
+    still at the source (so the script runs there), the pick raised ``ResponseError:
+    Script attempted to access a non local key``, which a worker does not retry: its run
+    ended and ``fail_safe`` rewrote its outcomes. It checks the records first
+    (lib/guard.lua) and answers TRYAGAIN, a cluster in flux the worker waits out. Once the
+    slot is handed over, the same claim takes the message."""
+    from redis.crc import key_slot
+
+    from outbox.store import cluster_admin
+    from outbox.store.outages import CLUSTER_IN_FLUX
+
+    m = outbox.send("hook", {"n": 1})
+    repo = get_repository()
+    partition = partition_of(m.id)
+    part = repo.keys.of(m.id)
+    # Both declared keys present at the source (a missing one answers TRYAGAIN before the
+    # script runs, which is not what this test is about): a suspect's quarantine index.
+    cluster_mode.zadd(part.quarantine(m.queue), {"msg_suspect_placeholder": time.time() + 3600})
+    record = repo.keys.resend(m.id).encode()
+    slot = key_slot(record)
+    source = redis_cluster.slot_owner(slot)
+    target = next(n for n in redis_cluster.nodes if n != source)
+    node = redis_cluster.node_client(source)
+    now = time.time()
+    redis_cluster.begin_migration(slot, target)
+    try:
+        cluster_admin.migrate(node, target, [record], 5000)
+        assert node.exists(part.due(m.queue), part.quarantine(m.queue)) == 2
+        with pytest.raises(CLUSTER_IN_FLUX):
+            repo.claim(m.queue, now, partition, lease="L", deadline=now + 60, limit=5)
+        assert node.zscore(part.due(m.queue), m.id) is not None  # still due: nothing claimed
+    finally:
+        redis_cluster.finish_migration(slot)
+    claim = repo.claim(m.queue, now, partition, lease="L", deadline=now + 60, limit=5)
+    assert [c.id for c in claim.messages] == [m.id]
+    assert outbox.get(m.id).status == "sending"

@@ -10,18 +10,26 @@
 -- Returns {rows, next_due, next_suspect}: rows flat (id, score, status, destination,
 --   "1" when suspect else ""), next_due and next_suspect the first scores of the two
 --   indexes (strings), or false.
+-- The entries' resend records are keys found at run time: they are checked before the
+-- first is read (lib/guard.lua), so that a slot held half-moved with a record already
+-- moved answers TRYAGAIN, as a declared key would, rather than "Script attempted to
+-- access a non local key".
 --! include args
 --! include keys
+--! include guard
 local opts = named_args()
 local prefix = K.setup(opts)
 local key = opts.lane == 'q' and KEYS[2] or KEYS[1]
 local rows = redis.call('ZRANGEBYSCORE', key, '-inf', tonumber(opts.now) + tonumber(opts.slack), 'WITHSCORES', 'LIMIT', 0, tonumber(opts.scan))
+local rkeys = {}
+for i = 1, #rows, 2 do rkeys[#rkeys + 1] = K.resend(prefix, rows[i]) end
+local refused = keys_here(key, rkeys)
+if refused then return refused end
 local out = {}
-for i = 1, #rows, 2 do
-  local id = rows[i]
-  local v = redis.call('HMGET', K.resend(prefix, id), 'status', 'destination', 'suspect')
-  out[#out + 1] = id
-  out[#out + 1] = rows[i + 1]
+for j, rkey in ipairs(rkeys) do
+  local v = redis.call('HMGET', rkey, 'status', 'destination', 'suspect')
+  out[#out + 1] = rows[2 * j - 1]
+  out[#out + 1] = rows[2 * j]
   out[#out + 1] = v[1] or ''
   out[#out + 1] = v[2] or ''
   out[#out + 1] = v[3] and '1' or ''
