@@ -81,3 +81,26 @@ def test_a_receiver_shedding_load_after_the_block_does_not_trip_the_breaker(repo
     assert "503, 503, 503, 503, 503" not in str(receiver.statuses), receiver.statuses
     assert health.get_health("hook").breaker == "closed"
     assert repo.count("succeeded") == HELD + 1
+
+
+def test_a_run_that_wakes_late_after_the_block_does_not_take_the_passed_release_slots_at_once(repo):
+    """No run claims after the 429 until 2.5 s after the block's end (a worker busy
+    elsewhere, a loaded machine): the release slots that passed meanwhile (about 18) are not
+    all taken by the first run that comes: the release is paced (a burst of
+    RAMP_FIRST, then its rate), so the receiver never has more than a few at once.
+    Before: the first late run took 16 at once (every worker's in-flight cap)."""
+    queue = outbox_settings.queue_name(None)
+    with receiving(answer=overloadable(room=1000)) as receiver:
+        with hook_settings(receiver.url):
+            outbox.send("hook", {"n": -1})
+            delivery.run(queue)
+            assert receiver.statuses == [429]
+            blocked_until = float(repo.connection.hget(repo.keys.dest("hook"), "blocked_until"))
+            outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(HELD)])
+            time.sleep(max(0.0, blocked_until + 2.5 - time.time()))
+            deadline = time.time() + 30
+            while repo.count("succeeded") < HELD + 1 and time.time() < deadline:
+                delivery.run(queue)
+                time.sleep(0.01)
+    assert repo.count("succeeded") == HELD + 1
+    assert receiver.most_active <= 2 * RAMP_FIRST, (receiver.most_active, sorted(round(r.at - blocked_until, 3) for r in receiver.requests[1:]))

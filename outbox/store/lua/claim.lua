@@ -25,7 +25,10 @@
 --   already). A message is held when its due score is before blocked_until (it waited
 --   through the block, or is a retry the 429/503 itself scheduled); one due at or after
 --   it has its slot (or is new traffic) and is not claimed before its score, even within
---   the claim's due slack;
+--   the claim's due slack. Within the window every claim is also paced at the release's
+--   rate (one GCRA, as below, with a burst of RAMP_FIRST and the interval of the slots'
+--   rate at `now`; its TAT is ramp_tat), so a claim that comes late does not take every
+--   slot that passed at once;
 -- * MAX_CONCURRENCY leases of the destination held (ZCARD of its sending index): rescheduled
 --   a moment later; over its RATE_LIMIT: rescheduled to when GCRA allows it, successive
 --   ones spaced by the emission interval. GCRA, the generic cell rate algorithm (ITU-T

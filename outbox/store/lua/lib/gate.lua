@@ -33,13 +33,14 @@ local function gate(dest)
   if g then return g end
   local now = GATE.now
   local v = redis.call('HMGET', K.dest(GATE.prefix, dest), 'admin', 'breaker', 'next_probe_at',
-                       'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k')
+                       'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k', 'ramp_tat')
   g = {admin = v[1] or 'active', breaker = v[2] or 'closed', next_probe = tonumber(v[3] or '0'),
        probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = GATE.limits[dest], spaced = 0}
   if g.blocked > 0 and now < g.blocked + RAMP_WINDOW then
     -- the release after a Retry-After; a new block starts its count again
     g.ramp_of = v[5]
     g.ramp_k = (v[6] == v[5]) and tonumber(v[7] or '0') or 0
+    g.ramp_tat = (v[6] == v[5]) and tonumber(v[8] or '0') or 0
     g.ramp_first = RAMP_FIRST
     if g.lim and g.lim[1] > 0 then g.ramp_first = math.max(RAMP_FIRST, RAMP_STEP / g.lim[1]) end
   end
@@ -51,15 +52,26 @@ local function gate(dest)
   return g
 end
 
--- The next release slot after a Retry-After; counts it.
-local function ramp_slot(g, dest)
-  local at = g.blocked + RAMP_STEP * math.log(1 + g.ramp_k / g.ramp_first) / LOG2
-  g.ramp_k, g.last_slot = g.ramp_k + 1, at
+local function ramp_moved(g, dest)
   if not g.ramp_moved then
     g.ramp_moved = true
     ramp_changed[#ramp_changed + 1] = dest
   end
+end
+
+-- The next release slot after a Retry-After; counts it.
+local function ramp_slot(g, dest)
+  local at = g.blocked + RAMP_STEP * math.log(1 + g.ramp_k / g.ramp_first) / LOG2
+  g.ramp_k, g.last_slot = g.ramp_k + 1, at
+  ramp_moved(g, dest)
   return at
+end
+
+-- The release's pace at `now`: seconds between two attempts at the rate the slots follow
+-- (k slots by t seconds after the block: first * (2^(t / RAMP_STEP) - 1); its derivative).
+local function ramp_interval(g, now)
+  local t = math.max(0, now - g.blocked)
+  return RAMP_STEP / (g.ramp_first * LOG2 * 2 ^ (t / RAMP_STEP))
 end
 
 local function gate_decide(dest, score)
@@ -79,6 +91,18 @@ local function gate_decide(dest, score)
     return 'later', g.last_slot  -- held by the block: to its release slot (the slot just counted)
   end
   if g.ramp_of and score > now then return 'hold' end  -- its release slot is within the due slack
+  local interval
+  if g.ramp_of then
+    -- Paced as a GCRA at the release's rate, with a burst of RAMP_FIRST: a claim that
+    -- comes late (no run for a while) does not take every slot that passed at once.
+    interval = ramp_interval(g, now)
+    local tau = (RAMP_FIRST - 1) * interval
+    if now < g.ramp_tat - tau then
+      local at = math.max(g.ramp_tat - tau, g.ramp_next or 0)
+      g.ramp_next = at + interval
+      return 'later', at
+    end
+  end
   local cap = GATE.caps[dest]
   if cap ~= nil and cap <= 0 then return 'cap' end
   local lim = g.lim
@@ -101,6 +125,10 @@ local function gate_decide(dest, score)
   end
   if cap ~= nil then GATE.caps[dest] = cap - 1 end
   if g.sending then g.sending = g.sending + 1 end
+  if interval then
+    g.ramp_tat = math.max(g.ramp_tat, now) + interval
+    ramp_moved(g, dest)
+  end
   return 'take'
 end
 
@@ -111,7 +139,8 @@ end
 local function gate_flush()
   for _, dest in ipairs(ramp_changed) do
     local g = gates[dest]
-    redis.call('HSET', K.dest(GATE.prefix, dest), 'ramp_of', g.ramp_of, 'ramp_k', g.ramp_k)
+    redis.call('HSET', K.dest(GATE.prefix, dest), 'ramp_of', g.ramp_of, 'ramp_k', g.ramp_k,
+               'ramp_tat', string.format('%.6f', g.ramp_tat))
   end
   for _, dest in ipairs(tat_changed) do
     local tat = gates[dest].tat
