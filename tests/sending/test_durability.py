@@ -351,7 +351,9 @@ def test_waitaof_with_replicas_gives_up_within_the_timeout(servers):
         with pytest.raises(NotDurable) as caught:
             outbox.send("mem", {"order": 8.5})
         assert 1.0 <= time.monotonic() - started < 1.6
-    assert (caught.value.local, caught.value.replicas) == (True, 0)
+    # No replica acknowledged. Whether the primary's own fsync (appendfsync everysec) came
+    # within the WAIT's second depends on the machine's load (False seen in CI): not asserted.
+    assert caught.value.replicas == 0
 
 
 @needs_72
