@@ -259,6 +259,10 @@ class _Run:
         self.give_up_at: dict[Future[Outcome], tuple[float, float, float]] = {}  # (when, deadline, started)
         self.per_destination: Counter[str] = Counter()
         self.decided: list[Decision] = []
+        # This run's token and the number of its last decided outcome: health counts an
+        # outcome once when an exchange is written again (lua/health.lua, "run", "seq")
+        self.token = uuid.uuid4().hex[:16]
+        self.decisions = 0
         self.report = RunReport()
         self.next_due: float | None = None
         self.next_suspect: float | None = None  # when the queue's first suspect is due (quarantine index)
@@ -395,7 +399,7 @@ class _Run:
         retried with backoff while Redis is unreachable or a cluster slot moves (up to the earliest lease of the
         outcomes being written, so a decided outcome is not given up lightly)."""
         changes = [d.change for d in self.decided]
-        outcomes = [health_outcome(d.outcome) for d in self.decided if d.outcome is not None]
+        outcomes = [[*health_outcome(d.outcome), d.seq] for d in self.decided if d.outcome is not None]
         give_up_at = STOPPING.write_deadline(
             time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
         )
@@ -423,6 +427,8 @@ class _Run:
                     limits=self.rate_limits,
                     quarantine=quarantine,
                     asks=[(a.partition, a.limit, a.caps or {}) for a in asks],
+                    run=self.token,
+                    horizon=outbox_settings.VISIBILITY_TIMEOUT,
                 )
                 break
             except REDIS_ERRORS as exc:
@@ -555,6 +561,8 @@ class _Run:
                 self.streak[message.destination] = 0
             decision = decide_outcome(outcome, time.time())
             decision.outcome = outcome
+            self.decisions += 1
+            decision.seq = self.decisions
             self.decided.append(decision)
 
     @staticmethod

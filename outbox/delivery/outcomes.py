@@ -43,6 +43,7 @@ class Decision:
     message: Message
     exhausted: DestinationEvent | None = None  # its message.exhausted event, if its retries ran out
     outcome: Outcome | None = None  # the attempt's result, logged once the decision is written
+    seq: int = 0  # its number in the worker run that decided it (health counts it once), 0 = none
 
 
 def decide(

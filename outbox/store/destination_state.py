@@ -26,6 +26,7 @@ OUTCOME_FIELDS = (
     "id",
     "started_at",
     "lease",
+    "seq",
 )
 #: The fields of each destination's breaker settings in the health config JSON, in order
 #: (:func:`outbox.destinations.config.breaker_config_json`).
@@ -41,7 +42,13 @@ BREAKER_FIELDS = (
 
 
 def health_args(
-    keys: Keys, channel: str, outcomes: Sequence[Sequence[Any]], config: str, now: float
+    keys: Keys,
+    channel: str,
+    outcomes: Sequence[Sequence[Any]],
+    config: str,
+    now: float,
+    run: str = "",
+    horizon: float = 0.0,
 ) -> list[Any]:
     """ARGV of ``lua/health.lua`` (its KEYS: ``[keys.probes]``).
 
@@ -50,11 +57,17 @@ def health_args(
         channel: Pub/Sub channel for events, or "" for none.
         outcomes: per attempt ``[destination, kind ("s", "r", "p"), duration ms,
             status code (0 = none), error class, error text, retry-after seconds
-            (0 = none), message id, started_at (epoch seconds, optional)]``
-            (:data:`OUTCOME_FIELDS`).
+            (0 = none), message id, started_at (epoch seconds, optional), the claim's
+            lease token, seq (the outcome's number in its run, from 1, in the order
+            decided; 0 = none)]`` (:data:`OUTCOME_FIELDS`).
         config: JSON destination -> breaker settings (:data:`BREAKER_FIELDS`,
             :func:`outbox.destinations.config.breaker_config_json`).
         now: epoch seconds.
+        run: the worker run's token ("" = none): with it, an outcome whose ``seq`` the
+            run's mark for its destination (:meth:`~outbox.store.keys.Keys.counted`)
+            already covers is not counted again (an exchange written again after a lost
+            reply or a failed later step).
+        horizon: seconds that mark is kept (the lease: no exchange is retried longer).
     """
     return named(
         prefix=keys.prefix,
@@ -65,10 +78,12 @@ def health_args(
         config_fields=field_names(BREAKER_FIELDS),
         outcomes=json.dumps(list(outcomes), separators=(",", ":")),
         outcome_fields=field_names(OUTCOME_FIELDS),
+        run=run,
+        horizon=repr(horizon),
     )
 
 
-def health_keys(keys: Keys, destination: str, config: str, now: float) -> list[str]:
+def health_keys(keys: Keys, destination: str, config: str, now: float, run: str = "") -> list[str]:
     """With more than one partition, every key ``lua/health.lua`` may touch for the
     outcomes of ``destination`` at ``now`` (epoch seconds), as its KEYS, all in the
     destination's home slot: its state hash, its in-flight grants, its health of this
@@ -76,7 +91,8 @@ def health_keys(keys: Keys, destination: str, config: str, now: float) -> list[s
     breaker's failure-rate window (``config``'s ``window`` seconds, read). Declared so
     that a slot half moved by a legacy migration answers ``TRYAGAIN`` before anything is
     written, instead of the script aborting at the first key that moved ("Script
-    attempted to access a non local key"), its earlier writes kept."""
+    attempted to access a non local key"), its earlier writes kept. With a ``run``
+    token, also the run's counted mark (:func:`health_args`)."""
     minute, hour = math.floor(now / 60), math.floor(now / 3600)
     values = json.loads(config).get(destination) if config else None
     window = float(values[BREAKER_FIELDS.index("window")]) if values else 0.0
@@ -87,15 +103,18 @@ def health_keys(keys: Keys, destination: str, config: str, now: float) -> list[s
         keys.health(destination, minute),
         keys.errors(destination, hour),
         *(keys.health(destination, m) for m in read),
+        *([keys.counted(destination, run)] if run else []),
     ]
 
 
 class DestinationState(RepositoryBase):
     """The destination-state part of :class:`~outbox.store.repository.MessageRepository`."""
 
-    def health_args(self, outcomes: Sequence[Sequence[Any]], config: str, now: float) -> list[Any]:
+    def health_args(
+        self, outcomes: Sequence[Sequence[Any]], config: str, now: float, run: str = "", horizon: float = 0.0
+    ) -> list[Any]:
         """ARGV of ``lua/health.lua`` for this repository (see :func:`health_args`)."""
-        return health_args(self.keys, self.events_channel, outcomes, config, now)
+        return health_args(self.keys, self.events_channel, outcomes, config, now, run, horizon)
 
     def record_outcomes(self, outcomes: Sequence[Sequence[Any]], config: str, now: float) -> list[str]:
         """Record attempt outcomes in destination health alone (``lua/health.lua``);
@@ -111,18 +130,22 @@ class DestinationState(RepositoryBase):
         return events
 
     def record_outcomes_by_destination(
-        self, outcomes: Sequence[Sequence[Any]], config: str, now: float
+        self, outcomes: Sequence[Sequence[Any]], config: str, now: float, run: str = "", horizon: float = 0.0
     ) -> tuple[list[str], set[str]]:
         """With more than one partition: ``lua/health.lua`` once per destination (its home
         slot, every key it may touch declared: :func:`health_keys`), in one round trip;
         the probe times it returns written to
         ``outbox:{g}:probes``. Returns (the destination events, the destinations that hold
-        their messages now)."""
+        their messages now). ``run``, ``horizon``: as :func:`health_args`."""
         by_dest: dict[str, list[Sequence[Any]]] = {}
         for row in outcomes:
             by_dest.setdefault(str(row[0]), []).append(row)
         calls: list[ScriptCall] = [
-            ("health", self.health_args(rows, config, now), health_keys(self.keys, d, config, now))
+            (
+                "health",
+                self.health_args(rows, config, now, run, horizon),
+                health_keys(self.keys, d, config, now, run),
+            )
             for d, rows in by_dest.items()
         ]
         events: list[str] = []

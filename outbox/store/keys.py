@@ -284,6 +284,13 @@ class Keys:
     def gcra(self, destination: str) -> str:
         return f"{self.home(destination)}:gcra:{destination}"
 
+    def counted(self, destination: str, run: str) -> str:
+        """The highest outcome sequence number of one worker run (``run``: its token)
+        that ``destination``'s health has counted (a string; it expires): an exchange
+        repeated after a lost reply or a failed later step counts each attempt once
+        (``lua/health.lua``)."""
+        return f"{self.home(destination)}:counted:{destination}:{run}"
+
     def inflight(self, destination: str) -> str:
         """With more than one partition, ``destination``'s attempts in flight (a sorted set:
         "<lease>|<message id>" -> lease deadline) that its gate granted (``lua/gate.lua``): its

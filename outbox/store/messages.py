@@ -877,10 +877,16 @@ class MessageStore(RepositoryBase):
         outcomes: Sequence[Sequence[Any]] = (),
         health_config: str = "{}",
         asks: Sequence[tuple[int, int, dict[str, int] | None]] = (),
+        run: str = "",
+        horizon: float = 0.0,
         **claim_options: Any,
     ) -> tuple[list[ChangeResult], list[Claim]]:
         """Record attempt outcomes in destination health, write the outcomes, then claim
         the next messages, in one round trip.
+
+        ``run``, ``horizon``: the worker run's token and its lease (seconds): health
+        counts each outcome once when the same exchange is written again
+        (:func:`~outbox.store.destination_state.health_args`).
 
         The scripts run in order in one pipeline: ``lua/health.lua`` (``outcomes``, see
         :func:`~outbox.store.destination_state.health_args`; it may open a circuit
@@ -898,7 +904,7 @@ class MessageStore(RepositoryBase):
             calls.append(
                 (
                     "health",
-                    health_args(self.keys, self.events_channel, outcomes, health_config, now),
+                    health_args(self.keys, self.events_channel, outcomes, health_config, now, run, horizon),
                     [self.keys.probes],
                 )
             )

@@ -78,6 +78,8 @@ class PartitionedMessageStore(MessageStore, DestinationState):
         outcomes: Sequence[Sequence[Any]] = (),
         health_config: str = "{}",
         asks: Sequence[tuple[int, int, dict[str, int] | None]] = (),
+        run: str = "",
+        horizon: float = 0.0,
         **claim_options: Any,
     ) -> tuple[list[ChangeResult], list[Claim]]:
         """See :meth:`MessageStore.outcomes_and_claim`; with more than one partition, the
@@ -90,6 +92,8 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 outcomes=outcomes,
                 health_config=health_config,
                 asks=asks,
+                run=run,
+                horizon=horizon,
                 **claim_options,
             )
         if not asks:
@@ -102,7 +106,9 @@ class PartitionedMessageStore(MessageStore, DestinationState):
         # 1. health per destination (it says which destinations hold their messages: a
         # change without an outcome, of another destination, is written as not held)
         events, holding = (
-            self.record_outcomes_by_destination(outcomes, health_config, now) if outcomes else ([], set())
+            self.record_outcomes_by_destination(outcomes, health_config, now, run, horizon)
+            if outcomes
+            else ([], set())
         )
 
         # 2. transitions per partition, then (after them on each node: a retry due at once

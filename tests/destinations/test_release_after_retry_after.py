@@ -90,17 +90,19 @@ def test_a_run_that_wakes_late_after_the_block_does_not_take_the_passed_release_
     RAMP_FIRST, then its rate), so the receiver never has more than a few at once.
     Before: the first late run took 16 at once (every worker's in-flight cap)."""
     queue = outbox_settings.queue_name(None)
-    with receiving(answer=overloadable(room=1000)) as receiver:
-        with hook_settings(receiver.url):
-            outbox.send("hook", {"n": -1})
+    with receiving(answer=overloadable(room=1000)) as receiver, hook_settings(receiver.url):
+        outbox.send("hook", {"n": -1})
+        delivery.run(queue)
+        assert receiver.statuses == [429]
+        blocked_until = float(repo.connection.hget(repo.keys.dest("hook"), "blocked_until"))
+        outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(HELD)])
+        time.sleep(max(0.0, blocked_until + 2.5 - time.time()))
+        deadline = time.time() + 30
+        while repo.count("succeeded") < HELD + 1 and time.time() < deadline:
             delivery.run(queue)
-            assert receiver.statuses == [429]
-            blocked_until = float(repo.connection.hget(repo.keys.dest("hook"), "blocked_until"))
-            outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(HELD)])
-            time.sleep(max(0.0, blocked_until + 2.5 - time.time()))
-            deadline = time.time() + 30
-            while repo.count("succeeded") < HELD + 1 and time.time() < deadline:
-                delivery.run(queue)
-                time.sleep(0.01)
+            time.sleep(0.01)
     assert repo.count("succeeded") == HELD + 1
-    assert receiver.most_active <= 2 * RAMP_FIRST, (receiver.most_active, sorted(round(r.at - blocked_until, 3) for r in receiver.requests[1:]))
+    assert receiver.most_active <= 2 * RAMP_FIRST, (
+        receiver.most_active,
+        sorted(round(r.at - blocked_until, 3) for r in receiver.requests[1:]),
+    )

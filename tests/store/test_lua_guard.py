@@ -94,10 +94,11 @@ UNGUARDED: dict[str, tuple[str, set[str]]] = {
     "health": (
         "runs in one destination's home slot; it builds again the keys the caller declares "
         "(destination_state.health_keys: state, in-flight, health of the minute and of the "
-        "breaker's window, errors of the hour)",
+        "breaker's window, errors of the hour, the run's counted mark)",
         {
             "K.dest(prefix, dest)",
             "K.inflight(prefix, dest)",
+            "K.counted(prefix, dest, run)",
             "K.health(prefix, dest, m)",
             "hkey",
             "dkey",

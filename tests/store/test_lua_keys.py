@@ -71,6 +71,7 @@ SHARED: dict[str, list[tuple[object, ...]]] = {
     "errors": [(d, h) for d in DESTINATIONS for h in (490588, 1)],
     "gcra": [(d,) for d in DESTINATIONS],
     "inflight": [(d,) for d in DESTINATIONS],
+    "counted": [(d, r) for d in DESTINATIONS for r in ("0f3a9c1d2b4e5f60", "r")],
 }
 #: Prefix helpers, checked against Keys by the tests below: (Lua name, Python function).
 PREFIX_HELPERS = {

@@ -19,7 +19,14 @@
 --     started_at (when the attempt started, epoch seconds; its failure starts a run of
 --     failures then, before its message's dead-letter time, so "recover since" finds
 --     it; may be absent), lease (the claim's lease token: with more than one partition
---     the grant lease|id ends; may be absent)
+--     the grant lease|id ends; may be absent), seq (the outcome's number in its worker
+--     run, from 1, in the order decided; may be absent or 0)
+--   run: the worker run's token ("" or absent: none), horizon: seconds its counted
+--     mark (K.counted) is kept, at least 60. An exchange is written again after a lost
+--     reply or a failed later step (its outcomes and their numbers the same, the run's
+--     outcomes decided since numbered higher): an outcome numbered at or below its
+--     destination's mark for the run was counted and is skipped, so health, failure
+--     runs and the breaker count each attempt once (docs/architecture.md).
 -- With more than one partition, returns {events, probe times (flat: destination, epoch s),
 --   destinations holding their messages}; else the events. The events of the state
 --   changes made (JSON strings), each also PUBLISHed:
@@ -36,6 +43,7 @@ local configs = {}
 for dest, values in pairs(cjson.decode(opts.config)) do configs[dest] = named_list(values, CONFIG_FIELDS) end
 local outcomes = cjson.decode(opts.outcomes)
 local probes_key = KEYS[1]
+local run, horizon = opts.run or '', tonumber(opts.horizon or '0') or 0
 local minute = math.floor(now / 60)
 local hour = math.floor(now / 3600)
 local NB = 16             -- buckets 0..15: latency <= 2^i ms; bucket 16: above 32.768 s
@@ -89,6 +97,9 @@ local function state(dest)
         cooldown = tonumber(v[6] or '0'), probe_id = v[7] or '', blocked_until = tonumber(v[8] or '0'),
         next_probe_at = tonumber(v[9] or '0'),
         set = {}, del = {}, agg = {s = 0, r = 0, p = 0, sum = 0, b = {}}, errors = {}, failed = false}
+  st.counted = 0
+  if run ~= '' then st.counted = tonumber(redis.call('GET', K.counted(prefix, dest, run)) or '0') end
+  st.top = st.counted
   states[dest] = st
   order[#order + 1] = dest
   return st
@@ -135,16 +146,10 @@ local function disable(dest, st, reason)
   emit('destination.disabled', dest, {reason = reason})
 end
 
-for _, values in ipairs(outcomes) do
-  local o = named_list(values, OUTCOME_FIELDS)
+-- One attempt's outcome counted in its destination's health and breaker.
+local function count(o, st)
   local dest, kind, ms, code, cls, err = o.destination, o.kind, tonumber(o.ms), tonumber(o.code), o.class, o.error
   local ra, id = tonumber(o.retry_after), o.id
-  local st = state(dest)
-  if K.parts > 1 and id and id ~= '' and o.lease and o.lease ~= '' then
-    -- its gate's grant ends (gate.lua: the member is lease|id, so that another claim's
-    -- grant of the same message, given back, cannot end this one)
-    redis.call('ZREM', K.inflight(prefix, dest), o.lease .. '|' .. id)
-  end
   local cfg = configs[dest]
   if cfg and cfg.failures == 0 and st.breaker ~= 'closed' then
     -- no breaker is configured now: a state an earlier setting left open or half open
@@ -221,6 +226,29 @@ for _, values in ipairs(outcomes) do
   end
 end
 
+for _, values in ipairs(outcomes) do
+  local o = named_list(values, OUTCOME_FIELDS)
+  local dest, id = o.destination, o.id
+  local st = state(dest)
+  if K.parts > 1 and id and id ~= '' and o.lease and o.lease ~= '' then
+    -- its gate's grant ends (gate.lua: the member is lease|id, so that another claim's
+    -- grant of the same message, given back, cannot end this one)
+    redis.call('ZREM', K.inflight(prefix, dest), o.lease .. '|' .. id)
+  end
+  local seq = tonumber(o.seq or '0') or 0
+  if run ~= '' and seq > 0 and seq <= st.counted then
+    -- counted by an earlier call of this run's exchange (its reply lost, or a later
+    -- step failed): not again; the wake check still learns an open breaker's probe time
+    if st.breaker == 'open' and not st.reprobed then
+      st.reprobed = true
+      probe_at(st.next_probe_at, dest)
+    end
+  else
+    if seq > st.top then st.top = seq end
+    count(o, st)
+  end
+end
+
 for _, dest in ipairs(order) do
   local st = states[dest]
   local agg = st.agg
@@ -258,6 +286,9 @@ for _, dest in ipairs(order) do
     if n >= cfg.min_attempts and failed / n > cfg.failure_rate then
       open(dest, st, cfg, 'failure rate', {consecutive_failures = st.consecutive, failure_rate = failed / n, attempts = n})
     end
+  end
+  if st.top > st.counted then
+    redis.call('SET', K.counted(prefix, dest, run), st.top, 'EX', math.max(60, math.ceil(horizon)))
   end
   local fields = {}
   for f, v in pairs(st.set) do

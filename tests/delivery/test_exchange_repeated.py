@@ -1,0 +1,79 @@
+"""An exchange written again counts each attempt once in its destination's health (issue
+31, item 1; ``lua/health.lua``: the run's token and each outcome's number).
+
+The worker's exchange (health, transitions, claims) is retried whole when it raises: a
+reply lost after the scripts ran, or a later step of a partitioned exchange failing. The
+failure is injected at the client *after* the real scripts ran on the real server (a
+reply lost), once, in the round trip that carries the health step. Before: one delivery
+counted ``t_s = 2``, and a failure run counted twice opened a breaker early."""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+import outbox
+from outbox.store.base import RepositoryBase
+from outbox.store.connection import get_repository
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(params=["one", "sixteen", "cluster"])
+def deployment(request, settings):
+    """One partition or 16 on the single server, or 16 on the real cluster."""
+    if request.param == "cluster":
+        request.getfixturevalue("cluster_mode")
+    else:
+        request.getfixturevalue("redis")
+        settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": 16 if request.param == "sixteen" else 1}
+    get_repository.cache_clear()
+    yield get_repository()
+    get_repository.cache_clear()
+
+
+@pytest.fixture
+def reply_lost_once(monkeypatch):
+    """The first round trip that records health runs on the server, then raises
+    ConnectionError as if its reply were lost. Yields the list of the injections made."""
+    real = RepositoryBase.run_scripts
+    lost: list[list[str]] = []
+
+    def losing_once(self, calls, client=None, *, errors=False):
+        replies = real(self, calls, client, errors=errors)
+        if not lost and any(call[0] == "health" for call in calls):
+            lost.append([call[0] for call in calls])
+            raise RedisConnectionError("the reply was lost (injected after the scripts ran)")
+        return replies
+
+    monkeypatch.setattr(RepositoryBase, "run_scripts", losing_once)
+    return lost
+
+
+def counts(repo, destination: str) -> tuple[int, int, int]:
+    values = repo.connection.hmget(repo.keys.dest(destination), "t_s", "t_r", "t_p")
+    return tuple(int(v or 0) for v in values)  # type: ignore[return-value]
+
+
+def test_a_success_written_again_is_counted_once(deployment, hook, worker, reply_lost_once):
+    sent = outbox.send("hook", {"n": 1})
+    worker(simple=True)
+    assert reply_lost_once, "no reply was lost: the test did not test anything"
+    assert outbox.get(sent.id).status == "succeeded"
+    assert len(hook.requests) == 1
+    assert counts(deployment, "hook") == (1, 0, 0)
+
+
+def test_failures_written_again_are_counted_once(deployment, receiver, worker, reply_lost_once):
+    from tests.support import hook_settings
+
+    receiver.respond(500)
+    with hook_settings(receiver.url, MAX_RETRIES=0, BREAKER={"FAILURES": 2, "COOLDOWN": 60}):
+        sent = outbox.send("hook", {"n": 1})
+        worker(simple=True)
+    assert reply_lost_once, "no reply was lost: the test did not test anything"
+    assert outbox.get(sent.id).status == "failed"
+    assert counts(deployment, "hook") == (0, 1, 0)  # a 500 is retryable: kind "r", retries used up
+    state = deployment.connection.hmget(deployment.keys.dest("hook"), "consecutive", "breaker")
+    # one failure of a breaker that opens at two: still closed
+    assert (int(state[0]), (state[1] or b"closed").decode()) == (1, "closed")
