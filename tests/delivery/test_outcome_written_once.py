@@ -153,3 +153,31 @@ def test_an_outcome_that_lost_its_lease_is_still_stale(layout, caplog):
     assert state.report.outcomes == {m.id: "stale"}
     assert succeeded == []
     assert outbox.get(m.id).status == Status.SENDING.value
+
+
+def test_a_parked_outcome_whose_write_was_repeated_is_logged_parked_once(layout, monkeypatch, caplog):
+    """A failure written as its park alternative (the destination paused meanwhile), the
+    reply lost: logged ``parked`` once, no retry charged, no signal (as when not lost)."""
+    from outbox.delivery.outcomes import decide_outcome
+    from outbox.destinations import controls
+    from outbox.records import Outcome
+
+    m = outbox.send("mem", {"a": 1})
+    (claimed,) = loop.claim(m.queue)
+    controls.pause("mem")
+    repo = get_repository()
+    state = loop._Run(m.queue, repo, 1.0)
+    outcome = Outcome(claimed, claimed.created_at, 1.0, error="HTTP 500", error_class="http")
+    decision = decide_outcome(outcome, claimed.created_at)
+    decision.outcome = outcome
+    state.decided.append(decision)
+    lost = losing(monkeypatch, "transition")
+    with announced(events.message_retrying) as retried, caplog.at_level(logging.INFO, logger="outbox"):
+        state.exchange(0)
+    assert lost == ["transition"]
+    assert attempt_lines(caplog) == {m.id: ["parked"]}
+    assert state.report.outcomes == {m.id: "parked"}
+    assert retried == []
+    got = outbox.get(m.id)
+    assert (got.status, got.retry_count) == (Status.PENDING.value, 0)
+    assert [a.outcome for a in outbox.attempts(m.id)] == ["parked"]
