@@ -172,7 +172,8 @@ class RunReport:
 
     Attributes:
         claimed: ids claimed and attempted.
-        outcomes: id -> status written (``succeeded``, ``retrying``, ``failed``), or
+        outcomes: id -> status written (``succeeded``, ``retrying``, ``failed``,
+            ``parked``; also when a try of the exchange whose reply was lost wrote it), or
             ``"stale"`` when the lease was lost before the outcome was written.
         released: ids given back unattempted.
     """
@@ -452,7 +453,9 @@ class _Run:
             logger.warning("outbox: Redis reachable again; %d outcome(s) written", len(changes))
         announce(self.decided, results)
         for d, r in zip(self.decided, results, strict=True):
-            written = ("parked" if r.parked else d.change.to) if r.applied else "stale"
+            # earlier: applied by a try of this exchange whose reply was lost (or whose
+            # later step failed), never reported: what it wrote, not "stale"
+            written = ("parked" if r.parked else d.change.to) if r.applied or r.earlier else "stale"
             self.report.outcomes[d.message.id] = written
             if d.outcome is not None:
                 log_attempt(d.outcome, d, written)

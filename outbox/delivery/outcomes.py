@@ -240,12 +240,14 @@ def decide_outcome(outcome: Outcome, now: float) -> Decision:
 
 
 def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> None:
-    """Send the Django signal of each written decision whose compare-and-set applied (a
-    parked one, whose status is not the decided one, sends none), and hand
-    ``message.exhausted`` events to :func:`outbox.alerts.notify`."""
+    """Send the Django signal of each written decision whose compare-and-set applied, by
+    this call or by an earlier call of the same change whose result was never announced
+    (:attr:`~outbox.store.ChangeResult.earlier`: a retried exchange; a parked one, whose
+    status is not the decided one, sends none), and hand ``message.exhausted`` events to
+    :func:`outbox.alerts.notify`."""
     exhausted = []
     for d, r in zip(decisions, results, strict=True):
-        if r.applied and not r.parked:
+        if (r.applied or r.earlier) and not r.parked:
             send_signal(d.change.to, d.message, d.attempt)
             if d.exhausted is not None:
                 exhausted.append(d.exhausted)

@@ -205,7 +205,11 @@ class ChangeResult:
         status: the status after the call ("" when no such message exists).
         message: both records, when the change asked to ``load`` and was applied.
         parked: True when the change applied as its ``park`` alternative (the
-            destination was held: the message waits, no retry charged).
+            destination was held: the message waits, no retry charged), now or earlier.
+        earlier: True when the change did not apply now because an earlier call of the
+            same change had applied it (its reply lost, or a later step of the caller's
+            round trip failed): the record holds its attempt already (``applied`` is
+            False; only a change with an attempt is recognised so).
     """
 
     id: str
@@ -213,6 +217,7 @@ class ChangeResult:
     status: str
     message: Message | None = None
     parked: bool = False
+    earlier: bool = False
 
 
 @dataclass
@@ -1002,7 +1007,12 @@ class MessageStore(RepositoryBase):
         results = []
         for change, row in zip(changes, reply, strict=True):
             message = Message.from_flat(row[2], row[3]) if len(row) > 2 else None
-            results.append(ChangeResult(change.id, bool(row[0]), row[1].decode(), message, row[0] == 2))
+            code = row[0]  # 1 applied, 2 as its park alternative; 3, 4: so by an earlier call
+            results.append(
+                ChangeResult(
+                    change.id, code in (1, 2), row[1].decode(), message, code in (2, 4), code in (3, 4)
+                )
+            )
         return results
 
     def release(self, lease: str, deadline: float, now: float, ids: Sequence[str] = ()) -> BulkResult:

@@ -38,9 +38,17 @@
 -- state is kept after its last message left. A change's okey and dest (the message's
 -- ordering key and destination, "" when not known) let the script read the record of the
 -- key's next message before it writes anything (see below).
--- Returns, per change: {applied 0|1 (2: applied as its park alternative), status after ("" if no such message)
+-- A change that does not apply now but carries an attempt is checked for an earlier
+-- call of its own (the same change sent again after its reply was lost, or after a later
+-- step of a worker's exchange failed): when the message's record holds its attempt
+-- already (its inline fields, or its attempt JSON, or its park alternative's, on the
+-- attempts list), it was applied then, and the row says so (3, or 4 as its park
+-- alternative) with nothing written now.
+-- Returns, per change: {applied 0|1 (2: applied as its park alternative; 3: applied by an
+--                       earlier call, 4: by an earlier call as its park alternative),
+--                       status after ("" if no such message)
 --                       [, message record ({id, record}: lib/message.lua), resend
---                       HGETALL when load and applied]}
+--                       HGETALL when load and applied now]}
 -- Index writes are gathered and made once per index for the whole call
 -- (lib/writes.lua).
 --! include args
@@ -81,6 +89,30 @@ local function holds(dest)
   return held[dest]
 end
 local function opt(v) if v == '' then return nil end return v end
+-- 3 (4: as its park alternative) when the record (rkey, akey) already holds this change's
+-- attempt: its inline pairs ARGV[first..last], its attempt JSON or its park's on the
+-- list; else 0. Attempt records name their start time and worker: no other attempt's match.
+local function written_before(rkey, akey, attempt, park, first, last)
+  if last > first then
+    local names, values = {}, {}
+    for j = first, last, 2 do
+      names[#names + 1] = ARGV[j]
+      values[#values + 1] = ARGV[j + 1]
+    end
+    local got = redis.call('HMGET', rkey, unpack(names))
+    local same = true
+    for k = 1, #names do
+      if got[k] ~= values[k] then same = false break end
+    end
+    if same then return 3 end
+  end
+  if attempt and redis.call('LPOS', akey, attempt) then return 3 end
+  if park then
+    local parked = cjson.decode(park).attempt
+    if parked and redis.call('LPOS', akey, parked) then return 4 end
+  end
+  return 0
+end
 -- Before any write: the record of the message behind each ordered message's head (the
 -- change's okey and its destination, dest, given by the caller) and the indexes its
 -- promotion writes are checked (heirs_here, lib/ordering.lua), so that a slot held
@@ -181,8 +213,11 @@ for i = 1, n do
       if parking then applied = 2 end
     end
   end
+  if applied == 0 and status and (attempt or park or ninline > 0) then
+    applied = written_before(rkey, akey, attempt, park, inline_first, pos - 1)
+  end
   local row = {applied, status or ''}
-  if applied > 0 and load then
+  if (applied == 1 or applied == 2) and load then
     row[3] = message_record(mkey, id)
     row[4] = redis.call('HGETALL', rkey)
   end
