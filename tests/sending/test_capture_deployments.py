@@ -33,7 +33,9 @@ DATABASES = ["default"] if PG_MISSING else ["default", "postgres"]
 db = pytest.mark.django_db(databases=DATABASES)
 ALIASES = [
     pytest.param("default", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.skipif(bool(PG_MISSING), reason=PG_MISSING or "")),
+    pytest.param(
+        "postgres", id="postgres", marks=pytest.mark.skipif(bool(PG_MISSING), reason=PG_MISSING or "")
+    ),
 ]
 
 
@@ -48,8 +50,17 @@ def other() -> Iterator[RedisServer]:
 def on(url: str, **outbox: object) -> override_settings:
     """The settings of a configuration whose outbox data lives on the plain server ``url``
     (its own cache alias, no cluster), with ``outbox`` keys of ``OUTBOX`` besides."""
-    caches = {**django_settings.CACHES, "deployment": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url}}
-    settings = {**django_settings.OUTBOX, "CLUSTER": None, "PARTITIONS": 1, "REDIS_ALIAS": "deployment", **outbox}
+    caches = {
+        **django_settings.CACHES,
+        "deployment": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url},
+    }
+    settings = {
+        **django_settings.OUTBOX,
+        "CLUSTER": None,
+        "PARTITIONS": 1,
+        "REDIS_ALIAS": "deployment",
+        **outbox,
+    }
     return override_settings(CACHES=caches, OUTBOX=settings)
 
 
@@ -194,7 +205,7 @@ def test_the_identity_is_the_redis_address_and_prefix_normalised(other):
     ):
         with on(url, **extra):
             assert current() != base, (url, extra)
-    with on(f"unix:///tmp/redis.sock?db=2"):
+    with on("unix:///tmp/redis.sock?db=2"):
         assert describe() == "unix:///tmp/redis.sock/2 prefix=outbox"
 
 
@@ -202,12 +213,14 @@ def test_a_cluster_is_its_startup_nodes_in_any_order():
     from outbox.sending.deployment import current, describe
 
     def cluster(*nodes: str) -> override_settings:
-        return override_settings(OUTBOX={**django_settings.OUTBOX, "CLUSTER": {"NODES": list(nodes)}, "PARTITIONS": 16})
+        return override_settings(
+            OUTBOX={**django_settings.OUTBOX, "CLUSTER": {"NODES": list(nodes)}, "PARTITIONS": 16}
+        )
 
-    with cluster("redis://10.0.0.2:7000", "10.0.0.1:7000", "redis://10.0.0.1:7000"):
+    with cluster("redis://10.0.0.2:7000", "redis://10.0.0.1:7000", "redis://10.0.0.1:7000"):
         assert describe() == "cluster://10.0.0.1:7000,10.0.0.2:7000 prefix=outbox"
         base = current()
-    with cluster("rediss://10.0.0.1:7000", "10.0.0.2:7000"):
+    with cluster("rediss://10.0.0.1:7000", "rediss://10.0.0.2:7000"):
         assert current() == base
     with cluster("10.0.0.1:7000", "10.0.0.3:7000"):
         assert current() != base
@@ -232,6 +245,8 @@ def test_the_identity_is_the_same_in_another_process():
 
     code = "import django; django.setup(); from outbox.sending.deployment import current; print(current())"
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == current()
