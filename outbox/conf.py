@@ -26,6 +26,13 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        outbox.E009, W001). See ``outbox.conf.ClusterConfig`` and
                        ``docs/operations.md``, "Running on a cluster".
 ``KEY_PREFIX``         prefix of every Redis key the outbox writes (``"outbox"``).
+``DEPLOYMENT``         the name of this deployment, stamped on every message captured in a
+                       transaction so that a relay pushes only its own deployment's rows
+                       (None: derived from the Redis address, or the cluster's nodes, and
+                       ``KEY_PREFIX``). 1 to 64 letters, digits and ``._:-``, the same in
+                       every process of the deployment. Set it when two deployments sharing
+                       a database name the same address, or to keep the identity when Redis
+                       moves. See :mod:`outbox.sending.deployment`.
 ``PARTITIONS``         partitions of the outbox's data (1): every key of a message carries
                        its partition's hash tag, so a Redis or Valkey Cluster spreads them
                        over its primaries (``docs/architecture.md``, "Partitions"). 1
@@ -144,6 +151,7 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_ALIAS": "default",
     "CLUSTER": None,
     "KEY_PREFIX": "outbox",
+    "DEPLOYMENT": None,
     "PARTITIONS": 1,
     "QUEUES": {"high": "outbox_high", "default": "outbox", "low": "outbox_low"},
     "DESTINATIONS": {},

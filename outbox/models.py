@@ -64,6 +64,10 @@ class CapturedMessage(models.Model):
         ordering_key, order_seq: for an ordered message, its key and its place among the
             key's captured messages (1, 2, ... from :class:`OrderingSequence`: commit
             order); None otherwise. A push writes the key's rows to Redis in this order.
+        deployment: the identity of the deployment (its Redis and key prefix) that
+            captured the row (:mod:`outbox.sending.deployment`); a relay pushes only rows
+            of its own, and ``""`` (rows written before the column existed: any relay
+            pushes them). Idempotency keys are unique per deployment.
     """
 
     id = models.CharField(primary_key=True, max_length=64)
@@ -75,17 +79,21 @@ class CapturedMessage(models.Model):
     created_at = models.FloatField(db_index=True)
     ordering_key = models.CharField(max_length=200, null=True, blank=True)
     order_seq = models.BigIntegerField(null=True, blank=True)
+    deployment = models.CharField(max_length=64, default="", db_default="", blank=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["destination", "idempotency_key"], name="outbox_captured_unique_key"
+                fields=["deployment", "destination", "idempotency_key"],
+                name="outbox_captured_deployment_key",
             ),
         ]
         indexes = [
             models.Index(
                 fields=["destination", "ordering_key", "order_seq"], name="outbox_captured_key_order"
             ),
+            # the relay's query: its deployment's rows (and legacy ones) older than a cutoff
+            models.Index(fields=["deployment", "created_at"], name="outbox_captured_relay"),
         ]
         verbose_name = "captured message"
         default_permissions = ()

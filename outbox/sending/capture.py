@@ -19,6 +19,13 @@ idempotency conflict, logged); the rows of a partition that could not be written
 (on a cluster), and those a conflicting message of the same script call held back,
 stay for the next push.
 
+Deployments: every row carries the identity of the deployment that captured it (its
+Redis and key prefix, or ``OUTBOX["DEPLOYMENT"]``: :mod:`outbox.sending.deployment`).
+The relay, and a push reading a key's earlier rows, take only rows of their own
+deployment and legacy rows (``""``, written before rows carried one), so two
+deployments sharing a database never push each other's messages into the wrong Redis;
+idempotency keys are unique per deployment.
+
 Pushing is idempotent on the message id, so the fast path and the relay racing never
 make two messages. Redis stays the store of every record; the table holds only what
 Redis has not acknowledged yet. With ``OUTBOX["DURABILITY"]``, that includes a push
@@ -54,7 +61,7 @@ from outbox.conf import outbox_settings
 from outbox.exceptions import NotDurable, OutboxUnavailable
 from outbox.models import CapturedMessage
 from outbox.records import Message
-from outbox.sending import intake, push_order, sequences
+from outbox.sending import deployment, intake, push_order, sequences
 from outbox.store import Created
 from outbox.store.connection import get_repository
 
@@ -78,7 +85,10 @@ def capture(messages: Sequence[Message], using: str) -> list[Message]:
         captured) under its idempotency key with the same body.
 
     Raises:
-        IdempotencyConflict: a key was already used for the destination with another body.
+        IdempotencyConflict: a key was already used for the destination with another body
+            (in this deployment).
+        ImproperlyConfigured: ``OUTBOX["DEPLOYMENT"]`` or the Redis settings are invalid
+            (:func:`deployment.current`).
         OutboxUnavailable: a key's earlier message could only be looked up in Redis,
             which is unreachable.
         django.db.DatabaseError: from the database; with ordering keys also a deadlock
@@ -87,12 +97,13 @@ def capture(messages: Sequence[Message], using: str) -> list[Message]:
     """
     standing: list[Message] = []
     rows = []
+    own = deployment.current()
     for index, message in enumerate(messages):
         if message.idempotency_key:
-            found = _capture_keyed(message, using, index if len(messages) > 1 else None)
+            found = _capture_keyed(message, using, index if len(messages) > 1 else None, own)
             standing.append(found)
         else:
-            rows.append(_row(message))
+            rows.append(_row(message, own))
             standing.append(message)
     fresh = [m for m, s in zip(messages, standing, strict=True) if s is m]
     numbers = _number(fresh, using)
@@ -118,7 +129,7 @@ def _number(fresh: Sequence[Message], using: str) -> dict[str, int]:
     return {m.id: n for m, n in zip(ordered, taken, strict=True)}
 
 
-def _row(message: Message) -> CapturedMessage:
+def _row(message: Message, own: str) -> CapturedMessage:
     return CapturedMessage(
         id=message.id,
         destination=message.destination,
@@ -128,20 +139,22 @@ def _row(message: Message) -> CapturedMessage:
         record=message.to_record(),
         created_at=time.time(),
         ordering_key=message.ordering_key,
+        deployment=own,
     )
 
 
-def _capture_keyed(message: Message, using: str, index: int | None) -> Message:
-    """Capture one keyed message, or return the message its key already names."""
+def _capture_keyed(message: Message, using: str, index: int | None, own: str) -> Message:
+    """Capture one keyed message in deployment ``own``, or return the message its key
+    already names there."""
     try:
         with transaction.atomic(using=using):  # a savepoint: a duplicate key rolls back only this row
-            _row(message).save(using=using, force_insert=True)
+            _row(message, own).save(using=using, force_insert=True)
         inserted = True
     except IntegrityError:
         inserted = False
         row = (
             CapturedMessage.objects.using(using)
-            .filter(destination=message.destination, idempotency_key=message.idempotency_key)
+            .filter(deployment=own, destination=message.destination, idempotency_key=message.idempotency_key)
             .first()
         )
         if row is not None:
@@ -163,7 +176,7 @@ def _capture_keyed(message: Message, using: str, index: int | None) -> Message:
         ) from exc
     if existing is None:
         if not inserted:  # the key's row vanished and Redis has nothing: capture now
-            return _capture_keyed(message, using, index)
+            return _capture_keyed(message, using, index, own)
         return message
     if inserted:
         CapturedMessage.objects.using(using).filter(id=message.id).delete()
@@ -193,7 +206,7 @@ def push(messages: Sequence[Message], using: str, numbers: Mapping[str, int] | N
     try:
         if numbers is None:
             messages, numbers = _numbered(messages, using)
-        messages = push_order.in_key_order(using, messages, numbers, RELAY_BATCH)
+        messages = push_order.in_key_order(using, messages, numbers, RELAY_BATCH, deployment.relayed())
     except DatabaseError as exc:
         logger.warning(
             "outbox: %d message(s) committed but not pushed: the capture table could not be read (%s); "
@@ -271,10 +284,12 @@ def _report_refused(messages: Sequence[Message], created: Sequence[Created]) -> 
 
 
 def captured(message_id: str) -> Message | None:
-    """A message still held in the capture table of any database, or None."""
+    """A message of this deployment (or a legacy row) still held in the capture table of
+    any database, or None."""
     for alias in relay_databases():
         try:
-            row = CapturedMessage.objects.using(alias).filter(id=message_id).first()
+            rows = CapturedMessage.objects.using(alias).filter(deployment__in=deployment.relayed())
+            row = rows.filter(id=message_id).first()
         except Exception:  # no table, no database access: nothing captured there
             continue
         if row is not None:
@@ -290,7 +305,8 @@ def relay_databases() -> list[str]:
 def relay(
     using: str | None = None, *, older_than: float | None = None, limit: int = RELAY_BATCH, log: bool = True
 ) -> int:
-    """Push captured messages the fast path missed; one transaction per batch.
+    """Push captured messages the fast path missed, of this deployment
+    (:func:`deployment.relayed`: its own rows and legacy ones); one transaction per batch.
 
     Args:
         using: one database alias, or None for every alias of :func:`relay_databases`.
@@ -308,15 +324,17 @@ def relay(
         NotDurable: Redis wrote a batch but did not acknowledge it as
             ``OUTBOX["DURABILITY"]`` asks (its rows stay, for the next pass).
         django.db.DatabaseError: the database is (the rows stay).
+        ImproperlyConfigured: ``OUTBOX["DEPLOYMENT"]`` or the Redis settings are invalid.
     """
 
     wait = outbox_settings.RELAY_AFTER if older_than is None else older_than
     pushed = 0
     failure: Exception | None = None
+    mine = deployment.relayed()
     for alias in [using] if using else relay_databases():
         try:  # one database failing does not keep the others' messages back
             while True:
-                n, more = _relay_batch(alias, time.time() - wait, limit)
+                n, more = _relay_batch(alias, mine, time.time() - wait, limit)
                 pushed += n
                 if not more:
                     break
@@ -332,8 +350,8 @@ def relay(
     return pushed
 
 
-def _relay_batch(alias: str, cutoff: float, limit: int) -> tuple[int, bool]:
-    """Push one batch: up to ``limit`` rows older than ``cutoff``, locked (skipping rows
+def _relay_batch(alias: str, deployments: Sequence[str], cutoff: float, limit: int) -> tuple[int, bool]:
+    """Push one batch: up to ``limit`` rows of ``deployments`` older than ``cutoff``, locked (skipping rows
     another relay holds, where the database can), with the earlier rows of their
     ordering keys first (read without waiting for their locks: pushing is idempotent).
 
@@ -343,7 +361,11 @@ def _relay_batch(alias: str, cutoff: float, limit: int) -> tuple[int, bool]:
         again first, so a batch of nothing else ends the pass).
     """
     with transaction.atomic(using=alias):
-        rows = CapturedMessage.objects.using(alias).filter(created_at__lte=cutoff).order_by("created_at")
+        rows = (
+            CapturedMessage.objects.using(alias)
+            .filter(deployment__in=deployments, created_at__lte=cutoff)  # index outbox_captured_relay
+            .order_by("created_at")
+        )
         if connections[alias].features.has_select_for_update_skip_locked:
             rows = rows.select_for_update(skip_locked=True)
         batch = list(rows[:limit])
@@ -351,7 +373,7 @@ def _relay_batch(alias: str, cutoff: float, limit: int) -> tuple[int, bool]:
             return 0, False
         numbers = {r.id: r.order_seq for r in batch if r.ordering_key and r.order_seq is not None}
         own = [Message.from_record(r.record, r.body) for r in batch]
-        messages = push_order.in_key_order(alias, own, numbers, limit)
+        messages = push_order.in_key_order(alias, own, numbers, limit, deployments)
         settled = _settled(messages, intake.store(messages))
         mine = {r.id for r in batch}
         deleted, _ = (

@@ -11,6 +11,11 @@ yet"; pushing is idempotent on the message id, so two pushers racing write a mes
 once, and whichever runs first writes a key's rows in order. Hence: a captured message
 is never written to Redis after a later captured message of its key, from any process,
 by either path.
+
+Only rows of the pushing deployment, and legacy rows, are read (``deployments``): two
+deployments sharing a database share a key's sequence row (their numbers interleave,
+each deployment's in commit order, with gaps where the other's are), and a push never
+writes the other deployment's rows into its own Redis.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ KEYS_PER_QUERY = 200
 
 
 def in_key_order(
-    using: str, messages: Sequence[Message], numbers: Mapping[str, int], per_key: int
+    using: str,
+    messages: Sequence[Message],
+    numbers: Mapping[str, int],
+    per_key: int,
+    deployments: Sequence[str],
 ) -> list[Message]:
     """What to push for ``messages``, in push order.
 
@@ -40,11 +49,13 @@ def in_key_order(
             as it comes (a row captured before numbering existed).
         per_key: at most this many rows of one key (its lowest numbers) per push; the
             later ones wait for the next push, which takes them in order.
+        deployments: the identities of the rows read from the table (the pusher's own
+            and legacy: :func:`outbox.sending.deployment.relayed`).
 
     Returns:
         The messages without a number, in their order; then per key, its captured rows
         numbered up to the highest number of ``messages`` in that key, lowest first
-        (rows of other transactions included; ``messages`` whose rows are gone from the
+        (rows of other transactions of ``deployments`` included; ``messages`` whose rows are gone from the
         table left out: a push had them written already). A key whose numbers in
         ``messages`` are 1, 2, ... k has nothing before them: its ``messages`` are taken
         as they are, without reading the table.
@@ -70,7 +81,7 @@ def in_key_order(
         else:
             highest[key] = numbered[-1][0]
     if highest:
-        queued.update(_queued(using, sorted(highest.items()), per_key))
+        queued.update(_queued(using, sorted(highest.items()), per_key, deployments))
     if not queued:
         return loose
     given = {m.id: m for m in messages}
@@ -81,9 +92,11 @@ def in_key_order(
     return loose + [given[i] for ids in queued.values() for i in ids if i in given]
 
 
-def _queued(using: str, keys: Sequence[tuple[Key, int]], per_key: int) -> dict[Key, list[str]]:
-    """Per key of ``keys`` ((key, highest number) pairs), the ids of its captured rows
-    numbered up to that number, lowest first, at most ``per_key`` of them.
+def _queued(
+    using: str, keys: Sequence[tuple[Key, int]], per_key: int, deployments: Sequence[str]
+) -> dict[Key, list[str]]:
+    """Per key of ``keys`` ((key, highest number) pairs), the ids of its captured rows of
+    ``deployments`` numbered up to that number, lowest first, at most ``per_key`` of them.
 
     Plain SQL on the index (destination, ordering_key, order_seq): it runs on every push
     of an ordered message, and the ORM took 0.9-1.2 ms to build and run this query where
@@ -94,9 +107,10 @@ def _queued(using: str, keys: Sequence[tuple[Key, int]], per_key: int) -> dict[K
     connection = connections[using]
     q = connection.ops.quote_name
     table = q(CapturedMessage._meta.db_table)
-    id_, destination, ordering_key, seq = (
-        q(name) for name in ("id", "destination", "ordering_key", "order_seq")
+    id_, destination, ordering_key, seq, deployment = (
+        q(name) for name in ("id", "destination", "ordering_key", "order_seq", "deployment")
     )
+    among = ", ".join(["%s"] * len(deployments))
     queued: dict[Key, list[str]] = {}
     with connection.cursor() as cursor:
         for start in range(0, len(keys), KEYS_PER_QUERY):
@@ -106,9 +120,10 @@ def _queued(using: str, keys: Sequence[tuple[Key, int]], per_key: int) -> dict[K
             )
             limit = f" {connection.ops.limit_offset_sql(0, per_key)}" if len(chunk) == 1 else ""
             cursor.execute(  # names from the model, quoted; values as parameters
-                f"SELECT {id_}, {destination}, {ordering_key} FROM {table} WHERE {where} "
+                f"SELECT {id_}, {destination}, {ordering_key} FROM {table} "
+                f"WHERE ({where}) AND {deployment} IN ({among}) "
                 f"ORDER BY {destination}, {ordering_key}, {seq}{limit}",
-                [value for (d, k), n in chunk for value in (d, k, n)],
+                [value for (d, k), n in chunk for value in (d, k, n)] + list(deployments),
             )
             for found, d, k in cursor.fetchall():
                 ids = queued.setdefault((d, k), [])

@@ -73,12 +73,17 @@ def redis_at(url: str) -> override_settings:
     """override_settings: the outbox's cache alias pointed at ``url`` (short socket
     timeouts); in cluster mode (``OUTBOX["CLUSTER"]`` set, OUTBOX_TEST_CLUSTER) the
     cluster's startup nodes instead, when ``url`` is where nothing listens (a cluster
-    node's URL is not a plain server's)."""
+    node's URL is not a plain server's). The deployment stays the one of the current
+    settings (``OUTBOX["DEPLOYMENT"]`` set to its identity): the same deployment whose
+    Redis is away, so its relay pushes what was captured meanwhile once it is back."""
     from django.conf import settings
 
+    from outbox.sending.deployment import current
+
+    same = {**settings.OUTBOX, "DEPLOYMENT": current()}
     if settings.OUTBOX.get("CLUSTER"):
         cluster = {"NODES": [url], "SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 1}
-        return override_settings(OUTBOX={**settings.OUTBOX, "CLUSTER": cluster})
+        return override_settings(OUTBOX={**same, "CLUSTER": cluster})
     caches = {
         **settings.CACHES,
         "default": {
@@ -87,7 +92,7 @@ def redis_at(url: str) -> override_settings:
             "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 1},
         },
     }
-    return override_settings(CACHES=caches)
+    return override_settings(CACHES=caches, OUTBOX=same)
 
 
 def index_keys(conn, repo, kind: str) -> list[bytes]:
