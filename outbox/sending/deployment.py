@@ -42,7 +42,6 @@ deployments share, a legacy row may still reach the wrong one, once, as it could
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import re
 from typing import Any
 
@@ -51,6 +50,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from outbox.conf import outbox_settings
+from outbox.store.connection import data_location
 
 #: The identity of rows written before rows carried one; every relay pushes them.
 LEGACY = ""
@@ -122,39 +122,7 @@ def describe() -> str:
     Raises:
         ImproperlyConfigured: the Redis settings are invalid.
     """
-    config = outbox_settings.cluster
-    if config is not None:
-        nodes = sorted({f"{_host(host)}:{port}" for host, port in config.nodes})
-        where = "cluster://" + ",".join(nodes)
-    else:
-        from outbox.store.connection import get_connection
-
-        pool = get_connection().connection_pool
-        where = _server(pool.connection_kwargs, getattr(pool, "service_name", None))
-    return f"{where} prefix={outbox_settings.KEY_PREFIX}"
-
-
-def _server(kwargs: dict[str, Any], service: object) -> str:
-    db = int(kwargs.get("db") or 0)
-    if isinstance(service, str):  # redis.sentinel.SentinelConnectionPool
-        return f"sentinel://{service}/{db}"
-    if kwargs.get("path"):
-        return f"unix://{kwargs['path']}/{db}"
-    host = _host(str(kwargs.get("host") or "localhost"))
-    return f"redis://{host}:{int(kwargs.get('port') or 6379)}/{db}"
-
-
-def _host(host: str) -> str:
-    """``host`` lower-cased, without brackets or a trailing dot; a loopback address is
-    ``localhost``."""
-    name = host.strip().strip("[]").rstrip(".").lower()
-    if name in ("localhost", "localhost.localdomain") or name.endswith(".localhost"):
-        return "localhost"
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return name
-    return "localhost" if address.is_loopback else address.compressed
+    return f"{data_location()} prefix={outbox_settings.KEY_PREFIX}"
 
 
 @receiver(setting_changed)

@@ -11,6 +11,7 @@ Connection helpers work on both: :func:`client_like` (a client with other option
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import threading
 from functools import cache
 from typing import Any, cast
@@ -254,3 +255,43 @@ def redis_location() -> str:
     except ValueError:
         where = "?"
     return f"CACHES[{alias!r}] ({where})"
+
+
+def data_location() -> str:
+    """Where the outbox's data lives, normalised, without credentials and without asking
+    the network: ``"redis://localhost:6379/0"`` (host lower-cased, every loopback address
+    ``localhost``, the default port and database written out), ``"unix://<path>/<db>"``,
+    ``"sentinel://<service>/<db>"``, or ``"cluster://<host:port>,..."`` (the configured
+    startup nodes, sorted, without duplicates). The input of a derived deployment
+    identity (:mod:`outbox.sending.deployment`).
+
+    Raises:
+        ImproperlyConfigured: the Redis settings are invalid.
+    """
+    config = outbox_settings.cluster
+    if config is not None:
+        nodes = sorted({f"{_host(host)}:{port}" for host, port in config.nodes})
+        return "cluster://" + ",".join(nodes)
+    pool = get_connection().connection_pool
+    kwargs = pool.connection_kwargs
+    db = int(kwargs.get("db") or 0)
+    service = getattr(pool, "service_name", None)
+    if isinstance(service, str):  # redis.sentinel.SentinelConnectionPool
+        return f"sentinel://{service}/{db}"
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}/{db}"
+    return f"redis://{_host(str(kwargs.get('host') or 'localhost'))}:{int(kwargs.get('port') or 6379)}/{db}"
+
+
+def _host(host: str) -> str:
+    """``host`` lower-cased, without brackets or a trailing dot; a loopback address is
+    ``localhost`` (a loopback server serves only its own host, so its processes may
+    write it either way). Names are not resolved."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if name in ("localhost", "localhost.localdomain") or name.endswith(".localhost"):
+        return "localhost"
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return name
+    return "localhost" if address.is_loopback else address.compressed
