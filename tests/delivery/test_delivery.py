@@ -340,3 +340,39 @@ def test_a_retry_never_starts_before_its_backoff_delay(receiver, worker, delay):
     second, first = outbox.attempts(m.id)  # newest first
     failed_at = first.started_at + first.duration_ms / 1000
     assert second.started_at - failed_at >= delay - 0.01, (second.started_at - failed_at, delay)
+
+
+def test_a_message_not_yet_due_holds_no_concurrency_slot(receiver, worker):
+    """Issue 30, item 8: a claim takes messages due within DUE_SLACK (0.5 s) and their
+    attempt waits for the due time; with ``MAX_CONCURRENCY`` 1 that wait held the
+    destination's only slot, so a message due now, sent meanwhile, waited behind one not
+    yet due. A destination with a concurrency limit is now claimed only once due: the
+    message sent later but due first goes first."""
+    import threading
+
+    import outbox
+    from outbox.conf import outbox_settings
+    from outbox.delivery import loop as delivery
+    from tests.support import hook_settings
+
+    from outbox.store.keys import partition_for
+
+    queue = outbox_settings.queue_name(None)
+    # both in one partition (with several, a run asks the partitions it knows have due work)
+    parts = outbox_settings.partitions
+    key = next(
+        f"now-{i}"
+        for i in range(10_000)
+        if partition_for("hook", f"now-{i}", parts) == partition_for("hook", "later", parts)
+    )
+    with hook_settings(receiver.url, MAX_CONCURRENCY=1, BREAKER=False):
+        later = outbox.send("hook", {"n": "later"}, delay=0.45, idempotency_key="later")
+        run = threading.Thread(target=delivery.run, args=(queue,), kwargs={"budget": 3.0})
+        run.start()
+        time.sleep(0.15)  # the run has claimed what is due within its slack by now
+        now = outbox.send("hook", {"n": "now"}, idempotency_key=key)
+        run.join()
+        worker(simple=True)  # whatever the run left
+    assert {outbox.get(m.id).status for m in (later, now)} == {"succeeded"}
+    order = [json.loads(r.body)["n"] for r in receiver.requests]
+    assert order == ["now", "later"], order
