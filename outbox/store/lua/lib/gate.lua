@@ -9,7 +9,8 @@
 --   count_sending(dest) -> attempts of dest in flight (read once, for MAX_CONCURRENCY).
 -- gate_decide(dest, score) -> action[, at]: 'park', 'probe', 'take', 'later' (at: the
 --   time it is due again; the message keeps its retry count), 'hold' (within the due
---   slack of its release slot: left as it is, not before its time) or 'cap' (the
+--   slack of its release slot, or not yet due at a destination with a MAX_CONCURRENCY:
+--   left as it is, not before its time) or 'cap' (the
 --   destination is at its cap in this call: left due). A 'take' or 'probe' is counted
 --   (caps, in-flight count, GCRA TAT).
 -- gate_probe(dest, id): the probe was claimed: breaker half_open, probe_id, probe_deadline.
@@ -106,6 +107,10 @@ local function gate_decide(dest, score)
   local cap = GATE.caps[dest]
   if cap ~= nil and cap <= 0 then return 'cap' end
   local lim = g.lim
+  -- A message taken early (within the claim's due slack) waits for its due time in the
+  -- worker; under a MAX_CONCURRENCY that wait would hold one of the destination's slots
+  -- from messages already due: such a destination is claimed only once due.
+  if lim and lim[3] > 0 and score > now then return 'hold' end
   if lim and lim[3] > 0 and g.sending >= lim[3] then
     g.spaced = g.spaced + 1
     return 'later', now + CONCURRENCY_DELAY + g.spaced * 1e-3
