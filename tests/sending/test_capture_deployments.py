@@ -288,7 +288,7 @@ def recover(*args: str) -> str:
 @db
 @pytest.mark.parametrize("alias", ALIASES)
 def test_the_relay_warns_once_per_interval_of_another_deployments_old_rows(
-    alias, other, caplog, stranded_check
+    alias, other, caplog, stranded_check, monkeypatch
 ):
     from outbox.sending import deployment
     from outbox.sending.capture import relay
@@ -314,7 +314,7 @@ def test_the_relay_warns_once_per_interval_of_another_deployments_old_rows(
         assert "OUTBOX['DEPLOYMENT'] = 'old-address'" in warning
         assert "outbox_recover --adopt-captured old-address" in warning
         assert "oldest waiting 60 min" in warning
-        stranded_check.CHECK_INTERVAL = 0.0  # the interval is over
+        monkeypatch.setattr(stranded_check, "CHECK_INTERVAL", 0.0)  # the interval is over
         relay(alias, older_than=0)
         assert len(stranded_warnings(caplog)) == 2
     assert rows(alias).filter(id__in=[old.id, young.id, also.id], deployment="old-address").count() == 3
