@@ -179,7 +179,9 @@ def adopt(identity: str, aliases: Sequence[str], *, dry_run: bool = False) -> Ad
     if identity == deployment.LEGACY:
         raise ValueError("'' is the identity of legacy rows, which every relay pushes already")
     if identity == own:
-        raise ValueError(f"{identity!r} is this deployment's own identity: its relay pushes those rows already")
+        raise ValueError(
+            f"{identity!r} is this deployment's own identity: its relay pushes those rows already"
+        )
     report = Adoption()
     for alias in aliases:
         with transaction.atomic(using=alias):

@@ -369,9 +369,8 @@ def test_adopting_this_deployments_own_rows_or_the_legacy_ones_is_refused(other)
             recover("--adopt-captured", deployment.current())
         with pytest.raises(CommandError, match="legacy"):
             recover("--adopt-captured", "")
-    with on(other.url, DEPLOYMENT="shop"):
-        with pytest.raises(CommandError, match="this deployment's own"):
-            recover("--adopt-captured", "shop")
+    with on(other.url, DEPLOYMENT="shop"), pytest.raises(CommandError, match="this deployment's own"):
+        recover("--adopt-captured", "shop")
 
 
 @db
@@ -393,4 +392,8 @@ def test_a_row_whose_idempotency_key_this_deployment_has_is_left_and_reported(al
         assert "1 left" in out and taken.id in out
     assert rows(alias).get(id=taken.id).deployment == "old-address"
     assert rows(alias).get(id=mine.id).deployment == own
-    assert set(rows(alias).filter(deployment=own).values_list("id", flat=True)) == {mine.id, free.id, plain.id}
+    assert set(rows(alias).filter(deployment=own).values_list("id", flat=True)) == {
+        mine.id,
+        free.id,
+        plain.id,
+    }

@@ -92,7 +92,11 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{'would adopt' if dry_run else 'adopted'} {report.total} captured message(s) of deployment "
             f"{identity!r} into this deployment {own!r} ({per_database})"
-            + ("; this deployment's relay pushes them at its next pass" if report.total and not dry_run else "")
+            + (
+                "; this deployment's relay pushes them at its next pass"
+                if report.total and not dry_run
+                else ""
+            )
         )
         if report.left:
             self.stdout.write(
