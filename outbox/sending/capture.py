@@ -24,7 +24,9 @@ Redis and key prefix, or ``OUTBOX["DEPLOYMENT"]``: :mod:`outbox.sending.deployme
 The relay, and a push reading a key's earlier rows, take only rows of their own
 deployment and legacy rows (``""``, written before rows carried one), so two
 deployments sharing a database never push each other's messages into the wrong Redis;
-idempotency keys are unique per deployment.
+idempotency keys are unique per deployment. Rows of an identity no relay has any more
+(Redis moved, a renamed deployment) are logged by the relay and adopted with
+``outbox_recover --adopt-captured`` (:mod:`outbox.sending.stranded`).
 
 Pushing is idempotent on the message id, so the fast path and the relay racing never
 make two messages. Redis stays the store of every record; the table holds only what
@@ -61,7 +63,7 @@ from outbox.conf import outbox_settings
 from outbox.exceptions import NotDurable, OutboxUnavailable
 from outbox.models import CapturedMessage
 from outbox.records import Message
-from outbox.sending import deployment, intake, push_order, sequences
+from outbox.sending import deployment, intake, push_order, sequences, stranded
 from outbox.store import Created
 from outbox.store.connection import get_repository
 
@@ -312,8 +314,11 @@ def relay(
         using: one database alias, or None for every alias of :func:`relay_databases`.
         older_than: seconds a row must have waited (default ``RELAY_AFTER``).
         limit: rows per batch.
-        log: log a warning when messages were pushed (they missed the fast path);
-            :func:`outbox.testing.deliver_all` pushes on purpose and says nothing.
+        log: log a warning when messages were pushed (they missed the fast path), and,
+            at most once per :data:`stranded.CHECK_INTERVAL` per process, one per other
+            deployment whose rows have waited longer than :data:`stranded.STRANDED_AFTER`
+            (:func:`stranded.warn_if_due`); :func:`outbox.testing.deliver_all` pushes on
+            purpose and says nothing.
 
     Returns:
         How many captured rows were pushed (Redis has their messages) and deleted;
@@ -331,7 +336,8 @@ def relay(
     pushed = 0
     failure: Exception | None = None
     mine = deployment.relayed()
-    for alias in [using] if using else relay_databases():
+    aliases = [using] if using else relay_databases()
+    for alias in aliases:
         try:  # one database failing does not keep the others' messages back
             while True:
                 n, more = _relay_batch(alias, mine, time.time() - wait, limit)
@@ -345,6 +351,8 @@ def relay(
         logger.warning(
             "outbox relay: pushed %d captured message(s) that missed the on-commit fast path", pushed
         )
+    if log:
+        stranded.warn_if_due(aliases)
     if failure is not None:
         raise failure
     return pushed

@@ -250,3 +250,150 @@ def test_the_identity_is_the_same_in_another_process():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == current()
+
+
+# -- stranded rows: seen by the relay, adopted by outbox_recover ------------------------------
+@pytest.fixture
+def stranded_check():
+    """The relay's check for other deployments' rows runs at its next pass, whatever an
+    earlier test's relay did."""
+    from outbox.sending import stranded
+
+    stranded.reset()
+    yield stranded
+    stranded.reset()
+
+
+def age(alias: str, message_id: str, seconds: float) -> None:
+    """Make a captured row ``seconds`` old."""
+    import time
+
+    rows(alias).filter(id=message_id).update(created_at=time.time() - seconds)
+
+
+def stranded_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "--adopt-captured" in r.getMessage()]
+
+
+def recover(*args: str) -> str:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("outbox_recover", *args, stdout=out)
+    return out.getvalue()
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_the_relay_warns_once_per_interval_of_another_deployments_old_rows(
+    alias, other, caplog, stranded_check, monkeypatch
+):
+    from outbox.sending import deployment
+    from outbox.sending.capture import relay
+
+    a, b = django_settings.REDIS_URL, other.url
+    with on(a, DEPLOYMENT="old-address"):
+        old = capture(alias, 1)
+        young = capture(alias, 2)
+        also = capture(alias, 3)
+    age(alias, old.id, 3600)
+    age(alias, also.id, 700)
+    with on(b):
+        legacy = capture(alias, 4)
+    rows(alias).filter(id=legacy.id).update(deployment="", created_at=0)  # pushed by any relay: not stranded
+    with on(b):
+        own = deployment.current()
+        caplog.clear()
+        relay(alias, older_than=0)
+        relay(alias, older_than=0)  # within the interval: no second warning
+        (warning,) = stranded_warnings(caplog)
+        assert "2 captured message(s)" in warning  # the young one is not counted yet
+        assert "'old-address'" in warning and repr(own) in warning
+        assert "OUTBOX['DEPLOYMENT'] = 'old-address'" in warning
+        assert "outbox_recover --adopt-captured old-address" in warning
+        assert "oldest waiting 60 min" in warning
+        monkeypatch.setattr(stranded_check, "CHECK_INTERVAL", 0.0)  # the interval is over
+        relay(alias, older_than=0)
+        assert len(stranded_warnings(caplog)) == 2
+    assert rows(alias).filter(id__in=[old.id, young.id, also.id], deployment="old-address").count() == 3
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_relay_says_nothing_when_no_other_deployments_row_is_old(alias, other, caplog, stranded_check):
+    from outbox.sending.capture import relay
+
+    with on(django_settings.REDIS_URL, DEPLOYMENT="elsewhere"):
+        capture(alias, 1)  # fresh: its own relay has time
+    with on(other.url):
+        relay(alias, older_than=0)
+    assert stranded_warnings(caplog) == []
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_adopted_rows_are_pushed_by_this_deployments_relay_and_delivered(alias, other, stranded_check):
+    from outbox.sending import deployment
+    from outbox.sending.capture import relay
+    from outbox.testing import deliver_all
+
+    with on(django_settings.REDIS_URL, DEPLOYMENT="old-address"):
+        first = capture(alias, 1, ordering_key="k")
+        second = capture(alias, 2, ordering_key="k")
+    with on(other.url):
+        own = deployment.current()
+        dry = recover("--adopt-captured", "old-address", "--dry-run")
+        assert "would adopt 2" in dry
+        assert rows(alias).filter(deployment="old-address").count() == 2
+        out = recover("--adopt-captured", "old-address")
+        assert "adopted 2" in out and "'old-address'" in out and repr(own) in out
+        assert rows(alias).filter(deployment=own).count() == 2
+        assert relay(alias, older_than=0) == 2
+        assert in_redis(first.id) and in_redis(second.id)
+        assert deliver_all().succeeded == 2
+        assert outbox.get(first.id).status == "succeeded"
+        assert outbox.get(second.id).order_seq == 2
+    assert not rows(alias).exists()
+
+
+@pytest.mark.django_db(databases=["default"])
+def test_adopting_this_deployments_own_rows_or_the_legacy_ones_is_refused(other):
+    from django.core.management.base import CommandError
+
+    from outbox.sending import deployment
+
+    with on(other.url):
+        with pytest.raises(CommandError, match="this deployment's own"):
+            recover("--adopt-captured", deployment.current())
+        with pytest.raises(CommandError, match="legacy"):
+            recover("--adopt-captured", "")
+    with on(other.url, DEPLOYMENT="shop"), pytest.raises(CommandError, match="this deployment's own"):
+        recover("--adopt-captured", "shop")
+
+
+@db
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_row_whose_idempotency_key_this_deployment_has_is_left_and_reported(alias, other):
+    """Keys are unique per deployment: the old deployment's row of a key this one has
+    captured too stays where it is (both rows kept), and the command names it."""
+    from outbox.sending import deployment
+
+    with on(django_settings.REDIS_URL, DEPLOYMENT="old-address"):
+        taken = capture(alias, 1, idempotency_key="order-1")
+        free = capture(alias, 2, idempotency_key="order-2")
+        plain = capture(alias, 3)
+    with on(other.url):
+        own = deployment.current()
+        mine = capture(alias, 9, idempotency_key="order-1")
+        out = recover("--adopt-captured", "old-address")
+        assert "adopted 2" in out
+        assert "1 left" in out and taken.id in out
+    assert rows(alias).get(id=taken.id).deployment == "old-address"
+    assert rows(alias).get(id=mine.id).deployment == own
+    assert set(rows(alias).filter(deployment=own).values_list("id", flat=True)) == {
+        mine.id,
+        free.id,
+        plain.id,
+    }
