@@ -93,18 +93,35 @@ def test_python_receiver_snippet_checks_the_order_of_an_ordering_key(worker):
             for _ in sent:
                 worker()
             assert [outbox.get(m.id).status for m in sent] == ["succeeded"] * 3
-    assert snippet.last_seq == {"order 42": 3}
+    epoch = sent[0].order_epoch
+    assert epoch and snippet.keys == {"order 42": (epoch, 3)}
     assert [h["outbox-ordering-sequence"] for _, h in captured] == ["1", "2", "3"]
+    assert {h["outbox-ordering-epoch"] for _, h in captured} == {epoch}
+    assert {h["outbox-ordering-version"] for _, h in captured} == {"2"}
     (body, headers) = captured[1]
     # a retry of "paid" after the receiver processed it (its id forgotten): not acted on twice
     snippet.seen_ids.clear()
     assert snippet.handle(body, headers) == (200, None)
     # "shipped" (previous: 2) to a receiver whose record of the key says 1: refused with a
     # 409 (retried by the outbox), not processed out of order
-    snippet.last_seq["order 42"] = 1
+    snippet.keys["order 42"] = (epoch, 1)
     assert snippet.handle(*captured[2]) == (409, None)
-    assert snippet.last_seq == {"order 42": 1}
-    assert snippet.ordering_of(captured[0][1]) == ("order 42", 1, None)
+    assert snippet.keys == {"order 42": (epoch, 1)}
+    assert snippet.ordering_of(captured[0][1]) == ("order 42", epoch, 1, None, 2)
+    # an outbox that sends no epoch (version 1) is checked as before
+    old = {
+        k: v
+        for k, v in captured[2][1].items()
+        if k not in ("outbox-ordering-epoch", "outbox-ordering-version")
+    }
+    snippet.keys["order 42"] = (None, 1)
+    assert snippet.handle(captured[2][0], old) == (409, None)
+    snippet.keys["order 42"] = (None, 2)
+    assert snippet.handle(captured[2][0], old)[0] == 200 and snippet.keys == {"order 42": (None, 3)}
+    # a record written before epochs, continued by a message with one: adopted
+    snippet.keys["order 42"], snippet.seen_ids = (None, 2), set()
+    assert snippet.handle(*captured[2]) == (200, {"event": "shipped"})
+    assert snippet.keys == {"order 42": (epoch, 3)}
 
 
 NOT_JSON = [
@@ -237,7 +254,9 @@ def test_settings_reference_documents_every_default_and_nothing_else():
 
 LANGUAGES = [
     "python",
-    pytest.param("node", marks=pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")),
+    pytest.param(
+        "node", marks=pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+    ),
     pytest.param(
         "go",
         marks=pytest.mark.skipif(
@@ -290,7 +309,9 @@ def snippet_server(language: str, tmp_path):
 
         snippet.handle = recording_handle
         with serving(ThreadingHTTPServer(("127.0.0.1", 0), snippet.Handler)) as server:
-            yield SnippetServer(f"http://127.0.0.1:{server.server_address[1]}/hooks/orders", lambda: processed)
+            yield SnippetServer(
+                f"http://127.0.0.1:{server.server_address[1]}/hooks/orders", lambda: processed
+            )
         return
     port = free_port()
     env = {**os.environ, "WEBHOOK_SECRET": SECRET, "PORT": str(port)}
@@ -317,9 +338,7 @@ def snippet_server(language: str, tmp_path):
             _wait_for_port(port, process)
 
         def processed() -> list[str]:
-            return [
-                line.split()[1] for line in log.read_text().splitlines() if line.startswith("received ")
-            ]
+            return [line.split()[1] for line in log.read_text().splitlines() if line.startswith("received ")]
 
         yield SnippetServer(f"http://127.0.0.1:{port}/hooks/orders", processed)
     finally:
