@@ -319,7 +319,7 @@ def snippet_server(language: str, tmp_path):
         command = ["node", str(SNIPPETS / "receiver.mjs")]
     else:
         shutil.copy(SNIPPETS / "receiver.go", tmp_path / "receiver.go")
-        build_env = {**env, "GOCACHE": str(tmp_path / "gocache"), "GOFLAGS": "-mod=mod", "GO111MODULE": "off"}
+        build_env = {**env, "GOCACHE": str(tmp_path / "gocache"), "GO111MODULE": "off"}
         subprocess.run(
             ["go", "build", "-o", str(tmp_path / "receiver"), "receiver.go"],
             cwd=tmp_path,
