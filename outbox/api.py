@@ -326,7 +326,11 @@ def _as_created(message: Message, created: Created) -> Message:
         message = replace(message, id=created.id)
     if created.order_seq is not None and created.status is not None:
         message = replace(
-            message, status=created.status, order_seq=created.order_seq, order_prev=created.order_prev
+            message,
+            status=created.status,
+            order_seq=created.order_seq,
+            order_prev=created.order_prev,
+            order_epoch=created.order_epoch,
         )
     return message
 

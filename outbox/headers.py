@@ -52,11 +52,28 @@ WEBHOOK_HEADERS = frozenset({"webhook-id", "webhook-timestamp", "webhook-signatu
 #: of the message of its key delivered before it (absent when none was: the key is new,
 #: or its state expired). Cancelled and skipped messages leave gaps in the sequence, so
 #: a receiver compares "previous" with the last sequence it processed, not seq - 1.
+#: Protocol version 2 adds the key's epoch: an opaque token, the same for every message
+#: of one life of the key's state, new when the state restarts at 1 (it expired
+#: ``ORDERING_KEY_TTL`` after the key emptied): a receiver keeps (epoch, last sequence
+#: processed) per key (docs/concepts.md, "What a receiver keeps"). Messages that joined
+#: their key before epochs existed carry neither the epoch nor the version (version 1).
 ORDERING_KEY_HEADER = "Outbox-Ordering-Key"
 ORDERING_SEQUENCE_HEADER = "Outbox-Ordering-Sequence"
 ORDERING_PREVIOUS_HEADER = "Outbox-Ordering-Previous"
+ORDERING_EPOCH_HEADER = "Outbox-Ordering-Epoch"
+ORDERING_VERSION_HEADER = "Outbox-Ordering-Version"
+#: The version of the ordering protocol the outbox speaks (sent with the epoch). It
+#: changes only when an older receiver would misread the headers.
+ORDERING_VERSION = 2
 ORDERING_HEADERS = frozenset(
-    h.lower() for h in (ORDERING_KEY_HEADER, ORDERING_SEQUENCE_HEADER, ORDERING_PREVIOUS_HEADER)
+    h.lower()
+    for h in (
+        ORDERING_KEY_HEADER,
+        ORDERING_SEQUENCE_HEADER,
+        ORDERING_PREVIOUS_HEADER,
+        ORDERING_EPOCH_HEADER,
+        ORDERING_VERSION_HEADER,
+    )
 )
 #: Characters an ordering key keeps as they are in its header: printable ASCII but "%"
 #: and the space (percent-encoded, RFC 3986 §2.1, as UTF-8 like every other character).
@@ -89,11 +106,14 @@ def reserved(name: str) -> bool:
     )
 
 
-def ordering_headers(ordering_key: str | None, seq: int | None, prev: int | None) -> dict[str, str]:
+def ordering_headers(
+    ordering_key: str | None, seq: int | None, prev: int | None, epoch: str | None = None
+) -> dict[str, str]:
     """The ordering headers of a message (:data:`ORDERING_HEADERS`; none without a key):
     the key percent-encoded where it is not printable ASCII (``%``, the space and
     non-ASCII characters as UTF-8, RFC 3986 §2.1: ``urllib.parse.unquote`` gives it back),
-    the sequence and the previous sequence as decimal integers."""
+    the sequence and the previous sequence as decimal integers, and with an epoch, the
+    epoch and the protocol version (:data:`ORDERING_VERSION`)."""
     if not ordering_key:
         return {}
     headers = {ORDERING_KEY_HEADER: quote(ordering_key, safe=_KEY_SAFE)}
@@ -101,6 +121,9 @@ def ordering_headers(ordering_key: str | None, seq: int | None, prev: int | None
         headers[ORDERING_SEQUENCE_HEADER] = str(seq)
     if prev is not None:
         headers[ORDERING_PREVIOUS_HEADER] = str(prev)
+    if epoch:
+        headers[ORDERING_EPOCH_HEADER] = epoch
+        headers[ORDERING_VERSION_HEADER] = str(ORDERING_VERSION)
     return headers
 
 

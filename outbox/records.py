@@ -242,6 +242,9 @@ class Message:
         order_prev: the sequence number of the message of its key delivered before it
             (None: none was, as far as the key's state remembers), set when it becomes
             the head of its key.
+        order_epoch: the epoch of its key when it got ``order_seq`` (the key's state's
+            generation: a key whose state expired restarts at 1 in a new epoch); None
+            without a key, or for a message that joined its key before epochs existed.
     """
 
     id: str
@@ -269,6 +272,7 @@ class Message:
     ordering_key: str | None = None
     order_seq: int | None = None
     order_prev: int | None = None
+    order_epoch: str | None = None
 
     # -- conveniences -------------------------------------------------------------
     @property
@@ -361,6 +365,8 @@ class Message:
             fields["oseq"] = str(self.order_seq)
         if self.order_prev is not None:
             fields["oprev"] = str(self.order_prev)
+        if self.order_epoch is not None:
+            fields["oepoch"] = self.order_epoch
         fields["updated_at"] = repr(self.updated_at)
         return fields
 
@@ -412,6 +418,7 @@ class Message:
             ordering_key=r.get("okey") or None,
             order_seq=int(r["oseq"]) if r.get("oseq") else None,
             order_prev=int(r["oprev"]) if r.get("oprev") else None,
+            order_epoch=r.get("oepoch") or None,
         )
 
     def to_record(self) -> str:

@@ -3,7 +3,7 @@
 //   new Webhook(secret).verify(rawBody, headers)
 // but also parses the body as JSON, and throws on any other body (the outbox sends
 // bytes and text too); verify() here only verifies, and payloadOf() parses JSON bodies.
-// Run: WEBHOOK_SECRET=whsec_... node receiver.mjs
+// Run: WEBHOOK_SECRET=whsec_... PORT=8001 node receiver.mjs
 import { createHmac, timingSafeEqual } from "node:crypto";
 import { createServer } from "node:http";
 
@@ -41,27 +41,92 @@ export function payloadOf(rawBody, headers) {
   return json ? JSON.parse(rawBody.toString("utf8")) : rawBody;
 }
 
-const seen = new Set(); // use a database table with a unique key in production
+export const KNOWN_VERSION = 2; // the Outbox-Ordering-Version this receiver implements
+
+// { key, epoch, seq, previous, version } of an ordered message, else null. The epoch is
+// the key's generation at the outbox (opaque: compare for equality only): a key whose
+// state expired starts again at sequence 1 in a new epoch. No version header: version 1
+// (a message that joined its key before the outbox sent epochs: no epoch either).
+export function orderingOf(headers) {
+  if (!headers["outbox-ordering-key"]) return null;
+  const previous = headers["outbox-ordering-previous"];
+  return {
+    key: decodeURIComponent(headers["outbox-ordering-key"]),
+    epoch: headers["outbox-ordering-epoch"] || null,
+    seq: Number(headers["outbox-ordering-sequence"]),
+    previous: previous ? Number(previous) : null,
+    version: Number(headers["outbox-ordering-version"] || 1),
+  };
+}
+
+// "process", "duplicate" (acknowledge, do not act) or "retry" (answer 409) for an ordered
+// message, given this receiver's record of its key: { epoch, last } or undefined.
+export function checkOrder(order, record) {
+  if (order.version > KNOWN_VERSION) return "retry"; // headers it may misread: wait for an upgrade
+  if (!record) return "process"; // the first message of the key this receiver sees
+  if (order.epoch !== null && order.epoch !== record.epoch) {
+    // A record from before epochs that this message continues: the same life of the key.
+    // Otherwise the key restarted: its first message has no previous (one: we missed some).
+    if (!(record.epoch === null && order.previous === record.last)) {
+      return order.previous !== null ? "retry" : "process";
+    }
+  }
+  if (order.seq <= record.last) return "duplicate"; // processed before: do nothing twice
+  // The outbox delivered `previous`, this receiver did not process it: it is behind.
+  if (order.previous !== null && order.previous !== record.last) return "retry";
+  return "process";
+}
+
+// Keep these in your database, written in the same transaction as what you do with the
+// payload (a table with a unique key for the ids, one row per ordering key).
+const seen = new Set(); // ids processed
+const keys = new Map(); // ordering key -> { epoch, last } (last sequence processed)
+
+// [HTTP status, payload or undefined when not acted on] for a request.
+export function handle(secret, body, headers) {
+  try {
+    verify(secret, body, headers);
+  } catch {
+    return [400]; // permanent for the outbox: not retried
+  }
+  const id = headers["webhook-id"]; // the same on every retry of one message
+  const order = orderingOf(headers);
+  if (order) {
+    const verdict = checkOrder(order, keys.get(order.key));
+    if (verdict === "retry") return [409]; // retried by the outbox: the key waits
+    if (verdict === "duplicate") return [200];
+    if (seen.has(id)) {
+      // A requeue of a message processed before: the same id with a new sequence. Do
+      // nothing twice, but take its sequence as the last one (or the next would be 409).
+      keys.set(order.key, { epoch: order.epoch, last: order.seq });
+      return [200];
+    }
+  } else if (seen.has(id)) {
+    return [200]; // delivered before: do nothing twice
+  }
+  let payload;
+  try {
+    payload = payloadOf(body, headers);
+  } catch {
+    return [400]; // a JSON content type, but not JSON: permanent
+  }
+  // ... act on the payload, then record it (in the same database transaction) ...
+  seen.add(id);
+  if (order) keys.set(order.key, { epoch: order.epoch, last: order.seq });
+  return [200, payload];
+}
 
 if (process.argv[1] && import.meta.url.endsWith(process.argv[1].split("/").pop())) {
   createServer((req, res) => {
     const chunks = [];
     req.on("data", (chunk) => chunks.push(chunk));
     req.on("end", () => {
-      const body = Buffer.concat(chunks);
-      try {
-        verify(SECRET, body, req.headers);
-      } catch {
-        res.writeHead(400).end(); // permanent for the outbox: not retried
-        return;
-      }
-      const id = req.headers["webhook-id"]; // the same on every retry of one message
-      if (!seen.has(id)) {
-        seen.add(id);
-        const payload = payloadOf(body, req.headers);
+      const [status, payload] = handle(SECRET, Buffer.concat(chunks), req.headers);
+      if (payload !== undefined) {
+        const id = req.headers["webhook-id"];
         console.log("received", id, Buffer.isBuffer(payload) ? `${payload.length} bytes` : JSON.stringify(payload));
       }
-      res.writeHead(200).end();
+      res.writeHead(status).end();
     });
-  }).listen(8001, "127.0.0.1");
+  }).listen(Number(process.env.PORT ?? 8001), "127.0.0.1");
 }

@@ -242,10 +242,12 @@ class Created:
     standing_id: str
     code: str
     #: A message with an ordering key written as new: ``"pending"`` (its key's head) or
-    #: ``"waiting"``, its sequence in the key and the sequence delivered before it.
+    #: ``"waiting"``, its sequence in the key, the sequence delivered before it and the
+    #: key's epoch.
     status: str | None = None
     order_seq: int | None = None
     order_prev: int | None = None
+    order_epoch: str | None = None
 
 
 @dataclass
@@ -676,7 +678,7 @@ class MessageStore(RepositoryBase):
             index = int(rest[at]) - 1
             code = rest[at + 2].decode()
             if code.startswith("ordered:"):  # written as new, in its ordering key's queue
-                _, status, seq, prev = code.split(":")
+                _, status, seq, prev, epoch = code.split(":")
                 created[index] = Created(
                     messages[index].id,
                     messages[index].id,
@@ -684,6 +686,7 @@ class MessageStore(RepositoryBase):
                     status,
                     int(seq),
                     int(prev) if prev else None,
+                    epoch or None,
                 )
                 continue
             created[index] = Created(messages[index].id, rest[at + 1].decode(), code)

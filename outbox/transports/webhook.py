@@ -6,9 +6,11 @@ Each delivery is an HTTP POST of the message body with::
     webhook-id:         the message id (stable across retries, so receivers can deduplicate)
     webhook-timestamp:  epoch seconds of this attempt
     webhook-signature:  v1,<base64 HMAC-SHA256 of "id.timestamp.body"> (when a secret is set)
-    Outbox-Ordering-Key, Outbox-Ordering-Sequence, Outbox-Ordering-Previous:
-                        an ordered message's key, sequence and the sequence delivered
-                        before it (:func:`outbox.headers.ordering_headers`)
+    Outbox-Ordering-Key, Outbox-Ordering-Sequence, Outbox-Ordering-Previous,
+    Outbox-Ordering-Epoch, Outbox-Ordering-Version:
+                        an ordered message's key, sequence, the sequence delivered
+                        before it, its key's epoch and the protocol version (2)
+                        (:func:`outbox.headers.ordering_headers`)
     traceparent:        the attempt's W3C trace context, with OpenTelemetry on (outbox.tracing)
 
 signed with the ``standardwebhooks`` package (https://www.standardwebhooks.com/).
@@ -320,7 +322,9 @@ class WebhookTransport(Transport):
         headers["webhook-id"] = message.id
         headers["webhook-timestamp"] = str(timestamp)
         headers.update(
-            header_rules.ordering_headers(message.ordering_key, message.order_seq, message.order_prev)
+            header_rules.ordering_headers(
+                message.ordering_key, message.order_seq, message.order_prev, message.order_epoch
+            )
         )
         if self.signers:
             when = datetime.fromtimestamp(timestamp, tz=timezone.utc)

@@ -73,10 +73,10 @@ local function apply(e)
   local okey, pp = cur[4], K.part(prefix, id)
   local target, order = to, nil
   if okey and to == 'pending' then
-    local head, seq, last = order_requeue(pp, dest, okey, id)
+    local head, seq, last, epoch = order_requeue(pp, dest, okey, id, now_s)
     if seq then
-      order = {'oseq', seq}
-      if head and last then order[3], order[4] = 'oprev', last end
+      order = {'oseq', seq, 'oepoch', epoch}
+      if head and last then order[5], order[6] = 'oprev', last end
     end
     if not head then target = 'waiting' end
   end
@@ -86,7 +86,7 @@ local function apply(e)
   if target ~= to then redis.call('HSET', rkey, 'status', target) end
   if order then
     redis.call('HSET', rkey, unpack(order))
-    if not order[3] then redis.call('HDEL', rkey, 'oprev') end
+    if not order[5] then redis.call('HDEL', rkey, 'oprev') end
   end
   if e.job ~= '' then redis.call('HSET', rkey, 'job_id', e.job) end
   if #unset > 0 then redis.call('HDEL', rkey, unpack(unset)) end

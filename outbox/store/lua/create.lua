@@ -142,15 +142,15 @@ for i, m in ipairs(msgs) do
     local skey, due = m.skey, true
     local order = {}
     if m.okey then
-      local head, seq, last = order_join(m.okey, m.ostate, id)
-      order = {'oseq', seq}
+      local head, seq, last, epoch = order_join(m.okey, m.ostate, id, opts.now)
+      order = {'oseq', seq, 'oepoch', epoch}
       redis.call('ZADD', m.logkey, m.created, id)
       if head then
-        if last then order[3], order[4] = 'oprev', last end
+        if last then order[5], order[6] = 'oprev', last end
       else
         status, skey, due = 'waiting', m.waitkey, false
       end
-      others[#others + 1] = {i, id, 'ordered:' .. status .. ':' .. seq .. ':' .. (head and last or '')}
+      others[#others + 1] = {i, id, 'ordered:' .. status .. ':' .. seq .. ':' .. (head and last or '') .. ':' .. epoch}
     end
     redis.call('HSET', m.rkey, 'status', status, 'destination', dest, 'queue', queue,
       'next_attempt_at', score, unpack(ARGV, m.rfirst, m.rlast))

@@ -7,26 +7,35 @@
 --   index), so nothing behind the head is claimed, whatever the head's backoff;
 -- * its state, K.order_state: seq (the last sequence number given), last (the sequence of
 --   the last message delivered: a new head is told it, as its oprev), blocked (the id of
---   the dead letter at its head while it blocks the key). It expires `ttl` seconds after
---   the queue empties (a later message starts again at 1, with no oprev);
+--   the dead letter at its head while it blocks the key), epoch (the generation of this
+--   state: "<milliseconds>-<id>" of the join that created it, or that first joined a state
+--   written before epochs existed; sent as Outbox-Ordering-Epoch, so a receiver tells a
+--   restarted key from a repeat). It expires `ttl` seconds after the queue empties (a
+--   later message starts again at 1, with no oprev, in a new epoch);
 -- * its destination's blocked keys, K.blocked: key -> when it was blocked;
 -- * its log, K.order_log: every message of the key (id -> created_at) until it is
 --   deleted (create.lua adds, delete.lua removes): the console's list of one key.
--- The resend record of an ordered message holds okey (its key), oseq (its sequence) and,
--- once it is the head, oprev.
+-- The resend record of an ordered message holds okey (its key), oseq (its sequence),
+-- oepoch (its key's epoch when it got that sequence) and, once it is the head, oprev.
 -- Every read of these functions comes before their writes. Needs lib/keys.lua,
 -- lib/writes.lua, lib/move.lua and lib/guard.lua included before this file.
 
--- Message `id` joins the tail of its key (queue `q`, state `st`: known keys): returns
--- whether it is the head (nothing ahead of it), its sequence number and the sequence of
--- the last message delivered (nil: none).
-local function order_join(q, st, id)
+-- Message `id` joins the tail of its key (queue `q`, state `st`: known keys) at `now`
+-- (seconds): returns whether it is the head (nothing ahead of it), its sequence number,
+-- the sequence of the last message delivered (nil: none) and the key's epoch (created
+-- with the state: a state that expired restarts at 1 in a new epoch).
+local function order_join(q, st, id, now)
   local ahead = redis.call('ZCARD', q)
-  local last = redis.call('HGET', st, 'last')
+  local cur = redis.call('HMGET', st, 'last', 'epoch')
+  local last, epoch = cur[1], cur[2]
   local seq = redis.call('HINCRBY', st, 'seq', 1)
+  if not epoch then
+    epoch = string.format('%d-%s', math.floor(tonumber(now) * 1000), id)
+    redis.call('HSET', st, 'epoch', epoch)
+  end
   redis.call('PERSIST', st)
   redis.call('ZADD', q, seq, id)
-  return ahead == 0, seq, last
+  return ahead == 0, seq, last, epoch
 end
 
 -- The message after the head `id` of a key, when `id` is the head (else nil, false).
@@ -85,8 +94,9 @@ end
 -- A requeued message `id` of key `key` goes back into its key: a blocked dead letter at
 -- the head stays the head (the key is no longer blocked); a message that had left the key
 -- (delivered, cancelled, skipped) joins its tail with a new sequence number. Returns
--- whether it is the head, and its new sequence and oprev (nil when it kept its place).
-local function order_requeue(pp, dest, key, id)
+-- whether it is the head, and its new sequence, oprev and epoch (nil when it kept its
+-- place).
+local function order_requeue(pp, dest, key, id, now)
   local q, st = K.order(pp, dest, key), K.order_state(pp, dest, key)
   local nxt, was_head = order_next(q, id)
   if was_head then
@@ -97,7 +107,7 @@ local function order_requeue(pp, dest, key, id)
     return true, nil, nil
   end
   if redis.call('ZSCORE', q, id) then return false, nil, nil end  -- already in line
-  return order_join(q, st, id)
+  return order_join(q, st, id, now)
 end
 
 -- The keys of ordering key `key` of `dest` in partition prefix `pp` that a message's
