@@ -34,8 +34,9 @@ CreateReply = list[Any]
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
 #: rescheduled; destinations skipped at their cap; next due score of the quarantine index or None).
 ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None]
-#: transition.lua, per change: (applied 0|1, status after[, message record, resend HGETALL]).
-TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[Any], list[bytes]]
+#: transition.lua, per change: (applied 0|1, status after, queue of the key's next message
+#: promoted to its head or b""[, message record, resend HGETALL]).
+TransitionRow = tuple[int, bytes, bytes] | tuple[int, bytes, bytes, list[Any], list[bytes]]
 #: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
 BulkReply = tuple[list[int], list[bytes]]
 ReleaseReply = tuple[list[bytes], list[bytes], list[bytes]]
@@ -210,6 +211,10 @@ class ChangeResult:
             same change had applied it (its reply lost, or a later step of the caller's
             round trip failed): the record holds its attempt already (``applied`` is
             False; only a change with an attempt is recognised so).
+        promoted: the queue of the next message of the message's ordering key when this
+            change made that message the key's head (now ``pending`` in that queue's due
+            index), else None. It may be another queue (priority) than the message's:
+            the caller wakes it (:func:`outbox.delivery.outcomes.announce`).
     """
 
     id: str
@@ -218,6 +223,7 @@ class ChangeResult:
     message: Message | None = None
     parked: bool = False
     earlier: bool = False
+    promoted: str | None = None
 
 
 @dataclass
@@ -1006,11 +1012,17 @@ class MessageStore(RepositoryBase):
         """Turn the transition script's raw reply into :class:`ChangeResult` objects."""
         results = []
         for change, row in zip(changes, reply, strict=True):
-            message = Message.from_flat(row[2], row[3]) if len(row) > 2 else None
+            message = Message.from_flat(row[3], row[4]) if len(row) > 3 else None
             code = row[0]  # 1 applied, 2 as its park alternative; 3, 4: so by an earlier call
             results.append(
                 ChangeResult(
-                    change.id, code in (1, 2), row[1].decode(), message, code in (2, 4), code in (3, 4)
+                    change.id,
+                    code in (1, 2),
+                    row[1].decode(),
+                    message,
+                    code in (2, 4),
+                    code in (3, 4),
+                    row[2].decode() or None,
                 )
             )
         return results
