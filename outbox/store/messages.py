@@ -298,10 +298,12 @@ class Claim:
 @dataclass
 class BulkResult:
     """The reply of :meth:`MessageRepository.bulk_transition`: the ids changed and the
-    queues whose wake-up flag the call set."""
+    queues whose wake-up flag the call set; with more than one partition, the error each
+    partition whose call failed met, by partition number (its messages unchanged)."""
 
     applied: list[str]
     woken: list[str]
+    errors: dict[int, Exception] = field(default_factory=dict)
 
 
 def with_holding(args: list[Any], holding: set[str]) -> list[Any]:
@@ -972,6 +974,15 @@ class MessageStore(RepositoryBase):
             action: the event name, e.g. ``"requeued"``.
             set: other resend-record fields to write; unset: fields to delete.
             step: seconds between the index scores of successive messages (no ties).
+
+        Returns:
+            The ids changed and the queues woken. With more than one partition, a
+            partition whose call failed (an outage, a slot in flux) is in
+            :attr:`BulkResult.errors` while the others' changes stand (their ids and
+            queues are in the result: the caller signals and wakes them).
+
+        Raises:
+            redis.exceptions.RedisError: no partition's call applied (the first error).
         """
         args: list[Any] = named(
             prefix=self.keys.prefix,
@@ -998,13 +1009,20 @@ class MessageStore(RepositoryBase):
             calls.append(("bulk", [*args, 1, "", len(chunk), *chunk], [self.keys.resend(i) for i in chunk]))
         applied = [False] * len(ids)  # (not a set: the argument ``set`` hides the type)
         woken: list[str] = []
-        for positions, reply in zip(groups, cast(list[BulkReply], self.run_scripts(calls)), strict=True):
-            flags, queues = reply
+        errors: dict[int, Exception] = {}
+        replies = self.run_scripts(calls, errors=True)  # one partition failing fails its own call
+        for positions, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, Exception):
+                errors[partition_of(ids[positions[0]]) if self.keys.partitioned else 0] = reply
+                continue
+            flags, queues = cast(BulkReply, reply)
             for i, flag in zip(positions, flags, strict=True):
                 applied[i] = bool(flag)
             woken += [q.decode() for q in queues if q.decode() not in woken]
+        if errors and len(errors) == len(calls):
+            raise next(iter(errors.values()))
         return BulkResult(
-            [m for m, yes in zip(ids, applied, strict=True) if yes], self.raise_wake_flags(woken, now)
+            [m for m, yes in zip(ids, applied, strict=True) if yes], self.raise_wake_flags(woken, now), errors
         )
 
     @staticmethod
