@@ -260,7 +260,9 @@ def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult], *, 
     wake_promoted(decisions, results, own=own)
 
 
-def wake_promoted(decisions: Sequence[Decision], results: Sequence[ChangeResult], *, own: bool = False) -> None:
+def wake_promoted(
+    decisions: Sequence[Decision], results: Sequence[ChangeResult], *, own: bool = False
+) -> None:
     """Wake the queue of each ordered message that a written outcome made its key's head
     (:attr:`~outbox.store.ChangeResult.promoted`) when it is another queue (priority) than
     the decided message's (``own``: whichever queue): the worker of that queue claims next

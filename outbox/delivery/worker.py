@@ -122,7 +122,7 @@ def check_clock(limit: float = CLOCK_SKEW_LIMIT, clock: Callable[[], float] = ti
             "outbox worker: this host's clock is %.3f s %s the Redis server's (%s, within %.3f s); "
             "due times and lease deadlines use each worker's clock, so a worker whose clock runs "
             "ahead of another's takes back that worker's live attempts that much early "
-            "(VISIBILITY_TIMEOUT %.0f s). Synchronise the clocks (NTP); see docs/operations.md, \"Clocks\"",
+            '(VISIBILITY_TIMEOUT %.0f s). Synchronise the clocks (NTP); see docs/operations.md, "Clocks"',
             abs(offset),
             "behind" if offset > 0 else "ahead of",
             name,

@@ -221,9 +221,8 @@ def clock_offsets(clock: Callable[[], float] = time.time) -> list[tuple[str, flo
     """
     connection = get_connection()
     if is_cluster(connection):
-        servers = [
-            (str(node.name), node.redis_connection) for node in cast(RedisCluster, connection).get_primaries()
-        ]
+        primaries = cast(RedisCluster, connection).get_primaries()  # type: ignore[no-untyped-call]
+        servers = [(str(node.name), node.redis_connection) for node in primaries]
     else:
         kwargs = connection.connection_pool.connection_kwargs
         servers = [(f"{kwargs.get('host', kwargs.get('path', ''))}:{kwargs.get('port', '')}", connection)]

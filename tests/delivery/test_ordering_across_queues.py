@@ -39,8 +39,12 @@ def test_a_head_delivered_from_one_queue_wakes_the_queue_of_the_next(parts, rece
 def test_the_heads_of_several_keys_wake_the_queue_of_their_next_messages(parts, receiver, worker):
     """Four heads delivered in one exchange: their next messages, in another queue, are woken."""
     with hook_settings(receiver.url, BREAKER=False, MAX_IN_FLIGHT=16):
-        heads = [outbox.send("hook", {"k": k, "n": 0}, ordering_key=f"k{k}", priority="low") for k in range(4)]
-        nexts = [outbox.send("hook", {"k": k, "n": 1}, ordering_key=f"k{k}", priority="high") for k in range(4)]
+        heads = [
+            outbox.send("hook", {"k": k, "n": 0}, ordering_key=f"k{k}", priority="low") for k in range(4)
+        ]
+        nexts = [
+            outbox.send("hook", {"k": k, "n": 1}, ordering_key=f"k{k}", priority="high") for k in range(4)
+        ]
         worker(simple=True)
         assert {outbox.get(m.id).status for m in heads + nexts} == {"succeeded"}
     assert_index_invariant(parts)

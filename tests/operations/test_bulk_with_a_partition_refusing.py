@@ -59,7 +59,9 @@ def refusing(monkeypatch, refused_partition: int) -> list[int]:
 
 def spread(n: int = 40) -> list:
     """``n`` messages of 'hook' over the partitions."""
-    sent = outbox.send_many([{"destination": "hook", "body": i, "idempotency_key": f"s{i}"} for i in range(n)])
+    sent = outbox.send_many(
+        [{"destination": "hook", "body": i, "idempotency_key": f"s{i}"} for i in range(n)]
+    )
     assert len({partition_of(m.id) for m in sent}) > 4
     return sent
 
