@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisClusterException, RedisError
+
 from outbox.conf import outbox_settings
 from outbox.delivery.attempts import ERROR_LIMIT, worker_name
 from outbox.destinations.config import get_destination
@@ -25,7 +27,7 @@ from outbox.events import (
 from outbox.exceptions import UnknownDestination
 from outbox.records import Attempt, Message, Outcome, Status
 from outbox.retry import RetryPolicy, retry_delay
-from outbox.store import Change, ChangeResult
+from outbox.store import Change, ChangeResult, wakeups
 from outbox.store.connection import get_repository
 
 logger = logging.getLogger("outbox")
@@ -239,12 +241,14 @@ def decide_outcome(outcome: Outcome, now: float) -> Decision:
     return decide(outcome, now)
 
 
-def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> None:
+def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult], *, own: bool = False) -> None:
     """Send the Django signal of each written decision whose compare-and-set applied, by
     this call or by an earlier call of the same change whose result was never announced
     (:attr:`~outbox.store.ChangeResult.earlier`: a retried exchange; a parked one, whose
-    status is not the decided one, sends none), and hand ``message.exhausted`` events to
-    :func:`outbox.alerts.notify`."""
+    status is not the decided one, sends none), hand ``message.exhausted`` events to
+    :func:`outbox.alerts.notify`, and wake the queues of ordered messages that became
+    their key's head (:func:`wake_promoted`; ``own``: the messages' own queues too, when
+    no claim of theirs follows, as one does in a worker's exchange)."""
     exhausted = []
     for d, r in zip(decisions, results, strict=True):
         if (r.applied or r.earlier) and not r.parked:
@@ -253,6 +257,35 @@ def announce(decisions: Sequence[Decision], results: Sequence[ChangeResult]) -> 
                 exhausted.append(d.exhausted)
                 send_exhausted_signal(d.message, d.attempt, d.exhausted)
     send_destination_events(exhausted)
+    wake_promoted(decisions, results, own=own)
+
+
+def wake_promoted(
+    decisions: Sequence[Decision], results: Sequence[ChangeResult], *, own: bool = False
+) -> None:
+    """Wake the queue of each ordered message that a written outcome made its key's head
+    (:attr:`~outbox.store.ChangeResult.promoted`) when it is another queue (priority) than
+    the decided message's (``own``: whichever queue): the worker of that queue claims next
+    in the same round trip (lua/transition.lua then lua/claim.lua), the others would wait
+    for the wake-up check (``WAKE_INTERVAL``). One round trip, only when there is such a
+    queue. Redis errors (of the server or the cluster client) are logged, not raised (the outcomes are written; the wake-up check
+    finds the message)."""
+    queues = [
+        r.promoted
+        for d, r in zip(decisions, results, strict=True)
+        if r.promoted and (own or r.promoted != d.message.queue)
+    ]
+    if not queues:
+        return
+    try:
+        wakeups.wake(queues)
+    except (RedisError, RedisClusterException):
+        logger.warning(
+            "outbox: could not wake queue(s) %s for the next message of an ordering key; "
+            "the wake-up check will find it",
+            ", ".join(dict.fromkeys(queues)),
+            exc_info=True,
+        )
 
 
 def health_outcome(outcome: Outcome) -> list[Any]:
@@ -282,7 +315,7 @@ def write(decisions: Sequence[Decision], now: float) -> list[bool]:
     if not decisions:
         return []
     results = get_repository().transition([d.change for d in decisions], now)
-    announce(decisions, results)
+    announce(decisions, results, own=True)
     return [r.applied for r in results]
 
 

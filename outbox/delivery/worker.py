@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import close_old_connections
 from redis import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from outbox.alerts import flush_due
 from outbox.conf import outbox_settings
@@ -66,7 +66,7 @@ from outbox.delivery.attempts import worker_name
 from outbox.delivery.loop import STOPPING
 from outbox.delivery.recovery import recover, wake_due
 from outbox.sending.capture import relay
-from outbox.store.connection import client_like, get_repository, ping
+from outbox.store.connection import client_like, clock_offsets, get_repository, ping
 from outbox.store.rq_workers import housekeeping_heartbeat
 from outbox.store.wakeups import get_queue
 
@@ -87,6 +87,49 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: a job (up to its dequeue timeout, minutes) as if no stop had come. The repeated signal
 #: ends the process as stopped (exit status 0): no job runs.
 STOP_REPEAT = 2.0
+
+
+#: Seconds this host's clock may be off the Redis server's before a starting worker warns
+#: (:func:`check_clock`; docs/operations.md, "Clocks").
+CLOCK_SKEW_LIMIT = 1.0
+
+
+def check_clock(limit: float = CLOCK_SKEW_LIMIT, clock: Callable[[], float] = time.time) -> float | None:
+    """Compare this host's ``clock`` with the Redis server's (``TIME``; each primary of a
+    cluster) and log a warning when they differ by more than ``limit`` seconds beyond the
+    error bar (half the round trip).
+
+    The outbox's due times and lease deadlines are written and compared with the clock of
+    whichever worker runs (no script reads ``TIME``): a worker whose clock runs ahead of
+    another's takes back that worker's live attempts as expired that much early (a second
+    attempt while the first may still run: out of order for an ordering key); one behind
+    claims late. Comparing every worker with Redis at
+    start bounds the skew between two of them by twice ``limit`` (while their clocks hold).
+
+    Returns:
+        The largest skew found, in seconds (0 within the error bar), or None when Redis
+        could not be asked (logged at DEBUG: the worker waits for Redis anyway).
+    """
+    try:
+        offsets = clock_offsets(clock)
+    except (RedisError, RedisClusterException) as exc:
+        logger.debug("outbox worker: could not compare clocks with Redis (%s)", exc)
+        return None
+    name, offset, error = max(offsets, key=lambda o: abs(o[1]) - o[2])
+    skew = max(0.0, abs(offset) - error)
+    if skew > limit:
+        logger.warning(
+            "outbox worker: this host's clock is %.3f s %s the Redis server's (%s, within %.3f s); "
+            "due times and lease deadlines use each worker's clock, so a worker whose clock runs "
+            "ahead of another's takes back that worker's live attempts that much early "
+            '(VISIBILITY_TIMEOUT %.0f s). Synchronise the clocks (NTP); see docs/operations.md, "Clocks"',
+            abs(offset),
+            "behind" if offset > 0 else "ahead of",
+            name,
+            error,
+            outbox_settings.VISIBILITY_TIMEOUT,
+        )
+    return skew
 
 
 class _Step:
@@ -494,6 +537,7 @@ def run_worker(
         relay: include the relay of captured messages in housekeeping (needs the database).
     """
     stop_request.reset()
+    check_clock()
     keeper = None
     jobs_left = max_jobs
     with stop_signals_handled():

@@ -90,6 +90,17 @@ def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
 Execute = Callable[[], list[str]]  # writes one prepared chunk; returns the ids acted on
 
 
+class PartlyApplied(Exception):
+    """Raised by an :data:`Execute` whose chunk applied in some partitions while another
+    partition's call failed: ``applied``, the ids acted on (signalled and counted by
+    :func:`_run` before it raises ``error``, the first partition's error)."""
+
+    def __init__(self, applied: list[str], error: Exception) -> None:
+        super().__init__(str(error))
+        self.applied = applied
+        self.error = error
+
+
 def _run(
     ids: Iterable[str],
     action: str,
@@ -107,13 +118,19 @@ def _run(
     in_flight: tuple[int, Future[list[str]]] | None = None
 
     def collect(size: int, future: Future[list[str]]) -> None:
-        done = future.result()
+        error: Exception | None = None
+        try:
+            done = future.result()
+        except PartlyApplied as exc:  # signal and count what applied, then fail as before
+            done, error = exc.applied, exc.error
         send_bulk_signal(action, done)
         if applied is not None:
             applied(done)
         total.add(ActionResult(len(done), size - len(done)))
         if progress:
             progress(total.acted, total.skipped)
+        if error is not None:
+            raise error
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-bulk") as writer:
         for chunk in chunks(ids):
@@ -137,7 +154,8 @@ def _writer(
     unset: tuple[str, ...] = (),
 ) -> Execute:
     """The write of one chunk (``lua/bulk.lua``); the returned callable sends it, wakes
-    the queues that got due messages, and returns the ids acted on."""
+    the queues that got due messages, and returns the ids acted on (raises
+    :class:`PartlyApplied` when a partition's call failed while others applied)."""
     if not ids:
         return list
     repo = get_repository()
@@ -154,6 +172,8 @@ def _writer(
             step=TIE_BREAK,
         )
         wakeups.enqueue_wakeups(result.woken)
+        if result.errors:
+            raise PartlyApplied(result.applied, next(iter(result.errors.values())))
         return result.applied
 
     return execute

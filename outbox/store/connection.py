@@ -13,6 +13,8 @@ from __future__ import annotations
 import inspect
 import ipaddress
 import threading
+import time
+from collections.abc import Callable
 from functools import cache
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -202,6 +204,37 @@ def ping(rq_connection: Redis | None = None) -> None:
         connection.ping()
     if rq_connection is not None:
         rq_connection.ping()
+
+
+def clock_offsets(clock: Callable[[], float] = time.time) -> list[tuple[str, float, float]]:
+    """How far the outbox's Redis clock (``TIME``; on a cluster, each primary's) is from
+    this process's ``clock`` (epoch seconds), read once per server.
+
+    Returns:
+        Per server: (its name, ``host:port``; seconds its clock is ahead of ``clock``,
+        negative when behind, measured at the middle of the round trip; the error bar,
+        half the round trip, in seconds).
+
+    Raises:
+        redis.exceptions.RedisError: a server did not answer.
+        redis.exceptions.RedisClusterException: the cluster client has no slot map.
+    """
+    connection = get_connection()
+    if is_cluster(connection):
+        primaries = cast(RedisCluster, connection).get_primaries()  # type: ignore[no-untyped-call]
+        servers = [(str(node.name), node.redis_connection) for node in primaries]
+    else:
+        kwargs = connection.connection_pool.connection_kwargs
+        servers = [(f"{kwargs.get('host', kwargs.get('path', ''))}:{kwargs.get('port', '')}", connection)]
+    out = []
+    for name, client in servers:
+        if client is None:
+            raise RedisConnectionError(f"no connection to the cluster's primary {name}")
+        before = clock()
+        seconds, micros = client.time()
+        after = clock()
+        out.append((name, seconds + micros / 1e6 - (before + after) / 2, (after - before) / 2))
+    return out
 
 
 def empty_database() -> Redis:

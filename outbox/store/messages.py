@@ -34,8 +34,9 @@ CreateReply = list[Any]
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
 #: rescheduled; destinations skipped at their cap; next due score of the quarantine index or None).
 ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None]
-#: transition.lua, per change: (applied 0|1, status after[, message record, resend HGETALL]).
-TransitionRow = tuple[int, bytes] | tuple[int, bytes, list[Any], list[bytes]]
+#: transition.lua, per change: (applied 0|1, status after, queue of the key's next message
+#: promoted to its head or b""[, message record, resend HGETALL]).
+TransitionRow = tuple[int, bytes, bytes] | tuple[int, bytes, bytes, list[Any], list[bytes]]
 #: bulk.lua: (applied 0|1 per id, queues woken); release.lua: (ids released, queues woken).
 BulkReply = tuple[list[int], list[bytes]]
 ReleaseReply = tuple[list[bytes], list[bytes], list[bytes]]
@@ -210,6 +211,10 @@ class ChangeResult:
             same change had applied it (its reply lost, or a later step of the caller's
             round trip failed): the record holds its attempt already (``applied`` is
             False; only a change with an attempt is recognised so).
+        promoted: the queue of the next message of the message's ordering key when this
+            change made that message the key's head (now ``pending`` in that queue's due
+            index), else None. It may be another queue (priority) than the message's:
+            the caller wakes it (:func:`outbox.delivery.outcomes.announce`).
     """
 
     id: str
@@ -218,6 +223,7 @@ class ChangeResult:
     message: Message | None = None
     parked: bool = False
     earlier: bool = False
+    promoted: str | None = None
 
 
 @dataclass
@@ -294,10 +300,12 @@ class Claim:
 @dataclass
 class BulkResult:
     """The reply of :meth:`MessageRepository.bulk_transition`: the ids changed and the
-    queues whose wake-up flag the call set."""
+    queues whose wake-up flag the call set; with more than one partition, the error each
+    partition whose call failed met, by partition number (its messages unchanged)."""
 
     applied: list[str]
     woken: list[str]
+    errors: dict[int, Exception] = field(default_factory=dict)
 
 
 def with_holding(args: list[Any], holding: set[str]) -> list[Any]:
@@ -969,6 +977,15 @@ class MessageStore(RepositoryBase):
             action: the event name, e.g. ``"requeued"``.
             set: other resend-record fields to write; unset: fields to delete.
             step: seconds between the index scores of successive messages (no ties).
+
+        Returns:
+            The ids changed and the queues woken. With more than one partition, a
+            partition whose call failed (an outage, a slot in flux) is in
+            :attr:`BulkResult.errors` while the others' changes stand (their ids and
+            queues are in the result: the caller signals and wakes them).
+
+        Raises:
+            redis.exceptions.RedisError: no partition's call applied (the first error).
         """
         args: list[Any] = named(
             prefix=self.keys.prefix,
@@ -995,13 +1012,20 @@ class MessageStore(RepositoryBase):
             calls.append(("bulk", [*args, 1, "", len(chunk), *chunk], [self.keys.resend(i) for i in chunk]))
         applied = [False] * len(ids)  # (not a set: the argument ``set`` hides the type)
         woken: list[str] = []
-        for positions, reply in zip(groups, cast(list[BulkReply], self.run_scripts(calls)), strict=True):
-            flags, queues = reply
+        errors: dict[int, Exception] = {}
+        replies = self.run_scripts(calls, errors=True)  # one partition failing fails its own call
+        for positions, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, Exception):
+                errors[partition_of(ids[positions[0]]) if self.keys.partitioned else 0] = reply
+                continue
+            flags, queues = cast(BulkReply, reply)
             for i, flag in zip(positions, flags, strict=True):
                 applied[i] = bool(flag)
             woken += [q.decode() for q in queues if q.decode() not in woken]
+        if errors and len(errors) == len(calls):
+            raise next(iter(errors.values()))
         return BulkResult(
-            [m for m, yes in zip(ids, applied, strict=True) if yes], self.raise_wake_flags(woken, now)
+            [m for m, yes in zip(ids, applied, strict=True) if yes], self.raise_wake_flags(woken, now), errors
         )
 
     @staticmethod
@@ -1009,11 +1033,17 @@ class MessageStore(RepositoryBase):
         """Turn the transition script's raw reply into :class:`ChangeResult` objects."""
         results = []
         for change, row in zip(changes, reply, strict=True):
-            message = Message.from_flat(row[2], row[3]) if len(row) > 2 else None
+            message = Message.from_flat(row[3], row[4]) if len(row) > 3 else None
             code = row[0]  # 1 applied, 2 as its park alternative; 3, 4: so by an earlier call
             results.append(
                 ChangeResult(
-                    change.id, code in (1, 2), row[1].decode(), message, code in (2, 4), code in (3, 4)
+                    change.id,
+                    code in (1, 2),
+                    row[1].decode(),
+                    message,
+                    code in (2, 4),
+                    code in (3, 4),
+                    row[2].decode() or None,
                 )
             )
         return results

@@ -46,7 +46,10 @@
 -- alternative) with nothing written now.
 -- Returns, per change: {applied 0|1 (2: applied as its park alternative; 3: applied by an
 --                       earlier call, 4: by an earlier call as its park alternative),
---                       status after ("" if no such message)
+--                       status after ("" if no such message),
+--                       promoted: the queue of the next message of its ordering key when
+--                       this change made that message the key's head ("" otherwise; the
+--                       caller wakes that queue: it may not be the one being worked)
 --                       [, message record ({id, record}: lib/message.lua), resend
 --                       HGETALL when load and applied now]}
 -- Index writes are gathered and made once per index for the whole call
@@ -154,6 +157,7 @@ for i = 1, n do
     'okey', 'oseq')
   local status = cur[1]
   local applied = 0
+  local promoted = nil  -- the queue of the key's next message, when it became its head
   if status then
     local allowed = string.find(',' .. from .. ',', ',' .. status .. ',', 1, true) ~= nil
     if allowed and due_by and cur[3] and tonumber(cur[3]) > tonumber(due_by) then allowed = false end
@@ -196,9 +200,9 @@ for i = 1, n do
       if okey and not parking and to ~= status then
         local pp = K.part(prefix, id)
         if to == 'succeeded' then
-          order_leave(prefix, pp, dest, okey, id, cur[8], okttl, opts.now)
+          promoted = order_leave(prefix, pp, dest, okey, id, cur[8], okttl, opts.now)
         elseif to == 'cancelled' or (to == 'failed' and c.oskip == '1') then
-          order_leave(prefix, pp, dest, okey, id, nil, okttl, opts.now)
+          promoted = order_leave(prefix, pp, dest, okey, id, nil, okttl, opts.now)
         elseif to == 'failed' then
           order_block(pp, dest, okey, id, opts.now)
         end
@@ -216,10 +220,10 @@ for i = 1, n do
   if applied == 0 and status and (attempt or park or ninline > 0) then
     applied = written_before(rkey, akey, attempt, park, inline_first, pos - 1)
   end
-  local row = {applied, status or ''}
+  local row = {applied, status or '', promoted or ''}
   if (applied == 1 or applied == 2) and load then
-    row[3] = message_record(mkey, id)
-    row[4] = redis.call('HGETALL', rkey)
+    row[4] = message_record(mkey, id)
+    row[5] = redis.call('HGETALL', rkey)
   end
   out[i] = row
 end
