@@ -353,9 +353,8 @@ def test_a_message_not_yet_due_holds_no_concurrency_slot(receiver, worker):
     import outbox
     from outbox.conf import outbox_settings
     from outbox.delivery import loop as delivery
-    from tests.support import hook_settings
-
     from outbox.store.keys import partition_for
+    from tests.support import hook_settings
 
     queue = outbox_settings.queue_name(None)
     # both in one partition (with several, a run asks the partitions it knows have due work)
