@@ -274,6 +274,34 @@ def test_requeued_dead_letters_of_a_skipping_key_rejoin_it_in_their_original_ord
     assert_index_invariant(repo)
 
 
+def test_requeued_messages_of_two_lifetimes_of_a_key_rejoin_in_the_order_they_were_sent(
+    receiver, worker, repo, settings
+):
+    """Issue 31 (also checked): a key's sequence restarts at 1 once its state expired, and
+    a bulk requeue sorted the messages it requeues by (key, sequence) alone, so a message
+    of the key's second lifetime rejoined between two of its first. They now sort by
+    lifetime first (its epoch's start), then sequence."""
+    import time
+
+    settings.OUTBOX = {**settings.OUTBOX, "ORDERING_KEY_TTL": 1}
+    with hook(receiver):
+        first = [outbox.send("hook", {"n": n}, ordering_key="k1") for n in (1, 2)]
+        settle(worker)
+        state = repo.order_keys("hook", "k1").order_state("hook", "k1")
+        deadline = time.monotonic() + 10
+        while repo.connection.exists(state) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not repo.connection.exists(state)
+        second = outbox.send("hook", {"n": 3}, ordering_key="k1")
+        assert second.order_seq == 1
+        settle(worker)
+        receiver.requests.clear()
+        assert outbox.requeue([second.id, first[1].id, first[0].id]).acted == 3
+        settle(worker)
+    assert [r.json()["n"] for r in receiver.requests] == [1, 2, 3]
+    assert_index_invariant(repo)
+
+
 def test_a_keys_state_expires_after_its_last_message_left(receiver, worker, repo, settings):
     settings.OUTBOX = {**settings.OUTBOX, "ORDERING_KEY_TTL": 120}
     with hook(receiver):

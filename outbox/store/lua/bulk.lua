@@ -106,7 +106,7 @@ for _ = 1, ngroups do
     pos = pos + 1
     k = k + 1
     local rkey = KEYS[k]
-    local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey', 'oseq')
+    local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey', 'oseq', 'oepoch')
     local status = cur[1]
     if status and allowed[status] and not seen[id] then  -- an id given twice: acted on once
       seen[id] = true
@@ -137,9 +137,18 @@ if k > 0 then
   if refused then return refused end
 end
 for _, e in ipairs(now_entries) do apply(e) end
+-- Ordered requeues rejoin their key in the order they were first sent: by key, then the
+-- key's lifetime (its epoch "<ms>-<id>" starts with when that lifetime began; a message
+-- of a lifetime from before epochs existed has none: the oldest), then sequence (which
+-- restarts at 1 in each lifetime). Ties keep the call's order.
+local function lifetime(e) return tonumber(string.match(e.cur[6] or '', '^(%d+)-') or '0') end
 table.sort(later, function(a, b)
   if a.cur[4] ~= b.cur[4] then return a.cur[4] < b.cur[4] end
-  return (tonumber(a.cur[5]) or 0) < (tonumber(b.cur[5]) or 0)
+  local la, lb = lifetime(a), lifetime(b)
+  if la ~= lb then return la < lb end
+  local sa, sb = tonumber(a.cur[5]) or 0, tonumber(b.cur[5]) or 0
+  if sa ~= sb then return sa < sb end
+  return a.k < b.k
 end)
 for _, e in ipairs(later) do apply(e) end
 flush_writes()
