@@ -6,7 +6,7 @@ delay of 0.5 s)."""
 from tests.settings import *  # noqa: F403 (the test settings, changed below)
 from tests.settings import OUTBOX, SILENCED_SYSTEM_CHECKS
 
-VISIBILITY_TIMEOUT = 4  # seconds: long enough that one more lease is past the test's bound
+VISIBILITY_TIMEOUT = 6  # seconds: long enough that one more lease is past the test's bound
 RECOVERY_INTERVAL = 1
 FIRST_BACKOFF = 0.5
 CRASHER = {

@@ -23,10 +23,11 @@ from tests.support.console import text_of, u
 #: follows a sweep (WAKE_INTERVAL 0.2 s), the claim round trips, and the innocent
 #: messages' own attempts one at a time (50 ms each, over two workers). 1.5 s sufficed on a
 #: quiet machine; CI runs several test processes on 2 cores, where 6.2 s was seen against
-#: a bound of 6.0 (a 2 s lease). With a 4 s lease (tests/settings_quarantine.py) and 3 s
-#: here, a batch mate held for one more lease and sweep (the defect this bounds: at least
-#: 4 + 1 + 0.5 + 4 = 9.5 s) still ends past the bound of 8.5 s.
-SLACK = 3.0
+#: a bound of 6.0 (a 2 s lease), and 9.3 s against 8.5 (a 4 s lease, 3 s here) with the
+#: machine's load at 8. With a 6 s lease (tests/settings_quarantine.py) and 4 s here, a
+#: batch mate held for one more lease and sweep (the defect this bounds: at least
+#: 6 + 1 + 0.5 + 6 = 13.5 s) still ends 2 s past the bound of 11.5 s.
+SLACK = 4.0
 
 
 def test_a_poison_message_mid_batch_is_singled_out_and_its_batch_mates_are_charged_once(repo, tmp_path):
