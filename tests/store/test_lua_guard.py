@@ -76,9 +76,9 @@ UNGUARDED: dict[str, tuple[str, set[str]]] = {
     ),
     "create": (
         "every key it touches is declared (a group of KEYS per message, named in the "
-        "message's row: the order keys q and st included); the wake-up flags are set here "
+        "message's row: the order keys included, which lib/join.lua reads as q and st); the wake-up flags are set here "
         "with one partition only (lib/wakeup.lua)",
-        {"key", "unpack(args, first, last)", "q", "st"},
+        {"key", "unpack(args, first, last)"},
     ),
     "filter": (
         "the sorted sets it reads are KEYS, handed to lib/merge.lua and its loops in "

@@ -26,6 +26,7 @@
 --! include move
 --! include wakeup
 --! include guard
+--! include join
 --! include ordering
 local opts, pos = named_args()
 local prefix, now_s, channel, action, to = K.setup(opts), opts.now, opts.channel, opts.action, opts.to

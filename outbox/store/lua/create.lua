@@ -48,10 +48,7 @@
 --! include args
 --! include writes
 --! include wakeup
---! include keys
---! include move
---! include guard
---! include ordering
+--! include join
 local opts, pos = named_args()
 local idem_ttl = tonumber(opts.idem_ttl)
 local wake_ttl = tonumber(opts.wake_ttl_ms)

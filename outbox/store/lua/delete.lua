@@ -14,6 +14,7 @@
 --! include writes
 --! include move
 --! include guard
+--! include join
 --! include ordering
 local opts, first = named_args()
 local prefix = K.setup(opts)

@@ -60,6 +60,7 @@
 --! include writes
 --! include move
 --! include guard
+--! include join
 --! include ordering
 local opts, pos = named_args()
 local prefix = K.setup(opts)

@@ -18,25 +18,8 @@
 -- The resend record of an ordered message holds okey (its key), oseq (its sequence),
 -- oepoch (its key's epoch when it got that sequence) and, once it is the head, oprev.
 -- Every read of these functions comes before their writes. Needs lib/keys.lua,
--- lib/writes.lua, lib/move.lua and lib/guard.lua included before this file.
-
--- Message `id` joins the tail of its key (queue `q`, state `st`: known keys) at `now`
--- (seconds): returns whether it is the head (nothing ahead of it), its sequence number,
--- the sequence of the last message delivered (nil: none) and the key's epoch (created
--- with the state: a state that expired restarts at 1 in a new epoch).
-local function order_join(q, st, id, now)
-  local ahead = redis.call('ZCARD', q)
-  local cur = redis.call('HMGET', st, 'last', 'epoch')
-  local last, epoch = cur[1], cur[2]
-  local seq = redis.call('HINCRBY', st, 'seq', 1)
-  if not epoch then
-    epoch = string.format('%d-%s', math.floor(tonumber(now) * 1000), id)
-    redis.call('HSET', st, 'epoch', epoch)
-  end
-  redis.call('PERSIST', st)
-  redis.call('ZADD', q, seq, id)
-  return ahead == 0, seq, last, epoch
-end
+-- lib/writes.lua, lib/move.lua, lib/guard.lua and lib/join.lua (order_join) included
+-- before this file.
 
 -- The message after the head `id` of a key, when `id` is the head (else nil, false).
 local function order_next(q, id)
