@@ -210,6 +210,12 @@ class ChangeResult:
             same change had applied it (its reply lost, or a later step of the caller's
             round trip failed): the record holds its attempt already (``applied`` is
             False; only a change with an attempt is recognised so).
+        unwritten: with more than one partition, why the change was not written now
+            ("" when it was, or its compare-and-set failed): ``"destination"`` (its
+            outcome's health write met an outage in the destination's home slot, so the
+            change was not sent: health goes first) or ``"partition"`` (its partition's
+            transition met an outage: a slot moving, a primary away). Nothing of it is
+            known to have applied; writing the same change again is safe (``earlier``).
     """
 
     id: str
@@ -218,6 +224,7 @@ class ChangeResult:
     message: Message | None = None
     parked: bool = False
     earlier: bool = False
+    unwritten: str = ""
 
 
 @dataclass
@@ -279,6 +286,9 @@ class Claim:
             (``caps``) was reached: they stay due at the head of the queue.
         next_suspect: epoch seconds when the earliest message of the queue's quarantine
             index is due (a suspect, attempted alone: ``quarantine=True``), or None.
+        error: with more than one partition, the outage the partition's pick or claim met
+            (:data:`.outages.PARTITION_UNAVAILABLE`: a slot moving, a primary away), when
+            it could not be claimed from now (its messages stay due); None otherwise.
     """
 
     messages: list[Message]
@@ -287,6 +297,12 @@ class Claim:
     events: list[str] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)
     next_suspect: float | None = None
+    error: Exception | None = None
+
+    @property
+    def unavailable(self) -> bool:
+        """True when the partition could not be claimed from now (see ``error``)."""
+        return self.error is not None
 
 
 @dataclass

@@ -23,6 +23,15 @@ in the destination's home slot, so the same work takes up to four round trips:
    gives its grants back (unless the call may have run: a timeout); the others' claims
    stand.
 
+An outage of one slot (``TRYAGAIN`` while a legacy migration holds it half-moved, a
+primary away: :data:`~outbox.store.outages.PARTITION_UNAVAILABLE`) is that slot's alone
+at every step: a destination whose health call fails has its changes not sent
+(``ChangeResult.unwritten == "destination"``), a partition whose transition fails has
+its changes unwritten (``"partition"``), a partition whose pick or claim fails claims
+nothing (``Claim.error``), a destination whose gate fails has its messages left due; the
+rest is written. The caller writes the unwritten changes again later (each write is
+safe to run twice: ``lua/health.lua``'s per-run mark, ``ChangeResult.earlier``).
+
 A limit is never exceeded: a concurrency slot is held from its grant (step 2) to its
 attempt's outcome (or release, or the end of its lease); a grant the claim could not
 use is given back in the same exchange.
@@ -31,6 +40,7 @@ use is given back in the same exchange.
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, cast
@@ -39,6 +49,8 @@ from outbox.store.destination_state import DestinationState
 from outbox.store.messages import Change, ChangeResult, Claim, MessageStore, with_holding
 from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.scripts import named
+
+logger = logging.getLogger("outbox")
 
 #: What the pick reports per entry: id, score, status, destination, suspect ("1" or "").
 PICK_WIDTH = 5
@@ -105,16 +117,24 @@ class PartitionedMessageStore(MessageStore, DestinationState):
 
         # 1. health per destination (it says which destinations hold their messages: a
         # change without an outcome, of another destination, is written as not held)
-        events, holding = (
-            self.record_outcomes_by_destination(outcomes, health_config, now, run, horizon)
-            if outcomes
-            else ([], set())
+        events, holding, unhealthy = (
+            self.record_health(outcomes, health_config, now, run, horizon) if outcomes else ([], set(), {})
         )
+        results: list[ChangeResult] = [ChangeResult(c.id, False, "") for c in changes]
+        # A change whose destination's health could not be written (its home slot moving)
+        # is not sent: health goes first (it may open the breaker, which parks instead of
+        # charging a retry). The caller writes both again later.
+        sent = [i for i, c in enumerate(changes) if not (c.destination and c.destination in unhealthy)]
+        for i in range(len(changes)):
+            if changes[i].destination in unhealthy and changes[i].destination:
+                results[i].unwritten = "destination"
 
         # 2. transitions per partition, then (after them on each node: a retry due at once
         # is seen) the picks; the probe times
         calls = []
-        groups = self.by_partition([c.id for c in changes]) if changes else []
+        groups = (
+            [[sent[j] for j in g] for g in self.by_partition([changes[i].id for i in sent])] if sent else []
+        )
         for positions in groups:
             chunk = [changes[i] for i in positions]
             args = with_holding(self.transition_args(chunk, now), holding)
@@ -131,16 +151,30 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 lane=lane,
             )
             calls.append(("pick", pick_args, [part.due(queue), part.quarantine(queue)]))
-        replies = self.run_scripts(calls) if calls else []
-        results: list[ChangeResult] = [ChangeResult(c.id, False, "") for c in changes]
+        replies = self.run_scripts(calls, errors=True) if calls else []
+        for reply in replies:
+            if isinstance(reply, Exception) and not isinstance(reply, PARTITION_UNAVAILABLE):
+                raise reply  # a bug, not an outage
         for positions, reply in zip(groups, replies[: len(groups)], strict=True):
+            if isinstance(reply, Exception):  # its partition could not take it now: written later
+                for i in positions:
+                    results[i].unwritten = "partition"
+                continue
             for i, r in zip(
                 positions, self.parse_transition([changes[i] for i in positions], reply), strict=True
             ):
                 results[i] = r
         picks = {
-            partition: reply for (partition, _), reply in zip(asked, replies[len(groups) :], strict=True)
+            partition: reply
+            for (partition, _), reply in zip(asked, replies[len(groups) :], strict=True)
+            if not isinstance(reply, Exception)
         }
+        refused = {  # partition -> the outage its pick met
+            p: reply
+            for (p, _), reply in zip(asked, replies[len(groups) :], strict=True)
+            if isinstance(reply, Exception)
+        }
+        asked = [(p, limit) for p, limit in asked if p in picks]
 
         # 3. gates per destination
         plans: dict[int, list[list[str]]] = {}  # partition -> [id, action, at] per entry
@@ -185,7 +219,18 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 args += [mid, score]
             calls.append(("gate", args, [self.keys.dest(d), self.keys.gcra(d), self.keys.inflight(d)]))
         answers: dict[str, tuple[str, str]] = {}
-        for d, reply in zip(gate_dests, self.run_scripts(calls) if calls else [], strict=True):
+        ungated: dict[str, list[str]] = defaultdict(list)  # grants a failed gate may have given
+        for d, reply in zip(gate_dests, self.run_scripts(calls, errors=True) if calls else [], strict=True):
+            if isinstance(reply, Exception):
+                if not isinstance(reply, PARTITION_UNAVAILABLE):
+                    raise reply  # a bug, not an outage
+                # Its home slot could not answer now: its messages are left where they are
+                # ("stale" leaves a message still due untouched), due for a later claim.
+                for _, mid, _ in candidates[d]:
+                    answers[mid] = ("stale", "")
+                    if may_have_run(reply):
+                        ungated[d].append(mid)
+                continue
             for (_, mid, _), j in zip(candidates[d], range(0, len(reply), 2), strict=True):
                 answers[mid] = (reply[j].decode(), reply[j + 1].decode())
         probed = [mid for mid, (action, _) in answers.items() if action == "probe"]
@@ -222,8 +267,9 @@ class PartitionedMessageStore(MessageStore, DestinationState):
             )
             order.append(partition)
         destination_of = {mid: d for d, rows in candidates.items() for _, mid, _ in rows}
-        unused: dict[str, list[str]] = defaultdict(list)
+        unused: dict[str, list[str]] = defaultdict(list, ungated)
         applied: dict[int, Any] = {}
+        failures: dict[int, Exception] = {}  # partition -> the outage its claim_apply met
         for partition, reply in zip(
             order, self.run_scripts(calls, errors=True) if calls else [], strict=True
         ):
@@ -232,6 +278,7 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 continue
             if not isinstance(reply, PARTITION_UNAVAILABLE):
                 raise reply  # a bug, not an outage
+            failures[partition] = reply
             # The partition claimed nothing now (its slot moving, its primary away): its
             # messages stay due for a later claim, the other partitions' claims stand, and
             # the grants its gate answers gave are given back at once (they would hold the
@@ -241,7 +288,7 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 for mid, _, _ in plans[partition]:
                     if mid in destination_of:
                         unused[destination_of[mid]].append(mid)
-        idle = [p for p, _, _ in asks if p not in applied and p not in picks]
+        idle = [p for p, _, _ in asks if p not in applied and p not in picks and p not in refused]
         firsts = self._first_scores(queue, idle)
         claims: list[Claim] = []
         for partition, _, _ in asks:
@@ -258,7 +305,10 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                     [],
                     float(next_due) if next_due else None,
                     next_suspect=float(next_suspect) if next_suspect else None,
+                    error=failures.get(partition),
                 )
+            elif partition in refused:
+                claim = Claim([], None, error=refused[partition])
             else:
                 first_due, first_suspect = firsts[partition]
                 claim = Claim([], first_due, next_suspect=first_suspect)
@@ -270,7 +320,12 @@ class PartitionedMessageStore(MessageStore, DestinationState):
                 pipe.zrem(self.keys.inflight(d), *(f"{lease}|{i}" for i in ids))
             for mid in taken_probes:
                 pipe.zadd(self.keys.probes, {destination_of[mid]: deadline})
-            pipe.execute()
+            try:
+                pipe.execute()
+            except PARTITION_UNAVAILABLE:
+                # single-key writes (they follow a slot's move); a node away: the grants
+                # end with the lease, a probe not registered is found by the next claim
+                logger.warning("outbox: could not give back unused grants now", exc_info=True)
         if claims:
             claims[0].events = events
         return results, claims
