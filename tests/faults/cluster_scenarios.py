@@ -223,6 +223,7 @@ def slots_moved(
     durability: dict[str, Any] | None = None,
     wait_timeout: float = 1.0,
     held: tuple[str, float, float] | None = None,
+    slow: float = 0.0,
 ) -> Result:
     """On a 3-primary cluster (16 partitions): workers SIGKILLed and partitions' slots moved while messages flow.
 
@@ -241,7 +242,8 @@ def slots_moved(
     flight at a crash; no worker exited by itself; no CROSSSLOT anywhere.
 
     ``held`` (tag, after s, for s): besides, one slot held half-moved for a long while
-    (:meth:`Mover.hold_one`; ``cluster-hold``).
+    (:meth:`Mover.hold_one`; ``cluster-hold``); ``slow``: seconds the receiver takes per
+    request (attempts in flight when the hold begins).
     """
     import outbox
 
@@ -266,7 +268,7 @@ def slots_moved(
         if mode == "atomic" and not run.cluster.has_atomic_migration():
             result.skipped = f"{cluster['binary']} has no CLUSTER MIGRATESLOTS"
             return result
-        run.receiver.set_mode(fail_rate=fail_rate)
+        run.receiver.set_mode(fail_rate=fail_rate, slow=slow)
         supervisor = run.workers(workers, restart_delay=restart_after)
         wait_workers(run, workers)
         mover = Mover(run, rng, mode, half=half, hold=hold, pause=pause)
@@ -296,7 +298,7 @@ def slots_moved(
             stop.set()
             mover.stop.set()
         run.fault_ended()  # the last slot handed over (or the last kill, whichever is later)
-        run.receiver.set_mode(fail_rate=0.0)
+        run.receiver.set_mode(fail_rate=0.0, slow=0.0)
         result.check(
             "no slot left migrating",
             not run.cluster.migrations and run.cluster.is_ok(),
@@ -391,7 +393,8 @@ register(
     short={
         **_SLOTS_MOVED_SHORT,
         "messages": 300,
-        "rate": 30,
+        "rate": 60,
+        "slow": 1.0,
         "kill_for": 0,
         "move_for": 0,
         "held": ("{p3}", 2.0, 8.0),
@@ -403,6 +406,7 @@ register(
         "kill_for": 0,
         "move_for": 0,
         "held": ("{p3}", 3.0, 20.0),
+        "slow": 1.0,
         "visibility_timeout": 30,
     },
     about="3-primary cluster, 16 partitions: one partition's slot held half-moved (TRYAGAIN) for 20 s "
