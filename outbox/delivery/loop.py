@@ -63,7 +63,7 @@ from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.records import Message, Outcome, partition_of
-from outbox.store import ChangeResult, Claim, MessageRepository, wakeups
+from outbox.store import ChangeResult, Claim, ExchangeRequest, MessageRepository, PartitionAsk, wakeups
 from outbox.store.connection import get_repository
 from outbox.store.outages import CLUSTER_IN_FLUX
 from outbox.transports import deadlines
@@ -463,23 +463,24 @@ class _Run:
                 Ask(a.partition, 0, a.caps) if self.moving.get(a.partition, 0.0) > now else a for a in asks
             ]
             try:
-                results, claims = self.repo.outcomes_and_claim(
-                    changes,
-                    now,
-                    self.queue,
-                    lease=lease,
-                    deadline=deadline,
-                    limit=want,
-                    caps=caps or {},
-                    due_slack=DUE_SLACK,
-                    outcomes=outcomes,
-                    health_config=self.health_config,
-                    limits=self.rate_limits,
-                    quarantine=quarantine,
-                    asks=[(a.partition, a.limit, a.caps or {}) for a in asks],
-                    run=self.token,
-                    horizon=outbox_settings.VISIBILITY_TIMEOUT,
+                reply = self.repo.outcomes_and_claim(
+                    ExchangeRequest(
+                        self.queue,
+                        now,
+                        lease,
+                        deadline,
+                        [PartitionAsk(a.partition, a.limit, a.caps or {}) for a in asks],
+                        changes=changes,
+                        outcomes=outcomes,
+                        health_config=self.health_config,
+                        limits=self.rate_limits,
+                        quarantine=quarantine,
+                        slack=DUE_SLACK,
+                        run=self.token,
+                        horizon=outbox_settings.VISIBILITY_TIMEOUT,
+                    )
                 )
+                results, claims = reply.results, reply.claims
                 break
             except REDIS_ERRORS as exc:
                 left = give_up_at - time.time()

@@ -398,7 +398,7 @@ register(
         "kill_for": 0,
         "move_for": 0,
         "held": ("{p3}", 2.0, 8.0),
-        "visibility_timeout": 20,
+        "visibility_timeout": 12,  # half the lease (6 s) is shorter than the hold, the lease is not
         "settle_timeout": 60,
     },
     full={
