@@ -136,11 +136,7 @@ def test_write_and_pick_writes_the_partitions_that_answer(repo, monkeypatch):
 
 
 def test_gate_leaves_the_messages_of_a_destination_whose_gate_refuses(repo, monkeypatch):
-    for i in range(3):
-        outbox.send("hook", {"i": i})
-    partitions = sorted(
-        {int(k.decode().split("{p")[1].split("}")[0]) for k in repo.connection.keys("outbox:{p*}:due:outbox")}
-    )
+    partitions = sorted({partition_of(outbox.send("hook", {"i": i}).id) for i in range(3)})
     refusing(repo, monkeypatch, lambda name, keys: name == "gate")
     step = Exchange(repo, request([], [PartitionAsk(p, 5) for p in partitions]))
     step.write_and_pick([])
