@@ -26,7 +26,11 @@ No attempt starts while an outcome decided before it is unwritten, and outcomes 
 written as soon as they are decided (the next cycle starts at once). So a process that
 dies (SIGKILL, a poison message calling ``os._exit``) repeats only the attempts that
 were in flight: the recovery sweep takes those back after their lease with a ``lost``
-attempt.
+attempt. The exception: with partitions, outcomes a partition cannot take now (its slot
+half-moved, its primary away) wait in the run (``_Run.unwritten``) and are written again
+by a later exchange, while the run goes on with the other partitions; at its end the run
+waits for them within their lease, then leaves them to the recovery sweep
+(``_Run.finish``; docs/architecture.md, "Delivery: the claim loop").
 
 Whatever escapes the loop (Redis errors, RQ's job timeout), :func:`run` first waits
 briefly for attempts in flight, writes every decided outcome (retrying while Redis is
@@ -59,7 +63,7 @@ from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.records import Message, Outcome, partition_of
-from outbox.store import Claim, MessageRepository, wakeups
+from outbox.store import ChangeResult, Claim, ExchangeRequest, MessageRepository, PartitionAsk, wakeups
 from outbox.store.connection import get_repository
 from outbox.store.outages import CLUSTER_IN_FLUX
 from outbox.transports import deadlines
@@ -84,6 +88,9 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutE
 #: suspect is attempted only when none does (it must be alone in its process).
 _abandoned: set[Future[Outcome]] = set()
 STOP_WRITE_GRACE = 5.0  # seconds a stopping run keeps trying to write outcomes to an unreachable Redis
+UNWRITTEN_RETRY = 0.2  # first seconds before outcomes a partition could not take are written again
+UNWRITTEN_MAX_DELAY = 2.0  # most seconds between those tries (and between claims of a moving partition)
+LEASE_MARGIN = 1.0  # seconds before a lease ends at which a run stops trying to write its outcome
 
 
 class Stopping:
@@ -173,8 +180,10 @@ class RunReport:
     Attributes:
         claimed: ids claimed and attempted.
         outcomes: id -> status written (``succeeded``, ``retrying``, ``failed``,
-            ``parked``; also when a try of the exchange whose reply was lost wrote it), or
-            ``"stale"`` when the lease was lost before the outcome was written.
+            ``parked``; also when a try of the exchange whose reply was lost wrote it),
+            ``"stale"`` when the lease was lost before the outcome was written, or
+            ``"unwritten"`` when its partition could not take it before its lease ended
+            (a cluster slot moving): left ``sending`` for the recovery sweep.
         released: ids given back unattempted.
     """
 
@@ -260,6 +269,17 @@ class _Run:
         self.give_up_at: dict[Future[Outcome], tuple[float, float, float]] = {}  # (when, deadline, started)
         self.per_destination: Counter[str] = Counter()
         self.decided: list[Decision] = []
+        # Outcomes a partition (or their destination's home slot) could not take now (a
+        # slot moving, a primary away), with why ("partition", "destination"): written
+        # again with the next exchange from ``write_at`` on (backoff), meanwhile the run
+        # goes on with the other partitions; at its end, a last wait (see finish()).
+        self.unwritten: dict[str, tuple[Decision, str]] = {}
+        self.write_at = 0.0
+        self.write_delay = UNWRITTEN_RETRY
+        self.lease_ends: dict[str, float] = {}  # message id -> its lease's end (epoch s)
+        # Partitions whose last claim met an outage, and until when they are not asked.
+        self.moving: dict[int, float] = {}
+        self.moving_delay: dict[int, float] = {}
         # This run's token and the number of its last decided outcome: health counts an
         # outcome once when an exchange is written again (lua/health.lua, "run", "seq")
         self.token = uuid.uuid4().hex[:16]
@@ -392,15 +412,40 @@ class _Run:
             return want, False
         return 1, True
 
+    def pending_writes(self, now: float) -> list[Decision]:
+        """The decisions the next exchange writes: those decided since the last one, and
+        the unwritten ones once their backoff (``write_at``) has passed. A fresh outcome of
+        a destination whose health write waits (its home slot moving) waits with it (its
+        health is counted in the order decided: lua/health.lua's per-run mark)."""
+        if self.unwritten and now >= self.write_at:
+            return [d for d, _ in self.unwritten.values()] + self.decided
+        waiting = {d.message.destination for d, why in self.unwritten.values() if why == "destination"}
+        if waiting:
+            for d in [d for d in self.decided if d.message.destination in waiting]:
+                self.decided.remove(d)
+                self.unwritten[d.message.id] = (d, "destination")
+        return list(self.decided)
+
     def exchange(
         self, want: int, caps: dict[str, int] | None = None, quarantine: bool = False
     ) -> list[Message]:
         """Write decided outcomes and claim up to ``want`` messages (from the quarantine
-        lane when ``quarantine``: see :meth:`lane`): one round trip,
-        retried with backoff while Redis is unreachable or a cluster slot moves (up to the earliest lease of the
-        outcomes being written, so a decided outcome is not given up lightly)."""
-        changes = [d.change for d in self.decided]
-        outcomes = [[*health_outcome(d.outcome), d.seq] for d in self.decided if d.outcome is not None]
+        lane when ``quarantine``: see :meth:`lane`): one round trip.
+
+        With more than one partition, a partition (or a destination's home slot) that
+        cannot take its writes now (a slot held half-moved answers ``TRYAGAIN``, a primary
+        away) holds back only its own outcomes (kept in ``unwritten``, written again with
+        a later exchange after a backoff) and claims nothing for a while (``moving``); the
+        other partitions' outcomes are written and announced, and their claims stand.
+
+        When the whole round trip fails (Redis unreachable; with one partition, a slot
+        moving), it is retried with backoff up to the earliest lease of the outcomes being
+        written (so a decided outcome is not given up lightly). Then a connection error is
+        raised (``REDIS_ERRORS``); a cluster in flux (``CLUSTER_IN_FLUX``) is not: the
+        outcomes stay unwritten, the run claims nothing more and ends (:meth:`finish`)."""
+        decided = self.pending_writes(time.time())
+        changes = [d.change for d in decided]
+        outcomes = [[*health_outcome(d.outcome), d.seq] for d in decided if d.outcome is not None]
         give_up_at = STOPPING.write_deadline(
             time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
         )
@@ -413,29 +458,47 @@ class _Run:
             else:
                 touched = {partition_of(c.id) for c in changes} if self.plan.partitions > 1 else ()
                 asks = self.plan.asks(want, caps, now, DUE_SLACK, touched)
+            # a partition whose last claim met an outage is not asked for messages until its backoff ends
+            asks = [
+                Ask(a.partition, 0, a.caps) if self.moving.get(a.partition, 0.0) > now else a for a in asks
+            ]
             try:
-                results, claims = self.repo.outcomes_and_claim(
-                    changes,
-                    now,
-                    self.queue,
-                    lease=lease,
-                    deadline=deadline,
-                    limit=want,
-                    caps=caps or {},
-                    due_slack=DUE_SLACK,
-                    outcomes=outcomes,
-                    health_config=self.health_config,
-                    limits=self.rate_limits,
-                    quarantine=quarantine,
-                    asks=[(a.partition, a.limit, a.caps or {}) for a in asks],
-                    run=self.token,
-                    horizon=outbox_settings.VISIBILITY_TIMEOUT,
+                reply = self.repo.outcomes_and_claim(
+                    ExchangeRequest(
+                        self.queue,
+                        now,
+                        lease,
+                        deadline,
+                        [PartitionAsk(a.partition, a.limit, a.caps or {}) for a in asks],
+                        changes=changes,
+                        outcomes=outcomes,
+                        health_config=self.health_config,
+                        limits=self.rate_limits,
+                        quarantine=quarantine,
+                        slack=DUE_SLACK,
+                        run=self.token,
+                        horizon=outbox_settings.VISIBILITY_TIMEOUT,
+                    )
                 )
+                results, claims = reply.results, reply.claims
                 break
             except REDIS_ERRORS as exc:
                 left = give_up_at - time.time()
                 if left <= 0:
-                    raise
+                    if not isinstance(exc, CLUSTER_IN_FLUX):
+                        raise
+                    # A slot moving for longer than the lease budget: not a reason to end
+                    # the job by an exception. What is decided stays unwritten (finish()).
+                    logger.warning(
+                        "outbox: a cluster slot still moving after %.0f s; %d outcome(s) left unwritten",
+                        outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET,
+                        len(decided),
+                    )
+                    for d in decided:
+                        self.unwritten.setdefault(d.message.id, (d, "partition"))
+                    self.decided.clear()
+                    self.claim_until = min(self.claim_until, time.time())
+                    return []
                 if not logged:
                     logger.warning(
                         "outbox: Redis unreachable (or a cluster slot moving) while writing outcomes (%s: %s); "
@@ -451,18 +514,14 @@ class _Run:
                         self.repo.release(lease, deadline, time.time())
         if logged:
             logger.warning("outbox: Redis reachable again; %d outcome(s) written", len(changes))
-        announce(self.decided, results)
-        for d, r in zip(self.decided, results, strict=True):
-            # earlier: applied by a try of this exchange whose reply was lost (or whose
-            # later step failed), never reported: what it wrote, not "stale"
-            written = ("parked" if r.parked else d.change.to) if r.applied or r.earlier else "stale"
-            self.report.outcomes[d.message.id] = written
-            if d.outcome is not None:
-                log_attempt(d.outcome, d, written)
         self.decided.clear()
+        self.written(decided, results)
+        self.note_moving([a.partition for a, one in zip(asks, claims, strict=True) if one.unavailable], now)
         for ask, one in zip(asks, claims, strict=True):
             self.plan.note(ask.partition, one.next_due, one.next_suspect, now, one.capped)
         claim = merge_claims(claims)
+        for m in claim.messages:
+            self.lease_ends[m.id] = deadline
         self.left_due = len(asks) > 1 and self.left_behind(asks, claims, claim.messages, caps or {}, now)
         self.next_due, self.held, self.next_suspect = (
             self.plan.earliest_due,
@@ -476,6 +535,95 @@ class _Run:
         if claim.events:
             self.destination_events(controls.parse_events(claim.events))
         return claim.messages
+
+    def written(self, decided: Sequence[Decision], results: Sequence[ChangeResult]) -> None:
+        """Announce, report and log the outcomes an exchange wrote; keep those it could
+        not write now (``unwritten``: their partition or home slot met an outage) for a
+        later exchange, after a backoff (doubling from :data:`UNWRITTEN_RETRY` to
+        :data:`UNWRITTEN_MAX_DELAY`)."""
+        done = [(d, r) for d, r in zip(decided, results, strict=True) if not r.unwritten]
+        held = [(d, r) for d, r in zip(decided, results, strict=True) if r.unwritten]
+        announce([d for d, _ in done], [r for _, r in done])
+        for d, r in done:
+            self.unwritten.pop(d.message.id, None)
+            self.lease_ends.pop(d.message.id, None)
+            # earlier: applied by a try of this exchange whose reply was lost (or whose
+            # later step failed), never reported: what it wrote, not "stale"
+            status = ("parked" if r.parked else d.change.to) if r.applied or r.earlier else "stale"
+            self.report.outcomes[d.message.id] = status
+            if d.outcome is not None:
+                log_attempt(d.outcome, d, status)
+        if not held:
+            self.write_delay = UNWRITTEN_RETRY
+            return
+        if not any(d.message.id in self.unwritten for d, _ in held):
+            logger.warning(
+                "outbox: %d outcome(s) not written now (a cluster slot moving, or a primary away: "
+                "their partition or their destination's home slot); written again shortly, the other "
+                "partitions' were",
+                len(held),
+            )
+        for d, r in held:
+            self.unwritten[d.message.id] = (d, r.unwritten)
+        self.write_at = time.time() + self.write_delay
+        self.write_delay = min(self.write_delay * 2, UNWRITTEN_MAX_DELAY)
+
+    def note_moving(self, partitions: Sequence[int], now: float) -> None:
+        """Partitions whose claim met an outage are not asked for messages for a while
+        (each failed call costs redis-py's redirects, about 0.4 s), doubling up to
+        :data:`UNWRITTEN_MAX_DELAY`; one that answered again is asked as usual."""
+        for p in list(self.moving):
+            if p not in partitions and self.moving[p] <= now:
+                del self.moving[p]
+                self.moving_delay.pop(p, None)
+        for p in partitions:
+            delay = self.moving_delay.get(p, UNWRITTEN_RETRY)
+            self.moving[p] = now + delay
+            self.moving_delay[p] = min(delay * 2, UNWRITTEN_MAX_DELAY)
+
+    def write_deadline(self) -> float:
+        """Until when (epoch s) the run tries to write its unwritten outcomes: a moment
+        (:data:`LEASE_MARGIN`) before the first of their leases ends (after it, the
+        recovery sweep may take the message back), at most ``VISIBILITY_TIMEOUT`` after the
+        run started (RQ's job timeout is a minute later), shortened while stopping."""
+        ends = [self.lease_ends.get(i) for i in self.unwritten]
+        lease_end = min(
+            (e for e in ends if e is not None), default=self.started + outbox_settings.VISIBILITY_TIMEOUT
+        )
+        return STOPPING.write_deadline(
+            min(lease_end - LEASE_MARGIN, self.started + outbox_settings.VISIBILITY_TIMEOUT)
+        )
+
+    def finish(self) -> None:
+        """The run's last step: write what is still unwritten (a partition that could not
+        take it now), retrying with backoff until :meth:`write_deadline`. What is still
+        unwritten then stays ``sending`` under its lease: the recovery sweep takes it back
+        when the lease ends (a ``lost`` attempt, delivered again). Never raises for an
+        outage: the job ends normally."""
+        while self.unwritten or self.decided:
+            left = self.write_deadline() - time.time()
+            if left <= 0:
+                break
+            if not self.decided:
+                time.sleep(min(max(0.0, self.write_at - time.time()), left))
+                self.write_at = 0.0
+            try:
+                self.exchange(0)
+            except REDIS_ERRORS:
+                logger.warning("outbox: could not write outcomes now", exc_info=True)
+                self.write_at = time.time() + self.write_delay
+                self.write_delay = min(self.write_delay * 2, UNWRITTEN_MAX_DELAY)
+        left_over = [d for d, _ in self.unwritten.values()] + self.decided
+        if left_over:
+            logger.warning(
+                "outbox: %d outcome(s) could not be written before their lease ends (a cluster slot "
+                "still moving); the messages stay sending and the recovery sweep takes them back "
+                "after their lease (delivered again): %s",
+                len(left_over),
+                ", ".join(d.message.id for d in left_over),
+            )
+            for d in left_over:
+                self.report.outcomes[d.message.id] = "unwritten"
 
     @staticmethod
     def left_behind(
@@ -491,7 +639,7 @@ class _Run:
         destination than its cap (see :mod:`outbox.delivery.partitions`)."""
         per_destination = Counter(m.destination for m in taken)
         for ask, one in zip(asks, claims, strict=True):
-            if one.next_due is None or one.next_due > now + DUE_SLACK:
+            if one.unavailable or one.next_due is None or one.next_due > now + DUE_SLACK:
                 continue
             if ask.limit == 0 or any(per_destination[d] < caps.get(d, 0) for d in one.capped):
                 return True
@@ -603,7 +751,7 @@ class _Run:
             free = self.concurrency - len(self.in_flight)
             caps = self.caps()
             want, quarantine = self.lane(self.want(free, caps, time.time()), time.time())
-            if want or self.decided:
+            if want or self.decided or (self.unwritten and time.time() >= self.write_at):
                 claimed = self.exchange(want, caps if want else None, quarantine)
                 self.start(claimed)
                 if claimed:
@@ -645,14 +793,16 @@ class _Run:
                     return  # the budget is spent
                 self.capped.clear()  # nothing in flight: no cap is reached
                 continue
-            self.collect(IDLE_POLL if free > 0 and time.time() < self.claim_until else 1.0)
+            timeout = IDLE_POLL if free > 0 and time.time() < self.claim_until else 1.0
+            if self.unwritten:  # wake for their next try
+                timeout = max(0.0, min(timeout, self.write_at - time.time()))
+            self.collect(timeout)
 
     def fail_safe(self) -> None:
         """After an exception: keep what was decided, charge only what was in flight."""
         if self.in_flight:
             self.collect(FAILSAFE_WAIT, ALL_COMPLETED)
-        if self.decided:
-            self.exchange(0)
+        self.finish()
         if self.in_flight:
             logger.warning(
                 "outbox: %d attempt(s) still in flight when the run stopped; the recovery sweep "
@@ -680,6 +830,7 @@ def run(queue: str, *, budget: float = RUN_BUDGET) -> RunReport:
     state = _Run(queue, repo, budget)
     try:
         state.loop()
+        state.finish()
     except BaseException:
         try:
             state.fail_safe()

@@ -1,5 +1,6 @@
 """Redis storage of messages: key names, Lua scripts and the repository."""
 
+from outbox.store.exchange import ExchangeReply, ExchangeRequest, PartitionAsk
 from outbox.store.keys import Keys
 from outbox.store.repository import (
     BulkResult,
@@ -18,6 +19,9 @@ __all__ = [
     "Claim",
     "CreateResult",
     "Created",
+    "ExchangeReply",
+    "ExchangeRequest",
     "Keys",
     "MessageRepository",
+    "PartitionAsk",
 ]

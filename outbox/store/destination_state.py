@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from outbox.store.base import Members, RepositoryBase, ScriptCall
 from outbox.store.keys import Keys
+from outbox.store.outages import PARTITION_UNAVAILABLE
 from outbox.store.scripts import field_names, named
 
 #: The fields of each attempt outcome given to :meth:`MessageRepository.health_args`, in order.
@@ -136,29 +137,63 @@ class DestinationState(RepositoryBase):
         slot, every key it may touch declared: :func:`health_keys`), in one round trip;
         the probe times it returns written to
         ``outbox:{g}:probes``. Returns (the destination events, the destinations that hold
-        their messages now). ``run``, ``horizon``: as :func:`health_args`."""
+        their messages now). ``run``, ``horizon``: as :func:`health_args`.
+
+        Raises:
+            redis.exceptions.RedisError: a destination's call failed (see
+                :meth:`record_health` for one that reports it instead)."""
+        events, holding, failed = self.record_health(outcomes, config, now, run, horizon)
+        for exc in failed.values():
+            raise exc
+        return events, holding
+
+    def record_health(
+        self,
+        outcomes: Sequence[Sequence[Any]],
+        config: str,
+        now: float,
+        run: str = "",
+        horizon: float = 0.0,
+    ) -> tuple[list[str], set[str], dict[str, Exception]]:
+        """:meth:`record_outcomes_by_destination`, with the destinations whose call met an
+        outage (:data:`~outbox.store.outages.PARTITION_UNAVAILABLE`: their home slot
+        moving, its primary away) reported instead of raised: (events, holding, destination
+        -> the error). The other destinations' health is written.
+
+        Raises:
+            redis.exceptions.RedisError: a call failed for another reason (a bug), or the
+                probe times could not be written."""
         by_dest: dict[str, list[Sequence[Any]]] = {}
         for row in outcomes:
             by_dest.setdefault(str(row[0]), []).append(row)
+        names = list(by_dest)
         calls: list[ScriptCall] = [
             (
                 "health",
-                self.health_args(rows, config, now, run, horizon),
+                self.health_args(by_dest[d], config, now, run, horizon),
                 health_keys(self.keys, d, config, now, run),
             )
-            for d, rows in by_dest.items()
+            for d in names
         ]
         events: list[str] = []
         holding: set[str] = set()
         probes: dict[str, float] = {}
-        for raw_events, probe_times, held in self.run_scripts(calls) if calls else []:
+        failed: dict[str, Exception] = {}
+        replies = self.run_scripts(calls, errors=True) if calls else []
+        for d, reply in zip(names, replies, strict=True):
+            if isinstance(reply, Exception):
+                if not isinstance(reply, PARTITION_UNAVAILABLE):
+                    raise reply  # a bug, not an outage
+                failed[d] = reply
+                continue
+            raw_events, probe_times, held = reply
             events += [e.decode() for e in raw_events]
-            holding.update(d.decode() for d in held)
+            holding.update(h.decode() for h in held)
             for i in range(0, len(probe_times), 2):
                 probes[probe_times[i].decode()] = float(probe_times[i + 1])
         if probes:  # when the wake check must look at each destination (a key across them)
             self.connection.zadd(self.keys.probes, probes)
-        return events, holding
+        return events, holding, failed
 
     def unpark(self, destination: str, now: float, batch: int = 1000) -> tuple[int, list[str], int]:
         """Put parked messages of ``destination`` back in their due index as far as its

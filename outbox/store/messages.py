@@ -18,7 +18,6 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 from outbox.exceptions import MessageNotFound, OutboxUnavailable
 from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, Status, partition_of
 from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, script_call
-from outbox.store.destination_state import health_args
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
 from outbox.store.idempotency import away_from_home, exists_elsewhere, point_home, reserve
 from outbox.store.outages import PARTITION_UNAVAILABLE, unknown_first
@@ -215,6 +214,12 @@ class ChangeResult:
             change made that message the key's head (now ``pending`` in that queue's due
             index), else None. It may be another queue (priority) than the message's:
             the caller wakes it (:func:`outbox.delivery.outcomes.announce`).
+        unwritten: with more than one partition, why the change was not written now
+            ("" when it was, or its compare-and-set failed): ``"destination"`` (its
+            outcome's health write met an outage in the destination's home slot, so the
+            change was not sent: health goes first) or ``"partition"`` (its partition's
+            transition met an outage: a slot moving, a primary away). Nothing of it is
+            known to have applied; writing the same change again is safe (``earlier``).
     """
 
     id: str
@@ -224,6 +229,7 @@ class ChangeResult:
     parked: bool = False
     earlier: bool = False
     promoted: str | None = None
+    unwritten: str = ""
 
 
 @dataclass
@@ -287,6 +293,9 @@ class Claim:
             (``caps``) was reached: they stay due at the head of the queue.
         next_suspect: epoch seconds when the earliest message of the queue's quarantine
             index is due (a suspect, attempted alone: ``quarantine=True``), or None.
+        error: with more than one partition, the outage the partition's pick or claim met
+            (:data:`.outages.PARTITION_UNAVAILABLE`: a slot moving, a primary away), when
+            it could not be claimed from now (its messages stay due); None otherwise.
     """
 
     messages: list[Message]
@@ -295,6 +304,12 @@ class Claim:
     events: list[str] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)
     next_suspect: float | None = None
+    error: Exception | None = None
+
+    @property
+    def unavailable(self) -> bool:
+        """True when the partition could not be claimed from now (see ``error``)."""
+        return self.error is not None
 
 
 @dataclass
@@ -755,7 +770,7 @@ class MessageStore(RepositoryBase):
         (the caller asks for one message and has nothing else in flight).
 
         With more than one partition, this claims from ``partition``'s indexes only
-        (:meth:`outcomes_and_claim` claims from several in one round trip).
+        (``outcomes_and_claim`` claims from several in one round trip).
 
         Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
         ``caps``, ``due_slack``, ``scan``, ``limits``, ``quarantine``).
@@ -883,71 +898,6 @@ class MessageStore(RepositoryBase):
             ):
                 results[i] = r
         return results
-
-    def outcomes_and_claim(
-        self,
-        changes: Sequence[Change],
-        now: float,
-        queue: str,
-        *,
-        outcomes: Sequence[Sequence[Any]] = (),
-        health_config: str = "{}",
-        asks: Sequence[tuple[int, int, dict[str, int] | None]] = (),
-        run: str = "",
-        horizon: float = 0.0,
-        **claim_options: Any,
-    ) -> tuple[list[ChangeResult], list[Claim]]:
-        """Record attempt outcomes in destination health, write the outcomes, then claim
-        the next messages, in one round trip.
-
-        ``run``, ``horizon``: the worker run's token and its lease (seconds): health
-        counts each outcome once when the same exchange is written again
-        (:func:`~outbox.store.destination_state.health_args`).
-
-        The scripts run in order in one pipeline: ``lua/health.lua`` (``outcomes``, see
-        :func:`~outbox.store.destination_state.health_args`; it may open a circuit
-        breaker, so the transition that follows parks instead of charging a retry),
-        ``lua/transition.lua`` (``changes``), then ``lua/claim.lua`` once per
-        (partition, limit, caps) of ``asks`` (default: partition 0, with the ``limit``
-        and ``caps`` of ``claim_options``). The destination events of the health script
-        are in the first claim's :attr:`Claim.events`.
-
-        Returns:
-            (the transition's results, one :class:`Claim` per ask, in order).
-        """
-        calls: list[ScriptCall] = []
-        if outcomes:
-            calls.append(
-                (
-                    "health",
-                    health_args(self.keys, self.events_channel, outcomes, health_config, now, run, horizon),
-                    [self.keys.probes],
-                )
-            )
-        if changes:
-            calls.append(
-                ("transition", self.transition_args(changes, now), self.transition_keys(changes, now))
-            )
-        if not asks:
-            asks = [(0, claim_options.pop("limit"), claim_options.pop("caps", None))]
-        else:
-            claim_options.pop("limit", None)
-            claim_options.pop("caps", None)
-        for partition, limit, caps in asks:
-            calls.append(
-                (
-                    "claim",
-                    self.claim_args(queue, now, limit=limit, caps=caps, **claim_options),
-                    self.claim_keys(queue, partition),
-                )
-            )
-        replies = self.run_scripts(calls)
-        first = len(calls) - len(asks)
-        results = self.parse_transition(changes, replies[1 if outcomes else 0]) if changes else []
-        claims = [self.parse_claim(reply) for reply in replies[first:]]
-        if outcomes:
-            claims[0].events = [e.decode() for e in replies[0]]
-        return results, claims
 
     def bulk_transition(
         self,

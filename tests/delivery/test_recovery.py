@@ -180,11 +180,11 @@ def test_a_redis_error_in_the_loop_still_writes_decided_outcomes(hook, repo, mon
     calls = {"n": 0}
     original = MessageRepository.outcomes_and_claim
 
-    def flaky(self, changes, now, queue, **options):
-        if changes and not calls["n"]:  # the write of the first outcomes, with the next claim
+    def flaky(self, request):
+        if request.changes and not calls["n"]:  # the write of the first outcomes, with the next claim
             calls["n"] += 1
             raise RuntimeError("boom between two writes")
-        return original(self, changes, now, queue, **options)
+        return original(self, request)
 
     monkeypatch.setattr(MessageRepository, "outcomes_and_claim", flaky)
     with pytest.raises(RuntimeError):

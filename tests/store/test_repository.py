@@ -9,7 +9,7 @@ import pytest
 import outbox
 from outbox.delivery import loop as delivery
 from outbox.records import STATUSES, Attempt, Message, partition_of
-from outbox.store import Change
+from outbox.store import Change, ExchangeRequest, PartitionAsk
 from tests.support import assert_index_invariant, with_destinations
 
 
@@ -477,15 +477,18 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     now = time.time()
     decision = decide(Outcome(claimed, now, 0.0, error="HTTP 503", status_code=503), now)
     assert decision.change.to == "retrying" and decision.change.score <= now + 0.01
-    results, (next_claim,) = repo.outcomes_and_claim(
-        [decision.change],
-        now + 0.01,
-        m.queue,
-        lease=uuid.uuid4().hex,
-        deadline=now + 60,
-        due_slack=0.5,
-        asks=[(partition_of(m.id), 10, {})],  # the message's partition (any, with partitions)
+    reply = repo.outcomes_and_claim(
+        ExchangeRequest(
+            m.queue,
+            now + 0.01,
+            uuid.uuid4().hex,
+            now + 60,
+            [PartitionAsk(partition_of(m.id), 10, {})],  # the message's partition (any, with partitions)
+            changes=[decision.change],
+            slack=0.5,
+        )
     )
+    results, (next_claim,) = reply.results, reply.claims
     assert results[0].applied
     assert [x.id for x in next_claim.messages] == [m.id]
 
