@@ -78,12 +78,11 @@ def check_order(
     if record is None:
         return "process"  # the first message of the key this receiver sees
     last_epoch, last = record
-    if epoch is not None and epoch != last_epoch:
-        # A record written before the outbox sent epochs, and this message continues it
-        # (its previous is our last): the same life of the key. Otherwise a new epoch: the
-        # key restarted; its first message has no previous (one means we missed some).
-        if not (last_epoch is None and previous == last):
-            return "retry" if previous is not None else "process"
+    # A new epoch: the key restarted, and its first message has no previous (one means we
+    # missed some). Unless our record was written before the outbox sent epochs and this
+    # message continues it (its previous is our last): the same life of the key.
+    if epoch is not None and epoch != last_epoch and not (last_epoch is None and previous == last):
+        return "retry" if previous is not None else "process"
     if seq <= last:
         return "duplicate"
     if previous is not None and previous != last:

@@ -27,7 +27,9 @@ def deployment(request, settings):
     if request.param == "cluster":
         request.getfixturevalue("cluster_mode")
     elif os.environ.get("OUTBOX_TEST_CLUSTER"):
-        pytest.skip("the suite runs on the cluster: its outbox connection is the cluster (the 'cluster' case)")
+        pytest.skip(
+            "the suite runs on the cluster: its outbox connection is the cluster (the 'cluster' case)"
+        )
     else:
         request.getfixturevalue("redis")
         settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": 16 if request.param == "sixteen" else 1}
