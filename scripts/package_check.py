@@ -156,7 +156,12 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+class Receiver(ThreadingHTTPServer):
+    # a burst of 16 connections at once (MAX_IN_FLIGHT) overflowed the default listen
+    # backlog of 5: "Connection reset by peer", a retry due after this check's burst ended
+    request_queue_size = 128
+
+server = Receiver(("127.0.0.1", 0), Handler)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 redis = RedisServer().start()
 env = {**os.environ, "CHECK_REDIS_URL": redis.url, "CHECK_SECRET": secret,
@@ -215,7 +220,11 @@ try:
     statuses = dict(line.split() for line in manage("shell", "-c", code, settings, env=cluster_env).splitlines() if line.startswith("msg_"))
     received = sorted(p["cluster"] for p in verified if "cluster" in p)
     if set(statuses.values()) != {"succeeded"} or len(statuses) != count or received != list(range(count)) or refused:
-        sys.exit(f"cluster delivery failed: statuses {statuses}, received {received}, refused {refused}")
+        failed = [i for i, s in statuses.items() if s != "succeeded"]
+        code = f"import outbox\nfor i in {failed!r}:\n    print(i, [(a.outcome, a.error_class, a.error) for a in outbox.attempts(i)])"
+        attempts = manage("shell", "-c", code, settings, env=cluster_env)
+        sys.exit(f"cluster delivery failed: statuses {statuses}, received {received}, refused {refused}; "
+                 f"attempts of those not succeeded: {attempts}")
     print(f"package-check: cluster: {count} of {count} delivered (succeeded), each signature verified by the receiver, "
           f"{time.monotonic() - started:.1f} s", flush=True)
 finally:
