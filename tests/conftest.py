@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.support.cluster import cluster_mode, cluster_outbox, redis_cluster  # noqa: F401 (fixtures)
+from tests.support.cluster import PARTITIONS, cluster_mode, cluster_outbox, redis_cluster  # noqa: F401 (fixtures)
 from tests.support.http import Receiver, receiving
 from tests.support.messages import hook_settings, run_worker
 from tests.support.processes import Supervisor
@@ -69,6 +69,31 @@ def repo(redis):
     from outbox.store.connection import get_repository
 
     return get_repository()
+
+
+@pytest.fixture
+def partitioned(redis, settings):
+    """The outbox on the single test server with ``PARTITIONS`` (16) partitions: every
+    script call in one partition's slot, as on a cluster. Yields the repository."""
+    from outbox.store.connection import get_repository
+
+    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": PARTITIONS}
+    get_repository.cache_clear()
+    yield get_repository()
+    get_repository.cache_clear()
+
+
+@pytest.fixture(params=["single", "cluster"])
+def spread(request):
+    """The repository with 16 partitions, on the single test server (:func:`partitioned`)
+    or on the real cluster (``cluster_mode``): a test of partitions runs on both."""
+    if request.param == "cluster":
+        from outbox.store.connection import get_repository
+
+        request.getfixturevalue("cluster_mode")
+        yield get_repository()
+    else:
+        yield request.getfixturevalue("partitioned")
 
 
 @pytest.fixture

@@ -26,25 +26,6 @@ pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (n
 PARTITIONS = 16
 
 
-@pytest.fixture
-def partitioned(redis, settings):
-    """The outbox on the single test server with 16 partitions."""
-    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": PARTITIONS}
-    get_repository.cache_clear()
-    yield get_repository()
-    get_repository.cache_clear()
-
-
-@pytest.fixture(params=["single", "cluster"])
-def spread(request):
-    """The repository with 16 partitions, on the single server or the cluster."""
-    if request.param == "cluster":
-        request.getfixturevalue("cluster_mode")
-        yield get_repository()
-    else:
-        yield request.getfixturevalue("partitioned")
-
-
 def send_spread(
     n: int, destinations=("mem", "hook"), status: str = "pending", seed: int = 3, key: str = "k"
 ) -> list:

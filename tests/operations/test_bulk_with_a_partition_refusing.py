@@ -12,20 +12,11 @@ from redis.exceptions import TryAgainError
 
 import outbox
 from outbox import events
-from outbox.store.connection import get_repository
 from outbox.store.keys import partition_of
 from outbox.store.messages import MessageStore
 from tests.support import hook_settings
 
 PARTITIONS = 16
-
-
-@pytest.fixture
-def partitioned(redis, settings):
-    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": PARTITIONS}
-    get_repository.cache_clear()
-    yield get_repository()
-    get_repository.cache_clear()
 
 
 def refusing(monkeypatch, refused_partition: int) -> list[int]:

@@ -18,25 +18,11 @@ import outbox
 from outbox.exceptions import IdempotencyConflict, OutboxUnavailable
 from outbox.records import new_message_id, partition_of
 from outbox.sending.validation import build_message
-from outbox.store.connection import get_repository
 from outbox.store.keys import partition_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PARTITIONS = 16
-
-
-@pytest.fixture(params=["single", "cluster"])
-def spread(request, settings):
-    """The repository with 16 partitions, on the single server or the cluster."""
-    if request.param == "cluster":
-        request.getfixturevalue("cluster_mode")
-    else:
-        request.getfixturevalue("redis")
-        settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": PARTITIONS}
-    get_repository.cache_clear()
-    yield get_repository()
-    get_repository.cache_clear()
 
 
 def apart(destination: str = "mem", key: str = "order-1") -> tuple[str, str]:

@@ -24,11 +24,9 @@ PARTITIONS = 16
 
 
 @pytest.fixture
-def repo(redis, settings):
-    settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": PARTITIONS}
-    get_repository.cache_clear()
-    yield get_repository()
-    get_repository.cache_clear()
+def repo(partitioned):
+    """16 partitions on the private server (tests/conftest.py)."""
+    return partitioned
 
 
 def refusing(repo, monkeypatch, refuse):
