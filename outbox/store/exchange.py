@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from outbox.store.base import ScriptCall
+from outbox.store.base import ScriptCall, first_of, queue_first
 from outbox.store.destination_state import DestinationState, health_args
 from outbox.store.messages import Change, ChangeResult, Claim, MessageStore, with_holding
 from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run
@@ -172,16 +172,14 @@ class ExchangeStore(MessageStore, DestinationState):
         pipe = self.connection.pipeline(transaction=False)
         for partition in partitions:
             part = self.keys.partition(partition)
-            pipe.zrange(part.due(queue), 0, 0, withscores=True)
-            pipe.zrange(part.quarantine(queue), 0, 0, withscores=True)
-        rows = cast(list[list[tuple[bytes, float]]], pipe.execute())
-        return {
-            p: (
-                rows[2 * i][0][1] if rows[2 * i] else None,
-                rows[2 * i + 1][0][1] if rows[2 * i + 1] else None,
-            )
-            for i, p in enumerate(partitions)
-        }
+            queue_first(pipe, part.due(queue))
+            queue_first(pipe, part.quarantine(queue))
+        firsts = [first_of(reply) for reply in pipe.execute()]
+        out: dict[int, tuple[float | None, float | None]] = {}
+        for i, p in enumerate(partitions):
+            due, suspect = firsts[2 * i], firsts[2 * i + 1]
+            out[p] = (due[1] if due else None, suspect[1] if suspect else None)
+        return out
 
 
 class Exchange:
@@ -358,6 +356,11 @@ class Exchange:
         Raises:
             redis.exceptions.RedisError: a call failed for another reason (a bug)."""
         r, store = self.request, self.store
+        caps: dict[str, int] = {}
+        for ask in r.asks:
+            for d, c in (ask.caps or {}).items():
+                caps[d] = caps.get(d, 0) + c
+        planned: Counter[str] = Counter()  # candidates of each destination, across partitions
         for partition, picked in self.picked.items():
             wanted = 0
             for i in range(0, len(picked.rows), PICK_WIDTH):
@@ -367,14 +370,16 @@ class Exchange:
                     picked.plan.append([mid, "stale", ""])
                 elif (suspect == "1") != (r.lane == "q"):
                     picked.plan.append([mid, "lane", ""])
+                elif dest in caps and planned[dest] >= caps[dest]:
+                    # at its cap in this exchange: left due, and not counted against the
+                    # limit, so the claim goes on to other destinations' messages (as
+                    # claim.lua's scan does with one partition)
+                    picked.plan.append([mid, "cap", ""])
                 elif wanted < picked.limit:
                     wanted += 1
+                    planned[dest] += 1
                     picked.plan.append([mid, "", ""])  # the gate's answer
                     self.candidates[dest].append((partition, mid, score))
-        caps: dict[str, int] = {}
-        for ask in r.asks:
-            for d, c in (ask.caps or {}).items():
-                caps[d] = caps.get(d, 0) + c
         limits = json.loads(r.limits or "{}")
         names = list(self.candidates)
         calls: list[ScriptCall] = []

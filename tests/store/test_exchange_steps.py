@@ -185,3 +185,23 @@ def test_in_steps_and_one_round_trip_give_the_same_reply(redis, settings):
         assert reply.results[0].applied and not reply.results[0].unwritten
         assert [x.id for x in reply.claims[0].messages] == [m.id]  # the retry, due at once
     get_repository.cache_clear()
+
+
+def test_a_destination_at_its_cap_does_not_use_up_the_claims_limit(repo):
+    """A claim for one message (a slot freed for ``mem``) whose partition's due index
+    starts with a message of ``hook``, at its cap in this exchange: the pick's entry of
+    ``hook`` counted against the limit, so the claim took nothing and met ``hook`` alone
+    at its cap, which lends ``hook`` the worker's idle slots (``_Run.lending``): two busy
+    destinations then went past their share (24 of 16 seen on the cluster). A capped
+    destination's entries are now left due without counting, as with one partition."""
+    first = outbox.send("hook", {"n": 0})
+    then = outbox.send("mem", {"n": 1})
+    while partition_of(then.id) != partition_of(first.id):  # keyless: a partition at random
+        outbox.cancel([then.id])  # no longer due
+        then = outbox.send("mem", {"n": 1})
+    ask = PartitionAsk(partition_of(first.id), 1, {"hook": 0, "mem": 1})
+    reply = repo.outcomes_and_claim(request([], [ask]))
+    (claim,) = reply.claims
+    assert [m.id for m in claim.messages] == [then.id]
+    assert claim.capped == ["hook"]
+    assert outbox.get(first.id).status == "pending"  # still due
