@@ -53,6 +53,27 @@ def script_call(call: ScriptCall) -> tuple[str, Sequence[Any], Sequence[str]]:
     return call[0], call[1], ()
 
 
+def queue_first(pipe: Any, key: str) -> None:
+    """Queue ``ZRANGE key 0 0 WITHSCORES`` on ``pipe`` as a raw command; read its reply with
+    :func:`first_of`. Raw, because redis-py 5.0's cluster pipeline follows an ``ASK``
+    redirect (a slot moving) by parsing ``ASKING``'s reply with the command's options,
+    and ``withscores=True`` there raises ``TypeError`` (``bool_ok()`` got an unexpected
+    keyword argument), which ended a worker's run while a slot moved."""
+    pipe.execute_command("ZRANGE", key, 0, 0, "WITHSCORES")
+
+
+def first_of(reply: Any) -> tuple[bytes, float] | None:
+    """The (member, score) of a :func:`queue_first` reply (RESP2's flat ``[member, score]``
+    or RESP3's ``[[member, score]]``), or None for an empty sorted set."""
+    if not reply:
+        return None
+    if isinstance(reply[0], (list, tuple)):
+        member, score = reply[0]
+    else:
+        member, score = reply[0], reply[1]
+    return member, float(score)
+
+
 class RepositoryBase:
     """Messages in Redis under one key prefix: the connection, key names and settings
     every part of the repository shares, and the running of scripts. Arguments: see

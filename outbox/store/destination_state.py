@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, cast
 
-from outbox.store.base import Members, RepositoryBase, ScriptCall
+from outbox.store.base import Members, RepositoryBase, ScriptCall, first_of, queue_first
 from outbox.store.keys import Keys
 from outbox.store.outages import PARTITION_UNAVAILABLE
 from outbox.store.scripts import field_names, named
@@ -236,8 +236,8 @@ class DestinationState(RepositoryBase):
             # the partition whose parked message is due first goes first; empty ones last
             pipe = self.connection.pipeline(transaction=False)
             for key in parked:
-                pipe.zrange(key, 0, 0, withscores=True)
-            firsts = [rows[0][1] if rows else float("inf") for rows in pipe.execute()]
+                queue_first(pipe, key)
+            firsts = [f[1] if (f := first_of(reply)) else float("inf") for reply in pipe.execute()]
             parked = [key for _, key in sorted(zip(firsts, parked, strict=True), key=lambda pair: pair[0])]
             for key in parked:
                 replies.append(self.run_scripts([("unpark", args, [key])])[0])

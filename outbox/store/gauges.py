@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from outbox.records import STATUSES
+from outbox.store.base import first_of, queue_first
 from outbox.store.repository import MessageRepository
 
 
@@ -89,7 +90,7 @@ def read_gauges(
             key = part.due(queue)
             pipe.zcount(key, "-inf", repr(now))
             pipe.zcount(key, f"({now!r}", "+inf")
-            pipe.zrange(key, 0, 0, withscores=True)
+            queue_first(pipe, key)
             pipe.zcard(part.quarantine(queue))
     repo.queue_status_counts(pipe, names)
     repo.queue_blocked_counts(pipe, names)
@@ -98,7 +99,8 @@ def read_gauges(
     depths = []
     for i, queue in enumerate(queues):
         rows = [replies[4 * (i * parts + k) : 4 * (i * parts + k) + 4] for k in range(parts)]
-        firsts = [row[2][0][1] for row in rows if row[2] and row[2][0][1] <= now]
+        scored = [first_of(row[2]) for row in rows]
+        firsts = [f[1] for f in scored if f and f[1] <= now]
         depths.append(
             QueueDepth(
                 queue,

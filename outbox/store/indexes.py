@@ -15,7 +15,7 @@ from itertools import islice
 from typing import Any, cast
 
 from outbox.records import STATUSES
-from outbox.store.base import Members, RepositoryBase, ScoredMembers, ScriptCall
+from outbox.store.base import Members, RepositoryBase, ScoredMembers, ScriptCall, first_of, queue_first
 from outbox.store.scripts import named
 
 #: Where a walk over an index stopped: (score as Redis wrote it, id) of the last entry read.
@@ -460,8 +460,8 @@ class IndexReads(RepositoryBase):
             return None
         pipe = self.connection.pipeline(transaction=False)
         for key in keys:
-            pipe.zrange(key, 0, 0, withscores=True)
-        firsts = [rows[0] for rows in cast(list[ScoredMembers], pipe.execute()) if rows]
+            queue_first(pipe, key)
+        firsts = [f for reply in pipe.execute() if (f := first_of(reply))]
         if not firsts:
             return None
         raw, score = min(firsts, key=lambda row: (row[1], row[0]))

@@ -17,7 +17,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 
 from outbox.exceptions import MessageNotFound, OutboxUnavailable
 from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, Status, partition_of
-from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, script_call
+from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, first_of, queue_first, script_call
 from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
 from outbox.store.idempotency import away_from_home, exists_elsewhere, point_home, reserve
 from outbox.store.outages import PARTITION_UNAVAILABLE, unknown_first
@@ -1086,15 +1086,16 @@ class MessageStore(RepositoryBase):
             pipe.get(self.keys.wake(queue))
             for k in self.keys.partition_numbers():
                 part = self.keys.partition(k)
-                pipe.zrange(part.due(queue), 0, 0, withscores=True)
-                pipe.zrange(part.quarantine(queue), 0, 0, withscores=True)
+                queue_first(pipe, part.due(queue))
+                queue_first(pipe, part.quarantine(queue))
         replies = pipe.execute()
         width = 1 + 2 * self.keys.partitions
         stale: list[str] = []
         absent: list[str] = []
         for i, queue in enumerate(queues):
-            flag, *firsts = replies[i * width : (i + 1) * width]
-            if not any(first and first[0][1] <= now for first in firsts):
+            flag, *raw = replies[i * width : (i + 1) * width]
+            firsts = [first_of(r) for r in raw]
+            if not any(first and first[1] <= now for first in firsts):
                 continue
             if flag is None:
                 absent.append(queue)
