@@ -141,6 +141,7 @@ class _Picked:
     next_suspect: bytes | None = None
     plan: list[list[str]] = field(default_factory=list)
     touched: dict[str, None] = field(default_factory=dict)  # keys its claim_apply may touch
+    capped: set[str] = field(default_factory=set)  # destinations met at their cap, left due
 
 
 class ExchangeStore(MessageStore, DestinationState):
@@ -371,10 +372,11 @@ class Exchange:
                 elif (suspect == "1") != (r.lane == "q"):
                     picked.plan.append([mid, "lane", ""])
                 elif dest in caps and planned[dest] >= caps[dest]:
-                    # at its cap in this exchange: left due, and not counted against the
-                    # limit, so the claim goes on to other destinations' messages (as
+                    # at its cap in this exchange: left due (not in the plan: its claim
+                    # would read it for nothing), reported capped, and not counted against
+                    # the limit, so the claim goes on to other destinations' messages (as
                     # claim.lua's scan does with one partition)
-                    picked.plan.append([mid, "cap", ""])
+                    picked.capped.add(dest)
                 elif wanted < picked.limit:
                     wanted += 1
                     planned[dest] += 1
@@ -483,6 +485,7 @@ class Exchange:
             if p in self.applied:
                 reply = self.applied[p]
                 claim = self.store.parse_claim(reply[:5])
+                claim.capped += sorted(self.picked[p].capped - set(claim.capped))
                 for mid in reply[5]:
                     self.unused[destination_of[mid.decode()]].append(mid.decode())
             elif p in self.picked:
@@ -493,6 +496,7 @@ class Exchange:
                     float(next_due) if next_due else None,
                     next_suspect=float(picked.next_suspect) if picked.next_suspect else None,
                     error=self.refused.get(p),
+                    capped=sorted(picked.capped),
                 )
             elif p in self.refused:
                 claim = Claim([], None, error=self.refused[p])
