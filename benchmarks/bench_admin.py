@@ -44,7 +44,7 @@ primaries)::
 ``--total`` messages are loaded into the private single server (one partition: today's
 layout, numbered pages) and into a private ``--primaries``-primary Valkey cluster
 (:class:`outbox.testing.ClusterServer`) with ``--partitions`` partitions (pages by
-Previous/Next: :func:`outbox.store.queries.page_at`), then both are measured the same
+Previous/Next: :func:`outbox.store.reads.queries.page_at`), then both are measured the same
 way (median and p95 of ``--requests`` GETs, ms): the list's first page (every message,
 newest first), the next page, the page 20 pages in (``p=21``; on the cluster after
 following Next 20 times), the first page of ``status=failed&destination=orders`` and
@@ -222,7 +222,7 @@ def put_back_failed(repo, scored: list[tuple[bytes, float]]) -> None:
 def drop_delivery_jobs() -> int:
     """Remove the delivery jobs a requeue queued (so they are not run); returns how many."""
     from outbox.conf import outbox_settings
-    from outbox.store.wakeups import get_queue
+    from outbox.store.background.wakeups import get_queue
 
     return sum(get_queue(name).empty() for name in outbox_settings.queue_names)
 
@@ -244,7 +244,7 @@ def requeue_console(client, repo) -> tuple[dict[str, float], str]:
     from rq import SimpleWorker
 
     from outbox.conf import outbox_settings
-    from outbox.store.wakeups import get_queue
+    from outbox.store.background.wakeups import get_queue
 
     url = reverse("admin:outbox_message_action")
     form = {
@@ -363,7 +363,7 @@ def measure_list(client, repo, n: int, label: str) -> list[PageTiming]:
     module's ``--cluster``): numbered pages with one partition, Previous/Next with more."""
     from django.urls import reverse
 
-    from outbox.store.queries import MessageFilter, count_range, plan
+    from outbox.store.reads.queries import MessageFilter, count_range, plan
 
     listing = reverse("admin:outbox_message_list")
     partitioned = repo.keys.partitioned
@@ -419,7 +419,8 @@ def main_cluster(args: argparse.Namespace) -> None:
     from django.test.utils import override_settings
 
     from benchmarks.loader import load
-    from outbox.store.connection import get_connection, get_repository
+    from outbox.store import get_repository
+    from outbox.store.client.connection import get_connection
     from outbox.testing.cluster_server import ClusterServer
 
     client, _user = setup_database()
@@ -486,7 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     from django.conf import settings
 
     from benchmarks.loader import load
-    from outbox.store.connection import get_connection, get_repository
+    from outbox.store import get_repository
+    from outbox.store.client.connection import get_connection
 
     conn = get_connection()
     conn.flushdb()

@@ -35,7 +35,7 @@ def main() -> None:
     from django.db import connections, transaction
 
     import outbox
-    from outbox.store.connection import get_connection
+    from outbox.store.client.connection import get_connection
 
     aliases = ["sqlite"] + (["postgres"] if "postgres" in settings.DATABASES else [])
     call_command("migrate", database="default", verbosity=0)

@@ -22,7 +22,7 @@ def main() -> None:
     import outbox
     from outbox.conf import outbox_settings
     from outbox.metrics import OutboxCollector
-    from outbox.store.connection import get_connection
+    from outbox.store.client.connection import get_connection
 
     registry = CollectorRegistry()
     registry.register(OutboxCollector())

@@ -66,8 +66,8 @@ def main(n: int) -> None:
 
     import outbox
     from outbox.conf import outbox_settings
-    from outbox.store.connection import get_connection
-    from outbox.store.wakeups import get_queue
+    from outbox.store.background.wakeups import get_queue
+    from outbox.store.client.connection import get_connection
 
     conn = get_connection()
     server, url = receiver()

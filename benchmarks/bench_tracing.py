@@ -27,7 +27,7 @@ def main() -> None:
 
     import outbox
     from outbox import tracing
-    from outbox.store.connection import get_connection
+    from outbox.store.client.connection import get_connection
 
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))

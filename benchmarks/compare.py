@@ -240,7 +240,8 @@ def outbox_warmed(body: dict):
     """Send one message (scripts loaded, queues known, this thread's connection made),
     then empty Redis as a running deployment would find it; returns the connection."""
     import outbox
-    from outbox.store.connection import get_connection, get_repository
+    from outbox.store import get_repository
+    from outbox.store.client.connection import get_connection
 
     conn = get_connection()
     outbox.send("noop", body)
@@ -275,7 +276,7 @@ def case_outbox(n: int, many: bool, profile: str = "tuned") -> dict:
     try:
         setup_django()
         import outbox
-        from outbox.store.connection import get_repository
+        from outbox.store import get_repository
 
         body = body_200()
         conn = outbox_warmed(body)
@@ -427,7 +428,8 @@ def case_webhook_outbox(n: int, profile: str = "defaults") -> dict:
     try:
         setup_django()
         import outbox
-        from outbox.store.connection import get_connection, get_repository
+        from outbox.store import get_repository
+        from outbox.store.client.connection import get_connection
 
         body = body_200()
         for i in range(0, n, 100):
@@ -604,7 +606,7 @@ def case_delivery_alternating(n: int, bursts: int = 6) -> dict:
     try:
         setup_django()
         import outbox
-        from outbox.store.connection import get_repository
+        from outbox.store import get_repository
 
         body = body_200()
         outbox_warmed(body)
@@ -647,7 +649,8 @@ def case_cluster(n: int, primaries: int, partitions: int, profile: str = "defaul
     try:
         setup_django()
         import outbox
-        from outbox.store.connection import empty_database, get_repository
+        from outbox.store import get_repository
+        from outbox.store.client.connection import empty_database
 
         body = body_200()
         outbox.send("noop", body)  # scripts loaded, queues known, this thread's connection made
@@ -734,7 +737,8 @@ def case_cluster_alternating(n: int, bursts: int = 2, setups: tuple = CLUSTER_SE
         from django.conf import settings
 
         import outbox
-        from outbox.store.connection import empty_database, get_repository
+        from outbox.store import get_repository
+        from outbox.store.client.connection import empty_database
 
         base = settings.OUTBOX
         rq_plain = {name: {"URL": server.url} for name in OUTBOX_QUEUES}
@@ -883,7 +887,7 @@ def case_ordered_delivery(
     try:
         setup_django()
         import outbox
-        from outbox.store.connection import get_repository
+        from outbox.store import get_repository
 
         body = body_200()
         conn = outbox_warmed(body)
@@ -975,7 +979,7 @@ def case_ordered_blocked(
     try:
         setup_django()
         import outbox
-        from outbox.store.connection import get_repository
+        from outbox.store import get_repository
 
         body = body_200()
         conn = outbox_warmed(body)

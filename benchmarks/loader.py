@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 
 from outbox.records import Attempt, Message, Status, new_message_id
-from outbox.store import Change, wakeups
-from outbox.store.connection import get_repository
+from outbox.store import Change, get_repository
+from outbox.store.background import wakeups
 from outbox.store.keys import partition_for
 
 CREATE_BATCH = 10_000

@@ -53,7 +53,7 @@ def main() -> None:
 
     import outbox
     from outbox.models import CapturedMessage, OrderingSequence
-    from outbox.store.connection import get_connection
+    from outbox.store.client.connection import get_connection
 
     aliases = ["sqlite"] + (["postgres"] if "postgres" in settings.DATABASES else [])
     call_command("migrate", database="default", verbosity=0)

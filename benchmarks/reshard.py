@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
     try:
         compare.setup_django()
         import outbox
-        from outbox.store.connection import get_repository
+        from outbox.store import get_repository
         from outbox.store.keys import partition_for
 
         keys = (f"k{i}" for i in range(10**7) if partition_for("noop", f"k{i}", PARTITIONS) == PARTITION)

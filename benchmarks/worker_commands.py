@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
             compare.setup_django()
             import outbox
             from outbox.delivery.worker import run_worker
-            from outbox.store.connection import get_repository
+            from outbox.store import get_repository
 
             body = compare.body_200()
             if args.per_key:

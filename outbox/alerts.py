@@ -62,7 +62,7 @@ from outbox.events import DestinationEvent, destination_events, send_destination
 from outbox.exceptions import NotDurable
 from outbox.sending import intake
 from outbox.sending.validation import MAX_IDEMPOTENCY_KEY, build_message
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 logger = logging.getLogger("outbox")
 

@@ -30,10 +30,9 @@ from outbox.sending import intake
 from outbox.sending.validation import (
     build_message,
 )
-from outbox.store import Created
-from outbox.store.connection import get_repository
+from outbox.store import Created, get_repository
+from outbox.store.client.outages import may_have_run
 from outbox.store.keys import random_partition
-from outbox.store.outages import may_have_run
 
 SEND_ARGUMENTS = frozenset(
     {

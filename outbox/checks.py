@@ -24,7 +24,7 @@ outbox.W003    a destination's attempt deadline (``Transport.longest_attempt()``
                transport has none, so its lease can run out mid-attempt (a duplicate
                delivery)
 outbox.E006    the outbox's Redis evicts any key at its ``maxmemory`` (``allkeys-*``):
-               accepted messages vanish (see :mod:`outbox.store.diagnostics`)
+               accepted messages vanish (see :mod:`outbox.store.client.diagnostics`)
 outbox.W004    the outbox's Redis has no persistence (neither AOF nor RDB)
 outbox.W005    the outbox uses the ``default`` cache alias (or shares its database with
                another alias), which ``cache.clear()`` empties (not in cluster mode)
@@ -52,7 +52,7 @@ outbox.E010    ``OUTBOX["CLUSTER"]`` is set and ``OUTBOX["PARTITIONS"]`` is 1: a
                needs partitions (hash-tagged keys; docs/operations.md, "Running on a
                cluster"). ``PARTITIONS`` that is not an int from 1 to 16,384 is E001
 outbox.E011    ``OUTBOX["PARTITIONS"]`` is not the count the data in Redis was written
-               with (:func:`outbox.store.diagnostics.partition_findings`): it cannot
+               with (:func:`outbox.store.client.diagnostics.partition_findings`): it cannot
                change while the deployment holds messages
 =============  =====================================================================
 
@@ -103,9 +103,9 @@ from outbox.destinations.config import (
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.redaction import redact, secrets_for
 from outbox.retry import RetryPolicy
-from outbox.store import diagnostics as redis_health
-from outbox.store.connection import cluster_option_names
-from outbox.store.durability import Durability
+from outbox.store.client import diagnostics as redis_health
+from outbox.store.client.connection import cluster_option_names
+from outbox.store.client.durability import Durability
 from outbox.transports.ssrf import environment_proxy, is_public_address, resolve
 from outbox.transports.webhook import WebhookTransport, url_host
 
@@ -429,7 +429,7 @@ def _lease_warnings() -> list[CheckMessage]:
 
 
 def _as_check_messages(findings: list[redis_health.Finding]) -> list[CheckMessage]:
-    """System check messages (Error or Warning, same id) for :mod:`outbox.store.diagnostics` findings."""
+    """System check messages (Error or Warning, same id) for :mod:`outbox.store.client.diagnostics` findings."""
     kinds = {redis_health.ERROR: Error, redis_health.WARNING: Warning}
     return [kinds[f.level](f.msg, hint=f.hint or None, id=f.id) for f in findings]
 

@@ -121,7 +121,7 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        (Redis/Valkey 7.2+); ``TIMEOUT``: seconds at most. Not met in time:
                        ``send()`` raises ``NotDurable`` (the message is written); inside a
                        transaction the captured row stays for the relay. See
-                       :mod:`outbox.store.durability` and docs/operations.md.
+                       :mod:`outbox.store.client.durability` and docs/operations.md.
 ``ORDERING``           what a dead letter does to its ordering key, for every destination
                        whose ``ORDERING`` does not say (``"block"``): ``"block"`` holds
                        the key's later messages until it is requeued, cancelled or

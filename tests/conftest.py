@@ -66,7 +66,7 @@ def redis(settings):
 
 @pytest.fixture
 def repo(redis):
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     return get_repository()
 
@@ -75,7 +75,7 @@ def repo(redis):
 def partitioned(redis, settings):
     """The outbox on the single test server with ``PARTITIONS`` (16) partitions: every
     script call in one partition's slot, as on a cluster. Yields the repository."""
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": PARTITIONS}
     get_repository.cache_clear()
@@ -88,7 +88,7 @@ def spread(request):
     """The repository with 16 partitions, on the single test server (:func:`partitioned`)
     or on the real cluster (``cluster_mode``): a test of partitions runs on both."""
     if request.param == "cluster":
-        from outbox.store.connection import get_repository
+        from outbox.store import get_repository
 
         request.getfixturevalue("cluster_mode")
         yield get_repository()

@@ -12,7 +12,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 from redis.exceptions import RedisError
 
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 from .models import CATALOG, Order
 from .orders import place_order, place_random_orders

@@ -8,5 +8,5 @@
 * :mod:`.filters`, :mod:`.operations`, :mod:`.tasks`, :mod:`.history`,
   :mod:`.rq_stats`, :mod:`.chart`, :mod:`.formatting`: what the pages are made of
 
-The read-only Redis queries are in :mod:`outbox.store.queries`.
+The read-only Redis queries are in :mod:`outbox.store.reads.queries`.
 """

@@ -18,8 +18,8 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
 from outbox.operations.operation import OPERATIONS, Operation
-from outbox.store.connection import redis_location
-from outbox.store.outages import REDIS_UNAVAILABLE
+from outbox.store.client.connection import redis_location
+from outbox.store.client.outages import REDIS_UNAVAILABLE
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -125,7 +125,7 @@ def problem_page(
 
 def console_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """Decorate a console view: render it now, and answer 503 when Redis is not serving
-    (:data:`~outbox.store.outages.REDIS_UNAVAILABLE`: unreachable, timed out, loading,
+    (:data:`~outbox.store.client.outages.REDIS_UNAVAILABLE`: unreachable, timed out, loading,
     failing over; with what to check) or 400 (:class:`BadRequest`). Any other exception,
     a Redis ``ResponseError`` included, is a bug in the console, not an outage: it
     propagates to Django (a 500, logged with its traceback by ``django.request``)."""

@@ -70,7 +70,7 @@ from outbox.admin_views.filters import (
 from outbox.admin_views.history import record
 from outbox.operations.batches import recorder_for
 from outbox.operations.operation import MAX_SELECTED, OPERATIONS, Operation, Selection, execute, report
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 if TYPE_CHECKING:
     from outbox.admin_views.base import ModelAdmin

@@ -51,7 +51,7 @@ from outbox.exceptions import UnknownDestination
 from outbox.operations.batches import BatchRecorder
 from outbox.operations.operation import REQUEUE, execute, recover_selection, report
 from outbox.redaction import destination_options, redact, secrets_for
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 from outbox.times import parse_time
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from outbox.admin_views.ordering import KeyState, key_list_url, key_state
 from outbox.exceptions import MessageNotFound
 from outbox.records import ACTIVE_STATUSES, Attempt, Message, Status
 from outbox.redaction import destination_options, redact, secrets_for
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 if TYPE_CHECKING:
     from outbox.admin_views.base import ModelAdmin

@@ -1,5 +1,5 @@
 """Query-string parameters of the message list (and of bulk actions, which carry the
-same filter): parsing into a :class:`~outbox.store.queries.MessageFilter`, and back.
+same filter): parsing into a :class:`~outbox.store.reads.queries.MessageFilter`, and back.
 
 =================  ==========================================================
 parameter          meaning
@@ -49,7 +49,7 @@ from outbox.exceptions import InvalidMessage
 from outbox.operations.batches import is_token
 from outbox.records import STATUSES
 from outbox.sending.validation import MAX_ORDERING_KEY, clean_ordering_key
-from outbox.store.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
+from outbox.store.reads.queries import SORT_FIELDS, IdSearch, MessageFilter, TimeRange, search
 from outbox.times import MAX_EPOCH, parse_time
 
 if TYPE_CHECKING:
@@ -93,10 +93,10 @@ def search_text(data: Mapping[str, str]) -> str:
 
 
 def search_ids(repo: MessageRepository, text: str) -> IdSearch:
-    """What a search finds: :func:`~outbox.store.queries.search` (a message id or an
+    """What a search finds: :func:`~outbox.store.reads.queries.search` (a message id or an
     idempotency key, without surrounding spaces; an idempotency key exactly as typed
     when it has surrounding spaces; else part of an id as the list shows it,
-    ``msg_…4f60b163``, with :attr:`~outbox.store.queries.IdSearch.complete` False when
+    ``msg_…4f60b163``, with :attr:`~outbox.store.reads.queries.IdSearch.complete` False when
     that search stopped early)."""
     if not text.strip():
         return IdSearch()
@@ -110,7 +110,7 @@ class ListQuery:
     Attributes:
         filter: what to list.
         search: the search text ("" for none).
-        sort: a field of :data:`~outbox.store.queries.SORT_FIELDS`, or "" for the index order.
+        sort: a field of :data:`~outbox.store.reads.queries.SORT_FIELDS`, or "" for the index order.
         descending: newest (largest) first.
         page: page number, from 1.
         token: the page token (a partitioned list's position), or None.

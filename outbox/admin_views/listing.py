@@ -2,7 +2,7 @@
 
 A page costs a few O(log N) commands plus one pipeline for its rows, whatever the
 number of messages, when an index serves the filter and the sort (see
-:mod:`outbox.store.queries`). Sorting follows the index that serves the filter:
+:mod:`outbox.store.reads.queries`). Sorting follows the index that serves the filter:
 
 ==========================  =======================  ==============================
 status filter               sorts served             default
@@ -23,14 +23,14 @@ would have to be checked message by message through the log), and "select all
 matching" is not offered there (select the messages instead).
 
 The HTTP status code and error class filters have no index of their own: the page
-checks at most :data:`~outbox.store.queries.SCAN_LIMIT` entries of the index serving
+checks at most :data:`~outbox.store.reads.queries.SCAN_LIMIT` entries of the index serving
 the rest of the filter and says so ("only the first N of M were checked"); bulk
-actions on "all matching" check every entry. See :mod:`outbox.store.queries`.
+actions on "all matching" check every entry. See :mod:`outbox.store.reads.queries`.
 
 Pagination: with one partition (``OUTBOX["PARTITIONS"]`` = 1), numbered pages read by
 rank (``?p=``), as Django's admin does. With more, each partition's index lives in its
 own hash slot and a page is a k-way merge of a page of each partition
-(:func:`~outbox.store.queries.page_at`), so the list pages by **Previous / Next**
+(:func:`~outbox.store.reads.queries.page_at`), so the list pages by **Previous / Next**
 (``?c=<token>``, :mod:`outbox.admin_views.page_token`) and has no page numbers: page N
 by number would read N pages of every partition (P x N x page size entries), by token it
 reads one page of each, however deep. ``?p=`` is then ignored with a note.
@@ -67,9 +67,9 @@ from outbox.conf import outbox_settings
 from outbox.operations.batches import TTL as BATCH_TTL
 from outbox.records import STATUSES, Message
 from outbox.redaction import destination_options, redact, secrets_for
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 from outbox.store.indexes import Cursor
-from outbox.store.queries import page, page_at, score_field, served_sorts, summaries
+from outbox.store.reads.queries import page, page_at, score_field, served_sorts, summaries
 from outbox.store.repository import MessageRepository
 from outbox.templatetags.outbox_admin import zone_abbreviation
 
@@ -291,7 +291,7 @@ def _parked_note(repo: MessageRepository, destination: str | None) -> list[str]:
 def _cursor_page(
     repo: MessageRepository, query: ListQuery, per_page: int, descending: bool, notes: list[str]
 ) -> tuple[list[str], int, bool, CursorLinks]:
-    """A page of a partitioned list by position (:func:`~outbox.store.queries.page_at`):
+    """A page of a partitioned list by position (:func:`~outbox.store.reads.queries.page_at`):
     (its ids, the count, whether the count is exact, its paging links). A page token of
     another kind of list is refused (an error: the answer is 400) for the first page."""
     flt = query.filter

@@ -48,7 +48,7 @@ from outbox.operations.ordering import RELEASES, blocked_key_count, blocked_keys
 from outbox.records import Status
 from outbox.redaction import destination_options, redact, secrets_for
 from outbox.sending.validation import clean_ordering_key
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 if TYPE_CHECKING:
     from outbox.admin_views.base import ModelAdmin

@@ -2,7 +2,7 @@
 starts, for its "Previous" and "Next" links.
 
 With more than one partition the list pages by position, not by number
-(:func:`outbox.store.queries.page_at`): a token says "the page right after (or right
+(:func:`outbox.store.reads.queries.page_at`): a token says "the page right after (or right
 before) this entry", the entry being its (score, id) in the list's index. It is signed
 with Django's ``SECRET_KEY`` (:mod:`django.core.signing`: URL-safe base64 and an
 HMAC), so a token that was changed, cut, or made up is refused as a whole, and it names
@@ -34,7 +34,7 @@ class PageToken:
     Attributes:
         cursor: (score as Redis wrote it, message id) of an entry of the list's index.
         backward: True for the page right before the entry, False for the one right after.
-        scored: what the index's score means (:func:`outbox.store.queries.score_field`,
+        scored: what the index's score means (:func:`outbox.store.reads.queries.score_field`,
             or ``"batch"``): the token belongs to lists of that index kind only.
     """
 

@@ -2,7 +2,7 @@
 
 Messages waiting per queue come from the outbox's own due index (due now, due later);
 RQ's figures (wake-up jobs waiting, jobs running, crashed jobs) are raw ZCARD/LLEN of
-RQ's keys in the same pipeline (:func:`outbox.store.rq_stats.queue_counts`): nothing is
+RQ's keys in the same pipeline (:func:`outbox.store.background.rq_stats.queue_counts`): nothing is
 cleaned up on read, so a page view never changes state. Workers are those RQ lists on an outbox queue, each live or stale by the
 outbox's own per-worker heartbeat (:mod:`outbox.delivery.liveness`): a killed worker is not
 counted live while RQ still lists it.
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from outbox.delivery.liveness import WorkerInfo, workers
-from outbox.store.connection import get_repository
-from outbox.store.rq_stats import queue_counts
-from outbox.store.wakeups import get_queue
+from outbox.store import get_repository
+from outbox.store.background.rq_stats import queue_counts
+from outbox.store.background.wakeups import get_queue
 
 __all__ = ["QueueStats", "WorkerInfo", "queue_stats"]
 

@@ -2,7 +2,7 @@
 
 The job goes to the outbox's ``high`` priority queue (workers listen to it first), so
 an ``outbox_worker`` (or any worker on the outbox queues) runs it. Its progress lives in
-the outbox's registry of console jobs (:mod:`outbox.store.tasks`, JSON under
+the outbox's registry of console jobs (:mod:`outbox.store.background.tasks`, JSON under
 ``<prefix>:task:<job id>``, kept 7 days after its last write): the console writes the
 entry when it enqueues the job, the job updates it when it starts, after every batch of
 1,000 ids and when it ends, and the status page reads only that. The page never
@@ -27,9 +27,9 @@ from outbox.admin_views.history import record
 from outbox.conf import outbox_settings
 from outbox.operations.batches import BatchRecorder
 from outbox.operations.operation import OPERATIONS, Operation, Selection, execute, report
-from outbox.store.connection import get_repository
-from outbox.store.tasks import TaskRegistry
-from outbox.store.wakeups import get_queue, new_job_id
+from outbox.store import get_repository
+from outbox.store.background.tasks import TaskRegistry
+from outbox.store.background.wakeups import get_queue, new_job_id
 
 logger = logging.getLogger("outbox")
 

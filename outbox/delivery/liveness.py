@@ -26,9 +26,9 @@ from datetime import datetime, timezone
 
 from outbox.conf import outbox_settings
 from outbox.delivery.worker import heartbeat_ttl
-from outbox.store.connection import get_repository
-from outbox.store.rq_workers import registered_workers
-from outbox.store.wakeups import get_queue
+from outbox.store import get_repository
+from outbox.store.background.rq_workers import registered_workers
+from outbox.store.background.wakeups import get_queue
 
 #: Values of :attr:`WorkerInfo.liveness`, in this order on pages and in metrics.
 LIVENESS = ("live", "stale", "no_heartbeat")

@@ -63,9 +63,9 @@ from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.records import Message, Outcome, partition_of
-from outbox.store import ChangeResult, Claim, ExchangeRequest, MessageRepository, PartitionAsk, wakeups
-from outbox.store.connection import get_repository
-from outbox.store.outages import CLUSTER_IN_FLUX
+from outbox.store import ChangeResult, Claim, ExchangeRequest, MessageRepository, PartitionAsk, get_repository
+from outbox.store.background import wakeups
+from outbox.store.client.outages import CLUSTER_IN_FLUX
 from outbox.transports import deadlines
 
 logger = logging.getLogger("outbox")

@@ -27,8 +27,8 @@ from outbox.events import (
 from outbox.exceptions import UnknownDestination
 from outbox.records import Attempt, Message, Outcome, Status
 from outbox.retry import RetryPolicy, retry_delay
-from outbox.store import Change, ChangeResult, wakeups
-from outbox.store.connection import get_repository
+from outbox.store import Change, ChangeResult, get_repository
+from outbox.store.background import wakeups
 
 logger = logging.getLogger("outbox")
 

@@ -43,8 +43,8 @@ from outbox.conf import outbox_settings
 from outbox.delivery.outcomes import Decision, decide, write
 from outbox.destinations.controls import close_breakers_left, release_parked_due
 from outbox.records import Message, Outcome, Status
-from outbox.store import wakeups
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
+from outbox.store.background import wakeups
 
 logger = logging.getLogger("outbox")
 

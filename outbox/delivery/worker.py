@@ -66,9 +66,10 @@ from outbox.delivery.attempts import worker_name
 from outbox.delivery.loop import STOPPING
 from outbox.delivery.recovery import recover, wake_due
 from outbox.sending.capture import relay
-from outbox.store.connection import client_like, clock_offsets, get_repository, ping
-from outbox.store.rq_workers import housekeeping_heartbeat
-from outbox.store.wakeups import get_queue
+from outbox.store import get_repository
+from outbox.store.background.rq_workers import housekeeping_heartbeat
+from outbox.store.background.wakeups import get_queue
+from outbox.store.client.connection import client_like, clock_offsets, ping
 
 logger = logging.getLogger("outbox")
 

@@ -18,8 +18,8 @@ from outbox.conf import outbox_settings
 from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.exceptions import UnknownDestination
-from outbox.store import wakeups
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
+from outbox.store.background import wakeups
 
 logger = logging.getLogger("outbox")
 

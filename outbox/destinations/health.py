@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox.conf import outbox_settings
-from outbox.store import destination_reads
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
+from outbox.store.reads import destination_reads
 
 logger = logging.getLogger("outbox")
 

@@ -41,8 +41,9 @@ from outbox.operations.actions import ActionResult
 from outbox.operations.batches import TTL as BATCH_TTL
 from outbox.operations.batches import recorder_for
 from outbox.operations.operation import Operation, Selection, execute
-from outbox.store.connection import get_repository, redis_location
-from outbox.store.queries import Count, MessageFilter, TimeRange, count_matching
+from outbox.store import get_repository
+from outbox.store.client.connection import redis_location
+from outbox.store.reads.queries import Count, MessageFilter, TimeRange, count_matching
 from outbox.store.repository import MessageRepository
 from outbox.times import parse_time
 

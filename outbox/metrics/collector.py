@@ -3,7 +3,7 @@
 A custom collector in the manner of prometheus_client's "Custom Collectors"
 (https://prometheus.github.io/client_python/collector/custom/): nothing is counted in
 the web process; each scrape reads the outbox's indexes in Redis (see
-:mod:`outbox.store.gauges`), so every process that serves the metrics reports the same
+:mod:`outbox.store.reads.gauges`), so every process that serves the metrics reports the same
 numbers and no multiprocess mode is needed. A scrape costs a constant number of round
 trips whatever the number of messages: one pipeline of counts, queue depths and blocked
 ordering keys (plus two small ones when a destination that is no longer configured still
@@ -31,8 +31,8 @@ from prometheus_client.utils import floatToGoString as _float_to_go_string
 from outbox.conf import outbox_settings
 from outbox.delivery.liveness import LIVENESS, workers
 from outbox.destinations.health import STATES, get_all_health
-from outbox.store.connection import get_repository
-from outbox.store.gauges import read_gauges
+from outbox.store import get_repository
+from outbox.store.reads.gauges import read_gauges
 
 #: prometheus_client's own rendering of a bucket bound ("+Inf", "0.25"); its function is unannotated.
 floatToGoString: Callable[[float], str] = _float_to_go_string

@@ -17,8 +17,8 @@ from itertools import islice
 
 from outbox.events import send_bulk_signal
 from outbox.records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
-from outbox.store import wakeups
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
+from outbox.store.background import wakeups
 
 CHUNK = 1000
 # Seconds between the index scores of messages changed in one chunk: distinct scores

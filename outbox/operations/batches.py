@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from outbox.store import MessageRepository
-from outbox.store.batches import add_to_batch
+from outbox.store.background.batches import add_to_batch
 
 if TYPE_CHECKING:
     from outbox.operations.operation import Operation

@@ -22,7 +22,7 @@ from outbox.operations import actions
 from outbox.operations.actions import ActionResult, Applied, Progress
 from outbox.records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
 from outbox.store import MessageRepository
-from outbox.store.queries import (
+from outbox.store.reads.queries import (
     CHUNK,
     Count,
     MessageFilter,

@@ -17,7 +17,7 @@ from outbox.exceptions import InvalidMessage, MessageNotFound
 from outbox.operations import actions
 from outbox.records import Message, Status
 from outbox.sending.validation import clean_ordering_key
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 #: How :func:`release_key` releases a blocked key.
 RELEASES = ("requeue", "cancel")

@@ -64,8 +64,7 @@ from outbox.exceptions import NotDurable, OutboxUnavailable
 from outbox.models import CapturedMessage
 from outbox.records import Message
 from outbox.sending import deployment, intake, push_order, sequences, stranded
-from outbox.store import Created
-from outbox.store.connection import get_repository
+from outbox.store import Created, get_repository
 
 logger = logging.getLogger("outbox")
 

@@ -50,7 +50,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from outbox.conf import outbox_settings
-from outbox.store.connection import data_location
+from outbox.store.client.connection import data_location
 
 #: The identity of rows written before rows carried one; every relay pushes them.
 LEGACY = ""

@@ -3,10 +3,10 @@ the on-commit fast path and the relay of captured messages (:mod:`outbox.sending
 
 :func:`store` writes the records and indexes in one script call (idempotent on the
 message id, so a fast path and a relay racing never make two messages) and then
-enqueues a wake-up job for each queue that had none waiting (see :mod:`outbox.store.wakeups`).
+enqueues a wake-up job for each queue that had none waiting (see :mod:`outbox.store.background.wakeups`).
 With ``OUTBOX["DURABILITY"]``, the write waits for replicas or AOF fsyncs on its own
 connection, and :func:`store` raises :class:`~outbox.exceptions.NotDurable` when they
-did not acknowledge it in time (see :mod:`outbox.store.durability`).
+did not acknowledge it in time (see :mod:`outbox.store.client.durability`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from django.utils.module_loading import import_string
 from outbox.conf import outbox_settings
 from outbox.exceptions import IdempotencyConflict
 from outbox.records import Message, new_message_id, partition_of
-from outbox.store import Created, CreateResult, MessageRepository, durability, wakeups
-from outbox.store.connection import get_repository, is_cluster
-from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run, unknown_first
+from outbox.store import Created, CreateResult, MessageRepository, get_repository
+from outbox.store.background import wakeups
+from outbox.store.client import durability
+from outbox.store.client.connection import is_cluster
+from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run, unknown_first
 
 
 def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool = True) -> list[Created]:
@@ -41,7 +43,7 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
     Raises:
         redis.exceptions.RedisError: Redis could not be reached or refused the write
             (nothing was written: the write is one atomic script call), or the reply
-            did not come back (:func:`~outbox.store.outages.may_have_run`: then the
+            did not come back (:func:`~outbox.store.client.outages.may_have_run`: then the
             write may have run).
         NotDurable: ``OUTBOX["DURABILITY"]`` asks for a wait and fewer replicas (or AOF
             fsyncs) than asked acknowledged the write within its ``TIMEOUT``, or the wait

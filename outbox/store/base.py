@@ -25,11 +25,11 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from outbox.records import partition_of
+from outbox.store.client.outages import PARTITION_UNAVAILABLE
+from outbox.store.client.routing import by_primary, primary_of
+from outbox.store.client.thread_client import ThreadClients
 from outbox.store.keys import Keys
-from outbox.store.outages import PARTITION_UNAVAILABLE
-from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import names, sha, source
-from outbox.store.thread_client import ThreadClients
 
 logger = logging.getLogger("outbox")
 

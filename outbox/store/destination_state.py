@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from outbox.store.base import Members, RepositoryBase, ScriptCall, first_of, queue_first
+from outbox.store.client.outages import PARTITION_UNAVAILABLE
 from outbox.store.keys import Keys
-from outbox.store.outages import PARTITION_UNAVAILABLE
 from outbox.store.scripts import field_names, named
 
 #: The fields of each attempt outcome given to :meth:`MessageRepository.health_args`, in order.
@@ -156,7 +156,7 @@ class DestinationState(RepositoryBase):
         horizon: float = 0.0,
     ) -> tuple[list[str], set[str], dict[str, Exception]]:
         """:meth:`record_outcomes_by_destination`, with the destinations whose call met an
-        outage (:data:`~outbox.store.outages.PARTITION_UNAVAILABLE`: their home slot
+        outage (:data:`~outbox.store.client.outages.PARTITION_UNAVAILABLE`: their home slot
         moving, its primary away) reported instead of raised: (events, holding, destination
         -> the error). The other destinations' health is written.
 

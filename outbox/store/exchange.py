@@ -24,7 +24,7 @@ one call per slot each (:meth:`Exchange.in_steps`):
    probes claimed registered.
 
 Each step handles the outage of one slot (``TRYAGAIN`` while a legacy migration holds it
-half-moved, a primary away: :data:`~outbox.store.outages.PARTITION_UNAVAILABLE`) where it
+half-moved, a primary away: :data:`~outbox.store.client.outages.PARTITION_UNAVAILABLE`) where it
 happens, as that slot's alone; the other slots' writes stand:
 
 * a destination whose health call fails: its changes are not sent (health goes first: it
@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox.store.base import ScriptCall, first_of, queue_first
+from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.destination_state import DestinationState, health_args
 from outbox.store.messages import Change, ChangeResult, Claim, MessageStore, with_holding
-from outbox.store.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.scripts import named
 
 logger = logging.getLogger("outbox")

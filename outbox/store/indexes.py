@@ -3,7 +3,7 @@ sorted set per destination, see :mod:`outbox.store.keys`), pages by rank, merged
 across destinations (``lua/filter.lua``), walks, the destinations ever used, and the
 per-minute outcome counters. Read only, but for :meth:`IndexReads.drop_index_entry`
 (a repair). The queries of the admin console and bulk commands build on these
-(:mod:`outbox.store.queries`).
+(:mod:`outbox.store.reads.queries`).
 """
 
 from __future__ import annotations

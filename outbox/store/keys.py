@@ -53,7 +53,7 @@ key                                 type         holds
 ``outbox:task:<job id>``            string       a background action the console started:
                                                  JSON (operation, state, progress, report);
                                                  expires 7 days after its last write (see
-                                                 ``outbox.store.tasks``)
+                                                 ``outbox.store.background.tasks``)
 ==================================  ===========  ============================================
 
 There is no index across destinations (older versions: ``outbox:status:<status>`` and

@@ -18,10 +18,10 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError, R
 from outbox.exceptions import MessageNotFound, OutboxUnavailable
 from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, Status, partition_of
 from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, first_of, queue_first, script_call
-from outbox.store.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
+from outbox.store.client.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
+from outbox.store.client.outages import PARTITION_UNAVAILABLE, unknown_first
+from outbox.store.client.routing import by_primary, primary_of
 from outbox.store.idempotency import away_from_home, exists_elsewhere, point_home, reserve
-from outbox.store.outages import PARTITION_UNAVAILABLE, unknown_first
-from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import field_names, named, sha
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:

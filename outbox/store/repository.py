@@ -22,8 +22,16 @@ Every name this module had before the split is importable from it still.
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from outbox.conf import outbox_settings
 from outbox.store.alerts import AlertStore, AlertWindow
 from outbox.store.base import Members, RepositoryBase, ScoredMembers, ScriptCall, script_call
+from outbox.store.client.connection import get_connection
 from outbox.store.destination_state import BREAKER_FIELDS, OUTCOME_FIELDS, DestinationState
 from outbox.store.indexes import Cursor, Index, IndexReads, score_bound, sum_counts
 from outbox.store.maintenance import WORKER_HEARTBEAT_KEPT, Maintenance
@@ -45,11 +53,16 @@ from outbox.store.messages import (
 from outbox.store.ordering import BlockedKeyRow, OrderingReads
 from outbox.store.partitioned import PartitionedMessageStore
 
+IDEMPOTENCY_TTL = 24 * 3600  # seconds; as long as Stripe keeps idempotency keys
+WAKE_TTL = 60.0  # seconds a queue's wake-up flag lives if no job clears it
+
 __all__ = [
     "BREAKER_FIELDS",
     "CHANGE_FIELDS",
     "CREATE_FIELDS",
     "OUTCOME_FIELDS",
+    "IDEMPOTENCY_TTL",
+    "WAKE_TTL",
     "WORKER_HEARTBEAT_KEPT",
     "AlertWindow",
     "BlockedKeyRow",
@@ -71,6 +84,7 @@ __all__ = [
     "ScoredMembers",
     "ScriptCall",
     "TransitionRow",
+    "get_repository",
     "score_bound",
     "script_call",
     "sum_counts",
@@ -99,3 +113,25 @@ class MessageRepository(
     SHA1 (``EVALSHA``) and loaded again after a ``NOSCRIPT`` reply (a restarted Redis
     forgets them). Redis errors (``redis.exceptions.RedisError``) propagate unchanged.
     """
+
+
+@cache
+def get_repository() -> MessageRepository:
+    """The process-wide :class:`MessageRepository` built from settings (cached), on the
+    client of :func:`outbox.store.client.connection.get_connection`."""
+    return MessageRepository(
+        get_connection(),
+        outbox_settings.KEY_PREFIX,
+        attempts_kept=outbox_settings.ATTEMPTS_KEPT,
+        events_channel=outbox_settings.EVENTS_CHANNEL or "",
+        idempotency_ttl=IDEMPOTENCY_TTL,
+        wake_ttl=WAKE_TTL,
+        partitions=outbox_settings.partitions,
+        ordering_key_ttl=outbox_settings.ORDERING_KEY_TTL,
+    )
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("OUTBOX", "CACHES"):
+        get_repository.cache_clear()  # and cluster_connection() reads OUTBOX["CLUSTER"] again

@@ -48,8 +48,8 @@ from redis import Redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisError
 
-from outbox.store import cluster_admin
-from outbox.store.cluster_admin import Node
+from outbox.store.client import cluster_admin
+from outbox.store.client.cluster_admin import Node
 from outbox.testing.redis_server import (
     START_ATTEMPTS,
     RedisServer,

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from outbox.conf import outbox_settings
 from outbox.delivery.loop import run
 from outbox.records import Status
-from outbox.store import Change
-from outbox.store.connection import get_repository
-from outbox.store.inspection import waiting_ids
+from outbox.store import Change, get_repository
+from outbox.store.reads.inspection import waiting_ids
 
 
 @dataclass

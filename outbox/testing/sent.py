@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from outbox.records import Message
-from outbox.store.connection import get_repository
-from outbox.store.inspection import ids_since
+from outbox.store import get_repository
+from outbox.store.reads.inspection import ids_since
 
 
 class SentMessages:

@@ -9,7 +9,8 @@ from redis import Redis
 
 from outbox.conf import outbox_settings
 from outbox.destinations.config import close_transports
-from outbox.store.connection import empty_database, get_repository
+from outbox.store import get_repository
+from outbox.store.client.connection import empty_database
 
 
 @contextmanager

@@ -19,8 +19,8 @@ from django.test import Client
 from redis.exceptions import ResponseError
 
 from outbox.conf import outbox_settings
-from outbox.store import queries
-from outbox.store.outages import REDIS_UNAVAILABLE
+from outbox.store.client.outages import REDIS_UNAVAILABLE
+from outbox.store.reads import queries
 from tests.support.console import make, u
 
 pytestmark = pytest.mark.django_db(transaction=True)

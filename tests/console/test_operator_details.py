@@ -11,7 +11,7 @@ import pytest
 
 import outbox
 from outbox.records import PARTITION_SUFFIX
-from outbox.store import queries
+from outbox.store.reads import queries
 from outbox.templatetags.outbox_admin import id_parts
 from tests.support import settle, with_destinations
 from tests.support.console import make, text_of, u

@@ -160,7 +160,7 @@ def test_list_filters_by_queue(superuser_client, repo):
 
 
 def test_list_bounded_scan_says_so(superuser_client, repo, monkeypatch):
-    from outbox.store import queries
+    from outbox.store.reads import queries
 
     monkeypatch.setattr(queries, "SCAN_LIMIT", 5)
     make(repo, 12, "failed")

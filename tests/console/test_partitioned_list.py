@@ -15,9 +15,9 @@ from redis.cluster import RedisCluster
 import outbox
 from outbox.operations.operation import CANCEL, REQUEUE, Selection, execute
 from outbox.records import Status, partition_of
-from outbox.store import merged_pages, queries
-from outbox.store.connection import get_repository
-from outbox.store.queries import MessageFilter, TimeRange
+from outbox.store import get_repository
+from outbox.store.reads import merged_pages, queries
+from outbox.store.reads.queries import MessageFilter, TimeRange
 from outbox.store.repository import Change
 from tests.support.console import listed_ids, text_of, u
 

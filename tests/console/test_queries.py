@@ -13,8 +13,8 @@ from outbox.admin_views.chart import outcome_chart
 from outbox.admin_views.filters import parse_list_query, parse_time
 from outbox.admin_views.formatting import duration, mask_headers, preview_body, safe_content_type, shorten
 from outbox.operations.operation import REQUEUE, Selection
-from outbox.store import queries
-from outbox.store.queries import MessageFilter, TimeRange
+from outbox.store.reads import queries
+from outbox.store.reads.queries import MessageFilter, TimeRange
 from outbox.store.repository import Index
 from tests.support.console import make
 

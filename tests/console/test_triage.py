@@ -13,7 +13,8 @@ import pytest
 from django.core.management import call_command
 
 import outbox
-from outbox.store import Change, queries
+from outbox.store import Change
+from outbox.store.reads import queries
 from tests.support import hook_settings, settle_due
 from tests.support.console import (
     batch_links,

@@ -13,7 +13,7 @@ import outbox
 from outbox.conf import outbox_settings
 from outbox.delivery import loop as delivery
 from outbox.destinations.config import get_destination
-from outbox.store.connection import is_cluster
+from outbox.store.client.connection import is_cluster
 from tests.support import assert_index_invariant, hook_settings, with_destinations
 
 N = 300

@@ -12,7 +12,7 @@ import pytest
 
 from outbox.delivery import worker as worker_module
 from outbox.delivery.worker import CLOCK_SKEW_LIMIT, check_clock
-from outbox.store.connection import clock_offsets
+from outbox.store.client.connection import clock_offsets
 
 
 def test_a_clock_in_step_with_redis_gives_no_warning(redis, caplog):

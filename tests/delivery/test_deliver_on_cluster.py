@@ -10,7 +10,7 @@ import pytest
 
 import outbox
 from outbox.records import partition_of
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 from tests.support.messages import with_destinations
 
 
@@ -111,7 +111,7 @@ def test_an_outcome_written_while_its_slot_is_half_moved_waits_for_the_move(
 
     from redis.crc import key_slot
 
-    from outbox.store import cluster_admin
+    from outbox.store.client import cluster_admin
 
     m = outbox.send("hook", {"n": 1})
     repo = get_repository()
@@ -153,8 +153,8 @@ def test_health_declares_every_key_it_writes_so_a_half_moved_slot_writes_nothing
     key": the call's first writes kept). Once the slot is handed over, it writes."""
     from redis.crc import key_slot
 
-    from outbox.store import cluster_admin
-    from outbox.store.outages import CLUSTER_IN_FLUX
+    from outbox.store.client import cluster_admin
+    from outbox.store.client.outages import CLUSTER_IN_FLUX
 
     repo = get_repository()
     now = time.time()
@@ -215,9 +215,9 @@ def test_an_outcome_declares_the_indexes_it_moves_so_a_half_moved_slot_writes_no
 
     from outbox.delivery.outcomes import decide
     from outbox.records import Outcome
-    from outbox.store import cluster_admin
+    from outbox.store.client import cluster_admin
+    from outbox.store.client.outages import CLUSTER_IN_FLUX
     from outbox.store.keys import partition_for
-    from outbox.store.outages import CLUSTER_IN_FLUX
     from tests.support.messages import hook_settings
 
     repo = get_repository()
@@ -267,8 +267,8 @@ def test_an_ordered_heads_outcome_writes_nothing_while_its_next_message_is_on_a_
 
     from outbox.delivery.outcomes import decide
     from outbox.records import Outcome
-    from outbox.store import cluster_admin
-    from outbox.store.outages import CLUSTER_IN_FLUX
+    from outbox.store.client import cluster_admin
+    from outbox.store.client.outages import CLUSTER_IN_FLUX
     from tests.support.messages import hook_settings
 
     repo = get_repository()
@@ -366,8 +366,8 @@ def test_a_claim_reads_nothing_while_a_due_messages_record_has_moved(cluster_mod
     slot is handed over, the same claim takes the message."""
     from redis.crc import key_slot
 
-    from outbox.store import cluster_admin
-    from outbox.store.outages import CLUSTER_IN_FLUX
+    from outbox.store.client import cluster_admin
+    from outbox.store.client.outages import CLUSTER_IN_FLUX
 
     m = outbox.send("hook", {"n": 1})
     repo = get_repository()

@@ -214,7 +214,7 @@ def test_delete_forgets_the_message(hook, worker, repo):
 
 
 def test_a_duplicate_job_does_not_deliver_twice(hook, worker, repo):
-    from outbox.store import wakeups
+    from outbox.store.background import wakeups
 
     m = outbox.send("hook", 1)
     wakeups.enqueue_wakeups(["outbox"])

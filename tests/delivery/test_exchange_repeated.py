@@ -15,8 +15,8 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import outbox
+from outbox.store import get_repository
 from outbox.store.base import RepositoryBase
-from outbox.store.connection import get_repository
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -34,7 +34,7 @@ def settle(worker, rounds: int = 40) -> None:
     it ran all 40 rounds, 10 to 27 s, whenever a test blocked a key)."""
     import time
 
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     repo = get_repository()
     for _ in range(rounds):

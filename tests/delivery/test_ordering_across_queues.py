@@ -10,7 +10,7 @@ import os
 import pytest
 
 import outbox
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 from tests.support import assert_index_invariant, hook_settings
 
 

@@ -25,7 +25,7 @@ import outbox
 from outbox import events
 from outbox.delivery import loop
 from outbox.records import Status
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 from tests.support import with_destinations
 
 PARTITIONS = 16

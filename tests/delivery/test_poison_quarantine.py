@@ -208,7 +208,7 @@ def test_a_message_lost_alone_without_retries_left_is_a_dead_letter_that_stays_q
 def test_quarantined_messages_are_woken_cancelled_and_deleted_like_due_ones(repo):
     from outbox.delivery.loop import claim
     from outbox.delivery.recovery import wake_due
-    from outbox.store.wakeups import get_queue
+    from outbox.store.background.wakeups import get_queue
 
     with tracked():
         sent = outbox.send_many([{"destination": "tracked", "body": i} for i in range(3)])

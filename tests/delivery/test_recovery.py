@@ -93,7 +93,7 @@ def test_due_message_whose_wakeup_job_vanished_is_woken_again(hook, worker, repo
     # Fault finding (b): a job taken off the queue by a worker killed before it ran it.
     # The outbox's own indexes are the truth: the stale wake-up flag is replaced.
     from outbox.delivery.recovery import wake_due
-    from outbox.store.wakeups import WAKE_STALE_AFTER, get_queue
+    from outbox.store.background.wakeups import WAKE_STALE_AFTER, get_queue
 
     m = outbox.send("hook", 1)
     get_queue("outbox").empty()  # the job is lost; its wake-up flag stays
@@ -118,7 +118,7 @@ def test_a_due_retry_does_not_depend_on_rq_scheduler(receiver, repo, processes):
         worker.communicate(timeout=60)
         got = outbox.get(m.id)
         assert got.status == "retrying"
-        from outbox.store.wakeups import get_queue
+        from outbox.store.background.wakeups import get_queue
 
         assert get_queue("outbox").scheduled_job_registry.count == 0  # nothing left to RQ
         time.sleep(max(0.0, got.next_attempt_at - time.time()) + 0.1)
@@ -140,7 +140,7 @@ def test_a_job_timeout_mid_batch_keeps_decided_outcomes_and_charges_only_the_att
     # answered 200, the second hangs, the third not yet attempted. Before, all three
     # ended failed with a lost attempt, the delivered one included.
     from outbox.delivery import loop as delivery
-    from outbox.store import wakeups
+    from outbox.store.background import wakeups
 
     monkeypatch.setattr(wakeups, "JOB_TIMEOUT_MARGIN", -1)  # RQ kills the job after 1 s
     monkeypatch.setattr(delivery, "FAILSAFE_WAIT", 0.2)

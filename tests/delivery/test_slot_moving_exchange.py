@@ -13,7 +13,7 @@ import django_rq
 
 import outbox
 from outbox.events import message_succeeded
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 HOLD = 8.0  # seconds the slot stays half-moved: longer than half the lease below (6 s)
 
@@ -40,7 +40,7 @@ def test_a_half_moved_partition_holds_back_only_its_own_outcomes(
 ):
     from redis.crc import key_slot
 
-    from outbox.store import cluster_admin
+    from outbox.store.client import cluster_admin
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 12}
     repo = get_repository()

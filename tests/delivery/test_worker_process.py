@@ -35,7 +35,7 @@ def short_read_timeout(settings) -> Iterator[None]:
     with override_settings(
         CACHES={**settings.CACHES, "default": {**default, "LOCATION": location, "OPTIONS": options}}
     ):
-        from outbox.store.connection import get_connection
+        from outbox.store.client.connection import get_connection
 
         get_connection().flushdb()
         yield
@@ -71,7 +71,7 @@ def test_the_rq_worker_leaves_the_alias_read_bound_alone(settings, worker):
     """RQ's worker raises ``socket_timeout`` above its blocking wait in the pool it is
     given (``Worker._set_connection``); given the alias's pool, that removed the bound
     the project set for every other outbox command in the process."""
-    from outbox.store.connection import get_connection
+    from outbox.store.client.connection import get_connection
 
     with short_read_timeout(settings):
         pool = get_connection().connection_pool
@@ -89,7 +89,7 @@ def test_the_blocking_wait_outlasts_a_connection_made_before_rq_took_the_pool(se
 
     from outbox.conf import outbox_settings
     from outbox.delivery.worker import rq_worker
-    from outbox.store.connection import get_connection
+    from outbox.store.client.connection import get_connection
 
     with short_read_timeout(settings):
         get_connection().ping()  # a connection made and given back before the worker exists

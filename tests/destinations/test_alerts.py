@@ -122,7 +122,7 @@ def test_an_alert_is_a_signed_webhook_and_an_email_to_admins_delivered_by_a_work
 
 
 def repo_ids(destination: str) -> list[str]:
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     repo = get_repository()
     return [

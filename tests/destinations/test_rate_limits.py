@@ -8,7 +8,7 @@ import json
 
 import outbox
 from outbox.conf import outbox_settings
-from outbox.store import wakeups
+from outbox.store.background import wakeups
 from tests.support import assert_index_invariant, hook_settings
 
 

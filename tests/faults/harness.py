@@ -16,7 +16,7 @@ whatever happens. Nothing listens or connects outside 127.0.0.1.
 
 Only the outbox's public surface is used: ``outbox.send``/``send_many``/``get``/``requeue``,
 the ``outbox_worker`` command, ``outbox.conf.outbox_settings`` and
-``outbox.store.connection.get_repository().counts()``.
+``outbox.store.client.connection.get_repository().counts()``.
 """
 
 from __future__ import annotations
@@ -574,7 +574,7 @@ def paced(count: int, rate: float, deadline: float | None = None) -> Iterator[in
 
 def counts() -> dict[str, int]:
     """Message count per status, from the repository's indexes (O(1) each)."""
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     return get_repository().counts()
 

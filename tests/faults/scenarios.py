@@ -939,7 +939,7 @@ class Sample:
 
 def _retries_spent(ids: list[str]) -> int:
     """Sum of ``retry_count`` over ``ids`` (one pipeline)."""
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     repo = get_repository()
     pipe = repo.connection.pipeline(transaction=False)

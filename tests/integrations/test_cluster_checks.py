@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from outbox.checks import check_outbox_settings, check_redis_safety, check_shared_cache_alias
-from outbox.store import diagnostics
+from outbox.store.client import diagnostics
 
 QUEUES = ("outbox_high", "outbox", "outbox_low")
 

@@ -10,7 +10,7 @@ from django.core.management.base import SystemCheckError
 
 import outbox
 from outbox.checks import check_redis_safety
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 
 def e011() -> list[str]:

@@ -17,10 +17,10 @@ from redis.crc import key_slot
 
 import outbox
 from outbox.exceptions import MessageNotFound, OutboxUnavailable
-from outbox.store import cluster_admin
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
+from outbox.store.client import cluster_admin
+from outbox.store.client.outages import CLUSTER_IN_FLUX
 from outbox.store.keys import partition_for
-from outbox.store.outages import CLUSTER_IN_FLUX
 from outbox.testing.cluster_server import ClusterServer
 from tests.support.messages import hook_settings
 

@@ -66,7 +66,7 @@ def on(url: str, **outbox: object) -> override_settings:
 
 def in_redis(message_id: str) -> bool:
     """Whether the current configuration's Redis holds the message."""
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     repo = get_repository()
     return bool(repo.connection.exists(repo.keys.message(message_id)))

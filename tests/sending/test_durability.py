@@ -1,4 +1,4 @@
-"""OUTBOX["DURABILITY"] (outbox/store/durability.py, issue 22 "Failover"): send() waits for
+"""OUTBOX["DURABILITY"] (outbox/store/client/durability.py, issue 22 "Failover"): send() waits for
 replicas (WAIT) or AOF fsyncs (WAITAOF) on the connection that wrote, and raises
 NotDurable, with the message written, when they do not come in time.
 
@@ -175,7 +175,7 @@ def calls(server: RedisServer, command: str) -> int:
 
 
 def message_key(message_id: str) -> str:
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     return get_repository().keys.message(message_id)
 
@@ -451,8 +451,8 @@ def test_a_failover_that_lost_the_message_gets_it_again_from_the_captured_row(se
 def test_commands_then_wait_waits_after_the_last_of_several_writes(servers):
     """Several writes (a create split by partition) and one wait after them all, on one
     connection: the replica has every write when the wait is met."""
-    from outbox.store.connection import get_repository
-    from outbox.store.durability import Durability, commands_then_wait
+    from outbox.store import get_repository
+    from outbox.store.client.durability import Durability, commands_then_wait
 
     primary, replica = servers()
     with outbox_at(primary):
@@ -514,7 +514,7 @@ def test_an_invalid_setting_is_a_check_error_and_send_writes_nothing(value, erro
 
 
 def test_the_setting_s_commands():
-    from outbox.store.durability import Durability
+    from outbox.store.client.durability import Durability
 
     assert not Durability.parse(None).waits and not Durability.parse({}).waits
     assert Durability.parse({"REPLICAS": 2}).command() == ("WAIT", 2, 1000)

@@ -1,4 +1,4 @@
-"""OUTBOX["DURABILITY"] on a cluster (outbox/store/durability.py, issue 22 "Failover"):
+"""OUTBOX["DURABILITY"] on a cluster (outbox/store/client/durability.py, issue 22 "Failover"):
 each primary replicates its own writes, so send() sends its script and the wait on one
 connection to the primary of the message's partition, one primary after another for a
 send_many across partitions; NotDurable when a replica does not answer in time.
@@ -23,7 +23,7 @@ import redis as redis_py
 
 import outbox
 from outbox.exceptions import NotDurable
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 from outbox.testing import ClusterServer
 from tests.sending.test_durability import frozen
 from tests.support.cluster import PARTITIONS, RQ_QUEUE_NAMES, cluster_settings

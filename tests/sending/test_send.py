@@ -89,7 +89,7 @@ def test_send_many_writes_all_and_wakes_each_queue_once(repo):
     )
     assert len({m.id for m in messages}) == 25
     assert repo.count("pending") == 25
-    from outbox.store.wakeups import get_queue
+    from outbox.store.background.wakeups import get_queue
 
     queue, low = get_queue("outbox"), get_queue("outbox_low")
     assert queue.count == 1 and low.count == 1  # one wake-up job per queue, not per message
@@ -102,7 +102,7 @@ def test_send_many_writes_all_and_wakes_each_queue_once(repo):
 
 
 def test_send_enqueues_a_job_only_when_none_is_waiting(repo):
-    from outbox.store.wakeups import get_queue
+    from outbox.store.background.wakeups import get_queue
 
     for i in range(20):
         outbox.send("mem", i)
@@ -204,7 +204,7 @@ def test_idempotency_inside_a_transaction(repo):
 
 
 def test_priority_picks_the_queue(repo):
-    from outbox.store.wakeups import get_queue
+    from outbox.store.background.wakeups import get_queue
 
     high = outbox.send("mem", 1, priority="high")
     low = outbox.send("mem", 1, priority="low")
@@ -214,7 +214,7 @@ def test_priority_picks_the_queue(repo):
 
 def test_delay_schedules_the_first_attempt(repo):
     from outbox.delivery.recovery import wake_due
-    from outbox.store.wakeups import get_queue
+    from outbox.store.background.wakeups import get_queue
 
     m = outbox.send("mem", 1, delay=timedelta(minutes=5))
     assert m.next_attempt_at == pytest.approx(m.created_at + 300)

@@ -11,7 +11,7 @@ from redis.crc import key_slot
 import outbox
 from outbox.exceptions import IdempotencyConflict
 from outbox.records import partition_of
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 from outbox.store.keys import partition_for
 from tests.support.cluster import PARTITIONS
 

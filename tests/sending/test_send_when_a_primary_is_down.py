@@ -16,7 +16,7 @@ from redis.crc import key_slot
 import outbox
 from outbox.exceptions import OutboxUnavailable, SendOutcomeUnknown
 from outbox.records import partition_of
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 from outbox.store.keys import partition_for
 from outbox.testing import ClusterServer
 from tests.support.cluster import PARTITIONS, RQ_QUEUE_NAMES, cluster_settings

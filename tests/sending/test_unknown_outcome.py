@@ -24,7 +24,7 @@ pytestmark = pytest.mark.single_server("a private plain server is stopped with S
 def stoppable():
     """A private Redis the outbox writes to (1 s socket timeout), and a way to freeze it."""
     with RedisServer() as server, redis_at(server.url):
-        from outbox.store.connection import get_repository
+        from outbox.store import get_repository
 
         get_repository.cache_clear()
         yield server
@@ -45,13 +45,13 @@ def frozen_send(server: RedisServer, send):
 
 
 def count() -> int:
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     return get_repository().count()
 
 
 def exists(message_id: str) -> bool:
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     return get_repository().get_many([message_id])[0] is not None
 

@@ -15,17 +15,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
 from outbox.conf import outbox_settings, parse_cluster
-from outbox.store import base
-from outbox.store.connection import (
+from outbox.store import base, get_repository
+from outbox.store.client.connection import (
     client_like,
     empty_database,
     get_connection,
-    get_repository,
     ping,
     primary_clients,
     redis_location,
 )
-from outbox.store.outages import REDIS_UNAVAILABLE
+from outbox.store.client.outages import REDIS_UNAVAILABLE
 from outbox.testing import free_port
 
 # -- OUTBOX["CLUSTER"] checked at the boundary (no server needed) -------------------------

@@ -10,11 +10,11 @@ import pytest
 from redis import Redis
 from rq.job import Job
 
-from outbox.store.connection import get_repository
-from outbox.store.rq_stats import queue_counts
-from outbox.store.tasks import TaskRegistry
-from outbox.store.thread_client import ThreadClients
-from outbox.store.wakeups import enqueue_wakeups, get_queue
+from outbox.store import get_repository
+from outbox.store.background.rq_stats import queue_counts
+from outbox.store.background.tasks import TaskRegistry
+from outbox.store.background.wakeups import enqueue_wakeups, get_queue
+from outbox.store.client.thread_client import ThreadClients
 
 QUEUES = ("outbox_high", "outbox", "outbox_low")
 

@@ -16,8 +16,7 @@ import outbox
 from outbox.delivery import loop
 from outbox.delivery.outcomes import decide, health_outcome
 from outbox.records import Outcome, partition_of
-from outbox.store import ExchangeRequest, PartitionAsk
-from outbox.store.connection import get_repository
+from outbox.store import ExchangeRequest, PartitionAsk, get_repository
 from outbox.store.exchange import Exchange
 
 PARTITIONS = 16

@@ -1,4 +1,4 @@
-"""Redis safety findings (outbox.store.diagnostics) and their system checks, against real servers."""
+"""Redis safety findings (outbox.store.client.diagnostics) and their system checks, against real servers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.core.management.base import SystemCheckError
 from redis import Redis
 
 from outbox.checks import check_redis_safety, check_shared_cache_alias
-from outbox.store import diagnostics as redis_health
+from outbox.store.client import diagnostics as redis_health
 from outbox.testing import RedisServer, free_port
 
 

@@ -191,7 +191,7 @@ def test_the_message_record_is_one_string_and_older_hash_records_still_read(repo
     )  # an older layout
     got = repo.get(sent.id)
     assert (got.id, got.headers, got.idempotency_key, got.json()) == (sent.id, {}, "k-old", {"a": 1})
-    from outbox.store.queries import summaries
+    from outbox.store.reads.queries import summaries
 
     rows = summaries(repo, [sent.id, plain.id])
     assert [(r.id, r.destination, r.idempotency_key) for r in rows if r] == [
@@ -464,7 +464,7 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     from outbox.delivery.loop import claim
     from outbox.delivery.outcomes import decide
     from outbox.records import Outcome
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
     from outbox.store.scripts import sha, source
 
     m = outbox.send("hook", {"n": 1})

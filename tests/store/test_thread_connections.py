@@ -1,4 +1,4 @@
-"""send() writes on a connection its thread keeps (outbox.store.thread_client), against a
+"""send() writes on a connection its thread keeps (outbox.store.client.thread_client), against a
 real Redis: one connection per thread, given back when the thread ends, made again when
 the server closed it, never shared with a forked child, never more than a quarter of a
 bounded pool."""
@@ -13,7 +13,7 @@ import weakref
 from redis import BlockingConnectionPool, ConnectionPool, Redis
 
 import outbox
-from outbox.store.thread_client import ThreadClients
+from outbox.store.client.thread_client import ThreadClients
 
 
 def in_threads(n, fn):
@@ -64,7 +64,7 @@ def test_a_held_connection_the_server_closed_is_made_again(repo):
 
 
 def _child_sends(queue):
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     repo = get_repository()
     messages = [outbox.send("mem", {"child": i}) for i in range(20)]
@@ -109,7 +109,7 @@ def test_a_bounded_pool_lends_threads_at_most_a_quarter_of_it(redis):
 
 
 def repo_url():
-    from outbox.store.connection import get_connection
+    from outbox.store.client.connection import get_connection
 
     kwargs = get_connection().connection_pool.connection_kwargs
     return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"

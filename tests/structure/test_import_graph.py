@@ -119,6 +119,21 @@ def test_an_injected_upward_import_breaks_the_layers(tmp_path):
     assert "outbox.store is not allowed to import outbox.delivery" in result.stdout, result.stdout
 
 
+def test_an_import_up_the_store_s_rooms_breaks_its_contract(tmp_path):
+    shutil.copytree(PACKAGE, tmp_path / "outbox", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    routing = tmp_path / "outbox" / "store" / "client" / "routing.py"
+    # the Redis client below the repository: it must not reach up for it
+    routing.write_text(
+        routing.read_text() + "\n\ndef _injected():\n    from outbox.store import repository  # noqa\n"
+    )
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "outbox.store.client is not allowed to import outbox.store.repository" in result.stdout, (
+        result.stdout
+    )
+
+
 def shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 

@@ -12,11 +12,11 @@ import outbox
 
 #: old module, a name read through it, the module that now has it
 MOVED = [
-    ("outbox.connection", "get_repository", "outbox.store.connection"),
+    ("outbox.connection", "get_repository", "outbox.store"),
     ("outbox.health", "get_health", "outbox.destinations.health"),
     ("outbox.health", "pause", "outbox.destinations.controls"),
     ("outbox.health", "DestinationEvent", "outbox.events"),
-    ("outbox.dispatch", "enqueue_wakeups", "outbox.store.wakeups"),
+    ("outbox.dispatch", "enqueue_wakeups", "outbox.store.background.wakeups"),
     ("outbox.dispatch", "wake_due", "outbox.delivery.recovery"),
     ("outbox.worker", "run_worker", "outbox.delivery.worker"),
     ("outbox.worker", "housekeeping_seen", "outbox.delivery.worker"),
@@ -24,7 +24,7 @@ MOVED = [
     ("outbox.batches", "recorder_for", "outbox.operations.batches"),
     ("outbox.actions", "requeue", "outbox.operations.actions"),
     ("outbox.deadlines", "call_with_deadline", "outbox.transports.deadlines"),
-    ("outbox.redis_health", "inspect_redis", "outbox.store.diagnostics"),
+    ("outbox.redis_health", "inspect_redis", "outbox.store.client.diagnostics"),
 ]
 
 

@@ -58,7 +58,7 @@ def cluster_mode(cluster_outbox: Any, settings: Any) -> Iterator[Any]:
     server). Yields the outbox's connection, a ``redis.cluster.RedisCluster``."""
     settings.OUTBOX = {**settings.OUTBOX, "PARTITIONS": PARTITIONS}
     settings.RQ_QUEUES = {name: {"URL": settings.REDIS_URL} for name in RQ_QUEUE_NAMES}
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     get_repository.cache_clear()
     yield cluster_outbox

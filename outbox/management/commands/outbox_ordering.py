@@ -33,7 +33,7 @@ from outbox.exceptions import InvalidMessage, MessageNotFound
 from outbox.operations.ordering import BlockedKey, blocked_keys, release_key
 from outbox.redaction import destination_options, redact, secrets_for
 from outbox.sending.validation import clean_ordering_key
-from outbox.store.connection import get_repository
+from outbox.store import get_repository
 
 #: The columns of ``blocked``.
 COLUMNS = ("destination", "key", "head", "retries", "since", "waiting", "error")

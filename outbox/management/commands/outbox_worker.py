@@ -25,7 +25,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from outbox.conf import outbox_settings
 from outbox.delivery.worker import run_worker
 from outbox.destinations.config import close_transports
-from outbox.store.diagnostics import log_startup_findings
+from outbox.store.client.diagnostics import log_startup_findings
 
 
 class Command(BaseCommand):

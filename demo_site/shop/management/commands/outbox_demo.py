@@ -242,7 +242,7 @@ class Tally:
 
 def tally(ids: Sequence[str]) -> Tally:
     """Read this run's messages from the repository (pipelined, ``CHUNK`` ids per round trip)."""
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     repo = get_repository()
     result = Tally()

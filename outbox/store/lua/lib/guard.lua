@@ -11,7 +11,7 @@
 -- a command of one key would be served on the importing node as if the key were new),
 -- and the refusal is caught here (redis.pcall). Returns nil when the script may go on,
 -- else an error reply starting with TRYAGAIN, which the script returns (redis-py raises
--- TryAgainError: a partition in flux, outbox/store/outages.py). Keys that exist nowhere
+-- TryAgainError: a partition in flux, outbox/store/client/outages.py). Keys that exist nowhere
 -- (an empty index) are refused too while their slot moves, as declared keys are:
 -- https://redis.io/docs/latest/operate/oss_and_stack/reference/cluster-spec/#multi-keys-operations
 -- With one partition (no cluster: K.parts is 1) nothing is checked.

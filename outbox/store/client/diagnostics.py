@@ -61,7 +61,7 @@ from redis import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from outbox.conf import outbox_settings
-from outbox.store.connection import (
+from outbox.store.client.connection import (
     build_cluster_client,
     client_like,
     get_connection,
@@ -240,7 +240,7 @@ def inspect_redis(connection: Redis | None = None, *, timeout: float = INSPECT_T
     is inspected so, one after another.
 
     Args:
-        connection: a redis-py client; the outbox's (:func:`outbox.store.connection.get_connection`)
+        connection: a redis-py client; the outbox's (:func:`outbox.store.client.connection.get_connection`)
             when None.
         timeout: seconds for connecting and for each reply.
 
@@ -553,7 +553,7 @@ def log_startup_findings(logger: logging.Logger | None = None) -> list[Finding]:
     Never raises, whatever Redis does (an unreachable Redis is logged as outbox.W007).
 
     Args:
-        logger: where to log; ``logging.getLogger("outbox.store.diagnostics")`` when None.
+        logger: where to log; ``logging.getLogger("outbox.store.client.diagnostics")`` when None.
 
     Returns:
         The findings logged (silenced ones left out).

@@ -29,7 +29,8 @@ from django.dispatch import receiver
 from rq import Queue
 
 from outbox.conf import outbox_settings
-from outbox.store.connection import get_connection, get_repository, is_cluster
+from outbox.store.client.connection import get_connection, is_cluster
+from outbox.store.repository import get_repository
 
 logger = logging.getLogger("outbox")
 

@@ -7,7 +7,7 @@ per destination, see :mod:`outbox.store.keys`) and never loads every id:
   the destination given, or of every destination read together (merged in Redis in
   score order, :meth:`~outbox.store.MessageRepository.range_by_rank`); with more than
   one partition, each partition's sorted sets are read in a call of their own (one hash
-  slot) and the partitions' pages merged here (:mod:`outbox.store.merged_pages`;
+  slot) and the partitions' pages merged here (:mod:`outbox.store.reads.merged_pages`;
   :func:`page_at` pages by position, as the console does then);
 * a time range on the field the index is scored by becomes a score range
   (ZCOUNT/ZRANGE, exact and O(log N) per destination; a page across destinations
@@ -54,9 +54,9 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status
-from outbox.store import merged_pages
 from outbox.store.base import Members
 from outbox.store.indexes import Cursor, Index
+from outbox.store.reads import merged_pages
 from outbox.store.repository import MessageRepository
 
 #: Index entries a page whose filter no index serves may examine.
@@ -379,7 +379,7 @@ def page(
     index's size, so a page number of 10**30 cannot reach it as an out-of-range integer).
 
     With more than one partition the index's partitions are merged here
-    (:mod:`outbox.store.merged_pages`): a served page reads ``offset + limit + 1``
+    (:mod:`outbox.store.reads.merged_pages`): a served page reads ``offset + limit + 1``
     entries of every partition (P x (offset + limit) in all: deep pages cost more, so the
     console pages by cursor with :func:`page_at` instead); a scan shares ``scan_limit``
     among the partitions and the page holds only matches whose place in the merged
@@ -491,7 +491,7 @@ def page_at(
 
     A cursor is the (score, id) of an entry (:attr:`CursorPage.previous` and
     :attr:`CursorPage.next` of another page); the order is total, so one cursor is the
-    position in every partition (:mod:`outbox.store.merged_pages`). A cursor of an entry
+    position in every partition (:mod:`outbox.store.reads.merged_pages`). A cursor of an entry
     deleted meanwhile still works; one from another filter's list is only a position.
     A page read backward that would be short is the first page instead.
 

@@ -1,4 +1,4 @@
-"""The outbox's Redis connection and repository: the django-redis alias's client (a single
+"""The outbox's Redis connection: the django-redis alias's client (a single
 server), or in cluster mode (``OUTBOX["CLUSTER"]``) a process-wide
 ``redis.cluster.RedisCluster`` built from the outbox's own settings, since django-redis
 has no cluster client.
@@ -21,8 +21,6 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django_redis import get_redis_connection
 from redis import ConnectionPool, Redis
 from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
@@ -30,10 +28,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
 from outbox.conf import ClusterConfig, outbox_settings
-from outbox.store import MessageRepository
-
-IDEMPOTENCY_TTL = 24 * 3600  # seconds; as long as Stripe keeps idempotency keys
-WAKE_TTL = 60.0  # seconds a queue's wake-up flag lives if no job clears it
 
 
 def get_connection() -> Redis:
@@ -159,7 +153,7 @@ def client_like(client: Redis, *, max_connections: int | None = None, **override
 
     For connections whose options must differ from the alias's without changing the
     alias's pool: RQ's blocking wait (:func:`outbox.delivery.worker.waiting_connection`), quick
-    inspections (:mod:`outbox.store.diagnostics`).
+    inspections (:mod:`outbox.store.client.diagnostics`).
 
     Returns:
         A :class:`redis.Redis` (close its pool, ``connection_pool.disconnect()``, when
@@ -246,27 +240,6 @@ def empty_database() -> Redis:
     else:
         connection.flushdb()
     return connection
-
-
-@cache
-def get_repository() -> MessageRepository:
-    """The process-wide :class:`MessageRepository` built from settings (cached)."""
-    return MessageRepository(
-        get_connection(),
-        outbox_settings.KEY_PREFIX,
-        attempts_kept=outbox_settings.ATTEMPTS_KEPT,
-        events_channel=outbox_settings.EVENTS_CHANNEL or "",
-        idempotency_ttl=IDEMPOTENCY_TTL,
-        wake_ttl=WAKE_TTL,
-        partitions=outbox_settings.partitions,
-        ordering_key_ttl=outbox_settings.ORDERING_KEY_TTL,
-    )
-
-
-@receiver(setting_changed)
-def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("OUTBOX", "CACHES"):
-        get_repository.cache_clear()  # and cluster_connection() reads OUTBOX["CLUSTER"] again
 
 
 def redis_location() -> str:

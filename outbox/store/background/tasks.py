@@ -25,7 +25,7 @@ class TaskRegistry:
 
     Args:
         connection: a redis-py client (``decode_responses=False``); RQ's jobs live on
-            the same Redis (:func:`outbox.store.wakeups.get_queue`) unless
+            the same Redis (:func:`outbox.store.background.wakeups.get_queue`) unless
             ``rq_connection`` says otherwise.
         keys: the outbox's key names.
         rq_connection: the client of RQ's Redis when it is another server than

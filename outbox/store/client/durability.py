@@ -93,8 +93,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox.conf import outbox_settings
 from outbox.exceptions import NotDurable
+from outbox.store.client.routing import by_primary, primary_of
 from outbox.store.keys import Keys
-from outbox.store.routing import by_primary, primary_of
 from outbox.store.scripts import sha
 
 
