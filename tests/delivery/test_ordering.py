@@ -9,7 +9,7 @@ import pytest
 
 import outbox
 from outbox.exceptions import InvalidMessage
-from tests.support import assert_index_invariant, hook_settings
+from tests.support import assert_index_invariant, hook_settings, wait_for
 
 FAST_RETRY = [0.05] * 10  # seconds between attempts: a retry is due again at once
 
@@ -281,17 +281,13 @@ def test_requeued_messages_of_two_lifetimes_of_a_key_rejoin_in_the_order_they_we
     a bulk requeue sorted the messages it requeues by (key, sequence) alone, so a message
     of the key's second lifetime rejoined between two of its first. They now sort by
     lifetime first (its epoch's start), then sequence."""
-    import time
 
     settings.OUTBOX = {**settings.OUTBOX, "ORDERING_KEY_TTL": 1}
     with hook(receiver):
         first = [outbox.send("hook", {"n": n}, ordering_key="k1") for n in (1, 2)]
         settle(worker)
         state = repo.order_keys("hook", "k1").order_state("hook", "k1")
-        deadline = time.monotonic() + 10
-        while repo.connection.exists(state) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not repo.connection.exists(state)
+        assert wait_for(lambda: not repo.connection.exists(state), timeout=10)
         second = outbox.send("hook", {"n": 3}, ordering_key="k1")
         assert second.order_seq == 1
         settle(worker)
