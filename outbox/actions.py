@@ -1,5 +1,0 @@
-"""Deprecated path of :mod:`outbox.operations.actions` (moved in 0.2; goes in 0.3)."""
-
-from outbox._moved import forward
-
-__getattr__ = forward(__name__, "outbox.operations.actions")

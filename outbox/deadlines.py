@@ -1,5 +1,0 @@
-"""Deprecated path of :mod:`outbox.transports.deadlines` (moved in 0.2; goes in 0.3)."""
-
-from outbox._moved import forward
-
-__getattr__ = forward(__name__, "outbox.transports.deadlines")
