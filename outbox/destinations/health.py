@@ -29,12 +29,13 @@ from typing import Any
 
 from outbox.conf import outbox_settings
 from outbox.store import get_repository
+from outbox.store.destination_state import LATENCY_BUCKETS
 from outbox.store.reads import destination_reads
 
 logger = logging.getLogger("outbox")
 
 WINDOW_SECONDS = 300  # the sliding window of DestinationHealth.window
-BUCKETS = 16  # latency buckets 0..15 are <= 2^i ms; bucket 16 is +Inf
+BUCKETS = LATENCY_BUCKETS  # latency buckets 0..15 are <= 2^i ms; bucket 16 is +Inf
 BOUNDS = tuple(2**i / 1000 for i in range(BUCKETS)) + (math.inf,)  # upper bounds, seconds
 FAILING_CONSECUTIVE = 3  # consecutive failures that make a destination "failing"
 FAILING_MIN_ATTEMPTS = 10  # attempts in the window before its failure rate counts

@@ -15,6 +15,11 @@ from outbox.store.client.outages import PARTITION_UNAVAILABLE
 from outbox.store.keys import Keys
 from outbox.store.scripts import field_names, named
 
+#: The latency histogram's buckets per destination and minute: bucket i (0 .. N - 1) counts
+#: attempts of at most 2^i ms, bucket N the longer ones. ``lua/health.lua`` gets it as its
+#: ``buckets`` input; :mod:`outbox.destinations.health` reads the histogram with it.
+LATENCY_BUCKETS = 16
+
 #: The fields of each attempt outcome given to :meth:`MessageRepository.health_args`, in order.
 OUTCOME_FIELDS = (
     "destination",
@@ -81,6 +86,7 @@ def health_args(
         outcome_fields=field_names(OUTCOME_FIELDS),
         run=run,
         horizon=repr(horizon),
+        buckets=LATENCY_BUCKETS,
     )
 
 

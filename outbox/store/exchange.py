@@ -52,6 +52,7 @@ from typing import Any
 from outbox.store.base import ScriptCall, first_of, queue_first
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.destination_state import DestinationState, health_args
+from outbox.store.keys import Keys
 from outbox.store.messages import Change, ChangeResult, Claim, MessageStore, with_holding
 from outbox.store.scripts import named
 
@@ -521,7 +522,7 @@ class Exchange:
         pipe = self.store.connection.pipeline(transaction=False)
         for d, ids in self.unused.items():  # this claim's own grants (lease|id: lua/gate.lua)
             if ids:
-                pipe.zrem(self.keys.inflight(d), *(f"{r.lease}|{i}" for i in ids))
+                pipe.zrem(self.keys.inflight(d), *(Keys.inflight_member(r.lease, i) for i in ids))
         for mid in taken:
             pipe.zadd(self.keys.probes, {destination_of[mid]: r.deadline})
         try:

@@ -298,7 +298,28 @@ class Keys:
         be counted from the home slot."""
         return f"{self.home(destination)}:inflight:{destination}"
 
+    @staticmethod
+    def inflight_member(lease: str, message_id: str) -> str:
+        """A member of :meth:`inflight`: ``<lease>|<message id>``, so that another claim's
+        grant of the same message, given back, cannot end this one (``K.inflight_member``
+        of ``lua/lib/keys.lua`` builds the same in ``lua/gate.lua`` and ``lua/health.lua``)."""
+        return f"{lease}|{message_id}"
+
     # -- across the deployment -----------------------------------------------------------
+
+    @property
+    def schema(self) -> str:
+        """The schema version of the records (a string: an int), for the upgrade of records
+        written by older versions (:meth:`~outbox.store.maintenance.Maintenance.upgrade`).
+        Untagged: one key, read and written alone."""
+        return f"{self.prefix}:schema"
+
+    def sync(self, number: int | None = None) -> str:
+        """The name a durability wait writes to, to wait for earlier writes
+        (:func:`~outbox.store.client.durability.wait_for_earlier_writes`): with
+        ``number``, a key of that partition's slot (``SET``); without, a Pub/Sub channel
+        nothing subscribes to (``PUBLISH``)."""
+        return f"{self.prefix if number is None else self.tag_prefix(number)}:durability"
 
     @property
     def destinations(self) -> str:

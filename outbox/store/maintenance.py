@@ -40,7 +40,7 @@ class Maintenance(RepositoryBase):
         Returns how many messages were put in a due index (0 when every one already was,
         as on a new Redis).
         """
-        key = f"{self.keys.prefix}:schema"
+        key = self.keys.schema
         schema = int(self.connection.get(key) or 0)
         if schema >= self.SCHEMA:
             return 0

@@ -22,6 +22,7 @@ from outbox.store.client.durability import Acknowledgement, Durability, commands
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, unknown_first
 from outbox.store.client.routing import by_primary, primary_of
 from outbox.store.idempotency import away_from_home, exists_elsewhere, point_home, reserve
+from outbox.store.keys import Keys
 from outbox.store.scripts import field_names, named, sha
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
@@ -1048,7 +1049,7 @@ class MessageStore(RepositoryBase):
         if inflight:  # their gates' grants end (lua/gate.lua)
             pipe = self.connection.pipeline(transaction=False)
             for name, released_ids in inflight.items():
-                pipe.zrem(self.keys.inflight(name), *(f"{lease}|{i}" for i in released_ids))
+                pipe.zrem(self.keys.inflight(name), *(Keys.inflight_member(lease, i) for i in released_ids))
             pipe.execute()
         return BulkResult(out, self.raise_wake_flags(made_due, now))
 

@@ -8,7 +8,9 @@ after Redis answers ``NOSCRIPT`` (after a restart, or ``SCRIPT FLUSH``); Redis c
 compiled script by the SHA1 of its source (Redis docs, "Scripting with Lua").
 
 A line ``--! include <name>`` in a script is replaced by ``lua/lib/<name>.lua``: code
-that several scripts share is written once.
+that several scripts share is written once. A library file that uses another's functions
+says so in a line ``--! needs <name> ...``: :func:`source` refuses a script that includes
+it before them.
 
 Scripts take their keys in ``KEYS`` (built by :mod:`outbox.store.keys`) and their other
 inputs by name where they have more than three (:func:`named`, read by
@@ -18,26 +20,62 @@ inputs by name where they have more than three (:func:`named`, read by
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
 
 INCLUDE = "--! include "
+NEEDS = "--! needs "
+
+
+def needs(library: str) -> tuple[str, ...]:
+    """The library files ``lua/lib/<library>.lua`` declares it needs included before it
+    (its ``--! needs`` lines)."""
+    text = (
+        resources.files("outbox.store").joinpath("lua").joinpath("lib").joinpath(f"{library}.lua").read_text()
+    )
+    return tuple(
+        n for line in text.splitlines() if line.startswith(NEEDS) for n in line[len(NEEDS) :].split()
+    )
+
+
+def include_order_errors(
+    script: str, libraries: Sequence[str], needs: Callable[[str], Sequence[str]]
+) -> list[str]:
+    """What is wrong with including ``libraries`` in this order in ``lua/<script>.lua``: each
+    library included before one it ``needs``."""
+    return [
+        f"lua/{script}.lua includes lib/{library}.lua before {missing}"
+        for i, library in enumerate(libraries)
+        for missing in needs(library)
+        if missing not in libraries[:i]
+    ]
 
 
 @cache
 def source(name: str) -> str:
     """The text of ``lua/<name>.lua``, its ``--! include`` lines replaced by the library
-    files they name."""
+    files they name.
+
+    Raises:
+        ValueError: a library is included before one it needs (:func:`needs`).
+    """
     folder = resources.files("outbox.store").joinpath("lua")
     lines = folder.joinpath(f"{name}.lua").read_text().splitlines(keepends=True)
-    return "".join(
-        folder.joinpath("lib").joinpath(f"{line[len(INCLUDE) :].strip()}.lua").read_text()
-        if line.startswith(INCLUDE)
-        else line
-        for line in lines
-    )
+    included: list[str] = []
+    out = []
+    for line in lines:
+        if not line.startswith(INCLUDE):
+            out.append(line)
+            continue
+        library = line[len(INCLUDE) :].strip()
+        included.append(library)
+        errors = include_order_errors(name, included, needs)
+        if errors:
+            raise ValueError(errors[0])
+        out.append(folder.joinpath("lib").joinpath(f"{library}.lua").read_text())
+    return "".join(out)
 
 
 @cache

@@ -73,6 +73,10 @@ SHARED: dict[str, list[tuple[object, ...]]] = {
     "inflight": [(d,) for d in DESTINATIONS],
     "counted": [(d, r) for d in DESTINATIONS for r in ("0f3a9c1d2b4e5f60", "r")],
 }
+#: Names that are not keys but that both sides build: (Lua name, arguments), no prefix.
+MEMBERS: dict[str, list[tuple[str, ...]]] = {
+    "inflight_member": [(lease, i) for lease in ("0f3a9c1d2b4e5f60", "") for i in IDS],
+}
 #: Prefix helpers, checked against Keys by the tests below: (Lua name, Python function).
 PREFIX_HELPERS = {
     "part": lambda keys, id_: keys.tag_prefix(int(id_.rpartition("_p")[2]) if "_p" in id_ else 0),
@@ -165,8 +169,15 @@ def test_every_lua_key_function_is_checked(redis):
     """A function added to lib/keys.lua without a case here (or without a Keys method of
     the same name) fails: nothing in Lua builds a name the test does not compare."""
     lua_names = {raw.decode() for raw in redis.eval(helper() + LIST, 0)}
-    assert lua_names == {*BY_ID, *BY_PARTITION, *SHARED, *PREFIX_HELPERS}
-    assert all(callable(getattr(Keys, n, None)) for n in {*BY_ID, *BY_PARTITION, *SHARED})
+    assert lua_names == {*BY_ID, *BY_PARTITION, *SHARED, *PREFIX_HELPERS, *MEMBERS}
+    assert all(callable(getattr(Keys, n, None)) for n in {*BY_ID, *BY_PARTITION, *SHARED, *MEMBERS})
+
+
+def test_every_member_both_sides_build_is_the_same(redis):
+    for name, cases in MEMBERS.items():
+        for args in cases:
+            got = redis.eval(helper() + f"return K.{name}(unpack(ARGV))", 0, *args).decode()
+            assert got == getattr(Keys, name)(*args), (name, args)
 
 
 @pytest.mark.parametrize("script", names())

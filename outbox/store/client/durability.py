@@ -119,10 +119,6 @@ class Written(Protocol):
 #: The keys of ``OUTBOX["DURABILITY"]`` and their defaults (no wait).
 DEFAULTS: dict[str, Any] = {"REPLICAS": 0, "AOF": False, "TIMEOUT": 1.0}
 
-#: The Pub/Sub channel (after the key prefix) of :func:`wait_for_earlier_writes`'s
-#: ``PUBLISH``; nothing subscribes to it.
-SYNC_CHANNEL = "durability"
-
 
 @dataclass(frozen=True)
 class Durability:
@@ -587,7 +583,7 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
         try:
             first: dict[str, tuple[Any, str]] = {}
             for k in repository.keys.partition_numbers():
-                key = f"{repository.keys.tag_prefix(k)}:{SYNC_CHANNEL}"
+                key = repository.keys.sync(k)
                 node = primary_of(connection, key)
                 first.setdefault(node.name, (node, key))
             writes = [
@@ -597,7 +593,7 @@ def wait_for_earlier_writes(repository: Repository, durability: Durability) -> A
         except RedisError as exc:
             return durability.acknowledgement(exc)
     else:
-        writes = [(connection, ("PUBLISH", f"{repository.keys.prefix}:{SYNC_CHANNEL}", ""))]
+        writes = [(connection, ("PUBLISH", repository.keys.sync(), ""))]
     acknowledgements = []
     for client, write in writes:
         try:

@@ -38,7 +38,7 @@ for i = pos, #ARGV, 2 do
   local id, score = ARGV[i], ARGV[i + 1]
   local action, at = gate_decide(dest, score)
   if action == 'take' or action == 'probe' then
-    redis.call('ZADD', inflight, opts.deadline, opts.lease .. '|' .. id)
+    redis.call('ZADD', inflight, opts.deadline, K.inflight_member(opts.lease, id))
     if action == 'probe' then gate_probe(dest, id) end
   end
   out[#out + 1] = action

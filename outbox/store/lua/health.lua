@@ -27,6 +27,8 @@
 --     outcomes decided since numbered higher): an outcome numbered at or below its
 --     destination's mark for the run was counted and is skipped, so health, failure
 --     runs and the breaker count each attempt once (docs/architecture.md).
+--   buckets: the latency histogram's bucket count N (LATENCY_BUCKETS,
+--     outbox/store/destination_state.py): a minute's field b<i> counts attempts <= 2^i ms
 -- With more than one partition, returns {events, probe times (flat: destination, epoch s),
 --   destinations holding their messages}; else the events. The events of the state
 --   changes made (JSON strings), each also PUBLISHed:
@@ -46,7 +48,7 @@ local probes_key = KEYS[1]
 local run, horizon = opts.run or '', tonumber(opts.horizon or '0') or 0
 local minute = math.floor(now / 60)
 local hour = math.floor(now / 3600)
-local NB = 16             -- buckets 0..15: latency <= 2^i ms; bucket 16: above 32.768 s
+local NB = tonumber(opts.buckets)  -- buckets 0..NB-1: latency <= 2^i ms; bucket NB: above (LATENCY_BUCKETS)
 local FAILING_AFTER = 3   -- consecutive failures before destination.failing
 local FIELDS = {'admin', 'breaker', 'consecutive', 'failing_since', 'failing_notified', 'cooldown',
                 'probe_id', 'blocked_until', 'next_probe_at'}
@@ -231,9 +233,9 @@ for _, values in ipairs(outcomes) do
   local dest, id = o.destination, o.id
   local st = state(dest)
   if K.parts > 1 and id and id ~= '' and o.lease and o.lease ~= '' then
-    -- its gate's grant ends (gate.lua: the member is lease|id, so that another claim's
+    -- its gate's grant ends (gate.lua: K.inflight_member, so that another claim's
     -- grant of the same message, given back, cannot end this one)
-    redis.call('ZREM', K.inflight(prefix, dest), o.lease .. '|' .. id)
+    redis.call('ZREM', K.inflight(prefix, dest), K.inflight_member(o.lease, id))
   end
   local seq = tonumber(o.seq or '0') or 0
   if run ~= '' and seq > 0 and seq <= st.counted then

@@ -1,3 +1,4 @@
+--! needs keys writes message
 -- What a claim does to the messages it takes, reschedules or leaves, shared by claim.lua
 -- (one partition: the gate decided in the same call) and claim_apply.lua (more than one:
 -- the gate decided in the destination's home slot, gate.lua). Needs lib/keys.lua,

@@ -1,3 +1,4 @@
+--! needs keys
 -- A destination's gate (docs/destinations.md): whether, and when, a claim may take a due
 -- message of it, from its state read once per call and counted in memory while the call
 -- runs. Used by claim.lua (one partition, every key in reach) and, with more than one

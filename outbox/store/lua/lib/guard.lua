@@ -1,3 +1,4 @@
+--! needs keys
 -- A script that finds key names at run time (from an index it reads, or from the
 -- destination and queue a resend record names) checks them all before its first write,
 -- so that a slot held half-moved by a legacy migration (some of its keys moved, the

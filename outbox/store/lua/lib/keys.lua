@@ -61,6 +61,8 @@ function K.health(prefix, dest, minute) return K.home(prefix, dest) .. ':health:
 function K.errors(prefix, dest, hour) return K.home(prefix, dest) .. ':errors:' .. dest .. ':' .. hour end
 function K.gcra(prefix, dest) return K.home(prefix, dest) .. ':gcra:' .. dest end
 function K.inflight(prefix, dest) return K.home(prefix, dest) .. ':inflight:' .. dest end
+-- a member of K.inflight (Keys.inflight_member): not a key, but a name both sides build
+function K.inflight_member(lease, id) return lease .. '|' .. id end
 function K.counted(prefix, dest, run) return K.home(prefix, dest) .. ':counted:' .. dest .. ':' .. run end
 -- across the deployment: prefix is the deployment's
 function K.wake(prefix, queue) return K.shared(prefix) .. ':wake:' .. queue end

@@ -1,3 +1,4 @@
+--! needs writes keys
 -- A message's index entries moved with a status change, written once for every script
 -- that changes statuses by compare-and-set (transition.lua, bulk.lua, release.lua):
 -- * its destination's status index: out of `from`'s, into `to`'s at `score`;
@@ -10,7 +11,7 @@
 -- claim.lua takes messages only from the due index, never parked, and moves their three
 -- entries itself. Needs lib/writes.lua and lib/keys.lua included before this file (the
 -- keys are found at run time: the message's destination and queue are read from its
--- resend record).
+-- resend record): declared by the `--! needs` line above, which scripts.source checks.
 local function waiting(status) return status == 'pending' or status == 'retrying' end
 
 local function move_indexes(prefix, id, dest, queue, from, to, score, park)

@@ -1,3 +1,4 @@
+--! needs keys writes move guard join
 -- Ordered delivery (docs/concepts.md, "Ordered delivery"): the messages of one
 -- (destination, ordering key) are delivered one at a time, in the order they joined the
 -- key. A key keeps, in its messages' partition:
