@@ -2,7 +2,9 @@
 
 A message lives in Redis as two hashes (see ``docs/architecture.md``): the *message
 record* (what to send) and the *resend record* (delivery state). :class:`Message`
-joins both. Times are UTC epoch seconds (float).
+joins both. Times are UTC epoch seconds (float). How they are written to Redis and read
+back (the wire format) is :mod:`outbox.store.codec`'s; the retry budget's compact JSON
+(:func:`pack_retry`) stays here, public since 0.2.
 """
 
 from __future__ import annotations
@@ -96,6 +98,18 @@ def new_message_id(now: float | None = None, partition: int | None = None) -> st
     return core if partition is None else f"{core}_p{partition}"
 
 
+def created_at_of(message_id: str) -> float:
+    """The creation time (epoch seconds, to the millisecond) encoded in a message id.
+
+    Ids are ``msg_`` + 12 hex digits of milliseconds + random digits (see
+    :func:`new_message_id`). Returns 0.0 for an id of another shape.
+    """
+    try:
+        return int(message_id[4:16], 16) / 1000.0
+    except ValueError:
+        return 0.0
+
+
 @dataclass
 class Attempt:
     """One delivery attempt, as kept in the capped attempts list.
@@ -127,78 +141,6 @@ class Attempt:
     detail: str = ""
     error_class: str = ""
     host: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "started_at": self.started_at,
-                "duration_ms": round(self.duration_ms, 3),
-                "outcome": self.outcome,
-                "status_code": self.status_code,
-                "error": self.error,
-                "worker": self.worker,
-                "retry_count": self.retry_count,
-                **({"detail": self.detail} if self.detail else {}),
-                **({"error_class": self.error_class} if self.error_class else {}),
-                **({"host": self.host} if self.host else {}),
-            },
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> Attempt:
-        data = json.loads(raw)
-        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})
-
-    def inline_fields(self) -> dict[str, str] | None:
-        """This attempt as resend-record fields (``ok_at``, ``ok_ms``, ``ok_worker``, and
-        ``ok_code``, ``ok_retry``, ``ok_detail``, ``ok_host`` when set), or None when it
-        is not a success or a value is over 64 bytes.
-
-        A message's first success is kept this way instead of on an attempts list (a
-        list of one entry costs about 340 bytes of Redis memory; these fields about 90
-        in the record's compact listpack encoding, which holds while every value is at
-        most ``hash-max-listpack-value``, 64 bytes by default).
-        """
-        if self.outcome != Status.SUCCEEDED.value:
-            return None
-        fields = {
-            "ok_at": repr(self.started_at),
-            "ok_ms": repr(round(self.duration_ms, 3)),
-            "ok_worker": self.worker,
-        }
-        if self.status_code is not None:
-            fields["ok_code"] = str(self.status_code)
-        if self.retry_count:
-            fields["ok_retry"] = str(self.retry_count)
-        if self.detail:
-            fields["ok_detail"] = self.detail
-        if self.host:
-            fields["ok_host"] = self.host
-        if any(len(v.encode()) > INLINE_VALUE_LIMIT for v in fields.values()):
-            return None
-        return fields
-
-    @classmethod
-    def from_inline(cls, resend: dict[str, str]) -> Attempt | None:
-        """The success kept in a resend record by :meth:`inline_fields`, or None."""
-        if not resend.get("ok_at"):
-            return None
-        return cls(
-            started_at=float(resend["ok_at"]),
-            duration_ms=float(resend.get("ok_ms") or 0),
-            outcome=Status.SUCCEEDED.value,
-            status_code=int(resend["ok_code"]) if resend.get("ok_code") else None,
-            worker=resend.get("ok_worker", ""),
-            retry_count=int(resend.get("ok_retry") or 0),
-            detail=resend.get("ok_detail", ""),
-            host=resend.get("ok_host", ""),
-        )
-
-
-#: Resend-record fields of a success kept inline (:meth:`Attempt.inline_fields`).
-INLINE_ATTEMPT_FIELDS = ("ok_at", "ok_ms", "ok_worker", "ok_code", "ok_retry", "ok_detail", "ok_host")
-INLINE_VALUE_LIMIT = 64  # bytes: Redis's default hash-max-listpack-value
 
 
 @dataclass
@@ -305,122 +247,6 @@ class Message:
         digest.update(self.body)
         return digest.hexdigest()[:32]
 
-    # -- Redis encoding -------------------------------------------------------------
-    def message_value(self) -> bytes:
-        """The message record as Redis keeps it: one string (``SET``), its small fields as
-        a JSON object on the first line, then the body's bytes as they are.
-
-        JSON escapes every newline inside a string, so the first ``b"\\n"`` ends the
-        header whatever the body holds. The id is the key's own suffix and is not
-        repeated; ``headers`` and ``idempotency_key`` are left out when empty.
-
-        A string, not a hash: a hash holding a value over ``hash-max-listpack-value``
-        (64 bytes by default, redis.conf) is a hashtable, about 250 bytes more per message
-        than this string. Records written by older versions (0.1, and 0.2 snapshots
-        before schema 3) are hashes of the same fields (0.1's also hold ``id`` and
-        ``headers: "{}"``); every reader accepts both (:meth:`from_redis`).
-        """
-        header: dict[str, Any] = {
-            "destination": self.destination,
-            "content_type": self.content_type,
-            "created_at": self.created_at,
-        }
-        if self.headers:
-            header["headers"] = self.headers
-        if self.idempotency_key:
-            header["idempotency_key"] = self.idempotency_key
-        return _COMPACT_JSON.encode(header).encode() + b"\n" + self.body
-
-    def resend_fields(self) -> dict[str, str]:
-        """The resend record as a flat hash mapping. Fields at their default are left
-        out: None fields, ``retry_count`` 0 (about 15 bytes), and ``send_time`` when it
-        is ``created_at``, a message sent without a delay (about 30 bytes). Every reader
-        takes an absent ``retry_count`` as 0. ``retry`` holds ``max_retries`` and the
-        retry policy (:func:`pack_retry`)."""
-        # Built field by field (not a full dict filtered afterwards): send() builds one
-        # per message, so this is on its fast path.
-        fields = {"status": self.status, "destination": self.destination}
-        if self.retry_count:
-            fields["retry_count"] = str(self.retry_count)
-        fields["retry"] = pack_retry(self.retry_policy, self.max_retries)
-        if self.send_time != self.created_at:
-            fields["send_time"] = repr(self.send_time)
-        if self.next_attempt_at is not None:
-            fields["next_attempt_at"] = repr(self.next_attempt_at)
-        if self.last_attempt_at is not None:
-            fields["last_attempt_at"] = repr(self.last_attempt_at)
-        if self.last_error != "":
-            fields["last_error"] = self.last_error
-        if self.last_status_code is not None:
-            fields["last_status_code"] = repr(self.last_status_code)
-        if self.last_error_class != "":
-            fields["last_error_class"] = self.last_error_class
-        if self.queue != "":
-            fields["queue"] = self.queue
-        if self.suspect:
-            fields["suspect"] = str(self.suspect)
-        if self.ordering_key:
-            fields["okey"] = self.ordering_key
-        if self.order_seq is not None:
-            fields["oseq"] = str(self.order_seq)
-        if self.order_prev is not None:
-            fields["oprev"] = str(self.order_prev)
-        if self.order_epoch is not None:
-            fields["oepoch"] = self.order_epoch
-        fields["updated_at"] = repr(self.updated_at)
-        return fields
-
-    @classmethod
-    def from_redis(
-        cls,
-        message: bytes | dict[bytes, bytes],
-        resend: dict[bytes, bytes],
-        message_id: str | None = None,
-    ) -> Message:
-        """Build a message from its two records as redis-py returns them.
-
-        Args:
-            message: the message record: the string of :meth:`message_value` (or only
-                its start, through the header line: the body is then b""), or the hash
-                of a record written by an older version (bytes keys).
-            resend: the resend record's hash (bytes keys).
-            message_id: the id (only 0.1's hash holds it).
-
-        Raises:
-            ValueError: a string record without its header line.
-        """
-        m = message_header(message)
-        r = {k.decode(): v.decode() for k, v in resend.items()}
-        max_retries, retry_policy = unpack_retry(r)
-        return cls(
-            id=message_id if message_id is not None else m["id"],
-            destination=m["destination"],
-            body=m.get("body", b""),
-            content_type=m.get("content_type", ""),
-            headers=m.get("headers") or {},
-            created_at=float(m.get("created_at", 0.0)),
-            idempotency_key=m.get("idempotency_key") or None,
-            status=r.get("status", ""),
-            retry_count=int(r.get("retry_count", "0")),
-            max_retries=max_retries,
-            retry_policy=retry_policy,
-            send_time=float(r["send_time"]) if r.get("send_time") else float(m.get("created_at", 0.0)),
-            next_attempt_at=_float(r.get("next_attempt_at")),
-            last_attempt_at=_float(r.get("last_attempt_at")),
-            last_error=r.get("last_error", ""),
-            last_status_code=int(r["last_status_code"]) if r.get("last_status_code") else None,
-            last_error_class=r.get("last_error_class", ""),
-            queue=r.get("queue", ""),
-            updated_at=float(r.get("updated_at", "0")),
-            job_id=r.get("job_id", ""),
-            lease=r.get("lease", ""),
-            suspect=int(r.get("suspect") or 0),
-            ordering_key=r.get("okey") or None,
-            order_seq=int(r["oseq"]) if r.get("oseq") else None,
-            order_prev=int(r["oprev"]) if r.get("oprev") else None,
-            order_epoch=r.get("oepoch") or None,
-        )
-
     def to_record(self) -> str:
         """Every field but ``body``, as JSON (the database capture's ``record`` column)."""
         data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "body"}
@@ -432,37 +258,6 @@ class Message:
         BinaryField reads from PostgreSQL)."""
         data = json.loads(record)
         return cls(body=bytes(body), **{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-    @classmethod
-    def from_flat(cls, message: list[Any], resend: list[bytes]) -> Message:
-        """Build a message from a Lua script's reply: ``message`` is ``{id, record}`` (the
-        string, or an older version's hash as a flat ``HGETALL``) and ``resend`` a flat
-        ``HGETALL``."""
-        message_id, record = message
-        stored = record if isinstance(record, bytes) else _pairs(record)
-        return cls.from_redis(stored, _pairs(resend), message_id.decode())
-
-
-def message_header(message: bytes | dict[bytes, bytes]) -> dict[str, Any]:
-    """The message record's fields as plain values (``body`` as bytes, ``headers`` a
-    dict, ``created_at`` a float): from :meth:`Message.message_value`'s string (or its
-    start, through the header line, without the body), or a hash written by an older
-    version.
-
-    Raises:
-        ValueError: a string without a complete header line.
-    """
-    if isinstance(message, bytes):
-        header, newline, body = message.partition(b"\n")
-        if not newline:
-            raise ValueError("a message record without its header line")
-        fields: dict[str, Any] = json.loads(header)
-        fields["body"] = body
-        return fields
-    fields = {k.decode(): v.decode() for k, v in message.items() if k != b"body"}
-    fields["body"] = message.get(b"body", b"")
-    fields["headers"] = json.loads(fields.get("headers") or "{}")
-    return fields
 
 
 _EXPONENTIAL = ("base", "factor", "max_delay", "jitter")
@@ -537,14 +332,6 @@ def _unpack_policy(value: Any) -> dict[str, Any]:
     if isinstance(value, list) and value and value[0] == "s" and len(value) == 3:
         return {"strategy": "schedule", "delays": value[1], "jitter": value[2]}
     return value if isinstance(value, dict) else {}
-
-
-def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _float(value: str | None) -> float | None:
-    return float(value) if value else None
 
 
 @dataclass

@@ -29,9 +29,8 @@ from outbox.admin_views.formatting import duration, moment
 from outbox.admin_views.rq_stats import queue_stats
 from outbox.conf import outbox_settings
 from outbox.destinations import health
-from outbox.records import STATUSES, Status
+from outbox.records import STATUSES, Status, created_at_of
 from outbox.store import get_repository
-from outbox.store.reads.queries import created_at_of
 from outbox.store.repository import sum_counts
 
 if TYPE_CHECKING:

@@ -41,6 +41,7 @@ attempt charged), and then re-raises.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -57,7 +58,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox.conf import outbox_settings
 from outbox.delivery import attempts
-from outbox.delivery.outcomes import Decision, announce, decide_outcome, health_outcome, log_attempt
+from outbox.delivery.outcomes import announce, decide, health_outcome, log_attempt, rules_for
 from outbox.delivery.partitions import Ask, PartitionPlan
 from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
@@ -66,6 +67,7 @@ from outbox.records import Message, Outcome, partition_of
 from outbox.store import ChangeResult, Claim, ExchangeRequest, MessageRepository, PartitionAsk, get_repository
 from outbox.store.background import wakeups
 from outbox.store.client.outages import CLUSTER_IN_FLUX
+from outbox.store.decisions import Decision, change_of
 from outbox.transports import deadlines
 
 logger = logging.getLogger("outbox")
@@ -444,7 +446,7 @@ class _Run:
         raised (``REDIS_ERRORS``); a cluster in flux (``CLUSTER_IN_FLUX``) is not: the
         outcomes stay unwritten, the run claims nothing more and ends (:meth:`finish`)."""
         decided = self.pending_writes(time.time())
-        changes = [d.change for d in decided]
+        changes = [change_of(d) for d in decided]
         outcomes = [[*health_outcome(d.outcome), d.seq] for d in decided if d.outcome is not None]
         give_up_at = STOPPING.write_deadline(
             time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
@@ -549,7 +551,7 @@ class _Run:
             self.lease_ends.pop(d.message.id, None)
             # earlier: applied by a try of this exchange whose reply was lost (or whose
             # later step failed), never reported: what it wrote, not "stale"
-            status = ("parked" if r.parked else d.change.to) if r.applied or r.earlier else "stale"
+            status = ("parked" if r.parked else d.status) if r.applied or r.earlier else "stale"
             self.report.outcomes[d.message.id] = status
             if d.outcome is not None:
                 log_attempt(d.outcome, d, status)
@@ -710,11 +712,9 @@ class _Run:
                 self.streak[message.destination] += 1
             else:
                 self.streak[message.destination] = 0
-            decision = decide_outcome(outcome, time.time())
-            decision.outcome = outcome
             self.decisions += 1
-            decision.seq = self.decisions
-            self.decided.append(decision)
+            decision = decide(outcome, time.time(), rules_for(outcome.message))
+            self.decided.append(dataclasses.replace(decision, outcome=outcome, seq=self.decisions))
 
     @staticmethod
     def given_up(message: Message, seconds: float, started: float, now: float) -> Outcome:

@@ -4,7 +4,7 @@
   died or hung with the attempt in flight. The message goes back to ``retrying`` (due
   after its backoff) with a ``lost`` attempt recorded, and becomes a *suspect*: its next
   attempts are made alone, one per worker process (the quarantine lane: ``lua/claim.lua``,
-  :meth:`outbox.delivery.loop._Run.lane`), until one ends in a live process. The sweep
+  :meth:`outbox.delivery.loop.WorkerRun.lane`), until one ends in a live process. The sweep
   cannot tell which of the attempts in flight ended the process, so:
 
   - lost beside others (not a suspect yet): the loss is charged once (retry count + 1),
@@ -40,11 +40,12 @@ import time
 from dataclasses import dataclass
 
 from outbox.conf import outbox_settings
-from outbox.delivery.outcomes import Decision, decide, write
+from outbox.delivery.outcomes import decide, rules_for, write
 from outbox.destinations.controls import close_breakers_left, release_parked_due
 from outbox.records import Message, Outcome, Status
 from outbox.store import get_repository
 from outbox.store.background import wakeups
+from outbox.store.decisions import Decision
 
 logger = logging.getLogger("outbox")
 
@@ -168,7 +169,8 @@ def lost_decision(message: Message, now: float) -> Decision:
         error = f"{lost}, beside other attempts; not charged (no retry left): quarantined, attempted alone once more"
     started_at = now if message.last_attempt_at is None else message.last_attempt_at
     outcome = Outcome(message, started_at, 0.0, error=error, error_class="lease_expired")
-    return decide(outcome, now, attempt_outcome="lost", suspect=message.suspect + 1, charge=charge)
+    rules = rules_for(message)
+    return decide(outcome, now, rules, attempt_outcome="lost", suspect=message.suspect + 1, charge=charge)
 
 
 def _recover_lost(now: float, limit: int, report: RecoveryReport) -> None:
@@ -194,7 +196,7 @@ def _recover_lost(now: float, limit: int, report: RecoveryReport) -> None:
             failed = [
                 d.message.id
                 for d, ok in zip(decisions, results, strict=True)
-                if ok and d.change.to == Status.FAILED.value
+                if ok and d.status == Status.FAILED.value
             ]
             logger.warning(
                 "outbox recovery: took back %d message(s) from lost workers: %d lost beside other attempts "
@@ -205,7 +207,7 @@ def _recover_lost(now: float, limit: int, report: RecoveryReport) -> None:
                 sum(by_alone),
                 f"; dead letters: {', '.join(failed)}" if failed else "",
             )
-            wakeups.wake({d.message.queue for d in decisions if d.change.to == Status.RETRYING.value}, now)
+            wakeups.wake({d.message.queue for d in decisions if d.status == Status.RETRYING.value}, now)
         report.lost += applied
         if len(expired) < limit or not applied:
             return

@@ -16,11 +16,21 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 
 from outbox.exceptions import MessageNotFound, OutboxUnavailable
-from outbox.records import INLINE_ATTEMPT_FIELDS, Attempt, Message, Status, partition_of
+from outbox.records import Attempt, Message, Status, partition_of
 from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, first_of, queue_first, script_call
 from outbox.store.client.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, unknown_first
 from outbox.store.client.routing import by_primary, primary_of
+from outbox.store.codec import (
+    INLINE_ATTEMPT_FIELDS,
+    attempt_from_inline,
+    attempt_from_json,
+    attempt_json,
+    message_from_flat,
+    message_from_redis,
+    message_value,
+    resend_fields,
+)
 from outbox.store.idempotency import away_from_home, exists_elsewhere, point_home, reserve
 from outbox.store.keys import Keys
 from outbox.store.scripts import field_names, named, sha
@@ -120,7 +130,7 @@ class Change:
         due_by: if given, next_attempt_at must be <= this epoch time (seconds).
         attempt: an attempt record to push on the capped attempts list.
         inline: the attempt as resend-record fields (a success:
-            :meth:`~outbox.records.Attempt.inline_fields`), written instead of pushing
+            :func:`~outbox.store.codec.inline_fields`), written instead of pushing
             ``attempt`` when the record holds no inline success yet.
         event: a JSON event to publish on the events channel.
         stat: an outcome name counted in the per-minute statistics.
@@ -175,7 +185,7 @@ class Change:
             repr(self.score),
             "" if self.lease is None else self.lease,
             "" if self.due_by is None else repr(self.due_by),
-            "" if self.attempt is None else self.attempt.to_json(),
+            "" if self.attempt is None else attempt_json(self.attempt),
             self.event or "",
             self.stat or "",
             "1" if self.load else "",
@@ -363,7 +373,7 @@ class MessageStore(RepositoryBase):
             idem = m.idempotency_key
             score = repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at)
             # The script writes these four resend fields from the arguments before them.
-            rfields = m.resend_fields()
+            rfields = resend_fields(m)
             for name in ("status", "destination", "queue", "next_attempt_at"):
                 rfields.pop(name, None)
             args += [
@@ -376,7 +386,7 @@ class MessageStore(RepositoryBase):
                 groups[(m.status, m.destination, m.queue)],
                 score,
                 repr(m.created_at),
-                m.message_value(),
+                message_value(m),
                 "1" if m.ordering_key else "",
                 len(rfields),
             ]
@@ -786,7 +796,7 @@ class MessageStore(RepositoryBase):
     def parse_claim(reply: ClaimReply) -> Claim:
         """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
         flat, next_due, held, capped, next_suspect = reply
-        messages = [Message.from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+        messages = [message_from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         return Claim(
             messages,
             float(next_due) if next_due else None,
@@ -984,7 +994,7 @@ class MessageStore(RepositoryBase):
         """Turn the transition script's raw reply into :class:`ChangeResult` objects."""
         results = []
         for change, row in zip(changes, reply, strict=True):
-            message = Message.from_flat(row[3], row[4]) if len(row) > 3 else None
+            message = message_from_flat(row[3], row[4]) if len(row) > 3 else None
             code = row[0]  # 1 applied, 2 as its park alternative; 3, 4: so by an earlier call
             results.append(
                 ChangeResult(
@@ -1173,7 +1183,7 @@ class MessageStore(RepositoryBase):
         out: list[Message | None] = []
         for i, record in enumerate(records):
             resend = replies[2 * i + 1]
-            out.append(Message.from_redis(record, resend, ids[i]) if record and resend else None)
+            out.append(message_from_redis(record, resend, ids[i]) if record and resend else None)
         return out
 
     def resolve_older_records(
@@ -1214,13 +1224,13 @@ class MessageStore(RepositoryBase):
     def attempts(self, message_id: str, limit: int | None = None) -> list[Attempt]:
         """The message's attempt records, newest first: those on its attempts list (at
         most ``attempts_kept``) and the success kept in its resend record, if any (see
-        :meth:`~outbox.records.Attempt.inline_fields`). One round trip."""
+        :func:`~outbox.store.codec.inline_fields`). One round trip."""
         pipe = self.connection.pipeline(transaction=False)
         pipe.lrange(self.keys.attempts(message_id), 0, -1 if limit is None else limit - 1)
         pipe.hmget(self.keys.resend(message_id), INLINE_ATTEMPT_FIELDS)
         listed, inline_values = pipe.execute()  # LRANGE, HMGET
-        found = [Attempt.from_json(raw) for raw in listed]
-        inline = Attempt.from_inline(
+        found = [attempt_from_json(raw) for raw in listed]
+        inline = attempt_from_inline(
             {
                 k: v.decode()
                 for k, v in zip(INLINE_ATTEMPT_FIELDS, inline_values, strict=True)

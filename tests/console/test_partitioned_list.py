@@ -223,11 +223,13 @@ def test_one_call_across_partitions_is_what_a_cluster_refuses(spread):
 
 def test_created_range_with_a_status_is_checked_across_partitions(spread):
     sent = send_spread(40, status="succeeded")
-    created = sorted(queries.created_at_of(m.id) for m in sent)
+    created = sorted(outbox.records.created_at_of(m.id) for m in sent)
     flt = MessageFilter(status="succeeded", created=TimeRange(created[10], created[29]))
     ids = [i for p in walk(spread, flt, 6)[0] for i in p.ids]
     want = [
-        i for i in expected(spread, "succeeded") if created[10] <= queries.created_at_of(i) <= created[29]
+        i
+        for i in expected(spread, "succeeded")
+        if created[10] <= outbox.records.created_at_of(i) <= created[29]
     ]
     assert ids == want and len(ids) >= 20
 

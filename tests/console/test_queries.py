@@ -24,8 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (n
 # -- queries -------------------------------------------------------------------------
 def test_created_at_of_reads_the_id():
     m = outbox.records.new_message_id(1763780000.1234)
-    assert queries.created_at_of(m) == 1763780000.123
-    assert queries.created_at_of("custom-id") == 0.0
+    assert outbox.records.created_at_of(m) == 1763780000.123
+    assert outbox.records.created_at_of("custom-id") == 0.0
 
 
 @pytest.mark.parametrize(

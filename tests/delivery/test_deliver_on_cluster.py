@@ -213,10 +213,11 @@ def test_an_outcome_declares_the_indexes_it_moves_so_a_half_moved_slot_writes_no
     message would be in no index at all."""
     from redis.crc import key_slot
 
-    from outbox.delivery.outcomes import decide
+    from outbox.delivery.outcomes import decide, rules_for
     from outbox.records import Outcome
     from outbox.store.client import cluster_admin
     from outbox.store.client.outages import CLUSTER_IN_FLUX
+    from outbox.store.decisions import change_of
     from outbox.store.keys import partition_for
     from tests.support.messages import hook_settings
 
@@ -237,7 +238,9 @@ def test_an_outcome_declares_the_indexes_it_moves_so_a_half_moved_slot_writes_no
     sending, succeeded = part.status("sending", "hook"), part.status("succeeded", "hook")
     assert cluster_mode.zscore(sending, second.id) is not None and cluster_mode.exists(succeeded)
     assert cluster_mode.exists(repo.keys.attempts(second.id))
-    change = decide(Outcome(claimed, started_at=later, duration_ms=1.0, ok=True), later).change
+    change = change_of(
+        decide(Outcome(claimed, started_at=later, duration_ms=1.0, ok=True), later, rules_for(claimed))
+    )
     slot = key_slot(succeeded.encode())
     source = redis_cluster.slot_owner(slot)
     target = next(n for n in redis_cluster.nodes if n != source)
@@ -265,10 +268,11 @@ def test_an_ordered_heads_outcome_writes_nothing_while_its_next_message_is_on_a_
     then wait for ever behind a head that is gone."""
     from redis.crc import key_slot
 
-    from outbox.delivery.outcomes import decide
+    from outbox.delivery.outcomes import decide, rules_for
     from outbox.records import Outcome
     from outbox.store.client import cluster_admin
     from outbox.store.client.outages import CLUSTER_IN_FLUX
+    from outbox.store.decisions import change_of
     from tests.support.messages import hook_settings
 
     repo = get_repository()
@@ -280,7 +284,9 @@ def test_an_ordered_heads_outcome_writes_nothing_while_its_next_message_is_on_a_
     part = repo.keys.of(head.id)
     claim = repo.claim("outbox", now, partition_of(head.id), lease="L", deadline=now + 60, limit=5)
     (claimed,) = [m for m in claim.messages if m.id == head.id]
-    change = decide(Outcome(claimed, started_at=now, duration_ms=1.0, ok=True), now).change
+    change = change_of(
+        decide(Outcome(claimed, started_at=now, duration_ms=1.0, ok=True), now, rules_for(claimed))
+    )
     record = repo.keys.resend(nxt.id)
     slot = key_slot(record.encode())
     source = redis_cluster.slot_owner(slot)

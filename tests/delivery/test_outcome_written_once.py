@@ -14,6 +14,7 @@ The errors are injected at the client, after the real scripts ran on the real Re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 from collections.abc import Iterator
@@ -135,7 +136,7 @@ def test_a_retry_whose_write_was_repeated_is_logged_and_announced_once(layout, m
 def test_an_outcome_that_lost_its_lease_is_still_stale(layout, caplog):
     """``stale`` stays for what really lost: the message was taken back and claimed by
     another lease before the outcome was written."""
-    from outbox.delivery.outcomes import decide_outcome
+    from outbox.delivery.outcomes import decide, rules_for
     from outbox.records import Outcome
 
     m = outbox.send("mem", {"a": 1})
@@ -144,9 +145,8 @@ def test_an_outcome_that_lost_its_lease_is_still_stale(layout, caplog):
     repo.connection.hset(repo.keys.resend(m.id), "lease", "another-worker")
     state = loop._Run(m.queue, repo, 1.0)
     outcome = Outcome(claimed, claimed.created_at, 1.0, ok=True)
-    decision = decide_outcome(outcome, claimed.created_at)
-    decision.outcome = outcome
-    state.decided.append(decision)
+    decision = decide(outcome, claimed.created_at, rules_for(claimed))
+    state.decided.append(dataclasses.replace(decision, outcome=outcome))
     with announced(events.message_succeeded) as succeeded, caplog.at_level(logging.INFO, logger="outbox"):
         state.exchange(0)
     assert attempt_lines(caplog) == {m.id: ["stale"]}
@@ -158,7 +158,7 @@ def test_an_outcome_that_lost_its_lease_is_still_stale(layout, caplog):
 def test_a_parked_outcome_whose_write_was_repeated_is_logged_parked_once(layout, monkeypatch, caplog):
     """A failure written as its park alternative (the destination paused meanwhile), the
     reply lost: logged ``parked`` once, no retry charged, no signal (as when not lost)."""
-    from outbox.delivery.outcomes import decide_outcome
+    from outbox.delivery.outcomes import decide, rules_for
     from outbox.destinations import controls
     from outbox.records import Outcome
 
@@ -168,9 +168,8 @@ def test_a_parked_outcome_whose_write_was_repeated_is_logged_parked_once(layout,
     repo = get_repository()
     state = loop._Run(m.queue, repo, 1.0)
     outcome = Outcome(claimed, claimed.created_at, 1.0, error="HTTP 500", error_class="http")
-    decision = decide_outcome(outcome, claimed.created_at)
-    decision.outcome = outcome
-    state.decided.append(decision)
+    decision = decide(outcome, claimed.created_at, rules_for(claimed))
+    state.decided.append(dataclasses.replace(decision, outcome=outcome))
     lost = losing(monkeypatch, "transition")
     with announced(events.message_retrying) as retried, caplog.at_level(logging.INFO, logger="outbox"):
         state.exchange(0)

@@ -76,7 +76,7 @@ def test_lost_message_without_retries_left_becomes_a_dead_letter_once_lost_alone
 
 
 def test_late_outcome_of_a_lost_worker_changes_nothing(hook, repo, settings):
-    from outbox.delivery.outcomes import decide, write
+    from outbox.delivery.outcomes import decide, rules_for, write
     from outbox.records import Outcome
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
@@ -84,7 +84,7 @@ def test_late_outcome_of_a_lost_worker_changes_nothing(hook, repo, settings):
     (claimed,) = claim("outbox", time.time())
     recover(now=time.time() + 2)  # taken back: retrying
     now = time.time()
-    late = decide(Outcome(claimed, now, 0.0, ok=True, status_code=200), now)
+    late = decide(Outcome(claimed, now, 0.0, ok=True, status_code=200), now, rules_for(claimed))
     assert write([late], time.time()) == [False]
     assert outbox.get(m.id).status == "retrying"
 
@@ -228,14 +228,14 @@ def test_retention_deletes_old_finished_messages_but_keeps_dead_letters(repo, se
     outbox.cancel(withdrawn.id)
     dead = outbox.send("mem", "dead", max_retries=0)
     now = time.time()
-    from outbox.delivery.outcomes import decide, write
+    from outbox.delivery.outcomes import decide, rules_for, write
     from outbox.records import Outcome
 
     claimed = {m.id: m for m in claim("outbox", now)}
     write(
         [
-            decide(Outcome(claimed[done.id], now, 0.0, ok=True), now),
-            decide(Outcome(claimed[dead.id], now, 0.0, error="x"), now),
+            decide(Outcome(claimed[done.id], now, 0.0, ok=True), now, rules_for(claimed[done.id])),
+            decide(Outcome(claimed[dead.id], now, 0.0, error="x"), now, rules_for(claimed[dead.id])),
         ],
         now,
     )

@@ -161,7 +161,7 @@ def test_pause_delivers_nothing_loses_nothing_and_resume_delivers_all_oldest_fir
 
 def test_in_flight_failure_while_paused_parks_without_a_retry(receiver, worker, repo):
     from outbox.delivery.loop import claim
-    from outbox.delivery.outcomes import decide, write
+    from outbox.delivery.outcomes import decide, rules_for, write
     from outbox.records import Outcome
 
     with hook(receiver):
@@ -169,7 +169,10 @@ def test_in_flight_failure_while_paused_parks_without_a_retry(receiver, worker, 
         (claimed,) = claim(outbox.get(m.id).queue)
         controls.pause("hook")
         now = time.time()
-        write([decide(Outcome(claimed, now, 0.0, error="HTTP 503", status_code=503), now)], now)
+        write(
+            [decide(Outcome(claimed, now, 0.0, error="HTTP 503", status_code=503), now, rules_for(claimed))],
+            now,
+        )
         got = outbox.get(m.id)
         assert (got.status, got.retry_count, health.get_health("hook").parked) == ("pending", 0, 1)
         assert_index_invariant(repo)

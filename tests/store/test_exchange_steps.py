@@ -6,6 +6,7 @@ outage of one slot is injected at the client: the refused calls do not run (as a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -14,9 +15,10 @@ from redis.exceptions import TryAgainError
 
 import outbox
 from outbox.delivery import loop
-from outbox.delivery.outcomes import decide, health_outcome
+from outbox.delivery.outcomes import decide, health_outcome, rules_for
 from outbox.records import Outcome, partition_of
 from outbox.store import ExchangeRequest, PartitionAsk, get_repository
+from outbox.store.decisions import change_of
 from outbox.store.exchange import Exchange
 
 PARTITIONS = 16
@@ -73,6 +75,7 @@ def decided(messages, ok=True):
             if ok
             else Outcome(m, now, 1.0, error="HTTP 503", status_code=503),
             now,
+            rules_for(m),
         )
         for m in messages
     ]
@@ -86,16 +89,19 @@ def request(decisions, asks=(), **more):
         uuid.uuid4().hex,
         now + 30,
         list(asks) or [PartitionAsk(0, 0)],
-        changes=[d.change for d in decisions],
+        changes=[change_of(d) for d in decisions],
         outcomes=[[*health_outcome(d.outcome), 0] for d in decisions],
         **more,
     )
 
 
 def with_outcomes(decisions, messages):
-    for d, m in zip(decisions, messages, strict=True):
-        d.outcome = Outcome(m, time.time(), 1.0, status_code=200, ok=d.change.to == "succeeded")
-    return decisions
+    return [
+        dataclasses.replace(
+            d, outcome=Outcome(m, time.time(), 1.0, status_code=200, ok=d.status == "succeeded")
+        )
+        for d, m in zip(decisions, messages, strict=True)
+    ]
 
 
 def test_the_request_asks_at_least_one_partition():
@@ -190,7 +196,7 @@ def test_a_destination_at_its_cap_does_not_use_up_the_claims_limit(repo):
     """A claim for one message (a slot freed for ``mem``) whose partition's due index
     starts with a message of ``hook``, at its cap in this exchange: the pick's entry of
     ``hook`` counted against the limit, so the claim took nothing and met ``hook`` alone
-    at its cap, which lends ``hook`` the worker's idle slots (``_Run.lending``): two busy
+    at its cap, which lends ``hook`` the worker's idle slots (``WorkerRun.lending``): two busy
     destinations then went past their share (24 of 16 seen on the cluster). A capped
     destination's entries are now left due without counting, as with one partition."""
     first = outbox.send("hook", {"n": 0})

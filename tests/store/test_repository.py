@@ -462,9 +462,10 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     import uuid
 
     from outbox.delivery.loop import claim
-    from outbox.delivery.outcomes import decide
+    from outbox.delivery.outcomes import decide, rules_for
     from outbox.records import Outcome
     from outbox.store import get_repository
+    from outbox.store.decisions import change_of
     from outbox.store.scripts import sha, source
 
     m = outbox.send("hook", {"n": 1})
@@ -475,8 +476,10 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
     get_repository.cache_clear()
     repo = get_repository()
     now = time.time()
-    decision = decide(Outcome(claimed, now, 0.0, error="HTTP 503", status_code=503), now)
-    assert decision.change.to == "retrying" and decision.change.score <= now + 0.01
+    change = change_of(
+        decide(Outcome(claimed, now, 0.0, error="HTTP 503", status_code=503), now, rules_for(claimed))
+    )
+    assert change.to == "retrying" and change.score <= now + 0.01
     reply = repo.outcomes_and_claim(
         ExchangeRequest(
             m.queue,
@@ -484,7 +487,7 @@ def test_outcomes_are_written_before_the_claim_even_on_a_cold_script_cache(hook,
             uuid.uuid4().hex,
             now + 60,
             [PartitionAsk(partition_of(m.id), 10, {})],  # the message's partition (any, with partitions)
-            changes=[decision.change],
+            changes=[change],
             slack=0.5,
         )
     )

@@ -53,8 +53,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status
+from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status, created_at_of
 from outbox.store.base import Members
+from outbox.store.codec import message_from_redis
 from outbox.store.indexes import Cursor, Index
 from outbox.store.reads import merged_pages
 from outbox.store.repository import MessageRepository
@@ -255,18 +256,6 @@ def plan(repo: MessageRepository, flt: MessageFilter) -> Plan:
         check_code=flt.status_code,
         check_class=flt.error_class,
     )
-
-
-def created_at_of(message_id: str) -> float:
-    """The creation time (epoch seconds, to the millisecond) encoded in a message id.
-
-    Ids are ``msg_`` + 12 hex digits of milliseconds + random digits (see
-    :func:`~outbox.records.new_message_id`). Returns 0.0 for an id of another shape.
-    """
-    try:
-        return int(message_id[4:16], 16) / 1000.0
-    except ValueError:
-        return 0.0
 
 
 def check(repo: MessageRepository, p: Plan, ids: Sequence[str]) -> list[str]:
@@ -818,7 +807,7 @@ def summaries(repo: MessageRepository, ids: Sequence[str]) -> list[Message | Non
         if not start or not resend:
             out.append(None)
             continue
-        message = Message.from_redis(start, resend, ids[i])
+        message = message_from_redis(start, resend, ids[i])
         message.body = b""  # a list row has no body (GETRANGE may have read its start)
         out.append(message)
     return out
