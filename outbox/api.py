@@ -278,7 +278,7 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
     single = len(messages) == 1
     for index, (message, c) in enumerate(zip(messages, created, strict=True)):
         if c.code == "conflict":
-            refused = intake.conflict(message, c.standing_id, None if single else index)
+            refused = intake.conflict_error(message, c.standing_id, None if single else index)
             refused.stored = stored
             raise refused
     if unknown:

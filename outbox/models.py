@@ -59,7 +59,7 @@ class CapturedMessage(models.Model):
             (the unique constraint makes a concurrent transaction with the same key wait
             for the first and then find its message).
         body: the message body (bytes).
-        record: the rest of the message as JSON (see :meth:`outbox.records.Message.to_record`).
+        record: the rest of the message as JSON (see :meth:`outbox.records.Message.capture_json`).
         created_at: epoch seconds.
         ordering_key, order_seq: for an ordered message, its key and its place among the
             key's captured messages (1, 2, ... from :class:`OrderingSequence`: commit

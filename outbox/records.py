@@ -174,8 +174,9 @@ class Message:
         suspect: lost attempts since the message last finished an attempt in a live
             worker (0: none). A message taken back from a lost worker is a *suspect*: it
             is attempted alone (the quarantine lane) until an attempt ends in a live
-            process, so a message that ends its worker is singled out and takes no
-            batch mates with it. A dead letter that was lost alone keeps the mark.
+            process, so a message that ends its worker is singled out and takes none of
+            the messages claimed with it down with it. A dead letter that was lost alone keeps
+            the mark.
         ordering_key: the caller's ordering key (1 to 200 printable characters), or None:
             the messages of one destination with one key are delivered one at a time,
             in the order they were accepted (``docs/concepts.md``, "Ordered delivery").
@@ -247,14 +248,14 @@ class Message:
         digest.update(self.body)
         return digest.hexdigest()[:32]
 
-    def to_record(self) -> str:
+    def capture_json(self) -> str:
         """Every field but ``body``, as JSON (the database capture's ``record`` column)."""
         data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "body"}
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
-    def from_record(cls, record: str, body: bytes | memoryview) -> Message:
-        """The message from :meth:`to_record`'s JSON and its body (bytes, or the memoryview a
+    def from_capture_json(cls, record: str, body: bytes | memoryview) -> Message:
+        """The message from :meth:`capture_json`'s JSON and its body (bytes, or the memoryview a
         BinaryField reads from PostgreSQL)."""
         data = json.loads(record)
         return cls(body=bytes(body), **{k: v for k, v in data.items() if k in cls.__dataclass_fields__})

@@ -27,10 +27,10 @@ written as soon as they are decided (the next cycle starts at once). So a proces
 dies (SIGKILL, a poison message calling ``os._exit``) repeats only the attempts that
 were in flight: the recovery sweep takes those back after their lease with a ``lost``
 attempt. The exception: with partitions, outcomes a partition cannot take now (its slot
-half-moved, its primary away) wait in the run (``_Run.unwritten``) and are written again
+half-moved, its primary away) wait in the run (``WorkerRun.unwritten``) and are written again
 by a later exchange, while the run goes on with the other partitions; at its end the run
 waits for them within their lease, then leaves them to the recovery sweep
-(``_Run.finish``; docs/architecture.md, "Delivery: the claim loop").
+(``WorkerRun.finish``; docs/architecture.md, "Delivery: the claim loop").
 
 Whatever escapes the loop (Redis errors, RQ's job timeout), :func:`run` first waits
 briefly for attempts in flight, writes every decided outcome (retrying while Redis is
@@ -64,7 +64,15 @@ from outbox.destinations import config, controls
 from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.records import Message, Outcome, partition_of
-from outbox.store import ChangeResult, Claim, ExchangeRequest, MessageRepository, PartitionAsk, get_repository
+from outbox.store import (
+    Change,
+    ChangeResult,
+    Claim,
+    ExchangeRequest,
+    MessageRepository,
+    PartitionAsk,
+    get_repository,
+)
 from outbox.store.background import wakeups
 from outbox.store.client.outages import CLUSTER_IN_FLUX
 from outbox.store.decisions import Decision, change_of
@@ -250,14 +258,14 @@ def merge_claims(claims: Sequence[Claim]) -> Claim:
     return Claim(
         sorted((m for c in claims for m in c.messages), key=lambda m: (m.next_attempt_at or 0.0, m.id)),
         min(due) if due else None,
-        sum(c.held for c in claims),
+        sum(c.rescheduled for c in claims),
         events=claims[0].events,
         capped=capped,
         next_suspect=min(suspects) if suspects else None,
     )
 
 
-class _Run:
+class WorkerRun:
     """State of one :func:`run`: attempts in flight and outcomes not yet written."""
 
     def __init__(self, queue: str, repo: MessageRepository, budget: float) -> None:
@@ -291,7 +299,7 @@ class _Run:
         self.next_suspect: float | None = None  # when the queue's first suspect is due (quarantine index)
         self.quarantine_after = 0.0  # a quarantine claim found none it could take: not before then
         self.shared = False  # this run woke another worker for the suspects it could not take
-        self.held = 0
+        self.rescheduled = 0
         self.plan = PartitionPlan(repo.keys.partitions)  # which partitions each claim asks
         # The last claim left due messages in partitions it asked for none (or for a share
         # of 0 of their destination's cap) while the run had slots for them; claims in a
@@ -310,7 +318,7 @@ class _Run:
         # since its last one that did not.
         self.streak: Counter[str] = Counter()
         self.started_at: dict[Future[Outcome], float] = {}
-        self.health_config = config.breaker_config_json()
+        self.breaker_config = config.breaker_config_json()
         self.rate_limits = config.limits_json()
 
     def caps(self) -> dict[str, int]:
@@ -428,7 +436,7 @@ class _Run:
                 self.unwritten[d.message.id] = (d, "destination")
         return list(self.decided)
 
-    def exchange(
+    def write_and_claim(
         self, want: int, caps: dict[str, int] | None = None, quarantine: bool = False
     ) -> list[Message]:
         """Write decided outcomes and claim up to ``want`` messages (from the quarantine
@@ -455,15 +463,7 @@ class _Run:
         while True:
             now = time.time()
             lease, deadline = uuid.uuid4().hex, now + outbox_settings.VISIBILITY_TIMEOUT
-            if quarantine:
-                asks = [Ask(self.plan.suspect_partition(now, DUE_SLACK), want, caps)]
-            else:
-                touched = {partition_of(c.id) for c in changes} if self.plan.partitions > 1 else ()
-                asks = self.plan.asks(want, caps, now, DUE_SLACK, touched)
-            # a partition whose last claim met an outage is not asked for messages until its backoff ends
-            asks = [
-                Ask(a.partition, 0, a.caps) if self.moving.get(a.partition, 0.0) > now else a for a in asks
-            ]
+            asks = self.asks(want, caps, quarantine, changes, now)
             try:
                 reply = self.repo.outcomes_and_claim(
                     ExchangeRequest(
@@ -474,7 +474,7 @@ class _Run:
                         [PartitionAsk(a.partition, a.limit, a.caps or {}) for a in asks],
                         changes=changes,
                         outcomes=outcomes,
-                        health_config=self.health_config,
+                        breaker_config=self.breaker_config,
                         limits=self.rate_limits,
                         quarantine=quarantine,
                         slack=DUE_SLACK,
@@ -489,17 +489,7 @@ class _Run:
                 if left <= 0:
                     if not isinstance(exc, CLUSTER_IN_FLUX):
                         raise
-                    # A slot moving for longer than the lease budget: not a reason to end
-                    # the job by an exception. What is decided stays unwritten (finish()).
-                    logger.warning(
-                        "outbox: a cluster slot still moving after %.0f s; %d outcome(s) left unwritten",
-                        outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET,
-                        len(decided),
-                    )
-                    for d in decided:
-                        self.unwritten.setdefault(d.message.id, (d, "partition"))
-                    self.decided.clear()
-                    self.claim_until = min(self.claim_until, time.time())
+                    self.hold_back(decided)
                     return []
                 if not logged:
                     logger.warning(
@@ -518,6 +508,48 @@ class _Run:
             logger.warning("outbox: Redis reachable again; %d outcome(s) written", len(changes))
         self.decided.clear()
         self.written(decided, results)
+        return self.took(want, caps, asks, claims, deadline, now)
+
+    def asks(
+        self, want: int, caps: dict[str, int] | None, quarantine: bool, changes: Sequence[Change], now: float
+    ) -> list[Ask]:
+        """The claims of one :meth:`write_and_claim`, one per partition asked: the
+        quarantine lane's one partition, else the plan's (with the partitions that
+        ``changes`` touch), each asking for no message while its partition's last claim
+        met an outage and its backoff has not ended (``moving``)."""
+        if quarantine:
+            asks = [Ask(self.plan.suspect_partition(now, DUE_SLACK), want, caps)]
+        else:
+            touched = {partition_of(c.id) for c in changes} if self.plan.partitions > 1 else ()
+            asks = self.plan.asks(want, caps, now, DUE_SLACK, touched)
+        return [Ask(a.partition, 0, a.caps) if self.moving.get(a.partition, 0.0) > now else a for a in asks]
+
+    def hold_back(self, decided: Sequence[Decision]) -> None:
+        """A slot moving for longer than the lease budget: not a reason to end the job by
+        an exception. What is decided stays unwritten (:meth:`finish`) and the run claims
+        nothing more."""
+        logger.warning(
+            "outbox: a cluster slot still moving after %.0f s; %d outcome(s) left unwritten",
+            outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET,
+            len(decided),
+        )
+        for d in decided:
+            self.unwritten.setdefault(d.message.id, (d, "partition"))
+        self.decided.clear()
+        self.claim_until = min(self.claim_until, time.time())
+
+    def took(
+        self,
+        want: int,
+        caps: dict[str, int] | None,
+        asks: Sequence[Ask],
+        claims: Sequence[Claim],
+        deadline: float,
+        now: float,
+    ) -> list[Message]:
+        """Take in the claims of one :meth:`write_and_claim` (leases ending at
+        ``deadline``): the partitions met by an outage, the plan's due times, what was
+        left behind and capped, and the destinations' events; the messages claimed."""
         self.note_moving([a.partition for a, one in zip(asks, claims, strict=True) if one.unavailable], now)
         for ask, one in zip(asks, claims, strict=True):
             self.plan.note(ask.partition, one.next_due, one.next_suspect, now, one.capped)
@@ -525,9 +557,9 @@ class _Run:
         for m in claim.messages:
             self.lease_ends[m.id] = deadline
         self.left_due = len(asks) > 1 and self.left_behind(asks, claims, claim.messages, caps or {}, now)
-        self.next_due, self.held, self.next_suspect = (
+        self.next_due, self.rescheduled, self.next_suspect = (
             self.plan.earliest_due,
-            claim.held,
+            claim.rescheduled,
             self.plan.earliest_suspect,
         )
         self.note_claim(want, claim.messages, claim.capped)
@@ -610,7 +642,7 @@ class _Run:
                 time.sleep(min(max(0.0, self.write_at - time.time()), left))
                 self.write_at = 0.0
             try:
-                self.exchange(0)
+                self.write_and_claim(0)
             except REDIS_ERRORS:
                 logger.warning("outbox: could not write outcomes now", exc_info=True)
                 self.write_at = time.time() + self.write_delay
@@ -752,7 +784,7 @@ class _Run:
             caps = self.caps()
             want, quarantine = self.lane(self.want(free, caps, time.time()), time.time())
             if want or self.decided or (self.unwritten and time.time() >= self.write_at):
-                claimed = self.exchange(want, caps if want else None, quarantine)
+                claimed = self.write_and_claim(want, caps if want else None, quarantine)
                 self.start(claimed)
                 if claimed:
                     self.empty_retries = 0
@@ -783,7 +815,7 @@ class _Run:
                         self.empty_retries += 1
                         continue
                     wait_for = self.next_due - time.time() if self.next_due is not None else HELD_WAIT + 1
-                    if self.held and wait_for <= HELD_WAIT and time.time() < self.claim_until:
+                    if self.rescheduled and wait_for <= HELD_WAIT and time.time() < self.claim_until:
                         # Messages a rate or concurrency limit moved a moment later: wait for them.
                         time.sleep(max(0.01, wait_for))
                         continue
@@ -827,7 +859,7 @@ def run(queue: str, *, budget: float = RUN_BUDGET) -> RunReport:
     """
     repo = get_repository()
     repo.clear_wake_flag(queue)
-    state = _Run(queue, repo, budget)
+    state = WorkerRun(queue, repo, budget)
     try:
         state.loop()
         state.finish()

@@ -9,7 +9,7 @@
 
   - lost beside others (not a suspect yet): the loss is charged once (retry count + 1),
     but never makes a dead letter: with no retry left it is retried alone without
-    charge. So an innocent batch mate of a poison message is charged at most one lost
+    charge. So an innocent message claimed with a poison message is charged at most one lost
     attempt per poison neighbour, and settles after its one attempt alone;
   - lost alone (a suspect, attempted in the quarantine lane): the message likely ended
     its worker itself. Charged, and ``failed`` when no retries are left (so a message that
@@ -22,7 +22,7 @@
   (:meth:`~outbox.store.MessageRepository.upgrade`);
 * finished messages older than ``OUTBOX["RETENTION"]`` for their status (by default
   succeeded after 7 days, cancelled after 30; dead letters are kept): deleted, in
-  batches, for up to half the sweep interval, so purging keeps pace with delivery.
+  chunks, for up to half the sweep interval, so purging keeps pace with delivery.
 
 Due messages whose wake-up job was lost are not the sweep's business: every
 ``outbox_worker`` wakes due queues itself each ``WAKE_INTERVAL``

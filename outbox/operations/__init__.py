@@ -1,9 +1,12 @@
 """Bulk operations on messages, shared by the console and the management commands.
 
-- :mod:`~outbox.operations.operation`: what each operation does, who may do it, what
-  it acts on (:class:`Selection`) and running it (:func:`execute`); re-exported here.
-- :mod:`~outbox.operations.actions`: requeue, retry now, cancel, delete, in batches.
-- :mod:`~outbox.operations.batches`: the exact messages one operation acted on.
+- :mod:`~outbox.operations.operation`: the catalogue: each operation's name and
+  description, who may run it, what it acts on (:class:`Selection`) and running it
+  (:func:`execute`); re-exported here.
+- :mod:`~outbox.operations.actions`: the work: requeue, retry now, cancel, delete, in
+  chunks of 1,000 ids per Lua call.
+- :mod:`~outbox.operations.batches`: a *batch* is the record of the exact messages one
+  operation acted on (``?batch=<token>`` in the console); the word means only that.
 """
 
 from outbox.operations.operation import (

@@ -1,8 +1,10 @@
-"""Bulk operations on messages: requeue, retry now, cancel, delete, in batches.
+"""The work of each bulk operation on messages: requeue, retry now, cancel, delete,
+applied in chunks of ids (:data:`CHUNK`, one Lua call each).
 
 Each works on any iterable of ids (a selection, or every id matching a filter from
 :meth:`~outbox.store.MessageRepository.iter_ids`), 1,000 ids per Lua call, never one
-round trip per message. Every change is a compare-and-set: ids that changed meanwhile
+round trip per message. Naming the operations, who may run them and what they act on
+is :mod:`outbox.operations.operation`'s. Every change is a compare-and-set: ids that changed meanwhile
 are counted as skipped, not forced.
 """
 
@@ -19,8 +21,9 @@ from outbox.events import send_bulk_signal
 from outbox.records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
 from outbox.store import get_repository
 from outbox.store.background import wakeups
+from outbox.store.base import IDS_PER_CALL
 
-CHUNK = 1000
+CHUNK = IDS_PER_CALL
 # Seconds between the index scores of messages changed in one chunk: distinct scores
 # keep walks by score (MessageRepository.iter_ids) free of large ties. 1 microsecond is
 # 4 ULPs of an epoch time near 1.8e9, so the scores stay distinct.

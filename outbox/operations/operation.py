@@ -1,6 +1,6 @@
-"""The bulk operations of the admin console and the management commands (one domain
-module both use): what each does, who may do it,
-what it acts on (:class:`Selection`), and running it (:func:`execute`).
+"""The catalogue of operations the admin console and the management commands offer (one
+domain module both use): each operation's name and description, who may run it, what
+it acts on (:class:`Selection`), and running it (:func:`execute`).
 
 The work itself is :mod:`outbox.operations.actions` (1,000 ids per Lua call, compare-and-set):
 here an operation is only named, described and fed with ids.
@@ -72,7 +72,7 @@ class Operation:
         applied: Applied | None = None,
         **options: Any,
     ) -> ActionResult:
-        """Act on ``ids`` in batches; see :mod:`outbox.operations.actions`."""
+        """Act on ``ids`` in chunks; see :mod:`outbox.operations.actions`."""
         action: Callable[..., ActionResult] = getattr(actions, self.name)
         return action(ids, progress=progress, applied=applied, **options)
 
@@ -193,12 +193,12 @@ class Selection:
         return count_matching(repo, flt, eligible_statuses(flt, op.statuses))
 
     def iter_ids(self, repo: MessageRepository, op: Operation) -> Iterator[str]:
-        """Every selected id ``op`` may act on, walking indexes in batches."""
+        """Every selected id ``op`` may act on, walking indexes a chunk at a time."""
         if self.ids is not None:
             return iter(self.ids)
         flt = self.filter_for(op)
-        batches = iter_matching(repo, flt, eligible_statuses(flt, op.statuses), as_of=self.as_of)
-        return chain.from_iterable(batches)
+        chunks = iter_matching(repo, flt, eligible_statuses(flt, op.statuses), as_of=self.as_of)
+        return chain.from_iterable(chunks)
 
     # -- for background jobs (RQ pickles arguments; keep them plain) ---------------
     def to_dict(self) -> dict[str, Any]:

@@ -137,7 +137,7 @@ def _row(message: Message, own: str) -> CapturedMessage:
         idempotency_key=message.idempotency_key,
         fingerprint=message.fingerprint(),
         body=message.body,
-        record=message.to_record(),
+        record=message.capture_json(),
         created_at=time.time(),
         ordering_key=message.ordering_key,
         deployment=own,
@@ -160,7 +160,7 @@ def _capture_keyed(message: Message, using: str, index: int | None, own: str) ->
         )
         if row is not None:
             return _same_or_conflict(
-                message, Message.from_record(row.record, row.body), row.fingerprint, index
+                message, Message.from_capture_json(row.record, row.body), row.fingerprint, index
             )
     # The key may name a message already in Redis (its row was pushed and deleted).
     try:
@@ -186,7 +186,7 @@ def _capture_keyed(message: Message, using: str, index: int | None, own: str) ->
 
 def _same_or_conflict(message: Message, existing: Message, fingerprint: str, index: int | None) -> Message:
     if fingerprint != message.fingerprint():
-        raise intake.conflict(message, existing.id, index)
+        raise intake.conflict_error(message, existing.id, index)
     return existing
 
 
@@ -294,7 +294,7 @@ def captured(message_id: str) -> Message | None:
         except Exception:  # no table, no database access: nothing captured there
             continue
         if row is not None:
-            return Message.from_record(row.record, row.body)
+            return Message.from_capture_json(row.record, row.body)
     return None
 
 
@@ -379,7 +379,7 @@ def _relay_batch(alias: str, deployments: Sequence[str], cutoff: float, limit: i
         if not batch:
             return 0, False
         numbers = {r.id: r.order_seq for r in batch if r.ordering_key and r.order_seq is not None}
-        own = [Message.from_record(r.record, r.body) for r in batch]
+        own = [Message.from_capture_json(r.record, r.body) for r in batch]
         messages = push_order.in_key_order(alias, own, numbers, limit, deployments)
         settled = _settled(messages, intake.store(messages))
         mine = {r.id for r in batch}

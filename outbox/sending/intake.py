@@ -157,7 +157,7 @@ def deliver_now(queues: Iterable[str]) -> None:
         run(queue)
 
 
-def conflict(message: Message, existing_id: str, index: int | None = None) -> IdempotencyConflict:
+def conflict_error(message: Message, existing_id: str, index: int | None = None) -> IdempotencyConflict:
     """The :class:`IdempotencyConflict` for a message whose key names message ``existing_id``."""
     where = f"send_many item {index}: " if index is not None else ""
     return IdempotencyConflict(

@@ -88,7 +88,7 @@ def in_key_order(
     missing = [i for ids in queued.values() for i in ids if i not in given]
     if missing:
         for row in CapturedMessage.objects.using(using).filter(id__in=missing):
-            given[row.id] = Message.from_record(row.record, row.body)
+            given[row.id] = Message.from_capture_json(row.record, row.body)
     return loose + [given[i] for ids in queued.values() for i in ids if i in given]
 
 

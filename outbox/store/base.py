@@ -35,6 +35,11 @@ logger = logging.getLogger("outbox")
 
 T = TypeVar("T")
 
+#: Ids (or index entries) one call reads or acts on: a bulk action's Lua call, a
+#: filtered scan's round trip, a partition's share of a merged scan. Bounded so one
+#: script call stays short (Redis serves nothing else meanwhile).
+IDS_PER_CALL = 1000
+
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
 # redis-py's own types also allow str (``decode_responses=True``) and give one type to
 # sorted-set reads with and without WITHSCORES, so replies are cast to these where parsed.

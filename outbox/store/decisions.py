@@ -128,13 +128,13 @@ def change_of(decision: Decision) -> Change:
             error=d.error,
             next_attempt_at=d.next_attempt_at,
         ),
-        stat=d.status,
+        stats_outcome=d.status,
         destination=m.destination,
         queue=m.queue,
         ordering_key=m.ordering_key or "",
         skip=d.skip,
         park=_park(d, fields, unset) if d.parkable else None,
-        also=None if exhausted is None else exhausted.to_json(),
+        exhausted_event=None if exhausted is None else exhausted.to_json(),
     )
 
 

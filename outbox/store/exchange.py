@@ -86,7 +86,7 @@ class ExchangeRequest:
         changes: the outcomes' status changes (compare-and-set on their lease).
         outcomes: the outcomes as ``lua/health.lua`` records them
             (:func:`~outbox.store.destination_state.health_args`).
-        health_config: JSON destination -> breaker settings.
+        breaker_config: JSON destination -> breaker settings.
         limits: JSON of the destinations' limits
             (:func:`outbox.destinations.config.limits_json`).
         quarantine: claim from the quarantine lane (a suspect, alone).
@@ -103,7 +103,7 @@ class ExchangeRequest:
     asks: Sequence[PartitionAsk]
     changes: Sequence[Change] = ()
     outcomes: Sequence[Sequence[Any]] = ()
-    health_config: str = "{}"
+    breaker_config: str = "{}"
     limits: str = "{}"
     quarantine: bool = False
     slack: float = 0.0
@@ -221,7 +221,7 @@ class Exchange:
         calls: list[ScriptCall] = []
         if r.outcomes:
             args = health_args(
-                self.keys, store.events_channel, r.outcomes, r.health_config, r.now, r.run, r.horizon
+                self.keys, store.events_channel, r.outcomes, r.breaker_config, r.now, r.run, r.horizon
             )
             calls.append(("health", args, [self.keys.probes]))
         if r.changes:
@@ -284,7 +284,7 @@ class Exchange:
         unhealthy: dict[str, Exception] = {}
         if r.outcomes:
             self.events, self.holding, unhealthy = self.store.record_health(
-                r.outcomes, r.health_config, r.now, r.run, r.horizon
+                r.outcomes, r.breaker_config, r.now, r.run, r.horizon
             )
         sent = []
         for i, change in enumerate(r.changes):

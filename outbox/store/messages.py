@@ -133,9 +133,10 @@ class Change:
             :func:`~outbox.store.codec.inline_fields`), written instead of pushing
             ``attempt`` when the record holds no inline success yet.
         event: a JSON event to publish on the events channel.
-        stat: an outcome name counted in the per-minute statistics.
-        load: return both records when applied (saves a round trip on claim).
-        also: a second JSON event published with the change (``message.exhausted``).
+        stats_outcome: an outcome name counted in the per-minute statistics.
+        return_records: return both records when applied (saves a round trip on claim).
+        exhausted_event: a second JSON event published with the change
+            (``message.exhausted``).
         park: what to write instead when the destination holds its messages (paused,
             disabled, circuit breaker not closed; see ``lua/transition.lua``): a dict with
             ``to``, ``score``, ``set``, ``unset``, ``attempt`` (JSON) and ``event``.
@@ -159,9 +160,9 @@ class Change:
     attempt: Attempt | None = None
     inline: dict[str, str] | None = None
     event: str | None = None
-    stat: str | None = None
-    load: bool = False
-    also: str | None = None
+    stats_outcome: str | None = None
+    return_records: bool = False
+    exhausted_event: str | None = None
     park: dict[str, Any] | None = None
     destination: str = ""
     queue: str = ""
@@ -187,9 +188,9 @@ class Change:
             "" if self.due_by is None else repr(self.due_by),
             "" if self.attempt is None else attempt_json(self.attempt),
             self.event or "",
-            self.stat or "",
-            "1" if self.load else "",
-            self.also or "",
+            self.stats_outcome or "",
+            "1" if self.return_records else "",
+            self.exhausted_event or "",
             "" if self.park is None else json.dumps(self.park, separators=(",", ":")),
             "1" if self.skip else "",
             self.ordering_key if self.destination else "",
@@ -296,8 +297,8 @@ class Claim:
         messages: the messages claimed (status ``sending``, this claim's lease), with both records.
         next_due: epoch seconds when the earliest message left in the queue's due index
             is due, or None when the index is empty.
-        held: messages the claim rescheduled because their destination was over a
-            limit (rate, concurrency, ``Retry-After``): due again soon.
+        rescheduled: how many messages the claim rescheduled because their destination
+            was over a limit (rate, concurrency, ``Retry-After``): due again soon.
         events: destination events (JSON strings, see ``lua/health.lua``) caused by the
             outcomes written in the same round trip (:meth:`MessageRepository.outcomes_and_claim`).
         capped: destinations whose due messages the claim skipped because their cap
@@ -311,7 +312,7 @@ class Claim:
 
     messages: list[Message]
     next_due: float | None
-    held: int = 0
+    rescheduled: int = 0
     events: list[str] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)
     next_suspect: float | None = None
@@ -795,12 +796,12 @@ class MessageStore(RepositoryBase):
     @staticmethod
     def parse_claim(reply: ClaimReply) -> Claim:
         """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
-        flat, next_due, held, capped, next_suspect = reply
+        flat, next_due, rescheduled, capped, next_suspect = reply
         messages = [message_from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         return Claim(
             messages,
             float(next_due) if next_due else None,
-            int(held),
+            int(rescheduled),
             capped=[d.decode() for d in capped],
             next_suspect=float(next_suspect) if next_suspect else None,
         )
@@ -863,7 +864,7 @@ class MessageStore(RepositoryBase):
                 )
             if now is not None:
                 minute = int(now // 60)
-                for stat in [change.stat, "parked" if change.park else None]:
+                for stat in [change.stats_outcome, "parked" if change.park else None]:
                     if stat:
                         more[part.stats(stat, minute)] = None
         return keys + list(more)

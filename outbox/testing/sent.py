@@ -135,5 +135,5 @@ def _captured_since(since: float) -> list[Message]:
             rows = list(CapturedMessage.objects.using(alias).filter(created_at__gte=since - 0.001))
         except Exception:  # no access to this database in this test, or no table
             continue
-        out += [Message.from_record(row.record, row.body) for row in rows]
+        out += [Message.from_capture_json(row.record, row.body) for row in rows]
     return out

@@ -1,7 +1,7 @@
 """Issue 31, item 6 (and item 1 for the same case): an outcome written twice by a run's
 retried exchange is logged, reported and announced as what it was, once.
 
-A run writes its decided outcomes together with its next claim (``_Run.exchange``) and
+A run writes its decided outcomes together with its next claim (``WorkerRun.write_and_claim``) and
 retries the whole round trip when Redis answers with an error. When the first try had
 applied the outcomes (its reply lost on the way, or, with partitions, a later step of the
 exchange failing after the transitions), the second try found the messages no longer
@@ -143,12 +143,12 @@ def test_an_outcome_that_lost_its_lease_is_still_stale(layout, caplog):
     (claimed,) = loop.claim(m.queue)
     repo = get_repository()
     repo.connection.hset(repo.keys.resend(m.id), "lease", "another-worker")
-    state = loop._Run(m.queue, repo, 1.0)
+    state = loop.WorkerRun(m.queue, repo, 1.0)
     outcome = Outcome(claimed, claimed.created_at, 1.0, ok=True)
     decision = decide(outcome, claimed.created_at, rules_for(claimed))
     state.decided.append(dataclasses.replace(decision, outcome=outcome))
     with announced(events.message_succeeded) as succeeded, caplog.at_level(logging.INFO, logger="outbox"):
-        state.exchange(0)
+        state.write_and_claim(0)
     assert attempt_lines(caplog) == {m.id: ["stale"]}
     assert state.report.outcomes == {m.id: "stale"}
     assert succeeded == []
@@ -166,13 +166,13 @@ def test_a_parked_outcome_whose_write_was_repeated_is_logged_parked_once(layout,
     (claimed,) = loop.claim(m.queue)
     controls.pause("mem")
     repo = get_repository()
-    state = loop._Run(m.queue, repo, 1.0)
+    state = loop.WorkerRun(m.queue, repo, 1.0)
     outcome = Outcome(claimed, claimed.created_at, 1.0, error="HTTP 500", error_class="http")
     decision = decide(outcome, claimed.created_at, rules_for(claimed))
     state.decided.append(dataclasses.replace(decision, outcome=outcome))
     lost = losing(monkeypatch, "transition")
     with announced(events.message_retrying) as retried, caplog.at_level(logging.INFO, logger="outbox"):
-        state.exchange(0)
+        state.write_and_claim(0)
     assert lost == ["transition"]
     assert attempt_lines(caplog) == {m.id: ["parked"]}
     assert state.report.outcomes == {m.id: "parked"}

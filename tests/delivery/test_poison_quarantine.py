@@ -186,9 +186,9 @@ def test_a_message_lost_alone_without_retries_left_is_a_dead_letter_that_stays_q
         lose(repo, [m.id])  # claimed from the due index (with others, for all the sweep knows)
         assert outbox.get(m.id).retry_count == 1
         assert delivery.claim("outbox", time.time()) == []  # an ordinary claim moves it aside
-        run = delivery._Run("outbox", repo, 5)
-        assert run.exchange(1) == []  # a run's claim says when (and, with partitions, where) it is due
-        claimed = run.exchange(1, quarantine=True)  # the quarantine lane
+        run = delivery.WorkerRun("outbox", repo, 5)
+        assert run.write_and_claim(1) == []  # a run's claim says when (and, with partitions, where) it is due
+        claimed = run.write_and_claim(1, quarantine=True)  # the quarantine lane
         assert [c.id for c in claimed] == [m.id]
         repo.connection.zadd(repo.keys.of(m.id).status("sending", "tracked"), {m.id: time.time() - 1})
         from outbox.delivery.recovery import recover

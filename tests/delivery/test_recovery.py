@@ -49,7 +49,7 @@ def test_lost_message_without_retries_left_becomes_a_dead_letter_once_lost_alone
     # Lost from an ordinary claim (beside other attempts, for all the sweep knows), it is
     # not charged and is attempted alone once more (issue 20, item 12); lost alone, it is
     # the one that ended its worker: a dead letter.
-    from outbox.delivery.loop import _Run
+    from outbox.delivery.loop import WorkerRun
 
     settings.OUTBOX = {**settings.OUTBOX, "VISIBILITY_TIMEOUT": 1}
     m = outbox.send("hook", 1, max_retries=0)
@@ -62,9 +62,9 @@ def test_lost_message_without_retries_left_becomes_a_dead_letter_once_lost_alone
     got = outbox.get(m.id)
     assert got.status == "retrying" and got.retry_count == 0 and "not charged" in got.last_error
     assert claim("outbox", time.time()) == []  # an ordinary claim moves the suspect aside
-    run = _Run("outbox", repo, 5)
-    assert run.exchange(1) == []  # a run's claim says when (and, with partitions, where) it is due
-    (alone,) = run.exchange(1, quarantine=True)
+    run = WorkerRun("outbox", repo, 5)
+    assert run.write_and_claim(1) == []  # a run's claim says when (and, with partitions, where) it is due
+    (alone,) = run.write_and_claim(1, quarantine=True)
     assert alone.id == m.id
     time.sleep(1.05)
     report = recover()

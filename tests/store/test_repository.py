@@ -203,7 +203,7 @@ def test_the_message_record_is_one_string_and_older_hash_records_still_read(repo
     assert claimed[sent.id].created_at == sent.created_at
     results = repo.transition(
         [
-            Change(m.id, ("sending",), "pending", m.created_at, lease=m.lease, load=True)
+            Change(m.id, ("sending",), "pending", m.created_at, lease=m.lease, return_records=True)
             for m in claimed.values()
         ],
         time.time(),
@@ -239,7 +239,7 @@ def claim_change(message_id, lease="L1", now=None):
         score=now + 30,
         set={"lease": lease},
         due_by=now,
-        load=True,
+        return_records=True,
     )
 
 

@@ -23,7 +23,6 @@ OVER: dict[tuple[str, str, str], int] = {
     ("outbox/admin_views/listing.py", "message_list", "lines"): 139,
     ("outbox/api.py", "send", "lines"): 86,
     ("outbox/checks.py", "_check", "lines"): 110,
-    ("outbox/delivery/loop.py", "_Run.exchange", "lines"): 109,
     ("outbox/delivery/worker.py", "run_worker", "lines"): 81,
     ("outbox/delivery/worker.py", "run_worker", "parameters"): 10,
     ("outbox/destinations/config.py", "_parse", "lines"): 91,

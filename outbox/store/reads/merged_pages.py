@@ -29,11 +29,12 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from outbox.store.base import IDS_PER_CALL
 from outbox.store.indexes import Cursor, order_key
 from outbox.store.repository import MessageRepository
 
 #: Entries a partition examines per call while scanning.
-CHUNK = 1000
+CHUNK = IDS_PER_CALL
 
 #: An entry of a merged read: (score as Redis wrote it, id).
 Entry = tuple[bytes, str]

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status, created_at_of
-from outbox.store.base import Members
+from outbox.store.base import IDS_PER_CALL, Members
 from outbox.store.codec import message_from_redis
 from outbox.store.indexes import Cursor, Index
 from outbox.store.reads import merged_pages
@@ -63,7 +63,7 @@ from outbox.store.repository import MessageRepository
 #: Index entries a page whose filter no index serves may examine.
 SCAN_LIMIT = 5_000
 #: Ids read per round trip while scanning.
-CHUNK = 1000
+CHUNK = IDS_PER_CALL
 #: Sort keys of the message list.
 SORT_FIELDS = ("created", "updated", "next_attempt")
 #: Message-record fields a list row needs (everything but the body), in a hash written by an older version.
