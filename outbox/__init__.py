@@ -37,6 +37,7 @@ __all__ = [
     "cancel",
     "delete",
     "get",
+    "publish",
     "release_key",
     "requeue",
     "send",
@@ -66,6 +67,7 @@ _LAZY = {
     "cancel": "outbox.api",
     "delete": "outbox.api",
     "get": "outbox.api",
+    "publish": "outbox.webhooks",
     "requeue": "outbox.api",
     "send": "outbox.api",
     "send_again": "outbox.api",
@@ -90,6 +92,7 @@ if TYPE_CHECKING:
     from outbox.operations.actions import ActionResult
     from outbox.operations.ordering import blocked_keys, release_key
     from outbox.records import Attempt, Message, Status
+    from outbox.webhooks import publish
 
 
 def __getattr__(name: str) -> Any:

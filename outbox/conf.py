@@ -127,6 +127,21 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        the key's later messages until it is requeued, cancelled or
                        deleted; ``"skip"`` sets it aside and the key goes on. See
                        ``docs/concepts.md``, "Ordered delivery".
+``ENDPOINTS``          endpoints registered at runtime (webhooks for a project's
+                       customers; ``docs/webhooks.md``): ``{"SECRET_KEYS": [...],
+                       "CACHE_TTL": 30, "VERSION_CHECK": 1, "SECRET_OVERLAP": 86400,
+                       "ALLOW_UNKNOWN_EVENT_TYPES": False, "ALLOW_PRIVATE_NETWORKS":
+                       False, "MAX_PAYLOAD_BYTES": None, "MAX_URL_LENGTH": 2048,
+                       "MAX_RETRIES": None, "RETRY": None, "TIMEOUT": 10}``: the Fernet
+                       keys that encrypt endpoint secrets at rest (the first encrypts, all
+                       decrypt: prepend a new key to rotate), the seconds a worker keeps
+                       an endpoint's configuration at most and between its checks of the
+                       change counter, the seconds a rotated-out secret keeps signing,
+                       publishing to (and subscribing to) types not in the catalogue,
+                       receivers on private networks (tests, your own network), the
+                       largest payload (None: ``MAX_BODY_BYTES``), the longest URL, the
+                       retry budget and policy (None: the global ones) and the request
+                       timeout of every endpoint. See :func:`endpoint_setting`.
 ``ORDERING_KEY_TTL``   seconds an ordering key's state (its sequence, the last delivered)
                        is kept after its last message left it (7 days); a key sent to
                        again later starts at sequence 1.
@@ -190,6 +205,23 @@ DEFAULTS: dict[str, Any] = {
     "DURABILITY": {"REPLICAS": 0, "AOF": False, "TIMEOUT": 1.0},
     "ORDERING": "block",
     "ORDERING_KEY_TTL": 7 * 24 * 3600,
+    "ENDPOINTS": {},
+}
+
+#: Keys of ``OUTBOX["ENDPOINTS"]`` (webhooks for a project's customers, docs/webhooks.md)
+#: and their defaults.
+ENDPOINT_DEFAULTS: dict[str, Any] = {
+    "SECRET_KEYS": [],
+    "CACHE_TTL": 30.0,
+    "VERSION_CHECK": 1.0,
+    "SECRET_OVERLAP": 24 * 3600,
+    "ALLOW_UNKNOWN_EVENT_TYPES": False,
+    "ALLOW_PRIVATE_NETWORKS": False,
+    "MAX_PAYLOAD_BYTES": None,
+    "MAX_URL_LENGTH": 2048,
+    "MAX_RETRIES": None,
+    "RETRY": None,
+    "TIMEOUT": 10.0,
 }
 
 #: Settings renamed, old name -> new name: the old name is read when the new one is not
@@ -534,6 +566,26 @@ class OutboxSettings:
 
 
 outbox_settings = OutboxSettings()
+
+
+def endpoint_setting(name: str) -> Any:
+    """``OUTBOX["ENDPOINTS"][name]``, else its default (:data:`ENDPOINT_DEFAULTS`).
+
+    Raises:
+        ImproperlyConfigured: ``OUTBOX["ENDPOINTS"]`` is not a dict, or has a key
+            :data:`ENDPOINT_DEFAULTS` does not know.
+        KeyError: ``name`` is not such a key (a bug of the caller).
+    """
+    value = outbox_settings.ENDPOINTS
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured("OUTBOX['ENDPOINTS'] must be a dict")
+    unknown = sorted(set(value) - set(ENDPOINT_DEFAULTS))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"OUTBOX['ENDPOINTS'] has unknown key(s) {', '.join(map(repr, unknown))}; known: "
+            + ", ".join(ENDPOINT_DEFAULTS)
+        )
+    return value.get(name, ENDPOINT_DEFAULTS[name])
 
 
 @receiver(setting_changed)

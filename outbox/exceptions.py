@@ -30,6 +30,30 @@ class UnknownDestination(InvalidMessage):
     """The destination name is not a key of ``OUTBOX["DESTINATIONS"]``."""
 
 
+class InvalidEndpoint(InvalidMessage):
+    """An application, endpoint or event type given to :mod:`outbox.webhooks` is not
+    acceptable (a bad URL, an address the private-network guard refuses, an unknown or
+    archived event type, a bad secret...); nothing was written. ``field`` names the
+    attribute at fault. Its text never quotes a secret."""
+
+
+class UnknownApplication(InvalidMessage):
+    """No :class:`~outbox.models.Application` has this uid (``outbox.publish``)."""
+
+
+class UnknownEventType(InvalidMessage):
+    """The event type is not in the catalogue, or is archived (and
+    ``OUTBOX["ENDPOINTS"]["ALLOW_UNKNOWN_EVENT_TYPES"]`` is off)."""
+
+
+class EndpointUnavailable(OutboxError):
+    """An endpoint registered at runtime exists but cannot take deliveries now: it is
+    disabled, or its secrets cannot be decrypted (a wrong ``OUTBOX["ENDPOINTS"]
+    ["SECRET_KEYS"]``). A worker that meets one of its deliveries records a retryable
+    failure that parks the delivery with no retry charged (the endpoint's state in Redis
+    is disabled or paused first): its deliveries wait, they do not become dead letters."""
+
+
 class MessageTooLarge(InvalidMessage):
     """The encoded body is larger than ``OUTBOX["MAX_BODY_BYTES"]``.
 

@@ -5,7 +5,7 @@ A delivery error can carry secrets: h11 quotes a header value it refuses
 (``Illegal header value b'Bearer ...'``), and a receiver's error page may echo the
 request it got, ``Authorization`` header included. :func:`redact` removes
 
-* every secret given (a destination's webhook ``secret``, every value of a sensitive
+* every secret given (a destination's webhook ``secret``, an endpoint's secrets, every value of a sensitive
   header of the message and of the destination, credentials in the destination URL),
   also in the escaped forms Python's ``repr`` of str and bytes gives them, and the long
   words of a multi-word value (the token of ``Bearer <token>``);
@@ -28,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -162,12 +162,33 @@ def _scheme(match: re.Match[str]) -> str:
     return scheme + space + REDACTED
 
 
+#: Functions ``name -> options`` consulted for a destination not in the settings: an
+#: endpoint registered at runtime, whose secrets live in the database
+#: (:mod:`outbox.destinations.config` registers its cache's copies, so that every text
+#: redacted with a worker's destination knows the endpoint's secrets).
+_option_sources: list[Callable[[str], Mapping[str, Any]]] = []
+
+
+def register_options_source(source: Callable[[str], Mapping[str, Any]]) -> None:
+    """Have :func:`destination_options` ask ``source(name)`` for destinations not in the
+    settings (it must not raise, nor read a database: return ``{}`` when it does not know)."""
+    if source not in _option_sources:
+        _option_sources.append(source)
+
+
 def destination_options(name: str) -> Mapping[str, Any]:
-    """The ``OPTIONS`` of a configured destination, or ``{}`` (never raises)."""
+    """The ``OPTIONS`` of a configured destination, or of an endpoint registered at
+    runtime as a registered source knows it (its secrets, URL, headers), or ``{}``
+    (never raises)."""
 
     try:
         config = outbox_settings.DESTINATIONS.get(name)
         options = config.get("OPTIONS") if isinstance(config, Mapping) else None
+        if options is None:
+            for source in _option_sources:
+                options = source(name) or None
+                if options:
+                    break
     except Exception:  # malformed settings: redact what the patterns catch
         return {}
     return options if isinstance(options, Mapping) else {}

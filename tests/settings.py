@@ -163,6 +163,15 @@ OUTBOX = {
     # Most tests script failures and count retries: the circuit breaker would park their
     # messages. tests/destinations/test_health.py turns it on per destination.
     "BREAKER": False,
+    # Endpoints registered at runtime (tests/webhooks): a fixed test key; receivers on loopback.
+    "ENDPOINTS": {
+        "SECRET_KEYS": ["yJ1yRKDHGPTdSR1Dd1k8k2oV2u7yQ2Zb6Xz8E0p3Zx8="],
+        "ALLOW_PRIVATE_NETWORKS": True,
+        "RETRY": [0],
+        "MAX_RETRIES": 3,
+        "CACHE_TTL": 5,
+        "VERSION_CHECK": 0.1,
+    },
 }
 if CLUSTER_NODES:
     OUTBOX["CLUSTER"] = {"NODES": CLUSTER_NODES}

@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from outbox import tracing
 from outbox.destinations.config import get_transport
-from outbox.exceptions import DeliveryError, PermanentDeliveryError, UnknownDestination
+from outbox.exceptions import DeliveryError, EndpointUnavailable, PermanentDeliveryError, UnknownDestination
 from outbox.records import Message, Outcome
 from outbox.redaction import redact_message_text
 from outbox.transports import deadlines
@@ -55,6 +55,8 @@ def attempt(message: Message) -> Outcome:
     try:
         try:
             transport = get_transport(message.destination)
+        except EndpointUnavailable as exc:  # disabled or its secret unreadable: it waits, parked
+            raise DeliveryError(str(exc), error_class="endpoint_unavailable") from exc
         except (UnknownDestination, ImproperlyConfigured) as exc:
             raise PermanentDeliveryError(
                 redact_message_text(f"destination {message.destination!r} cannot be used: {exc}", message),
@@ -91,7 +93,7 @@ def deadline_of(destination: str) -> float | None:
     ``longest_attempt()``, seconds), or None (no deadline, or no usable transport)."""
     try:
         return get_transport(destination).longest_attempt()
-    except (UnknownDestination, ImproperlyConfigured):
+    except (UnknownDestination, ImproperlyConfigured, EndpointUnavailable):
         return None
 
 

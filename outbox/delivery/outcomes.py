@@ -16,6 +16,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from outbox.conf import outbox_settings
 from outbox.delivery.attempts import ERROR_LIMIT, worker_name
 from outbox.destinations.config import get_destination
+from outbox.endpoint_names import is_endpoint
 from outbox.events import send_destination_events, send_exhausted_signal, send_signal
 from outbox.exceptions import UnknownDestination
 from outbox.records import Attempt, Message, Outcome, Status
@@ -148,7 +149,10 @@ def _due_again(outcome: Outcome, now: float, rules: Rules, charge: bool) -> tupl
 
 def ordering_policy(destination: str) -> str:
     """``destination``'s ``ORDERING`` policy (``"block"`` or ``"skip"``), or
-    ``OUTBOX["ORDERING"]``'s for a destination no longer configured."""
+    ``OUTBOX["ORDERING"]``'s for a destination no longer configured and for every
+    endpoint registered at runtime (no database read here)."""
+    if is_endpoint(destination):
+        return str(outbox_settings.ORDERING)
     try:
         return get_destination(destination).ordering
     except UnknownDestination:

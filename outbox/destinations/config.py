@@ -23,12 +23,25 @@ connections to a receiver stay open across attempts.
 
 Retry settings resolve message -> destination -> global default, as Dramatiq's
 retries middleware resolves message -> actor -> default.
+
+Endpoints registered at runtime (``endpoint:<id hex>``, :mod:`outbox.endpoint_names`)
+are destinations too: :func:`get_destination` and :func:`get_transport` resolve them from
+the database through a per-process cache (:class:`EndpointCache`): a copy is used at most
+``OUTBOX["ENDPOINTS"]["CACHE_TTL"]`` seconds (30) and is forgotten sooner, within
+``VERSION_CHECK`` seconds (1), after a committed change announced in Redis
+(:mod:`outbox.store.endpoint_versions`). Their transports share one HTTP client pool
+(:mod:`outbox.transports.endpoint`). They are never listed by :func:`usable_destinations`:
+what the scripts take for every destination (:func:`breaker_config_json`,
+:func:`limits_json`) does not grow with the endpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -37,12 +50,18 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+from redis.exceptions import RedisClusterException, RedisError
 
-from outbox.conf import MAX_RETRIES_LIMIT, outbox_settings
+from outbox import redaction
+from outbox.conf import MAX_RETRIES_LIMIT, endpoint_setting, outbox_settings
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
-from outbox.exceptions import UnknownDestination
+from outbox.endpoint_names import ENDPOINT_PREFIX, is_endpoint
+from outbox.exceptions import EndpointUnavailable, UnknownDestination
 from outbox.retry import RetryPolicy
+from outbox.store import endpoint_versions, wakeups
+from outbox.store.connection import get_repository
 from outbox.transports import Transport, transport_class
+from outbox.transports.endpoint import EndpointTransport, close_shared_pools
 
 DESTINATION_KEYS = {
     "TRANSPORT",
@@ -240,13 +259,28 @@ def _parse(name: str, config: Any) -> tuple[Destination | None, list[str]]:
     )
 
 
-@cache
 def get_destination(name: str) -> Destination:
-    """The destination called ``name``.
+    """The destination called ``name``: a settings destination, or an endpoint
+    registered at runtime (``endpoint:<id hex>``, from :data:`endpoint_cache`).
 
     Raises:
-        UnknownDestination: no such key in ``OUTBOX["DESTINATIONS"]``.
+        UnknownDestination: no such key in ``OUTBOX["DESTINATIONS"]``, or no such
+            endpoint (deleted).
         ImproperlyConfigured: the entry is malformed.
+        EndpointUnavailable: an endpoint disabled, or whose secrets cannot be decrypted
+            (logged as an error; the endpoint paused: its deliveries wait).
+    """
+    if is_endpoint(name):
+        return endpoint_cache.get(name)[0]
+    return _settings_destination(name)
+
+
+@cache
+def _settings_destination(name: str) -> Destination:
+    """The destination ``OUTBOX["DESTINATIONS"][name]``, built once.
+
+    Raises:
+        UnknownDestination, ImproperlyConfigured: as :func:`get_destination`.
     """
     destinations = outbox_settings.DESTINATIONS
     if not isinstance(name, str) or name not in destinations:
@@ -260,6 +294,8 @@ def usable_destinations() -> dict[str, Destination]:
     attempts fail at once (permanently) and the system checks report it."""
     found = {}
     for name in outbox_settings.DESTINATIONS:
+        if is_endpoint(name):  # reserved (a configuration error)
+            continue
         try:
             found[name] = get_destination(name)
         except Exception:
@@ -275,6 +311,12 @@ def configuration_errors() -> list[str]:
     if not isinstance(destinations, dict):
         return ["OUTBOX['DESTINATIONS'] must be a dict of name -> destination settings"]
     for name, config in destinations.items():
+        if is_endpoint(name):
+            errors.append(
+                f"OUTBOX['DESTINATIONS'][{name!r}]: names starting with {ENDPOINT_PREFIX!r} are reserved for "
+                "endpoints registered at runtime (rename it)"
+            )
+            continue
         for text in _parse(name, config)[1]:
             # every message names its destination (a transport's own may not)
             errors.append(text if repr(name) in text else f"OUTBOX['DESTINATIONS'][{name!r}]: {text}")
@@ -288,6 +330,8 @@ def get_transport(destination: str) -> Transport:
         UnknownDestination: the destination is not (or no longer) in settings.
         ImproperlyConfigured: its settings are invalid.
     """
+    if is_endpoint(destination):
+        return endpoint_cache.get(destination)[1]
     transport = _transports.get(destination)
     if transport is None:
         transport = get_destination(destination).build_transport()
@@ -296,7 +340,10 @@ def get_transport(destination: str) -> Transport:
 
 
 def close_transports() -> None:
-    """Close and forget every cached transport (closing is best effort: errors are logged)."""
+    """Close and forget every cached transport (closing is best effort: errors are logged),
+    the endpoints' shared pool and copies included."""
+    endpoint_cache.clear()
+    close_shared_pools()
     while _transports:
         _, transport = _transports.popitem()
         try:
@@ -307,7 +354,7 @@ def close_transports() -> None:
 
 def clear_cache() -> None:
     """Forget built destinations, the scripts' views of them, and close their transports."""
-    get_destination.cache_clear()
+    _settings_destination.cache_clear()
     breaker_config_json.cache_clear()
     limits_json.cache_clear()
     close_transports()
@@ -320,17 +367,37 @@ def breaker_config_json() -> str:
     cool-down, max cool-down, disable after (0 = never)]`` for ``lua/health.lua``."""
     config = {}
     for name, d in usable_destinations().items():
-        b = d.breaker
-        config[name] = [
-            b.failures if b else 0,
-            b.failure_rate if b else 1.0,
-            b.min_attempts if b else 1,
-            b.window if b else 60,
-            b.cooldown if b else 1.0,
-            b.max_cooldown if b else 1.0,
-            d.disable_after or 0,
-        ]
+        config[name] = _breaker_fields(d.breaker, d.disable_after)
+    # one entry for every endpoint ("endpoint:" alone: lua/health.lua's config_of); an
+    # invalid BREAKER or DISABLE_AFTER is reported by the system checks
+    with contextlib.suppress(ImproperlyConfigured, ValueError):
+        config[ENDPOINT_PREFIX] = _breaker_fields(*_endpoint_protection())
     return json.dumps(config, separators=(",", ":"))
+
+
+def _breaker_fields(b: BreakerConfig | None, disable_after: float | None) -> list[Any]:
+    return [
+        b.failures if b else 0,
+        b.failure_rate if b else 1.0,
+        b.min_attempts if b else 1,
+        b.window if b else 60,
+        b.cooldown if b else 1.0,
+        b.max_cooldown if b else 1.0,
+        disable_after or 0,
+    ]
+
+
+def _endpoint_protection() -> tuple[BreakerConfig | None, float | None]:
+    """The breaker and disable-after of every endpoint: ``OUTBOX["BREAKER"]`` and
+    ``OUTBOX["DISABLE_AFTER"]``.
+
+    Raises:
+        ValueError: either is invalid.
+    """
+    return (
+        BreakerConfig.parse(outbox_settings.BREAKER, outbox_settings.BREAKER, "OUTBOX['BREAKER']"),
+        parse_disable_after(outbox_settings.DISABLE_AFTER, "OUTBOX['DISABLE_AFTER']"),
+    )
 
 
 @cache
@@ -343,6 +410,211 @@ def limits_json() -> str:
             rl = d.rate_limit
             config[name] = [rl.interval if rl else 0, rl.tolerance if rl else 0, d.max_concurrency or 0]
     return json.dumps(config, separators=(",", ":"))
+
+
+# -- endpoints registered at runtime ---------------------------------------------------------
+#: The transport of every endpoint (they share one HTTP client pool).
+ENDPOINT_TRANSPORT = "outbox.transports.endpoint.EndpointTransport"
+#: Most endpoint configurations one process keeps (the oldest loaded is dropped first).
+ENDPOINT_CACHE_SIZE = 20_000
+#: Reason of the pause of an endpoint whose secrets cannot be decrypted.
+UNREADABLE_REASON = "secret cannot be decrypted (OUTBOX['ENDPOINTS']['SECRET_KEYS'])"
+
+
+def endpoint_as_destination(config: Any) -> Destination:
+    """The :class:`Destination` of an endpoint's configuration
+    (:class:`outbox.destinations.endpoints.EndpointConfig`): the global retry budget and
+    policy (or ``OUTBOX["ENDPOINTS"]``'s), breaker, disable-after and ordering policy,
+    ``MAX_IN_FLIGHT`` per worker as a share, its own rate and concurrency limits.
+
+    Raises:
+        ImproperlyConfigured: a setting, or the endpoint's stored options, are invalid.
+    """
+    try:
+        max_retries = endpoint_setting("MAX_RETRIES")
+        max_retries = validate_max_retries(
+            outbox_settings.MAX_RETRIES if max_retries is None else max_retries,
+            "OUTBOX['ENDPOINTS']['MAX_RETRIES']",
+        )
+        policy = RetryPolicy.from_value(endpoint_setting("RETRY"), default=outbox_settings.retry_policy)
+        breaker, disable_after = _endpoint_protection()
+        rate_limit = RateLimit.parse(config.rate_limit or None, f"endpoint {config.name!r} rate_limit")
+        max_concurrency = parse_max_concurrency(
+            config.max_concurrency, f"endpoint {config.name!r} max_concurrency"
+        )
+        ordering = parse_ordering(outbox_settings.ORDERING, "OUTBOX['ORDERING']")
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    return Destination(
+        config.name,
+        ENDPOINT_TRANSPORT,
+        config.options,
+        max_retries,
+        policy,
+        int(outbox_settings.MAX_IN_FLIGHT),
+        breaker,
+        rate_limit,
+        max_concurrency,
+        disable_after,
+        "MAX_IN_FLIGHT" not in outbox_settings.user_settings,
+        ordering,
+    )
+
+
+class EndpointCache:
+    """This process's copies of endpoint configurations: name -> (destination, transport).
+
+    The bound: a copy is used at most ``CACHE_TTL`` seconds after it was read from the
+    database; and at most every ``VERSION_CHECK`` seconds a lookup reads the change
+    counter (:func:`outbox.store.endpoint_versions.changes_since`, one round trip) and
+    forgets the copies of the endpoints changed since (every copy when the names are no
+    longer all known). So a committed change reaches every worker within
+    ``VERSION_CHECK`` seconds (plus the attempt in flight), and within ``CACHE_TTL`` when
+    the counter was never bumped (the process that changed it died right after its
+    commit, or Redis was unreachable then).
+
+    Each load also brings the endpoint's state in Redis in line with the database (a
+    disabled endpoint's messages parked; its limits), so a change whose on-commit step
+    was lost is applied by the first worker that meets its deliveries. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, Destination | None, Transport | None, Exception | None]] = {}
+        self._version = 0
+        self._checked = 0.0
+
+    def clear(self) -> None:
+        """Forget every copy (and the counter: the next lookup reads it)."""
+        with self._lock:
+            self._entries.clear()
+            self._version = 0
+            self._checked = 0.0
+
+    def options(self, name: str) -> dict[str, Any]:
+        """The transport options of the copy of ``name`` this process holds (its secrets
+        included: for redaction only), or {}; never reads the database."""
+        entry = self._entries.get(name)
+        return dict(entry[1].options) if entry is not None and entry[1] is not None else {}
+
+    def forget(self, names: Any) -> None:
+        """Forget the copies of these endpoint names."""
+        with self._lock:
+            for name in names:
+                self._entries.pop(name, None)
+
+    def get(self, name: str) -> tuple[Destination, Transport]:
+        """The destination and transport of endpoint ``name``.
+
+        Raises:
+            UnknownDestination: no such endpoint (deleted).
+            ImproperlyConfigured: its configuration cannot be used.
+            EndpointUnavailable: it is disabled, or its secrets cannot be decrypted
+                (logged as an error, the endpoint paused).
+        """
+        now = time.monotonic()
+        self._check_version(now)
+        entry = self._entries.get(name)
+        if entry is None or now - entry[0] >= float(endpoint_setting("CACHE_TTL")):
+            entry = self._load(name, now)
+        _, destination, transport, error = entry
+        if error is not None:
+            raise error
+        assert destination is not None and transport is not None
+        return destination, transport
+
+    def _check_version(self, now: float) -> None:
+        if now - self._checked < float(endpoint_setting("VERSION_CHECK")):
+            return
+        self._checked = now
+        try:
+            version, names = endpoint_versions.changes_since(get_repository(), self._version)
+        except (RedisError, RedisClusterException):
+            return  # copies still expire after CACHE_TTL
+        with self._lock:
+            if version != self._version:
+                if names is None:
+                    self._entries.clear()
+                else:
+                    for changed in names:
+                        self._entries.pop(changed, None)
+                self._version = version
+
+    def _load(
+        self, name: str, now: float
+    ) -> tuple[float, Destination | None, Transport | None, Exception | None]:
+        from outbox.destinations import (
+            endpoints,  # Django models: `import outbox.destinations` must not load them
+        )
+
+        destination: Destination | None = None
+        transport: Transport | None = None
+        error: Exception | None = None
+        try:
+            config = endpoints.load(name)
+            if config is None:
+                raise UnknownDestination(
+                    f"unknown destination {name!r}: no such endpoint (deleted?)", field="destination"
+                )
+            destination = endpoint_as_destination(config)
+            transport = EndpointTransport(name, **destination.options)
+            self._reconcile(name, config, endpoints.limits_of(config.rate_limit, config.max_concurrency))
+            if config.disabled:
+                error = EndpointUnavailable(
+                    f"endpoint {name} is disabled ({config.disabled_reason or 'manual'})"
+                )
+        except endpoints.secret_store.SecretUnreadable as exc:
+            error = EndpointUnavailable(f"endpoint {name}: {exc}")
+            logger.error("outbox: endpoint %s cannot be used: %s; its deliveries wait (paused)", name, exc)
+            self._pause_unreadable(name)
+        except (UnknownDestination, ImproperlyConfigured) as exc:
+            error = exc
+        entry = (now, destination, transport, error)
+        with self._lock:
+            if len(self._entries) >= ENDPOINT_CACHE_SIZE:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[name] = entry
+        return entry
+
+    @staticmethod
+    def _reconcile(name: str, config: Any, limits: list[float] | None) -> None:
+        """Bring ``name``'s state in Redis in line with ``config`` (best effort)."""
+        try:
+            repo = get_repository()
+            admin, reason, stored = endpoint_versions.admin_state(repo, name)
+            wanted = None if limits is None else json.dumps(limits, separators=(",", ":"))
+            if stored != wanted:
+                endpoint_versions.write_limits(repo, name, limits)
+            if config.disabled and admin == "active":
+                repo.destination_action(name, "disable", time.time(), config.disabled_reason or "manual")
+            elif not config.disabled and (
+                admin == "disabled" or (admin == "paused" and reason == UNREADABLE_REASON)
+            ):
+                repo.destination_action(name, "enable" if admin == "disabled" else "resume", time.time(), "")
+                _unpark(name)
+        except (RedisError, RedisClusterException):
+            pass
+
+    @staticmethod
+    def _pause_unreadable(name: str) -> None:
+        with contextlib.suppress(RedisError, RedisClusterException):
+            get_repository().destination_action(name, "pause", time.time(), UNREADABLE_REASON)
+
+
+def _unpark(name: str) -> None:
+    """Put the parked messages of ``name`` back (as ``controls.unpark_all``, which this
+    module cannot import)."""
+    repo = get_repository()
+    while True:
+        moved, woken, left = repo.unpark(name, time.time(), 1000)
+        wakeups.enqueue_wakeups(woken)
+        if moved < 1000 or not left:
+            return
+
+
+#: This process's endpoint configurations.
+endpoint_cache = EndpointCache()
+redaction.register_options_source(endpoint_cache.options)
 
 
 @receiver(setting_changed)

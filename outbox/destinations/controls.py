@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from outbox.conf import outbox_settings
 from outbox.destinations.config import usable_destinations
+from outbox.endpoint_names import is_endpoint
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.exceptions import UnknownDestination
 from outbox.store import get_repository
@@ -27,6 +28,8 @@ UNPARK_BATCH = 1000  # messages moved per unpark script call
 
 
 def _check(name: str) -> None:
+    if is_endpoint(name):  # an endpoint registered at runtime (outbox.webhooks checks it exists)
+        return
     if not isinstance(name, str) or name not in outbox_settings.DESTINATIONS:
         known = ", ".join(sorted(outbox_settings.DESTINATIONS)) or "none configured"
         raise UnknownDestination(f"unknown destination {name!r} (known: {known})", field="destination")
@@ -45,7 +48,7 @@ def pause(name: str, *, reason: str = "") -> None:
     Attempts in flight finish; a retryable failure among them parks with no retry charged.
 
     Raises:
-        UnknownDestination: not a configured destination.
+        UnknownDestination: not a configured destination (nor an endpoint's name).
     """
     _act(name, "pause", reason)
 
@@ -55,7 +58,7 @@ def resume(name: str) -> int:
     back in their queue (oldest due first). Its breaker, if open, still gates them.
 
     Raises:
-        UnknownDestination: not a configured destination.
+        UnknownDestination: not a configured destination (nor an endpoint's name).
     """
     _act(name, "resume", "")
     return unpark_all(name)
@@ -66,7 +69,7 @@ def disable(name: str, *, reason: str = "") -> None:
     automatically on ``410 Gone`` and after ``DISABLE_AFTER`` of continuous failure).
 
     Raises:
-        UnknownDestination: not a configured destination.
+        UnknownDestination: not a configured destination (nor an endpoint's name).
     """
     _act(name, "disable", reason or "manual")
 
@@ -76,7 +79,7 @@ def enable(name: str) -> int:
     forgotten; returns how many parked messages were put back (oldest due first).
 
     Raises:
-        UnknownDestination: not a configured destination.
+        UnknownDestination: not a configured destination (nor an endpoint's name).
     """
     _act(name, "enable", "")
     return unpark_all(name)

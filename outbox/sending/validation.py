@@ -17,7 +17,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from outbox import headers as header_rules
 from outbox.conf import PRIORITIES, outbox_settings
-from outbox.destinations.config import get_destination, get_transport, validate_max_retries
+from outbox.destinations.config import Destination, get_destination, get_transport, validate_max_retries
 from outbox.exceptions import InvalidMessage, MessageTooLarge, UnknownDestination
 from outbox.records import Message, Status, new_message_id
 from outbox.retry import RetryPolicy
@@ -204,6 +204,7 @@ def build_message(
     priority: str | None = None,
     now: float | None = None,
     partition: int | None = None,
+    resolved: Destination | None = None,
 ) -> Message:
     """Validate ``send()`` arguments and build the message, without writing it.
 
@@ -213,10 +214,14 @@ def build_message(
     the messages of a call without a key one partition, so they are written together),
     else one at random.
 
+    ``resolved``: the destination, already looked up and checked by the caller
+    (``outbox.publish``, for an endpoint): no lookup, and its transport's
+    ``check_message`` is the caller's to apply.
+
     Raises:
         InvalidMessage: any argument is invalid (see :func:`send`).
     """
-    dest = get_destination(clean_destination(destination))
+    dest = resolved or get_destination(clean_destination(destination))
     data, ctype = encode_body(body, content_type)
     if max_retries is None:
         max_retries = dest.max_retries
@@ -230,7 +235,8 @@ def build_message(
     except ValueError as exc:
         raise InvalidMessage(f"retry: {exc}", field="retry") from exc
     headers = clean_headers(headers)
-    get_transport(dest.name).check_message(data, ctype, headers)
+    if resolved is None:
+        get_transport(dest.name).check_message(data, ctype, headers)
     now = time.time() if now is None else now
     send_time = now + clean_delay(delay)
     idempotency_key = clean_idempotency_key(idempotency_key)

@@ -22,6 +22,9 @@ key                                 type         holds
 ``outbox:wake:<queue>``             string       set while a wake-up job for the queue waits
 ``outbox:idempotency:<n>:<d>:<key>`` string      ``<id>|<fingerprint>`` sent under that key to
                                                  destination ``d`` (``n`` = len(d)); expires
+``outbox:endpoints:version``        string       counter of committed endpoint changes
+``outbox:endpoints:changed``        sorted set   endpoint destination -> counter at its last
+                                                 change (the newest 10,000 kept)
 ``outbox:lock:<name>``              string       short-lived locks (recovery sweep)
 ``outbox:housekeeping``             string       host:pid of an outbox_worker whose housekeeping
                                                  ran lately (expires: 2 recovery intervals + 5 s)
@@ -324,6 +327,18 @@ class Keys:
     @property
     def destinations(self) -> str:
         return f"{self.shared}:destinations"
+
+    @property
+    def endpoints_version(self) -> str:
+        """``outbox:{g}:endpoints:version``: a counter incremented after each committed
+        change of endpoints (:mod:`outbox.store.endpoint_versions`)."""
+        return f"{self.shared}:endpoints:version"
+
+    @property
+    def endpoints_changed(self) -> str:
+        """``outbox:{g}:endpoints:changed``: destination name -> the counter's value at
+        its last change (a sorted set, its newest entries kept)."""
+        return f"{self.shared}:endpoints:changed"
 
     @property
     def partitions_record(self) -> str:

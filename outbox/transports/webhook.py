@@ -300,6 +300,11 @@ class WebhookTransport(Transport):
                     field="body",
                 ) from exc
 
+    def webhook_id(self, message: Message) -> str:
+        """The ``webhook-id`` of ``message``'s requests (signed with the body): its id,
+        the same on every retry (receivers deduplicate by it)."""
+        return message.id
+
     def request_headers(self, message: Message, timestamp: int) -> dict[str, str]:
         """The headers of one attempt, signature included.
 
@@ -319,7 +324,8 @@ class WebhookTransport(Transport):
         headers = {k: v for k, v in self.headers.items() if k.lower() not in overridden}
         headers.update(own)
         headers["Content-Type"] = message.content_type
-        headers["webhook-id"] = message.id
+        webhook_id = self.webhook_id(message)
+        headers["webhook-id"] = webhook_id
         headers["webhook-timestamp"] = str(timestamp)
         headers.update(
             header_rules.ordering_headers(
@@ -329,7 +335,7 @@ class WebhookTransport(Transport):
         if self.signers:
             when = datetime.fromtimestamp(timestamp, tz=timezone.utc)
             text = message.body.decode("utf-8")
-            headers["webhook-signature"] = " ".join(s.sign(message.id, when, text) for s in self.signers)
+            headers["webhook-signature"] = " ".join(s.sign(webhook_id, when, text) for s in self.signers)
         tracing.inject_headers(headers)  # the attempt's trace context replaces the stored one
         return headers
 

@@ -11,7 +11,10 @@
 --   now: epoch seconds   channel: Pub/Sub channel ("" = none)
 --   config: JSON object destination -> [breaker settings], named by config_fields
 --     (comma-separated): failures (0 = no breaker), failure_rate, min_attempts,
---     window (seconds), cooldown, max_cooldown, disable_after (0 = never)
+--     window (seconds), cooldown, max_cooldown, disable_after (0 = never). The entry
+--     "endpoint:" (the reserved prefix alone, never a destination's name) is the settings
+--     of every endpoint registered at runtime ("endpoint:<id>") without an entry of its
+--     own: the config does not grow with the endpoints (docs/webhooks.md)
 --   outcomes: JSON list of outcomes, each a list named by outcome_fields
 --     (comma-separated): destination, kind ("s" success, "r" retryable failure, "p"
 --     permanent failure), ms (duration), code (status code, 0 = none), class (error
@@ -43,6 +46,12 @@ local now = tonumber(now_s)
 local CONFIG_FIELDS, OUTCOME_FIELDS = split(opts.config_fields), split(opts.outcome_fields)
 local configs = {}
 for dest, values in pairs(cjson.decode(opts.config)) do configs[dest] = named_list(values, CONFIG_FIELDS) end
+local ENDPOINT_PREFIX = 'endpoint:'
+local function config_of(dest)
+  local cfg = config_of(dest)
+  if cfg == nil and string.sub(dest, 1, #ENDPOINT_PREFIX) == ENDPOINT_PREFIX then cfg = configs[ENDPOINT_PREFIX] end
+  return cfg
+end
 local outcomes = cjson.decode(opts.outcomes)
 local probes_key = KEYS[1]
 local run, horizon = opts.run or '', tonumber(opts.horizon or '0') or 0
@@ -152,7 +161,7 @@ end
 local function count(o, st)
   local dest, kind, ms, code, cls, err = o.destination, o.kind, tonumber(o.ms), tonumber(o.code), o.class, o.error
   local ra, id = tonumber(o.retry_after), o.id
-  local cfg = configs[dest]
+  local cfg = config_of(dest)
   if cfg and cfg.failures == 0 and st.breaker ~= 'closed' then
     -- no breaker is configured now: a state an earlier setting left open or half open
     -- would park this destination's messages for good
@@ -277,7 +286,7 @@ for _, dest in ipairs(order) do
     redis.call('EXPIRE', ekey, 90000)
   end
   -- The failure rate over the window (whole minutes, this call's attempts included).
-  local cfg = configs[dest]
+  local cfg = config_of(dest)
   if cfg and cfg.failures > 0 and st.failed and st.breaker == 'closed' then
     local n, failed = 0, 0
     for m = minute - math.ceil(cfg.window / 60) + 1, minute do

@@ -6,7 +6,9 @@
 -- applies its answers: claim_apply.lua). What each answer means, and the sources of the
 -- rules (TCP slow start after a Retry-After, GCRA), is in claim.lua's header.
 --
--- gate_setup(prefix, now_s, deadline, limits, caps, count_sending): the call's inputs;
+-- gate_setup(prefix, now_s, deadline, limits, caps, count_sending): the call's inputs
+--   (a destination not in limits may carry its own in its state hash's 'limits' field:
+--   an endpoint registered at runtime);
 --   count_sending(dest) -> attempts of dest in flight (read once, for MAX_CONCURRENCY).
 -- gate_decide(dest, score) -> action[, at]: 'park', 'probe', 'take', 'later' (at: the
 --   time it is due again; the message keeps its retry count), 'hold' (within the due
@@ -35,9 +37,15 @@ local function gate(dest)
   if g then return g end
   local now = GATE.now
   local v = redis.call('HMGET', K.dest(GATE.prefix, dest), 'admin', 'breaker', 'next_probe_at',
-                       'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k', 'ramp_tat')
+                       'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k', 'ramp_tat', 'limits')
   g = {admin = v[1] or 'active', breaker = v[2] or 'closed', next_probe = tonumber(v[3] or '0'),
        probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = GATE.limits[dest], spaced = 0}
+  if g.lim == nil and v[9] then
+    -- an endpoint registered at runtime keeps its limits in its state hash (written when
+    -- it changes: outbox/store/endpoint_versions.py), so the call's limits JSON does not
+    -- grow with the endpoints: "[T, tau, max concurrency]" as in that JSON
+    g.lim = cjson.decode(v[9])
+  end
   if g.blocked > 0 and now < g.blocked + RAMP_WINDOW then
     -- the release after a Retry-After; a new block starts its count again
     g.ramp_of = v[5]

@@ -1,0 +1,606 @@
+"""The registry of endpoints registered at runtime: applications, endpoints and event
+types in the project's database, checked, their secrets encrypted, and the workers told
+of each committed change (``docs/webhooks.md``).
+
+The public front door is :mod:`outbox.webhooks` (it adds what needs the layers above:
+pausing and resuming an endpoint's deliveries, deleting them). Here:
+
+* validation of what customers type (:func:`clean_url` with the private-network guard
+  at registration, event type names, channels, headers, limits);
+* the writes, inside the caller's transaction (``transaction.atomic(using=...)``), each
+  followed on commit by :func:`notify` (the change counter in Redis, and the endpoint's
+  limits in its state hash);
+* :func:`load`: one endpoint's configuration as a worker needs it (its secrets
+  decrypted), read from the database;
+* :func:`subscribers`: the endpoints of an application an event goes to.
+
+Imports Django models: imported by :mod:`outbox.destinations.config` only inside the
+functions that need it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, transaction
+from redis.exceptions import RedisClusterException, RedisError
+
+from outbox import headers as header_rules
+from outbox.conf import endpoint_setting, outbox_settings
+from outbox.destinations import secrets as secret_store
+from outbox.destinations.limits import RateLimit, parse_max_concurrency
+from outbox.endpoint_names import endpoint_destination, endpoint_id
+from outbox.exceptions import InvalidEndpoint, InvalidMessage, UnknownApplication, UnknownEventType
+from outbox.models import Application, Endpoint, EventType
+from outbox.store import endpoint_versions
+from outbox.store.connection import get_repository
+from outbox.transports.endpoint import EVENT_ID_HEADER, EVENT_TYPE_HEADER
+from outbox.transports.ssrf import is_public_address, resolve
+
+logger = logging.getLogger("outbox")
+
+#: Event type and channel names: letters, digits and ``._-:``, 1 to 200 (channels 128).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
+MAX_CHANNEL = 128
+MAX_CHANNELS = 10  # per endpoint and per event (Svix's limit)
+MAX_FILTER_TYPES = 500
+#: Seconds the registration's name lookup may take (the private-network guard).
+RESOLVE_TIMEOUT = 2.0
+#: Headers of an endpoint's own that would hide what a delivery says of itself.
+RESERVED_HEADERS = {EVENT_ID_HEADER.lower(), EVENT_TYPE_HEADER.lower(), "outbox-delivery-id"}
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """What a worker needs of one endpoint (:func:`load`).
+
+    Attributes:
+        name: its destination name (``endpoint:<id hex>``).
+        application: its application's uid (for logs and alerts).
+        uid: its own uid, or None.
+        url: where deliveries go.
+        secrets: the secrets signing now, current first (decrypted: never log).
+        headers: its fixed extra headers.
+        rate_limit: ``"100/s"``-style, or "".
+        max_concurrency: attempts in flight across workers at most, or None.
+        disabled: True while disabled; ``disabled_reason`` says why.
+    """
+
+    name: str
+    application: str
+    uid: str | None
+    url: str
+    secrets: tuple[str, ...] = field(repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    rate_limit: str = ""
+    max_concurrency: int | None = None
+    disabled: bool = False
+    disabled_reason: str = ""
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options of its :class:`~outbox.transports.endpoint.EndpointTransport`."""
+        options: dict[str, Any] = {
+            "url": self.url,
+            "headers": dict(self.headers),
+            "timeout": float(endpoint_setting("TIMEOUT")),
+            "allow_private_networks": bool(endpoint_setting("ALLOW_PRIVATE_NETWORKS")),
+        }
+        if self.secrets:
+            options["secret"] = list(self.secrets)
+        return options
+
+
+# -- validation --------------------------------------------------------------------------
+
+
+def clean_url(url: object, *, check_address: bool = True) -> str:
+    """An endpoint URL as customers type it, checked: ``http``/``https``, a host, at
+    most ``OUTBOX["ENDPOINTS"]["MAX_URL_LENGTH"]`` characters, no user name or password,
+    no whitespace, control character or fragment; and (``check_address``), unless
+    ``OUTBOX["ENDPOINTS"]["ALLOW_PRIVATE_NETWORKS"]`` or ``OUTBOX["BLOCK_PRIVATE_NETWORKS"]``
+    is off, every address its host resolves to now must be public (the guard that runs
+    on every connection of a delivery, :mod:`outbox.transports.ssrf`, also here: a
+    customer learns at once, and an internal address never enters the table).
+
+    Raises:
+        InvalidEndpoint: naming the rule broken (``field="url"``).
+    """
+    most = int(endpoint_setting("MAX_URL_LENGTH"))
+    if not isinstance(url, str) or not url:
+        raise InvalidEndpoint("url must be a non-empty str", field="url")
+    if len(url) > most:
+        raise InvalidEndpoint(f"url is {len(url)} characters, over {most}", field="url")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InvalidEndpoint("url must not contain whitespace or control characters", field="url")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidEndpoint(f"url is not a valid URL: {exc}", field="url") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidEndpoint("url must start with https:// (or http://)", field="url")
+    if not parts.hostname:
+        raise InvalidEndpoint("url names no host", field="url")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidEndpoint(
+            "url must not carry a user name or password (use the endpoint's headers for credentials)",
+            field="url",
+        )
+    if parts.fragment:
+        raise InvalidEndpoint("url must not have a #fragment", field="url")
+    if (
+        check_address
+        and outbox_settings.BLOCK_PRIVATE_NETWORKS
+        and not endpoint_setting("ALLOW_PRIVATE_NETWORKS")
+    ):
+        host = parts.hostname
+        try:
+            addresses = resolve(host, port or (443 if parts.scheme == "https" else 80), RESOLVE_TIMEOUT)
+        except Exception as exc:  # httpcore's ConnectError / ConnectTimeout
+            raise InvalidEndpoint(f"url's host {host!r} does not resolve: {exc}", field="url") from None
+        private = [a for a in addresses if not is_public_address(a)]
+        if private or not addresses:
+            raise InvalidEndpoint(
+                f"url's host {host!r} resolves to {', '.join(private) or 'no address'}: a loopback, private, "
+                "link-local or otherwise non-public address (OUTBOX['ENDPOINTS']['ALLOW_PRIVATE_NETWORKS'])",
+                field="url",
+            )
+    return url
+
+
+def clean_event_type_name(name: object, what: str = "event_type") -> str:
+    """``name`` if it is 1 to 200 letters, digits and ``._-:``.
+
+    Raises:
+        InvalidEndpoint: otherwise.
+    """
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise InvalidEndpoint(
+            f"{what} must be 1 to 200 letters, digits and ._-: (such as 'order.paid')", field=what
+        )
+    return name
+
+
+def clean_channels(channels: object, what: str = "channels") -> list[str]:
+    """A list of at most 10 distinct channel names (1 to 128 letters, digits, ``._-:``).
+
+    Raises:
+        InvalidEndpoint: otherwise.
+    """
+    if channels is None:
+        return []
+    if isinstance(channels, str) or not isinstance(channels, Iterable):
+        raise InvalidEndpoint(f"{what} must be a list of str", field=what)
+    found = list(dict.fromkeys(channels))
+    if len(found) > MAX_CHANNELS:
+        raise InvalidEndpoint(f"at most {MAX_CHANNELS} {what}, not {len(found)}", field=what)
+    for c in found:
+        if not isinstance(c, str) or len(c) > MAX_CHANNEL or not NAME_PATTERN.fullmatch(c):
+            raise InvalidEndpoint(
+                f"each of {what} must be 1 to {MAX_CHANNEL} letters, digits and ._-:", field=what
+            )
+    return found
+
+
+def check_event_types(names: Sequence[str], what: str = "filter_types") -> None:
+    """Refuse event types not in the catalogue or archived (unless
+    ``OUTBOX["ENDPOINTS"]["ALLOW_UNKNOWN_EVENT_TYPES"]``).
+
+    Raises:
+        UnknownEventType: naming the first such type.
+    """
+    if not names or endpoint_setting("ALLOW_UNKNOWN_EVENT_TYPES"):
+        return
+    known = dict(EventType.objects.filter(name__in=names).values_list("name", "archived"))
+    for name in names:
+        if name not in known:
+            raise UnknownEventType(
+                f"unknown event type {name!r}: create it first (outbox.webhooks.create_event_type)",
+                field=what,
+            )
+        if known[name]:
+            raise UnknownEventType(f"event type {name!r} is archived", field=what)
+
+
+def clean_filter_types(names: object) -> list[str]:
+    """A list of event type names (none: every type), each in the catalogue.
+
+    Raises:
+        InvalidEndpoint, UnknownEventType: as :func:`clean_event_type_name` and
+            :func:`check_event_types`.
+    """
+    if names is None:
+        return []
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise InvalidEndpoint("filter_types must be a list of event type names", field="filter_types")
+    found = [clean_event_type_name(n, "filter_types") for n in dict.fromkeys(names)]
+    if len(found) > MAX_FILTER_TYPES:
+        raise InvalidEndpoint(f"at most {MAX_FILTER_TYPES} filter_types", field="filter_types")
+    check_event_types(found)
+    return found
+
+
+def clean_endpoint_headers(headers: object) -> dict[str, str]:
+    """An endpoint's fixed headers by the rules of :mod:`outbox.headers` (ASCII values),
+    without ``Content-Type``, ``webhook-*`` or the ``Outbox-Event-*`` ones.
+
+    Raises:
+        InvalidEndpoint: a header refused (its value never quoted).
+    """
+    try:
+        cleaned = header_rules.clean_headers(headers, "headers", ascii_only=True)  # type: ignore[arg-type]
+    except InvalidMessage as exc:
+        raise InvalidEndpoint(str(exc), field="headers") from None
+    for name in cleaned:
+        if name.lower() == "content-type" or name.lower() in RESERVED_HEADERS:
+            raise InvalidEndpoint(
+                f"header {name!r} is set by the outbox, not by an endpoint", field="headers"
+            )
+    return cleaned
+
+
+def limits_of(rate_limit: str, max_concurrency: int | None) -> list[float] | None:
+    """The gate's ``[T, tau, max concurrency]`` of these limits, or None without any
+    (see :func:`outbox.store.endpoint_versions.write_limits`).
+
+    Raises:
+        InvalidEndpoint: a limit that does not parse.
+    """
+    try:
+        rl = RateLimit.parse(rate_limit or None, "rate_limit")
+        mc = parse_max_concurrency(max_concurrency, "max_concurrency")
+    except ValueError as exc:
+        raise InvalidEndpoint(
+            str(exc), field="rate_limit" if "rate" in str(exc) else "max_concurrency"
+        ) from None
+    if rl is None and mc is None:
+        return None
+    return [rl.interval if rl else 0, rl.tolerance if rl else 0, mc or 0]
+
+
+def clean_metadata(value: object, what: str = "metadata") -> dict[str, Any]:
+    """A JSON object (dict) of the project's, or {} for None.
+
+    Raises:
+        InvalidEndpoint: not a dict.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidEndpoint(f"{what} must be a dict", field=what)
+    return value
+
+
+# -- telling the workers -----------------------------------------------------------------
+
+
+def notify(endpoints: Sequence[Endpoint], *, deleted: bool = False) -> None:
+    """After a commit that changed ``endpoints``: their limits to their state hashes
+    (not when ``deleted``) and the change counter bumped with their names, so every
+    worker forgets its copy within ``VERSION_CHECK`` seconds. Redis unreachable: logged;
+    the workers learn of the change within ``CACHE_TTL`` instead (their copies expire),
+    and the limits are written again by the first worker that loads the endpoint."""
+    try:
+        repo = get_repository()
+        if not deleted:
+            for endpoint in endpoints:
+                endpoint_versions.write_limits(
+                    repo, endpoint.destination, limits_of(endpoint.rate_limit, endpoint.max_concurrency)
+                )
+        endpoint_versions.bump(repo, [e.destination for e in endpoints])
+    except (RedisError, RedisClusterException) as exc:
+        logger.warning(
+            "outbox: could not tell the workers of a change of %d endpoint(s) (%s: %s); they learn of it "
+            "within OUTBOX['ENDPOINTS']['CACHE_TTL'] seconds",
+            len(endpoints),
+            type(exc).__name__,
+            exc,
+        )
+
+
+def on_commit(endpoints: Sequence[Endpoint], using: str, *, deleted: bool = False) -> None:
+    """:func:`notify` once the current transaction on ``using`` commits (at once
+    outside a transaction); nothing on a rollback."""
+    snapshot = list(endpoints)
+    transaction.on_commit(lambda: notify(snapshot, deleted=deleted), using=using)
+
+
+# -- applications ------------------------------------------------------------------------
+
+
+def clean_uid(uid: object, what: str = "uid") -> str:
+    """A uid: 1 to 200 printable characters.
+
+    Raises:
+        InvalidEndpoint: otherwise.
+    """
+    if not isinstance(uid, str) or not uid or len(uid) > 200 or not uid.isprintable():
+        raise InvalidEndpoint(f"{what} must be 1 to 200 printable characters", field=what)
+    return uid
+
+
+def get_application(application: Application | str, using: str = DEFAULT_DB_ALIAS) -> Application:
+    """The application given, or the one with this uid.
+
+    Raises:
+        UnknownApplication: no application has this uid.
+    """
+    if isinstance(application, Application):
+        return application
+    if not isinstance(application, str):
+        raise UnknownApplication(
+            f"application must be an Application or its uid (str), not {type(application).__name__}",
+            field="application",
+        )
+    try:
+        return Application.objects.using(using).get(uid=application)
+    except Application.DoesNotExist:
+        raise UnknownApplication(
+            f"no application has uid {application[:200]!r} (create it with outbox.webhooks.create_application)",
+            field="application",
+        ) from None
+
+
+def save_application(
+    application: Application | None,
+    *,
+    uid: str | None = None,
+    name: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    max_endpoints: int | None | type[Ellipsis] = ...,  # type: ignore[valid-type]
+    using: str = DEFAULT_DB_ALIAS,
+) -> Application:
+    """Create (``application`` None) or update an application; see
+    :func:`outbox.webhooks.create_application`.
+
+    Raises:
+        InvalidEndpoint: a bad field, or the uid is taken.
+    """
+    app = application or Application()
+    if uid is not None or application is None:
+        app.uid = clean_uid(uid)
+    if name is not None:
+        if not isinstance(name, str) or len(name) > 200:
+            raise InvalidEndpoint("name must be a str of at most 200 characters", field="name")
+        app.name = name
+    if metadata is not None or application is None:
+        app.metadata = clean_metadata(metadata)
+    if max_endpoints is not ...:
+        if max_endpoints is not None and (
+            isinstance(max_endpoints, bool) or not isinstance(max_endpoints, int) or max_endpoints < 0
+        ):
+            raise InvalidEndpoint("max_endpoints must be None or an int >= 0", field="max_endpoints")
+        app.max_endpoints = max_endpoints  # type: ignore[assignment]
+    with transaction.atomic(using=using):
+        if Application.objects.using(using).filter(uid=app.uid).exclude(pk=app.pk).exists():
+            raise InvalidEndpoint(f"an application with uid {app.uid!r} exists", field="uid")
+        app.save(using=using)
+        if application is not None:
+            on_commit(list(app.endpoints.using(using).all()), using)  # their alerts name it
+    return app
+
+
+# -- event types -------------------------------------------------------------------------
+
+
+def save_event_type(
+    name: str,
+    *,
+    description: str | None = None,
+    schema: Any = ...,
+    example: Any = ...,
+    archived: bool | None = None,
+    create: bool,
+    using: str = DEFAULT_DB_ALIAS,
+) -> EventType:
+    """Create or update the event type ``name``; see :func:`outbox.webhooks.create_event_type`.
+
+    Raises:
+        InvalidEndpoint: a bad name or field, the name taken (create), or none such (update).
+    """
+    clean_event_type_name(name, "name")
+    manager = EventType.objects.using(using)
+    if create:
+        if manager.filter(name=name).exists():
+            raise InvalidEndpoint(f"event type {name!r} exists", field="name")
+        event_type = EventType(name=name)
+    else:
+        try:
+            event_type = manager.get(name=name)
+        except EventType.DoesNotExist:
+            raise UnknownEventType(f"unknown event type {name!r}", field="name") from None
+    if description is not None:
+        if not isinstance(description, str):
+            raise InvalidEndpoint("description must be a str", field="description")
+        event_type.description = description
+    if schema is not ...:
+        if schema is not None and not isinstance(schema, dict):
+            raise InvalidEndpoint("schema must be a JSON Schema (a dict) or None", field="schema")
+        event_type.schema = schema
+    if example is not ...:
+        event_type.example = example
+    if archived is not None:
+        event_type.archived = bool(archived)
+    event_type.save(using=using)
+    return event_type
+
+
+# -- endpoints ---------------------------------------------------------------------------
+
+#: The fields :func:`save_endpoint` changes, as keyword arguments.
+ENDPOINT_FIELDS = (
+    "url",
+    "uid",
+    "description",
+    "filter_types",
+    "channels",
+    "rate_limit",
+    "max_concurrency",
+    "headers",
+    "metadata",
+)
+
+
+def save_endpoint(
+    endpoint: Endpoint,
+    changes: Mapping[str, Any],
+    *,
+    secrets: secret_store.SecretSet | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Endpoint:
+    """Check ``changes`` (keyword -> value of :data:`ENDPOINT_FIELDS`, ``disabled``,
+    ``disabled_reason``), apply them to ``endpoint`` (new or existing), encrypt
+    ``secrets`` if given, save inside a transaction on ``using`` and tell the workers on
+    commit.
+
+    Raises:
+        InvalidEndpoint, UnknownEventType: a bad field (nothing saved).
+        SecretUnreadable: no encryption key configured (nothing saved).
+    """
+    unknown = set(changes) - set(ENDPOINT_FIELDS) - {"disabled", "disabled_reason"}
+    if unknown:
+        raise InvalidEndpoint(
+            f"unknown endpoint field(s) {', '.join(sorted(unknown))}", field=sorted(unknown)[0]
+        )
+    if "url" in changes:
+        endpoint.url = clean_url(changes["url"])
+    if "uid" in changes:
+        endpoint.uid = None if changes["uid"] is None else clean_uid(changes["uid"])
+    if "description" in changes:
+        if not isinstance(changes["description"], str):
+            raise InvalidEndpoint("description must be a str", field="description")
+        endpoint.description = changes["description"]
+    if "filter_types" in changes:
+        endpoint.filter_types = clean_filter_types(changes["filter_types"])
+    if "channels" in changes:
+        endpoint.channels = clean_channels(changes["channels"])
+    if "rate_limit" in changes:
+        endpoint.rate_limit = changes["rate_limit"] or ""
+    if "max_concurrency" in changes:
+        endpoint.max_concurrency = changes["max_concurrency"]
+    limits_of(endpoint.rate_limit, endpoint.max_concurrency)  # refuses a bad limit
+    if "headers" in changes:
+        endpoint.headers = clean_endpoint_headers(changes["headers"])
+    if "metadata" in changes:
+        endpoint.metadata = clean_metadata(changes["metadata"])
+    if "disabled" in changes:
+        endpoint.disabled = bool(changes["disabled"])
+        endpoint.disabled_reason = str(
+            changes.get("disabled_reason") or ("manual" if endpoint.disabled else "")
+        )[:200]
+    if secrets is not None:
+        endpoint.secrets = secret_store.encrypt(secrets)
+    with transaction.atomic(using=using):
+        app = Application.objects.using(using).select_for_update().get(pk=endpoint.application_id)
+        others = Endpoint.objects.using(using).filter(application_id=app.pk).exclude(pk=endpoint.pk)
+        if endpoint._state.adding and app.max_endpoints is not None and others.count() >= app.max_endpoints:
+            raise InvalidEndpoint(
+                f"application {app.uid!r} has {app.max_endpoints} endpoint(s), its most (max_endpoints)",
+                field="application",
+            )
+        if endpoint.uid is not None and others.filter(uid=endpoint.uid).exists():
+            raise InvalidEndpoint(
+                f"application {app.uid!r} has an endpoint with uid {endpoint.uid!r}", field="uid"
+            )
+        endpoint.save(using=using)
+        on_commit([endpoint], using)
+    return endpoint
+
+
+def get_endpoint(endpoint: Endpoint | str | uuid.UUID, using: str = DEFAULT_DB_ALIAS) -> Endpoint:
+    """The endpoint given, or the one with this id (UUID, its text, or its destination name).
+
+    Raises:
+        InvalidEndpoint: no such endpoint.
+    """
+    if isinstance(endpoint, Endpoint):
+        return endpoint
+    key = (
+        endpoint_id(endpoint) if isinstance(endpoint, str) and endpoint.startswith("endpoint:") else endpoint
+    )
+    try:
+        return Endpoint.objects.using(using).select_related("application").get(pk=key)
+    except (Endpoint.DoesNotExist, ValueError, TypeError, ImproperlyConfigured):
+        raise InvalidEndpoint(f"no endpoint {str(endpoint)[:100]!r}", field="endpoint") from None
+    except Exception as exc:  # a malformed UUID string (django.core.exceptions.ValidationError)
+        raise InvalidEndpoint(f"no endpoint {str(endpoint)[:100]!r}", field="endpoint") from exc
+
+
+# -- what workers and publish() read ------------------------------------------------------
+
+
+def load(name: str, using: str = DEFAULT_DB_ALIAS) -> EndpointConfig | None:
+    """The configuration of the endpoint whose destination name is ``name``, read from
+    the database now, or None when no such endpoint exists (deleted).
+
+    Raises:
+        SecretUnreadable: its secrets cannot be decrypted (a wrong key).
+    """
+    pk = endpoint_id(name)
+    if pk is None:
+        return None
+    row = Endpoint.objects.using(using).select_related("application").filter(pk=pk).first()
+    if row is None:
+        return None
+    signing: tuple[str, ...] = ()
+    if row.secrets:
+        signing = tuple(secret_store.decrypt(row.secrets).signing(time.time()))
+    return EndpointConfig(
+        name=name,
+        application=row.application.uid,
+        uid=row.uid,
+        url=row.url,
+        secrets=signing,
+        headers=dict(row.headers or {}),
+        rate_limit=row.rate_limit,
+        max_concurrency=row.max_concurrency,
+        disabled=row.disabled,
+        disabled_reason=row.disabled_reason,
+    )
+
+
+def matches(endpoint: Endpoint, event_type: str, channels: Sequence[str]) -> bool:
+    """Whether ``endpoint`` subscribes to an event of ``event_type`` with ``channels``:
+    its ``filter_types`` empty or naming the type, and its ``channels`` empty or sharing
+    one with the event (an event without channels reaches only endpoints without
+    channels), as Svix filters."""
+    if endpoint.filter_types and event_type not in endpoint.filter_types:
+        return False
+    return not endpoint.channels or bool(set(endpoint.channels) & set(channels))
+
+
+def subscribers(
+    application: Application, event_type: str, channels: Sequence[str], using: str = DEFAULT_DB_ALIAS
+) -> list[Endpoint]:
+    """The enabled endpoints of ``application`` subscribed to ``event_type`` with
+    ``channels`` (:func:`matches`), oldest first: one query, in the caller's transaction
+    (an endpoint created earlier in it is among them)."""
+    rows = (
+        Endpoint.objects.using(using)
+        .filter(application_id=application.pk, disabled=False)
+        .order_by("created_at", "id")
+    )
+    return [
+        e
+        for e in rows.only("id", "filter_types", "channels", "application_id")
+        if matches(e, event_type, channels)
+    ]
+
+
+def destinations_of(application: Application, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """The destination names of every endpoint of ``application``."""
+    return [
+        endpoint_destination(pk)
+        for pk in Endpoint.objects.using(using)
+        .filter(application_id=application.pk)
+        .values_list("pk", flat=True)
+    ]

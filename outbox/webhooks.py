@@ -1,0 +1,738 @@
+"""Webhooks for a project's customers: applications, endpoints, event types, and
+:func:`publish` (``docs/webhooks.md``).
+
+An *application* is one consumer of webhooks (usually one of the project's customers,
+named by the project's own ``uid``); it registers *endpoints* (a URL, secrets, the
+*event types* it subscribes to, *channels*); :func:`publish` fans one event out to
+every enabled endpoint of the application that subscribed to its type and channels:
+one *delivery* per endpoint, an ordinary outbox message from then on (retries,
+backoff, dead letters, requeue, breaker, pause, limits, health, ordering, the console).
+The names follow Svix's API models (``ApplicationIn``, ``EndpointIn`` with
+``filterTypes``, ``channels``, ``rateLimit``, ``uid``, ``metadata``; ``MessageIn`` with
+``eventType``).
+
+Every function here writes inside the caller's transaction when there is one (on the
+database ``using``), and tells the workers and Redis of the change when it commits
+(nothing on a rollback). Changing the models through the ORM directly is fine inside a
+transaction followed by :func:`changed`; the workers otherwise learn of it within
+``OUTBOX["ENDPOINTS"]["CACHE_TTL"]`` seconds.
+
+Quick use::
+
+    import outbox
+    from outbox import webhooks
+
+    webhooks.create_event_type("order.paid", description="An order was paid")
+    app = webhooks.create_application("customer-42", name="ACME")
+    created = webhooks.create_endpoint(app, "https://acme.example/hooks", filter_types=["order.paid"])
+    created.secret                        # "whsec_...": show it to the customer once
+    event = outbox.publish("order.paid", {"order": 7}, application="customer-42")
+    event.id, [d.message.id for d in event.deliveries]
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+from redis.exceptions import RedisClusterException, RedisError
+
+from outbox import api
+from outbox.conf import endpoint_setting, outbox_settings
+from outbox.destinations import controls
+from outbox.destinations import endpoints as registry
+from outbox.destinations import secrets as secret_store
+from outbox.destinations.config import endpoint_as_destination, endpoint_cache
+from outbox.exceptions import (
+    InvalidEndpoint,
+    InvalidMessage,
+    MessageTooLarge,
+    OutboxUnavailable,
+    UnknownEventType,
+)
+from outbox.models import Application, Endpoint, EventType
+from outbox.operations.operation import DELETE, Selection, execute
+from outbox.records import Message
+from outbox.sending.validation import build_message, clean_idempotency_key, clean_ordering_key, encode_body
+from outbox.store import endpoint_versions
+from outbox.store.connection import get_repository
+from outbox.store.keys import random_partition
+from outbox.store.queries import MessageFilter
+from outbox.transports.endpoint import EVENT_ID_HEADER, EVENT_TYPE_HEADER
+
+logger = logging.getLogger("outbox")
+
+#: The event type of :func:`send_test_event` when the catalogue has no example to send.
+TEST_EVENT_TYPE = "outbox.test"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of a published event: the message to one endpoint.
+
+    Attributes:
+        endpoint_id: the endpoint's id (a UUID).
+        destination: its destination name (``endpoint:<id hex>``).
+        message: the delivery's :class:`~outbox.records.Message` as stored (its ``id`` is
+            the delivery id; with an idempotency key used before, the earlier one).
+    """
+
+    endpoint_id: uuid.UUID
+    destination: str
+    message: Message
+
+    @property
+    def id(self) -> str:
+        """The delivery's message id."""
+        return self.message.id
+
+
+@dataclass(frozen=True)
+class PublishedEvent:
+    """What :func:`publish` returns.
+
+    Attributes:
+        id: the event id, ``evt_`` + 26 base32 characters: the ``webhook-id`` every
+            endpoint's receiver sees for this event (the same for every endpoint and
+            every retry). With an idempotency key it is derived from (application, key),
+            so publishing again gives the same id.
+        event_type: its type.
+        application: its application's uid.
+        deliveries: one per endpoint it went to, in the endpoints' creation order
+            (empty: no endpoint subscribed; nothing was stored).
+    """
+
+    id: str
+    event_type: str
+    application: str
+    deliveries: tuple[Delivery, ...]
+
+
+@dataclass(frozen=True)
+class CreatedEndpoint:
+    """What :func:`create_endpoint` returns: the endpoint and its secret, shown once
+    (afterwards only :func:`endpoint_secret` reads it, for a user with the permission
+    ``outbox.view_endpoint_secret``)."""
+
+    endpoint: Endpoint
+    secret: str
+
+    def __repr__(self) -> str:  # never the secret
+        return f"CreatedEndpoint(endpoint={self.endpoint!r}, secret='whsec_***')"
+
+
+# -- applications ------------------------------------------------------------------------
+
+
+def create_application(
+    uid: str,
+    *,
+    name: str = "",
+    metadata: dict[str, Any] | None = None,
+    max_endpoints: int | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Application:
+    """Register an application (Svix ``ApplicationIn``).
+
+    Args:
+        uid: the project's own id of it (its customer id), 1 to 200 printable characters,
+            unique: what :func:`publish` takes as ``application``.
+        name: a human name. metadata: free JSON (a dict), never sent.
+        max_endpoints: most endpoints it may register (None: no cap).
+
+    Raises:
+        InvalidEndpoint: a bad field, or the uid is taken.
+    """
+    return registry.save_application(
+        None, uid=uid, name=name, metadata=metadata, max_endpoints=max_endpoints, using=using
+    )
+
+
+def update_application(
+    application: Application | str, *, using: str = DEFAULT_DB_ALIAS, **changes: Any
+) -> Application:
+    """Change an application's ``uid``, ``name``, ``metadata`` or ``max_endpoints``.
+
+    Raises:
+        UnknownApplication: no such application. InvalidEndpoint: a bad field.
+    """
+    app = registry.get_application(application, using)
+    unknown = set(changes) - {"uid", "name", "metadata", "max_endpoints"}
+    if unknown:
+        raise InvalidEndpoint(
+            f"unknown application field(s) {', '.join(sorted(unknown))}", field=sorted(unknown)[0]
+        )
+    return registry.save_application(app, using=using, **changes)
+
+
+def delete_application(application: Application | str, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Delete an application and its endpoints (each as :func:`delete_endpoint`).
+
+    Raises:
+        UnknownApplication: no such application.
+    """
+    app = registry.get_application(application, using)
+    with transaction.atomic(using=using):
+        for endpoint in list(app.endpoints.using(using).all()):
+            delete_endpoint(endpoint, using=using)
+        app.delete(using=using)
+
+
+# -- event types -------------------------------------------------------------------------
+
+
+def create_event_type(
+    name: str,
+    *,
+    description: str = "",
+    schema: dict[str, Any] | None = None,
+    example: Any = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> EventType:
+    """Add ``name`` (``order.paid``: letters, digits, ``._-:``) to the catalogue.
+
+    Args:
+        description: for the people who subscribe.
+        schema: a JSON Schema of the payload (documentation; not enforced).
+        example: an example payload (what :func:`send_test_event` sends).
+
+    Raises:
+        InvalidEndpoint: a bad name or field, or the name exists.
+    """
+    return registry.save_event_type(
+        name, description=description, schema=schema, example=example, create=True, using=using
+    )
+
+
+def update_event_type(name: str, *, using: str = DEFAULT_DB_ALIAS, **changes: Any) -> EventType:
+    """Change an event type's ``description``, ``schema``, ``example`` or ``archived``
+    (an archived type is refused by :func:`publish` and by new subscriptions; endpoints
+    subscribed to it keep their subscription).
+
+    Raises:
+        UnknownEventType: no such type. InvalidEndpoint: a bad field.
+    """
+    unknown = set(changes) - {"description", "schema", "example", "archived"}
+    if unknown:
+        raise InvalidEndpoint(
+            f"unknown event type field(s) {', '.join(sorted(unknown))}", field=sorted(unknown)[0]
+        )
+    return registry.save_event_type(name, create=False, using=using, **changes)
+
+
+# -- endpoints ---------------------------------------------------------------------------
+
+
+def create_endpoint(
+    application: Application | str,
+    url: str,
+    *,
+    secret: str | None = None,
+    uid: str | None = None,
+    description: str = "",
+    filter_types: Sequence[str] | None = None,
+    channels: Sequence[str] | None = None,
+    rate_limit: str = "",
+    max_concurrency: int | None = None,
+    headers: Mapping[str, str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    disabled: bool = False,
+    using: str = DEFAULT_DB_ALIAS,
+) -> CreatedEndpoint:
+    """Register an endpoint of ``application`` (Svix ``EndpointIn``).
+
+    Args:
+        url: ``https://`` (or ``http://``) URL; checked now (:func:`outbox.destinations.
+            endpoints.clean_url`: no credentials, at most 2,048 characters, a public
+            address unless ``OUTBOX["ENDPOINTS"]["ALLOW_PRIVATE_NETWORKS"]``).
+        secret: ``whsec_`` + base64 of 24 to 64 bytes; None: one is generated (32 bytes).
+        uid: the application's own id of it, unique within the application.
+        filter_types: event types it subscribes to (in the catalogue, not archived);
+            None or empty: every type.
+        channels: up to 10; empty: events whatever their channels, else only events
+            carrying one of them.
+        rate_limit: ``"100/s"``, ``"6000/m"``... across all workers ("" none).
+        max_concurrency: attempts in flight across all workers at most (None: no cap).
+        headers: fixed extra headers of every request (ASCII; not ``Content-Type``,
+            ``webhook-*``, ``Outbox-Event-*``).
+        metadata: free JSON (a dict), never sent.
+        disabled: registered disabled.
+
+    Returns:
+        :class:`CreatedEndpoint`: the endpoint and its secret (show it once).
+
+    Raises:
+        UnknownApplication, InvalidEndpoint, UnknownEventType: bad input; nothing saved.
+        SecretUnreadable: ``OUTBOX["ENDPOINTS"]["SECRET_KEYS"]`` has no usable key.
+    """
+    app = registry.get_application(application, using)
+    try:
+        chosen = secret_store.generate_secret() if secret is None else secret_store.check_secret(secret)
+    except ValueError as exc:
+        raise InvalidEndpoint(str(exc), field="secret") from None
+    endpoint = Endpoint(application=app)
+    changes = {
+        "url": url,
+        "uid": uid,
+        "description": description,
+        "filter_types": filter_types,
+        "channels": channels,
+        "rate_limit": rate_limit,
+        "max_concurrency": max_concurrency,
+        "headers": headers,
+        "metadata": metadata,
+    }
+    if disabled:
+        changes["disabled"] = True
+    with transaction.atomic(using=using):
+        registry.save_endpoint(endpoint, changes, secrets=secret_store.SecretSet(chosen), using=using)
+        if disabled:
+            _mirror_admin(endpoint, using)
+    return CreatedEndpoint(endpoint, chosen)
+
+
+def get_endpoint(endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAULT_DB_ALIAS) -> Endpoint:
+    """The endpoint with this id (a UUID, its text, or its destination name ``endpoint:<hex>``).
+
+    Raises:
+        InvalidEndpoint: no such endpoint.
+    """
+    return registry.get_endpoint(endpoint, using)
+
+
+def update_endpoint(
+    endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAULT_DB_ALIAS, **changes: Any
+) -> Endpoint:
+    """Change an endpoint: any keyword of :func:`create_endpoint` but ``secret``
+    (:func:`rotate_secret`) and ``disabled`` (:func:`disable_endpoint`,
+    :func:`enable_endpoint`). Workers use the new configuration within the bound of
+    ``docs/webhooks.md`` (``VERSION_CHECK``, at most ``CACHE_TTL`` seconds); attempts in
+    flight finish with the old one. New subscriptions apply to events published later.
+
+    Raises:
+        InvalidEndpoint, UnknownEventType: bad input; nothing saved.
+    """
+    row = registry.get_endpoint(endpoint, using)
+    if "disabled" in changes or "secret" in changes or "disabled_reason" in changes:
+        raise InvalidEndpoint(
+            "use disable_endpoint()/enable_endpoint() and rotate_secret() for these", field="disabled"
+        )
+    return registry.save_endpoint(row, changes, using=using)
+
+
+def disable_endpoint(
+    endpoint: Endpoint | str | uuid.UUID, *, reason: str = "manual", using: str = DEFAULT_DB_ALIAS
+) -> Endpoint:
+    """Disable an endpoint: :func:`publish` leaves it out from now on (in this
+    transaction too); on commit its state in Redis is disabled, so its pending and
+    retrying deliveries wait (parked) and none starts; attempts in flight finish (a
+    retryable failure among them parks with no retry charged). Workers that do not hear
+    of it (the commit's process died) see it within ``CACHE_TTL`` and disable it then.
+
+    Raises:
+        InvalidEndpoint: no such endpoint.
+    """
+    row = registry.get_endpoint(endpoint, using)
+    with transaction.atomic(using=using):
+        registry.save_endpoint(row, {"disabled": True, "disabled_reason": reason}, using=using)
+        _mirror_admin(row, using)
+    return row
+
+
+def enable_endpoint(endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAULT_DB_ALIAS) -> Endpoint:
+    """Enable an endpoint (also after a pause for a secret that could not be decrypted,
+    once the key is fixed): on commit its parked deliveries are put back, oldest due
+    first, and it gets new events again.
+
+    Raises:
+        InvalidEndpoint: no such endpoint.
+    """
+    row = registry.get_endpoint(endpoint, using)
+    with transaction.atomic(using=using):
+        registry.save_endpoint(row, {"disabled": False}, using=using)
+        _mirror_admin(row, using)
+    return row
+
+
+def _mirror_admin(endpoint: Endpoint, using: str) -> None:
+    """On commit: the endpoint's admin state in Redis as its row says (disabled, or
+    active: enabled, resumed after an unreadable secret), parked deliveries put back."""
+    name, disabled, reason = endpoint.destination, endpoint.disabled, endpoint.disabled_reason
+
+    def apply() -> None:
+        try:
+            if disabled:
+                controls.disable(name, reason=reason or "manual")
+            else:
+                controls.resume(name)
+                controls.enable(name)
+        except (RedisError, RedisClusterException) as exc:
+            logger.warning(
+                "outbox: endpoint %s: its state in Redis could not be changed (%s); workers apply it "
+                "within OUTBOX['ENDPOINTS']['CACHE_TTL'] seconds",
+                name,
+                exc,
+            )
+
+    transaction.on_commit(apply, using=using)
+
+
+def rotate_secret(
+    endpoint: Endpoint | str | uuid.UUID,
+    secret: str | None = None,
+    *,
+    overlap: float | timedelta | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> str:
+    """Give an endpoint a new secret; the current one keeps signing beside it for
+    ``overlap`` (default ``OUTBOX["ENDPOINTS"]["SECRET_OVERLAP"]``, 24 hours; 0: at once
+    replaced): every request then carries two signatures (``v1,<a> v1,<b>``), so the
+    receiver verifies with either while it switches. Workers sign with the new set
+    within the bound of ``docs/webhooks.md``.
+
+    Returns:
+        The new secret (show it once).
+
+    Raises:
+        InvalidEndpoint: no such endpoint, or ``secret`` is not a Standard Webhooks secret.
+        SecretUnreadable: the stored secrets cannot be decrypted, or no key to encrypt.
+    """
+    row = registry.get_endpoint(endpoint, using)
+    try:
+        new = secret_store.generate_secret() if secret is None else secret_store.check_secret(secret)
+    except ValueError as exc:
+        raise InvalidEndpoint(str(exc), field="secret") from None
+    seconds = endpoint_setting("SECRET_OVERLAP") if overlap is None else overlap
+    seconds = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
+    with transaction.atomic(using=using):
+        locked = Endpoint.objects.using(using).select_for_update().get(pk=row.pk)
+        current = secret_store.decrypt(locked.secrets) if locked.secrets else None
+        secrets = (
+            secret_store.SecretSet(new)
+            if current is None
+            else current.rotated(new, time.time(), max(0.0, seconds))
+        )
+        registry.save_endpoint(locked, {}, secrets=secrets, using=using)
+    return new
+
+
+def endpoint_secret(endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAULT_DB_ALIAS) -> str:
+    """The endpoint's current secret, decrypted. Show it only to a user holding
+    ``outbox.view_endpoint_secret`` (the caller checks).
+
+    Raises:
+        InvalidEndpoint: no such endpoint. SecretUnreadable: a wrong key.
+    """
+    row = registry.get_endpoint(endpoint, using)
+    return secret_store.decrypt(row.secrets).current
+
+
+def delete_endpoint(endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Delete an endpoint. On commit: its state in Redis is disabled (nothing more
+    starts), every delivery of it that is not in flight is deleted with its history
+    (pending, retrying, parked, failed, succeeded), then its state is removed from Redis
+    (breaker, limits, health, parked set, its name in the destination set). A delivery in
+    flight finishes its attempt; its outcome is recorded on a message of a destination
+    that no longer exists (a later attempt fails at once: "no such endpoint"), and
+    retention purges it. Publishing never reaches it again.
+
+    Raises:
+        InvalidEndpoint: no such endpoint.
+    """
+    row = registry.get_endpoint(endpoint, using)
+    name = row.destination
+    with transaction.atomic(using=using):
+        row.delete(using=using)
+        registry.on_commit([row], using, deleted=True)
+        transaction.on_commit(lambda: _forget(name), using=using)
+
+
+def _forget(name: str) -> None:
+    """A deleted endpoint's deliveries and state out of Redis (best effort: logged)."""
+    try:
+        controls.disable(name, reason="deleted")
+        repo = get_repository()
+        execute(
+            repo,
+            DELETE,
+            Selection(filter=MessageFilter(destination=name), description=f"deleted endpoint {name}"),
+        )
+        endpoint_versions.forget_destination(repo, name)
+        endpoint_cache.forget([name])
+    except (RedisError, RedisClusterException) as exc:
+        logger.warning("outbox: the Redis state of deleted endpoint %s could not be removed: %s", name, exc)
+
+
+def changed(*endpoints: Endpoint, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Tell the workers, when the current transaction commits, that these endpoints were
+    changed through the ORM directly (their limits in Redis too). Disabling through the
+    ORM is seen by workers within ``CACHE_TTL``; prefer :func:`disable_endpoint`."""
+    registry.on_commit(list(endpoints), using)
+
+
+def reencrypt_secrets(*, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Encrypt every endpoint's secrets again under the first key of
+    ``OUTBOX["ENDPOINTS"]["SECRET_KEYS"]`` (after putting a new key first); then the old
+    key can be removed. Returns how many endpoints were re-encrypted.
+
+    Raises:
+        SecretUnreadable: an endpoint's secrets cannot be decrypted by any key (none is
+            changed after it: run again once fixed).
+    """
+    count = 0
+    for pk, token in (
+        Endpoint.objects.using(using).exclude(secrets="").values_list("pk", "secrets").iterator()
+    ):
+        Endpoint.objects.using(using).filter(pk=pk, secrets=token).update(
+            secrets=secret_store.reencrypt(token)
+        )
+        count += 1
+    return count
+
+
+# -- publishing --------------------------------------------------------------------------
+
+
+def event_id(application: Application, idempotency_key: str | None) -> str:
+    """An event id, ``evt_`` + 26 base32 characters: derived from (application,
+    idempotency key) when there is a key (the same on every publish with it), random
+    otherwise."""
+    raw = (
+        hashlib.sha256(f"{application.pk}\x00{idempotency_key}".encode()).digest()
+        if idempotency_key is not None
+        else os.urandom(20)
+    )
+    return "evt_" + base64.b32encode(raw).decode().lower()[:26]
+
+
+def publish(
+    event_type: str,
+    payload: Any,
+    *,
+    application: Application | str,
+    channels: Sequence[str] | None = None,
+    idempotency_key: str | None = None,
+    ordering_key: str | None = None,
+    delay: float | timedelta | None = None,
+    priority: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> PublishedEvent:
+    """Publish an event: one delivery to every enabled endpoint of ``application``
+    subscribed to ``event_type`` and ``channels`` (Svix's fan-out), each an ordinary
+    outbox message to that endpoint.
+
+    The subscribers are resolved now: an endpoint registered (or enabled, or subscribed)
+    later does not get this event; one disabled later gets it when enabled again (its
+    delivery waits, parked). Inside ``transaction.atomic`` on ``using`` the deliveries
+    are captured with the caller's rows (committed or rolled back with them, as
+    :func:`outbox.send`), and an endpoint created earlier in the transaction is among
+    the subscribers; outside, they are stored before this returns.
+
+    Every delivery is POSTed with the payload as its body and the headers
+    ``webhook-id`` = the event id (the same for every endpoint and retry: receivers
+    deduplicate by it), ``webhook-timestamp``, ``webhook-signature`` (one ``v1,``
+    signature per secret signing now), ``Outbox-Event-Type``, ``Outbox-Event-Id`` and
+    ``Outbox-Delivery-Id`` (its own message id).
+
+    Args:
+        event_type: a name in the catalogue, not archived (unless
+            ``OUTBOX["ENDPOINTS"]["ALLOW_UNKNOWN_EVENT_TYPES"]``).
+        payload: JSON-serializable data, str or bytes (UTF-8: deliveries are signed), at
+            most ``OUTBOX["ENDPOINTS"]["MAX_PAYLOAD_BYTES"]`` (else ``MAX_BODY_BYTES``).
+        application: an :class:`~outbox.models.Application` or its uid.
+        channels: the event's channels (up to 10).
+        idempotency_key: per application: publishing again with it within 24 hours
+            returns the same event id, and each endpoint's delivery is the one stored
+            before (deduplicated per endpoint under a key derived from (application, key,
+            endpoint)); a delivery a partial failure left out (a cluster partition down)
+            is stored now, and an endpoint subscribed since gets one too. The same key
+            with another payload raises :class:`~outbox.exceptions.IdempotencyConflict`.
+        ordering_key: scoped per endpoint: each endpoint gets the events with this key
+            one at a time, in publish order (commit order inside transactions), whatever
+            the other endpoints do.
+        delay: seconds (or a ``timedelta``) before the first attempt.
+        priority: ``"high"``, ``"default"`` or ``"low"``.
+        using: the database whose transaction to join.
+
+    Returns:
+        :class:`PublishedEvent`: the event id and its deliveries.
+
+    Raises:
+        UnknownApplication: no such application.
+        UnknownEventType: not in the catalogue, or archived.
+        InvalidMessage: a bad payload (``MessageTooLarge``), channels or key.
+        OutboxUnavailable: outside a transaction, Redis could not take every delivery:
+            the text says how many were stored; ``exc.stored`` and ``exc.unstored`` list
+            them (``SendOutcomeUnknown``: ``exc.unknown``, may be stored). Publishing
+            again with the same idempotency key completes it.
+        NotDurable: as :func:`outbox.send`.
+    """
+    app = registry.get_application(application, using)
+    registry.clean_event_type_name(event_type)
+    if not endpoint_setting("ALLOW_UNKNOWN_EVENT_TYPES"):
+        archived = (
+            EventType.objects.using(using).filter(name=event_type).values_list("archived", flat=True).first()
+        )
+        if archived is None:
+            raise UnknownEventType(
+                f"unknown event type {event_type!r} (create it with webhooks.create_event_type)",
+                field="event_type",
+            )
+        if archived:
+            raise UnknownEventType(f"event type {event_type!r} is archived", field="event_type")
+    event_channels = registry.clean_channels(channels)
+    key = clean_idempotency_key(idempotency_key)
+    clean_ordering_key(ordering_key)
+    data, content_type = _payload(payload)
+    eid = event_id(app, key)
+    endpoints = registry.subscribers(app, event_type, event_channels, using)
+    return _fan_out(
+        app, event_type, eid, data, content_type, endpoints, key, ordering_key, delay, priority, using
+    )
+
+
+def _payload(payload: Any) -> tuple[bytes, str]:
+    """The payload encoded (as ``send()`` encodes a body), checked: UTF-8, within the limit.
+
+    Raises:
+        InvalidMessage, MessageTooLarge: otherwise.
+    """
+    data, content_type = encode_body(payload, None)
+    limit = endpoint_setting("MAX_PAYLOAD_BYTES") or outbox_settings.MAX_BODY_BYTES
+    if len(data) > int(limit):
+        raise MessageTooLarge(len(data), int(limit))
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidMessage(
+            "payload must be UTF-8: deliveries are signed (Standard Webhooks signs text)", field="payload"
+        ) from None
+    return data, content_type
+
+
+def _fan_out(
+    app: Application,
+    event_type: str,
+    eid: str,
+    data: bytes,
+    content_type: str,
+    endpoints: Sequence[Endpoint],
+    key: str | None,
+    ordering_key: str | None,
+    delay: float | timedelta | None,
+    priority: str | None,
+    using: str,
+) -> PublishedEvent:
+    """Build one delivery per endpoint and store them (or capture them)."""
+    if not endpoints:
+        return PublishedEvent(eid, event_type, app.uid, ())
+    template = endpoint_as_destination(
+        SimpleNamespace(name="endpoint:", rate_limit="", max_concurrency=None, options={})
+    )
+    now = time.time()
+    partition = random_partition(outbox_settings.partitions)
+    headers = {EVENT_ID_HEADER: eid, EVENT_TYPE_HEADER: event_type}
+    messages = [
+        build_message(
+            e.destination,
+            data,
+            content_type=content_type,
+            headers=headers,
+            idempotency_key=None if key is None else f"evt:{eid}",
+            ordering_key=ordering_key,
+            delay=delay,
+            priority=priority,
+            now=now,
+            partition=partition,
+            resolved=replace(template, name=e.destination),
+        )
+        for e in endpoints
+    ]
+    try:
+        stored = api._submit(messages, using)
+    except OutboxUnavailable as exc:
+        done = len(getattr(exc, "stored", None) or [])
+        exc.args = (
+            f"publish of event {eid} ({event_type}) to {len(messages)} endpoint(s): {done} delivery(ies) stored. "
+            + (
+                "Publishing again with the same idempotency_key stores the rest once. "
+                if key is not None
+                else "Without an idempotency_key, publishing again would repeat the stored ones. "
+            )
+            + str(exc.args[0] if exc.args else exc),
+            *exc.args[1:],
+        )
+        raise
+    deliveries = tuple(Delivery(e.pk, e.destination, m) for e, m in zip(endpoints, stored, strict=True))
+    return PublishedEvent(eid, event_type, app.uid, deliveries)
+
+
+def send_test_event(
+    endpoint: Endpoint | str | uuid.UUID, *, event_type: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> PublishedEvent:
+    """Send one event to this endpoint alone, whatever its subscriptions: ``event_type``'s
+    example from the catalogue (default: the endpoint's first subscribed type, else
+    :data:`TEST_EVENT_TYPE` with ``{"type": "outbox.test"}``). A disabled endpoint's test
+    delivery waits until it is enabled.
+
+    Raises:
+        InvalidEndpoint: no such endpoint.
+    """
+    row = registry.get_endpoint(endpoint, using)
+    name = event_type or (row.filter_types[0] if row.filter_types else TEST_EVENT_TYPE)
+    example = EventType.objects.using(using).filter(name=name).values_list("example", flat=True).first()
+    payload = example if example is not None else {"type": name, "test": True}
+    data, content_type = _payload(payload)
+    app = Application.objects.using(using).get(pk=row.application_id)
+    return _fan_out(app, name, event_id(app, None), data, content_type, [row], None, None, None, None, using)
+
+
+def subscribed(
+    application: Application | str,
+    event_type: str,
+    channels: Iterable[str] = (),
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[Endpoint]:
+    """The endpoints :func:`publish` would deliver such an event to now.
+
+    Raises:
+        UnknownApplication: no such application.
+    """
+    app = registry.get_application(application, using)
+    return registry.subscribers(app, event_type, registry.clean_channels(list(channels)), using)
+
+
+__all__ = [
+    "CreatedEndpoint",
+    "Delivery",
+    "PublishedEvent",
+    "changed",
+    "create_application",
+    "create_endpoint",
+    "create_event_type",
+    "delete_application",
+    "delete_endpoint",
+    "disable_endpoint",
+    "enable_endpoint",
+    "endpoint_secret",
+    "get_endpoint",
+    "publish",
+    "reencrypt_secrets",
+    "rotate_secret",
+    "send_test_event",
+    "subscribed",
+    "update_application",
+    "update_endpoint",
+    "update_event_type",
+]
