@@ -433,7 +433,7 @@ def endpoint_secret(endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAUL
     Raises:
         InvalidEndpoint: no such endpoint. SecretUnreadable: a wrong key.
     """
-    row = registry.get_endpoint(endpoint, using)
+    row = registry.get_endpoint(endpoint.pk if isinstance(endpoint, Endpoint) else endpoint, using)
     return secret_store.decrypt(row.secrets).current
 
 
@@ -452,8 +452,8 @@ def delete_endpoint(endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAUL
     row = registry.get_endpoint(endpoint, using)
     name = row.destination
     with transaction.atomic(using=using):
-        row.delete(using=using)
         registry.on_commit([row], using, deleted=True)
+        row.delete(using=using)
         transaction.on_commit(lambda: _forget(name), using=using)
 
 

@@ -283,34 +283,33 @@ def clean_metadata(value: object, what: str = "metadata") -> dict[str, Any]:
 # -- telling the workers -----------------------------------------------------------------
 
 
-def notify(endpoints: Sequence[Endpoint], *, deleted: bool = False) -> None:
-    """After a commit that changed ``endpoints``: their limits to their state hashes
-    (not when ``deleted``) and the change counter bumped with their names, so every
-    worker forgets its copy within ``VERSION_CHECK`` seconds. Redis unreachable: logged;
-    the workers learn of the change within ``CACHE_TTL`` instead (their copies expire),
-    and the limits are written again by the first worker that loads the endpoint."""
+def notify(changes: Sequence[tuple[str, list[float] | None]], *, deleted: bool = False) -> None:
+    """After a commit that changed endpoints (``(destination name, limits)`` each): their
+    limits to their state hashes (not when ``deleted``) and the change counter bumped
+    with their names, so every worker forgets its copy within ``VERSION_CHECK`` seconds.
+    Redis unreachable: logged; the workers learn of the change within ``CACHE_TTL``
+    instead (their copies expire), and the limits are written again by the first worker
+    that loads the endpoint."""
     try:
         repo = get_repository()
         if not deleted:
-            for endpoint in endpoints:
-                endpoint_versions.write_limits(
-                    repo, endpoint.destination, limits_of(endpoint.rate_limit, endpoint.max_concurrency)
-                )
-        endpoint_versions.bump(repo, [e.destination for e in endpoints])
+            for name, limits in changes:
+                endpoint_versions.write_limits(repo, name, limits)
+        endpoint_versions.bump(repo, [name for name, _ in changes])
     except (RedisError, RedisClusterException) as exc:
         logger.warning(
             "outbox: could not tell the workers of a change of %d endpoint(s) (%s: %s); they learn of it "
             "within OUTBOX['ENDPOINTS']['CACHE_TTL'] seconds",
-            len(endpoints),
+            len(changes),
             type(exc).__name__,
             exc,
         )
 
 
 def on_commit(endpoints: Sequence[Endpoint], using: str, *, deleted: bool = False) -> None:
-    """:func:`notify` once the current transaction on ``using`` commits (at once
-    outside a transaction); nothing on a rollback."""
-    snapshot = list(endpoints)
+    """:func:`notify` of ``endpoints`` (as they are now) once the current transaction on
+    ``using`` commits (at once outside a transaction); nothing on a rollback."""
+    snapshot = [(e.destination, None if deleted else limits_of(e.rate_limit, e.max_concurrency)) for e in endpoints]
     transaction.on_commit(lambda: notify(snapshot, deleted=deleted), using=using)
 
 

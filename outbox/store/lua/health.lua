@@ -48,7 +48,7 @@ local configs = {}
 for dest, values in pairs(cjson.decode(opts.config)) do configs[dest] = named_list(values, CONFIG_FIELDS) end
 local ENDPOINT_PREFIX = 'endpoint:'
 local function config_of(dest)
-  local cfg = config_of(dest)
+  local cfg = configs[dest]
   if cfg == nil and string.sub(dest, 1, #ENDPOINT_PREFIX) == ENDPOINT_PREFIX then cfg = configs[ENDPOINT_PREFIX] end
   return cfg
 end
