@@ -35,12 +35,18 @@ from collections.abc import Callable
 from functools import update_wrapper
 from typing import TYPE_CHECKING, Any
 
+from django import forms
 from django.contrib import admin
+from django.contrib import messages as admin_messages
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
-from outbox import models
+from outbox import models, webhooks
 from outbox.admin_views import confirm, dashboard, destinations, detail, listing, ordering
+from outbox.destinations import endpoints as endpoint_registry
+from outbox.exceptions import InvalidMessage
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[models.Message]
@@ -119,3 +125,146 @@ class MessageAdmin(_ModelAdmin):
                 name="outbox_release_key",
             ),
         ]
+
+
+# -- webhooks for customers: applications, endpoints, event types (docs/webhooks.md) ---------
+#
+# Every change goes through outbox.webhooks (validation, the secret encrypted, the workers
+# told on commit). The secret is never a form field: it appears once, in the message
+# shown to the user who created the endpoint or rotated its secret (a rotation's only to a
+# user holding outbox.view_endpoint_secret), so the admin's history (LogEntry) names
+# changed fields, never values of secrets.
+
+
+@admin.register(models.Application)
+class ApplicationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("uid", "name", "max_endpoints", "created_at")
+    search_fields = ("uid", "name")
+    readonly_fields = ("created_at", "updated_at")
+
+    def delete_model(self, request: HttpRequest, obj: models.Application) -> None:
+        webhooks.delete_application(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[models.Application]) -> None:
+        for app in queryset:
+            webhooks.delete_application(app)
+
+
+@admin.register(models.EventType)
+class EventTypeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("name", "description", "archived", "updated_at")
+    list_filter = ("archived",)
+    search_fields = ("name", "description")
+    readonly_fields = ("created_at", "updated_at")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return (*self.readonly_fields, "name") if obj is not None else self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: models.EventType, form: Any, change: bool) -> None:
+        if not change:
+            endpoint_registry.clean_event_type_name(obj.name, "name")
+        obj.save()
+
+
+class EndpointForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The endpoint's fields, checked by :mod:`outbox.destinations.endpoints` (the URL
+    with the private-network guard, event types in the catalogue, headers, limits)."""
+
+    class Meta:
+        model = models.Endpoint
+        fields = (
+            "application",
+            "uid",
+            "url",
+            "description",
+            "filter_types",
+            "channels",
+            "rate_limit",
+            "max_concurrency",
+            "headers",
+            "metadata",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        checks = {
+            "url": endpoint_registry.clean_url,
+            "filter_types": endpoint_registry.clean_filter_types,
+            "channels": endpoint_registry.clean_channels,
+            "headers": endpoint_registry.clean_endpoint_headers,
+        }
+        for name, check in checks.items():
+            if name in data and name in self.changed_data:
+                try:
+                    data[name] = check(data[name])
+                except InvalidMessage as exc:
+                    self.add_error(name, ValidationError(str(exc)))
+        try:
+            endpoint_registry.limits_of(data.get("rate_limit") or "", data.get("max_concurrency"))
+        except InvalidMessage as exc:
+            self.add_error("rate_limit", ValidationError(str(exc)))
+        return data
+
+
+@admin.register(models.Endpoint)
+class EndpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = EndpointForm
+    list_display = ("__str__", "application", "url", "state", "created_at")
+    list_filter = ("disabled", "application")
+    search_fields = ("url", "uid", "application__uid")
+    readonly_fields = ("id", "destination", "disabled", "disabled_reason", "created_at", "updated_at")
+    actions = ("enable", "disable", "send_test_event", "rotate_secret")
+
+    @admin.display(description="state")
+    def state(self, obj: models.Endpoint) -> str:
+        return f"disabled ({obj.disabled_reason})" if obj.disabled else "enabled"
+
+    def save_model(self, request: HttpRequest, obj: models.Endpoint, form: Any, change: bool) -> None:
+        values = {
+            name: form.cleaned_data.get(name) for name in EndpointForm.Meta.fields if name != "application"
+        }
+        if change:
+            webhooks.update_endpoint(obj.pk, **{k: v for k, v in values.items() if k in form.changed_data})
+            return
+        created = webhooks.create_endpoint(obj.application, **values)
+        obj.pk = created.endpoint.pk
+        obj._state.adding = False
+        self.message_user(
+            request,
+            f"Endpoint {created.endpoint} created. Its signing secret, shown this once: {created.secret}",
+            admin_messages.WARNING,
+        )
+
+    def delete_model(self, request: HttpRequest, obj: models.Endpoint) -> None:
+        webhooks.delete_endpoint(obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
+        for endpoint in queryset:
+            webhooks.delete_endpoint(endpoint)
+
+    @admin.action(description="Enable selected endpoints")
+    def enable(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
+        for endpoint in queryset:
+            webhooks.enable_endpoint(endpoint)
+        self.message_user(request, f"{queryset.count()} endpoint(s) enabled.")
+
+    @admin.action(description="Disable selected endpoints")
+    def disable(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
+        for endpoint in queryset:
+            webhooks.disable_endpoint(endpoint, reason=f"disabled in the admin by {request.user}")
+        self.message_user(request, f"{queryset.count()} endpoint(s) disabled.")
+
+    @admin.action(description="Send a test event")
+    def send_test_event(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
+        sent = [webhooks.send_test_event(endpoint) for endpoint in queryset]
+        self.message_user(request, f"{len(sent)} test event(s) sent: {', '.join(e.id for e in sent)}.")
+
+    @admin.action(description="Rotate the signing secret (the old one signs 24 hours more)")
+    def rotate_secret(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
+        show = request.user.has_perm("outbox.view_endpoint_secret")
+        for endpoint in queryset:
+            secret = webhooks.rotate_secret(endpoint)
+            text = f"Secret of endpoint {endpoint} rotated" + (
+                f"; the new one, shown this once: {secret}" if show else "."
+            )
+            self.message_user(request, text, admin_messages.WARNING if show else admin_messages.INFO)

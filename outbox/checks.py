@@ -40,6 +40,13 @@ outbox.W010    a webhook's host is (or resolves only to) a loopback, private or 
                non-public address that ``OUTBOX["BLOCK_PRIVATE_NETWORKS"]`` refuses: every
                message to it would be a dead letter (``blocked_address``) at its first
                attempt. ``OPTIONS["allow_private_networks"] = True`` allows it
+outbox.E012    ``OUTBOX["ENDPOINTS"]`` is invalid (unknown keys, ``SECRET_KEYS`` not Fernet
+               keys), or endpoints exist and no key is configured
+outbox.E013    an endpoint's stored secrets cannot be decrypted with ``SECRET_KEYS`` (a
+               wrong key, or the key that encrypted them removed): its deliveries wait
+               (the endpoint paused) until it is fixed and the endpoint enabled (tag
+               ``outbox_endpoints``: reads the database; skipped when its tables are not
+               there yet)
 outbox.W011    a setting has its old name (``RECOVERY_GRACE``, now ``LATE_AFTER``)
 outbox.E008    the server of ``OUTBOX["REDIS_ALIAS"]`` is a Redis Cluster node
                (``INFO cluster`` says ``cluster_enabled:1``): django-redis has no cluster
@@ -83,6 +90,7 @@ import httpcore
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 
 from outbox.alerts import admin_addresses, channel_problems, parse_alert_settings
 from outbox.conf import (
@@ -94,6 +102,7 @@ from outbox.conf import (
     outbox_settings,
     parse_cluster,
 )
+from outbox.destinations import secrets as secret_store
 from outbox.destinations.config import (
     configuration_errors,
     parse_ordering,
@@ -460,6 +469,55 @@ def check_redis_safety(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
 def check_shared_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """outbox.W005: ``cache.clear()`` on a shared alias would delete every message (no Redis needed)."""
     return _as_check_messages(redis_health.shared_alias_findings())
+
+
+@register("outbox_endpoints")
+def check_endpoint_secrets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """outbox.E012 and E013 (see the module docstring): every endpoint's secrets are
+    decrypted, at most :data:`ENDPOINTS_CHECKED` of them, and none is shown."""
+    from outbox.models import Endpoint  # Django models: `import outbox.checks` must not load them
+
+    try:
+        secret_store.fernet()
+        keys_problem = None
+    except ImproperlyConfigured as exc:
+        keys_problem = str(exc)
+    try:
+        rows = list(Endpoint.objects.exclude(secrets="").values_list("pk", "secrets")[:ENDPOINTS_CHECKED])
+    except DatabaseError:  # not migrated yet, or no database at build time
+        rows = []
+    if keys_problem is not None:
+        if "unknown key" in keys_problem or rows or endpoint_keys_given():
+            return [Error(keys_problem, id="outbox.E012")]
+        return []
+    unreadable = []
+    for pk, token in rows:
+        try:
+            secret_store.decrypt(token)
+        except secret_store.SecretUnreadable:
+            unreadable.append(str(pk))
+    if not unreadable:
+        return []
+    return [
+        Error(
+            f"{len(unreadable)} endpoint(s) have secrets no key of OUTBOX['ENDPOINTS']['SECRET_KEYS'] decrypts "
+            f"(first: {', '.join(unreadable[:5])}): their deliveries wait (paused) instead of being sent",
+            hint="put back the key that encrypted them (first in SECRET_KEYS to encrypt with it, anywhere to "
+            "decrypt), then enable the endpoints (outbox.webhooks.enable_endpoint); rotate SECRET_KEYS by adding "
+            "the new key first and running outbox.webhooks.reencrypt_secrets() before removing the old one",
+            id="outbox.E013",
+        )
+    ]
+
+
+#: Endpoints whose secrets :func:`check_endpoint_secrets` decrypts at most.
+ENDPOINTS_CHECKED = 10_000
+
+
+def endpoint_keys_given() -> bool:
+    """True when ``OUTBOX["ENDPOINTS"]["SECRET_KEYS"]`` is set at all."""
+    value = outbox_settings.ENDPOINTS
+    return isinstance(value, dict) and bool(value.get("SECRET_KEYS"))
 
 
 @register("outbox_network")

@@ -34,7 +34,10 @@ def test_each_receiver_gets_exactly_its_events_signed_with_its_own_secret():
     _catalogue()
     plan = {  # application -> endpoint uid -> (filter_types, channels)
         "acme": {"all": ([], []), "paid": (["order.paid"], []), "eu": ([], ["eu"])},
-        "globex": {"users": (["user.created"], []), "money": (["order.paid", "order.refunded"], ["us", "eu"])},
+        "globex": {
+            "users": (["user.created"], []),
+            "money": (["order.paid", "order.refunded"], ["us", "eu"]),
+        },
         "initech": {"all": ([], [])},
     }
     events = [
