@@ -186,8 +186,8 @@ class EndpointForm(forms.ModelForm):  # type: ignore[type-arg]
         )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        checks = {
+        data = super().clean() or {}
+        checks: dict[str, Callable[[Any], Any]] = {
             "url": endpoint_registry.clean_url,
             "filter_types": endpoint_registry.clean_filter_types,
             "channels": endpoint_registry.clean_channels,

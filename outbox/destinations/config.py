@@ -55,6 +55,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from outbox import redaction
 from outbox.conf import MAX_RETRIES_LIMIT, endpoint_setting, outbox_settings
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
+from outbox.destinations.secrets import SecretUnreadable
 from outbox.endpoint_names import ENDPOINT_PREFIX, is_endpoint
 from outbox.exceptions import EndpointUnavailable, UnknownDestination
 from outbox.retry import RetryPolicy
@@ -563,7 +564,7 @@ class EndpointCache:
                 error = EndpointUnavailable(
                     f"endpoint {name} is disabled ({config.disabled_reason or 'manual'})"
                 )
-        except endpoints.secret_store.SecretUnreadable as exc:
+        except SecretUnreadable as exc:
             error = EndpointUnavailable(f"endpoint {name}: {exc}")
             logger.error("outbox: endpoint %s cannot be used: %s; its deliveries wait (paused)", name, exc)
             self._pause_unreadable(name)

@@ -309,7 +309,9 @@ def notify(changes: Sequence[tuple[str, list[float] | None]], *, deleted: bool =
 def on_commit(endpoints: Sequence[Endpoint], using: str, *, deleted: bool = False) -> None:
     """:func:`notify` of ``endpoints`` (as they are now) once the current transaction on
     ``using`` commits (at once outside a transaction); nothing on a rollback."""
-    snapshot = [(e.destination, None if deleted else limits_of(e.rate_limit, e.max_concurrency)) for e in endpoints]
+    snapshot = [
+        (e.destination, None if deleted else limits_of(e.rate_limit, e.max_concurrency)) for e in endpoints
+    ]
     transaction.on_commit(lambda: notify(snapshot, deleted=deleted), using=using)
 
 
@@ -355,7 +357,7 @@ def save_application(
     uid: str | None = None,
     name: str | None = None,
     metadata: dict[str, Any] | None = None,
-    max_endpoints: int | None | type[Ellipsis] = ...,  # type: ignore[valid-type]
+    max_endpoints: Any = ...,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Application:
     """Create (``application`` None) or update an application; see
@@ -378,7 +380,7 @@ def save_application(
             isinstance(max_endpoints, bool) or not isinstance(max_endpoints, int) or max_endpoints < 0
         ):
             raise InvalidEndpoint("max_endpoints must be None or an int >= 0", field="max_endpoints")
-        app.max_endpoints = max_endpoints  # type: ignore[assignment]
+        app.max_endpoints = max_endpoints
     with transaction.atomic(using=using):
         if Application.objects.using(using).filter(uid=app.uid).exclude(pk=app.pk).exists():
             raise InvalidEndpoint(f"an application with uid {app.uid!r} exists", field="uid")
@@ -523,7 +525,7 @@ def get_endpoint(endpoint: Endpoint | str | uuid.UUID, using: str = DEFAULT_DB_A
     """
     if isinstance(endpoint, Endpoint):
         return endpoint
-    key = (
+    key: Any = (
         endpoint_id(endpoint) if isinstance(endpoint, str) and endpoint.startswith("endpoint:") else endpoint
     )
     try:
@@ -547,7 +549,7 @@ def load(name: str, using: str = DEFAULT_DB_ALIAS) -> EndpointConfig | None:
     pk = endpoint_id(name)
     if pk is None:
         return None
-    row = Endpoint.objects.using(using).select_related("application").filter(pk=pk).first()
+    row = Endpoint.objects.using(using).select_related("application").filter(pk=str(pk)).first()
     if row is None:
         return None
     signing: tuple[str, ...] = ()

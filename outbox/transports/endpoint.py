@@ -92,7 +92,15 @@ class EndpointTransport(WebhookTransport):
         ImproperlyConfigured: from ``__init__``, for any invalid option.
     """
 
-    options = ("url", "secret", "timeout", "connect_timeout", "deadline", "headers", "allow_private_networks")
+    options: tuple[str, ...] = (
+        "url",
+        "secret",
+        "timeout",
+        "connect_timeout",
+        "deadline",
+        "headers",
+        "allow_private_networks",
+    )
 
     def __init__(self, destination: str, **options: Any) -> None:
         super().__init__(destination, **options)

@@ -169,7 +169,7 @@ class WebhookTransport(Transport):
         ImproperlyConfigured: from ``__init__``, for any invalid option.
     """
 
-    options = (
+    options: tuple[str, ...] = (
         "url",
         "secret",
         "timeout",
