@@ -64,10 +64,9 @@ from outbox.models import Application, Endpoint, EventType
 from outbox.operations.operation import DELETE, Selection, execute
 from outbox.records import Message
 from outbox.sending.validation import build_message, clean_idempotency_key, clean_ordering_key, encode_body
-from outbox.store import endpoint_versions
-from outbox.store.connection import get_repository
+from outbox.store import endpoint_versions, get_repository
 from outbox.store.keys import random_partition
-from outbox.store.queries import MessageFilter
+from outbox.store.reads.queries import MessageFilter
 from outbox.transports.endpoint import EVENT_ID_HEADER, EVENT_TYPE_HEADER
 
 logger = logging.getLogger("outbox")
@@ -578,6 +577,24 @@ def publish(
         NotDurable: as :func:`outbox.send`.
     """
     app = registry.get_application(application, using)
+    _check_event_type(event_type, using)
+    event_channels = registry.clean_channels(channels)
+    key = clean_idempotency_key(idempotency_key)
+    clean_ordering_key(ordering_key)
+    data, content_type = _payload(payload)
+    endpoints = registry.subscribers(app, event_type, event_channels, using)
+    event = _Event(
+        app, event_type, event_id(app, key), data, content_type, key, ordering_key, delay, priority
+    )
+    return _fan_out(event, endpoints, using)
+
+
+def _check_event_type(event_type: str, using: str) -> None:
+    """Refuse a malformed, unknown or archived event type (see :func:`publish`).
+
+    Raises:
+        InvalidEndpoint, UnknownEventType: as said.
+    """
     registry.clean_event_type_name(event_type)
     if not endpoint_setting("ALLOW_UNKNOWN_EVENT_TYPES"):
         archived = (
@@ -590,15 +607,6 @@ def publish(
             )
         if archived:
             raise UnknownEventType(f"event type {event_type!r} is archived", field="event_type")
-    event_channels = registry.clean_channels(channels)
-    key = clean_idempotency_key(idempotency_key)
-    clean_ordering_key(ordering_key)
-    data, content_type = _payload(payload)
-    eid = event_id(app, key)
-    endpoints = registry.subscribers(app, event_type, event_channels, using)
-    return _fan_out(
-        app, event_type, eid, data, content_type, endpoints, key, ordering_key, delay, priority, using
-    )
 
 
 def _payload(payload: Any) -> tuple[bytes, str]:
@@ -620,20 +628,24 @@ def _payload(payload: Any) -> tuple[bytes, str]:
     return data, content_type
 
 
-def _fan_out(
-    app: Application,
-    event_type: str,
-    eid: str,
-    data: bytes,
-    content_type: str,
-    endpoints: Sequence[Endpoint],
-    key: str | None,
-    ordering_key: str | None,
-    delay: float | timedelta | None,
-    priority: str | None,
-    using: str,
-) -> PublishedEvent:
+@dataclass(frozen=True)
+class _Event:
+    """An event checked by :func:`publish`, before its fan-out."""
+
+    app: Application
+    event_type: str
+    id: str
+    data: bytes
+    content_type: str
+    key: str | None = None
+    ordering_key: str | None = None
+    delay: float | timedelta | None = None
+    priority: str | None = None
+
+
+def _fan_out(event: _Event, endpoints: Sequence[Endpoint], using: str) -> PublishedEvent:
     """Build one delivery per endpoint and store them (or capture them)."""
+    app, event_type, eid, key = event.app, event.event_type, event.id, event.key
     if not endpoints:
         return PublishedEvent(eid, event_type, app.uid, ())
     template = endpoint_as_destination(
@@ -644,17 +656,16 @@ def _fan_out(
     headers = {EVENT_ID_HEADER: eid, EVENT_TYPE_HEADER: event_type}
     messages = [
         build_message(
-            e.destination,
-            data,
-            content_type=content_type,
+            replace(template, name=e.destination),
+            event.data,
+            content_type=event.content_type,
             headers=headers,
             idempotency_key=None if key is None else f"evt:{eid}",
-            ordering_key=ordering_key,
-            delay=delay,
-            priority=priority,
+            ordering_key=event.ordering_key,
+            delay=event.delay,
+            priority=event.priority,
             now=now,
             partition=partition,
-            resolved=replace(template, name=e.destination),
         )
         for e in endpoints
     ]
@@ -694,7 +705,7 @@ def send_test_event(
     payload = example if example is not None else {"type": name, "test": True}
     data, content_type = _payload(payload)
     app = Application.objects.using(using).get(pk=row.application_id)
-    return _fan_out(app, name, event_id(app, None), data, content_type, [row], None, None, None, None, using)
+    return _fan_out(_Event(app, name, event_id(app, None), data, content_type), [row], using)
 
 
 def subscribed(

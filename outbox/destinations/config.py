@@ -59,8 +59,8 @@ from outbox.destinations.secrets import SecretUnreadable
 from outbox.endpoint_names import ENDPOINT_PREFIX, is_endpoint
 from outbox.exceptions import EndpointUnavailable, UnknownDestination
 from outbox.retry import RetryPolicy
-from outbox.store import endpoint_versions, wakeups
-from outbox.store.connection import get_repository
+from outbox.store import endpoint_versions, get_repository
+from outbox.store.background import wakeups
 from outbox.transports import Transport, transport_class
 from outbox.transports.endpoint import EndpointTransport, close_shared_pools
 

@@ -40,8 +40,7 @@ from outbox.destinations.limits import RateLimit, parse_max_concurrency
 from outbox.endpoint_names import endpoint_destination, endpoint_id
 from outbox.exceptions import InvalidEndpoint, InvalidMessage, UnknownApplication, UnknownEventType
 from outbox.models import Application, Endpoint, EventType
-from outbox.store import endpoint_versions
-from outbox.store.connection import get_repository
+from outbox.store import endpoint_versions, get_repository
 from outbox.transports.endpoint import EVENT_ID_HEADER, EVENT_TYPE_HEADER
 from outbox.transports.ssrf import is_public_address, resolve
 

@@ -191,7 +191,7 @@ def message_partition(destination: str, key: str | None, partition: int | None =
 
 
 def build_message(
-    destination: str,
+    destination: str | Destination,
     body: Any,
     *,
     content_type: str | None = None,
@@ -204,7 +204,6 @@ def build_message(
     priority: str | None = None,
     now: float | None = None,
     partition: int | None = None,
-    resolved: Destination | None = None,
 ) -> Message:
     """Validate ``send()`` arguments and build the message, without writing it.
 
@@ -214,13 +213,14 @@ def build_message(
     the messages of a call without a key one partition, so they are written together),
     else one at random.
 
-    ``resolved``: the destination, already looked up and checked by the caller
-    (``outbox.publish``, for an endpoint): no lookup, and its transport's
-    ``check_message`` is the caller's to apply.
+    ``destination`` may be a :class:`~outbox.destinations.Destination` already looked up
+    and checked by the caller (``outbox.publish``, for an endpoint): no lookup, and its
+    transport's ``check_message`` is the caller's to apply.
 
     Raises:
         InvalidMessage: any argument is invalid (see :func:`send`).
     """
+    resolved = destination if isinstance(destination, Destination) else None
     dest = resolved or get_destination(clean_destination(destination))
     data, ctype = encode_body(body, content_type)
     if max_retries is None:

@@ -15,7 +15,12 @@ PACKAGE = ROOT / "outbox"
 MAX_LINES = 79
 MAX_PARAMETERS = 7
 #: Public signatures exempt from the parameter bar (module, function).
-PUBLIC = {("outbox/api.py", "send"), ("outbox/api.py", "send_many")}
+PUBLIC = {
+    ("outbox/api.py", "send"),
+    ("outbox/api.py", "send_many"),
+    ("outbox/webhooks.py", "publish"),
+    ("outbox/webhooks.py", "create_endpoint"),
+}
 
 #: (path, function, "lines" or "parameters") -> today's figure: the work issue 32 leaves.
 OVER: dict[tuple[str, str, str], int] = {

@@ -189,7 +189,7 @@ def test_a_disabled_endpoint_gets_nothing_new_and_its_waiting_deliveries_go_when
 
 
 def test_deleting_an_endpoint_deletes_its_deliveries_and_its_state():
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     _catalogue()
     webhooks.create_application("acme")

@@ -97,7 +97,7 @@ def test_a_wrong_key_fails_loudly_in_check_and_the_deliveries_wait(app, settings
     from outbox.checks import check_endpoint_secrets
     from outbox.destinations.config import endpoint_cache, get_transport
     from outbox.exceptions import EndpointUnavailable
-    from outbox.store.connection import get_repository
+    from outbox.store import get_repository
 
     created = webhooks.create_endpoint(app, "https://93.184.215.14/")
     assert check_endpoint_secrets() == []
