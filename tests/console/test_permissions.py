@@ -8,6 +8,12 @@ from django.contrib.auth.models import Permission
 pytestmark = pytest.mark.django_db(transaction=True)  # send() writes at once (no atomic block)
 
 PERMISSIONS = ("view_message", "requeue_message", "cancel_message", "delete_message", "manage_destination")
+#: Webhooks for customers (docs/webhooks.md): the models' own and the secret's.
+WEBHOOK_PERMISSIONS = {
+    f"{action}_{model}"
+    for action in ("add", "change", "delete", "view")
+    for model in ("application", "endpoint", "eventtype")
+} | {"view_endpoint_secret"}
 
 
 def test_permissions_exist():
@@ -15,4 +21,4 @@ def test_permissions_exist():
     codenames = set(
         Permission.objects.filter(content_type__app_label="outbox").values_list("codename", flat=True)
     )
-    assert codenames == set(PERMISSIONS)
+    assert codenames == set(PERMISSIONS) | WEBHOOK_PERMISSIONS
