@@ -44,9 +44,8 @@ outbox.E012    ``OUTBOX["ENDPOINTS"]`` is invalid (unknown keys, ``SECRET_KEYS``
                keys), or endpoints exist and no key is configured
 outbox.E013    an endpoint's stored secrets cannot be decrypted with ``SECRET_KEYS`` (a
                wrong key, or the key that encrypted them removed): its deliveries wait
-               (the endpoint paused) until it is fixed and the endpoint enabled (tag
-               ``outbox_endpoints``: reads the database; skipped when its tables are not
-               there yet)
+               (the endpoint paused) until it is fixed and the endpoint enabled (a
+               database check: ``manage.py check --database default``, and ``migrate``)
 outbox.W011    a setting has its old name (``RECOVERY_GRACE``, now ``LATE_AFTER``)
 outbox.E008    the server of ``OUTBOX["REDIS_ALIAS"]`` is a Redis Cluster node
                (``INFO cluster`` says ``cluster_enabled:1``): django-redis has no cluster
@@ -88,7 +87,7 @@ from urllib.parse import urlsplit
 
 import httpcore
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 
@@ -99,6 +98,7 @@ from outbox.conf import (
     RENAMED,
     RQ_CONNECTION_KEYS,
     ClusterConfig,
+    endpoint_setting,
     outbox_settings,
     parse_cluster,
 )
@@ -471,31 +471,48 @@ def check_shared_cache_alias(app_configs: Any = None, **kwargs: Any) -> list[Che
     return _as_check_messages(redis_health.shared_alias_findings())
 
 
-@register("outbox_endpoints")
-def check_endpoint_secrets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """outbox.E012 and E013 (see the module docstring): every endpoint's secrets are
-    decrypted, at most :data:`ENDPOINTS_CHECKED` of them, and none is shown."""
+@register()
+def check_endpoint_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """outbox.E012 (see the module docstring): ``OUTBOX["ENDPOINTS"]`` and its keys, when
+    set (no database read)."""
+    try:
+        endpoint_setting("SECRET_KEYS")
+        if not endpoint_keys_given():
+            return []
+        secret_store.fernet()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="outbox.E012")]
+    return []
+
+
+@register(Tags.database)
+def check_endpoint_secrets(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """outbox.E013 (see the module docstring): every endpoint's secrets are decrypted, at
+    most :data:`ENDPOINTS_CHECKED` of them, none shown. A database check: run by
+    ``manage.py check --database default`` and by ``migrate``."""
     from outbox.models import Endpoint  # Django models: `import outbox.checks` must not load them
 
-    try:
-        secret_store.fernet()
-        keys_problem = None
-    except ImproperlyConfigured as exc:
-        keys_problem = str(exc)
-    try:
-        rows = list(Endpoint.objects.exclude(secrets="").values_list("pk", "secrets")[:ENDPOINTS_CHECKED])
-    except DatabaseError:  # not migrated yet, or no database at build time
-        rows = []
-    if keys_problem is not None:
-        if "unknown key" in keys_problem or rows or endpoint_keys_given():
-            return [Error(keys_problem, id="outbox.E012")]
-        return []
     unreadable = []
-    for pk, token in rows:
+    for alias in databases or ():
         try:
-            secret_store.decrypt(token)
-        except secret_store.SecretUnreadable:
-            unreadable.append(str(pk))
+            rows = list(
+                Endpoint.objects.using(alias)
+                .exclude(secrets="")
+                .values_list("pk", "secrets")[:ENDPOINTS_CHECKED]
+            )
+        except DatabaseError:  # not migrated yet
+            continue
+        if rows and not endpoint_keys_given():
+            return [
+                Error("endpoints exist and OUTBOX['ENDPOINTS']['SECRET_KEYS'] is empty", id="outbox.E012")
+            ]
+        for pk, token in rows:
+            try:
+                secret_store.decrypt(token)
+            except secret_store.SecretUnreadable:
+                unreadable.append(str(pk))
     if not unreadable:
         return []
     return [

@@ -100,12 +100,12 @@ def test_a_wrong_key_fails_loudly_in_check_and_the_deliveries_wait(app, settings
     from outbox.store import get_repository
 
     created = webhooks.create_endpoint(app, "https://93.184.215.14/")
-    assert check_endpoint_secrets() == []
+    assert check_endpoint_secrets(databases=["default"]) == []
     settings.OUTBOX = {
         **settings.OUTBOX,
         "ENDPOINTS": {**settings.OUTBOX["ENDPOINTS"], "SECRET_KEYS": [Fernet.generate_key().decode()]},
     }
-    (error,) = check_endpoint_secrets()
+    (error,) = check_endpoint_secrets(databases=["default"])
     assert error.id == "outbox.E013" and created.secret not in error.msg
     endpoint_cache.clear()
     with pytest.raises(EndpointUnavailable):
