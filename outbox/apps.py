@@ -10,6 +10,9 @@ class OutboxConfig(AppConfig):
         # Imported once the app registry is ready (app loading), for what importing does:
         from outbox import alerts, checks  # noqa: F401  (connects the alerts to destination events; registers the checks)
         from outbox.conf import outbox_settings  # app loading: settings are read once ready
+        from outbox.model_events import connect  # app loading: it looks models up in the registry
+
+        connect()  # OUTBOX["MODEL_EVENTS"]' receivers; raises ImproperlyConfigured
 
         if outbox_settings.METRICS_REGISTER:  # for django-prometheus's /metrics (needs the metrics extra)
             from outbox.metrics import register  # optional: the metrics extra

@@ -145,6 +145,9 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
 ``ORDERING_KEY_TTL``   seconds an ordering key's state (its sequence, the last delivered)
                        is kept after its last message left it (7 days); a key sent to
                        again later starts at sequence 1.
+``MODEL_EVENTS``       model label -> options: publish ``<app>.<model>.created``,
+                       ``.updated`` and ``.deleted`` to each row's application when its
+                       transaction commits ({}). See :mod:`outbox.model_events`.
 =====================  ==========================================================
 """
 
@@ -206,6 +209,7 @@ DEFAULTS: dict[str, Any] = {
     "ORDERING": "block",
     "ORDERING_KEY_TTL": 7 * 24 * 3600,
     "ENDPOINTS": {},
+    "MODEL_EVENTS": {},
 }
 
 #: Keys of ``OUTBOX["ENDPOINTS"]`` (webhooks for a project's customers, docs/webhooks.md)
