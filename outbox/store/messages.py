@@ -51,21 +51,16 @@ TransitionRow = tuple[int, bytes, bytes] | tuple[int, bytes, bytes, list[Any], l
 BulkReply = tuple[list[int], list[bytes]]
 ReleaseReply = tuple[list[bytes], list[bytes], list[bytes]]
 
-#: The fields of each message of ``lua/create.lua``, in the order :meth:`MessageRepository.create_args` sends them.
-CREATE_FIELDS = (
-    "id",
-    "keyed",
-    "fp",
-    "dest",
-    "queue",
-    "status",
-    "group",
-    "score",
-    "created",
-    "record",
-    "ordered",
-    "n_resend",
-)
+#: ``lua/create.lua``'s arguments, by position (its header says why not by name): first
+#: these, then :data:`CREATE_GROUP` per group of messages, then :data:`CREATE_FIELDS` and
+#: the resend pairs per message (:meth:`MessageRepository.create_args` sends them).
+CREATE_HEADER = ("idem_ttl", "wake_ttl_ms", "now", "slack", "repeat", "n", "groups", "parts")
+#: The arguments of each group of messages of ``lua/create.lua`` (:func:`create_groups`).
+CREATE_GROUP = ("status", "dest", "queue")
+#: The arguments of each message of ``lua/create.lua``, before its resend pairs.
+CREATE_FIELDS = ("id", "fp", "group", "score", "created", "record", "ordered", "n_resend")
+#: Resend fields that ``lua/create.lua`` writes from the arguments before them.
+_CREATE_WRITES = ("status", "destination", "queue", "next_attempt_at")
 
 logger = logging.getLogger(__name__)
 
@@ -359,38 +354,36 @@ class MessageStore(RepositoryBase):
         :meth:`create_keys`; ``groups``: :func:`create_groups` of ``messages``, computed
         here when not given)."""
         groups = create_groups(messages) if groups is None else groups
-        args: list[Any] = named(
-            parts=self.keys.partitions,
-            idem_ttl=self.idempotency_ttl,
-            wake_ttl_ms=self.wake_ttl_ms,
-            now=repr(now),
-            slack=repr(due_slack),
-            repeat="1" if repeat else "0",
-            fields=field_names(CREATE_FIELDS),
-            n=len(messages),
-            groups=len(groups),
-        )
+        args: list[Any] = [
+            self.idempotency_ttl,
+            self.wake_ttl_ms,
+            repr(now),
+            repr(due_slack),
+            "1" if repeat else "0",
+            len(messages),
+            len(groups),
+            self.keys.partitions,
+        ]
+        for group in groups:  # (status, destination, queue): CREATE_GROUP
+            args += group
         for m in messages:
-            idem = m.idempotency_key
             score = repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at)
-            # The script writes these four resend fields from the arguments before them.
+            created = repr(m.created_at)
             rfields = resend_fields(m)
-            for name in ("status", "destination", "queue", "next_attempt_at"):
+            for name in _CREATE_WRITES:
                 rfields.pop(name, None)
-            args += [
+            if rfields.get("updated_at") == created:  # the script writes created_at there
+                del rfields["updated_at"]
+            args += (
                 m.id,
-                "1" if idem else "",
-                m.fingerprint() if idem else "",
-                m.destination,
-                m.queue,
-                m.status,
+                m.fingerprint() if m.idempotency_key else "",
                 groups[(m.status, m.destination, m.queue)],
                 score,
-                repr(m.created_at),
+                created,
                 message_value(m),
                 "1" if m.ordering_key else "",
                 len(rfields),
-            ]
+            )
             for pair in rfields.items():
                 args += pair
         return args
