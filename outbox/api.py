@@ -269,6 +269,8 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
             f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
             "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
         ) from exc
+    if not_durable is None and not outbox_settings.EAGER and _all_written_as_sent(messages, created):
+        return messages  # the common case (every send() without a key): nothing to read back
     # a message moved to another partition (a cluster's primary down) has a new id; an
     # ordered one has its sequence, and is "waiting" behind its key's head
     messages = [_as_created(m, c) for m, c in zip(messages, created, strict=True)]
@@ -316,6 +318,15 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
         not_durable.messages = result
         raise not_durable
     return result
+
+
+def _all_written_as_sent(messages: Sequence[Message], created: Sequence[Created]) -> bool:
+    """True when every message was written new, under its own id, unordered: the
+    messages stand as they are (what the general path below would return too)."""
+    for message, c in zip(messages, created, strict=True):
+        if c.code != "new" or c.id != message.id or c.order_seq is not None:
+            return False
+    return True
 
 
 def _as_created(message: Message, created: Created) -> Message:

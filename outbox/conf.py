@@ -483,10 +483,13 @@ class OutboxSettings:
             raise ImproperlyConfigured("settings.OUTBOX must be a dict")
         return value
 
-    def __getattr__(self, name: str) -> Any:
-        name = RENAMED.get(name, name)
+    def __getattr__(self, asked: str) -> Any:
+        # Called only for a name not in the instance's __dict__: the value found is put
+        # there too, so the next read of it is a plain attribute read (send() reads
+        # several settings per call); :meth:`reload` takes them out again.
+        name = RENAMED.get(asked, asked)
         if name.startswith("_") or name not in DEFAULTS:
-            raise AttributeError(name)
+            raise AttributeError(asked)
         if name not in self._cache:
             user = self.user_settings
             old = [o for o, new in RENAMED.items() if new == name and o in user]
@@ -494,7 +497,9 @@ class OutboxSettings:
             if name == "EVENTS_CHANNEL" and value == "":
                 value = f"{self.KEY_PREFIX}:events"
             self._cache[name] = value
-        return self._cache[name]
+        value = self._cache[name]
+        self.__dict__[asked] = value
+        return value
 
     @property
     def partitions(self) -> int:
@@ -567,6 +572,8 @@ class OutboxSettings:
         """Drop cached values. Modules that derive state from settings drop theirs on
         ``setting_changed`` with receivers of their own."""
         self._cache.clear()
+        for name in [n for n in self.__dict__ if n != "_cache"]:
+            del self.__dict__[name]
 
 
 outbox_settings = OutboxSettings()

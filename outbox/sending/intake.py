@@ -94,15 +94,22 @@ def _create(
         redis.exceptions.RedisError: as ``create``, when nothing could be written.
     """
     kwargs: dict[str, Any] = {"due_slack": wakeups.DUE_SLACK, "repeat": repeat, "durability": wait}
-    movable = not repeat and is_cluster(repository.connection)
     try:
         result = repository.create(messages, now, **kwargs)
     except PARTITION_UNAVAILABLE as exc:
         # a write that may have run is never moved: that would store the message twice
-        if not movable or may_have_run(exc) or all(m.idempotency_key or m.ordering_key for m in messages):
+        if (
+            repeat
+            or not is_cluster(repository.connection)
+            or may_have_run(exc)
+            or all(m.idempotency_key or m.ordering_key for m in messages)
+        ):
             raise
         unstored = [Created(m.id, m.id, "unstored") for m in messages]
         result = CreateResult(unstored, [], errors={partition_of(m.id): exc for m in messages})
+    if not result.errors:  # every partition written (always so on one server)
+        return result
+    movable = not repeat and is_cluster(repository.connection)
     for _ in range(REPICKS if movable else 0):
         stuck = [
             i

@@ -699,8 +699,10 @@ class MessageStore(RepositoryBase):
         queues first, then (position, standing id, code) for each message not written
         as new."""
         n_woken = int(reply[0])
-        woken = [q.decode() for q in reply[1 : 1 + n_woken]]
         created = [Created(m.id, m.id, "new") for m in messages]
+        if len(reply) == 1 + n_woken:  # every message written as new, none ordered: most calls
+            return CreateResult(created, [q.decode() for q in reply[1:]] if n_woken else [])
+        woken = [q.decode() for q in reply[1 : 1 + n_woken]]
         rest = reply[1 + n_woken :]
         for at in range(0, len(rest), 3):
             index = int(rest[at]) - 1
