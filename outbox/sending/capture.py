@@ -111,7 +111,7 @@ def capture(messages: Sequence[Message], using: str) -> list[Message]:
     for row in rows:
         row.order_seq = numbers.get(row.id)
     if rows:
-        CapturedMessage.objects.using(using).bulk_create(rows)
+        _insert(using, rows)
     for m in fresh:
         if m.idempotency_key and m.id in numbers:  # its row is in already (see _capture_keyed)
             CapturedMessage.objects.using(using).filter(id=m.id).update(order_seq=numbers[m.id])
@@ -128,6 +128,58 @@ def _number(fresh: Sequence[Message], using: str) -> dict[str, int]:
         return {}
     taken = sequences.take(using, [(m.destination, m.ordering_key or "") for m in ordered])
     return {m.id: n for m, n in zip(ordered, taken, strict=True)}
+
+
+def _insert(using: str, rows: Sequence[CapturedMessage]) -> None:
+    """Insert ``rows`` (every field set) in the current transaction on ``using``: one
+    ``INSERT`` per batch the database takes (``bulk_batch_size``), each value prepared by
+    its model field as the ORM prepares it. What ``bulk_create`` does for this model
+    (no signals, no database defaults asked for), without its per-call work: about
+    100 µs of the 500 of ``send()`` inside ``transaction.atomic`` (issue 30, item 10).
+
+    Raises:
+        django.db.DatabaseError: from the database (an ``IntegrityError`` for a row
+            whose id or key is taken).
+    """
+    connection = connections[using]
+    fields = CapturedMessage._meta.concrete_fields
+    q = connection.ops.quote_name
+    columns = ", ".join(q(f.column) for f in fields)
+    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    size = max(1, connection.ops.bulk_batch_size(list(fields), list(rows)))
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), size):
+            batch = rows[start : start + size]
+            cursor.execute(  # names from the model, quoted; values as parameters
+                f"INSERT INTO {q(CapturedMessage._meta.db_table)} ({columns}) VALUES "
+                + ", ".join([one] * len(batch)),
+                [f.get_db_prep_save(getattr(row, f.attname), connection) for row in batch for f in fields],
+            )
+
+
+def _delete(using: str, ids: Sequence[str]) -> None:
+    """Delete the captured rows of ``ids`` on ``using``: ``DELETE ... WHERE id IN``, per
+    batch the database takes. What ``QuerySet.delete()`` does for this model (nothing
+    refers to it, no signal receivers), without its collector's work per call.
+
+    Raises:
+        django.db.DatabaseError: from the database.
+    """
+    if not ids:
+        return
+    connection = connections[using]
+    q = connection.ops.quote_name
+    pk = CapturedMessage._meta.pk
+    size = max(1, connection.ops.bulk_batch_size([pk], list(ids)))
+    with connection.cursor() as cursor:
+        for start in range(0, len(ids), size):
+            batch = ids[start : start + size]
+            cursor.execute(  # names from the model, quoted; ids as parameters
+                f"DELETE FROM {q(CapturedMessage._meta.db_table)} WHERE {q(pk.column)} IN ("
+                + ", ".join(["%s"] * len(batch))
+                + ")",
+                list(batch),
+            )
 
 
 def _row(message: Message, own: str) -> CapturedMessage:
@@ -238,7 +290,7 @@ def push(messages: Sequence[Message], using: str, numbers: Mapping[str, int] | N
         )
         return
     try:
-        CapturedMessage.objects.using(using).filter(id__in=_settled(messages, created)).delete()
+        _delete(using, _settled(messages, created))
     except DatabaseError as exc:  # harmless: the relay pushes them again (idempotent) and deletes
         logger.warning("outbox: could not delete %d captured row(s): %s", len(messages), exc)
 
