@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -595,6 +596,117 @@ def case_send_alternating(n: int, block: int = 200) -> dict:
         server.stop()
 
 
+def alternate(sides: dict, rounds: int) -> dict[str, list[float]]:
+    """Run each of ``sides`` (name -> a function timing one block, returning µs) in turn,
+    ``rounds`` times, which goes first alternating round by round: every side sees the
+    machine at nearly the same moments. Returns each side's block figures."""
+    out: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            out[name].append(sides[name]())
+    return out
+
+
+def case_many_alternating(n: int, block: int = 10) -> dict:
+    """``outbox.send_many`` of 100 messages and RQ's ``Queue.enqueue_many`` of 100
+    ``Queue.prepare_data`` jobs in one process against one Redis, in alternating blocks
+    of ``block`` calls, n messages each. Returns the median messages per second over
+    the blocks of each."""
+    server = private_redis()
+    try:
+        setup_django()
+        from redis import Redis
+        from rq import Queue
+
+        import outbox
+
+        body = body_200()
+        outbox_warmed(body)
+        queue = Queue("bench", connection=Redis.from_url(server.url))
+        queue.enqueue("benchmarks.peers.noop_job", body)  # warm-up
+        items = [{"destination": "noop", "body": body}] * 100
+
+        def ours() -> float:
+            t0 = time.perf_counter()
+            for _ in range(block):
+                outbox.send_many(items)
+            return block * 100 / (time.perf_counter() - t0)
+
+        def rq_many() -> float:
+            t0 = time.perf_counter()
+            for _ in range(block):
+                queue.enqueue_many([Queue.prepare_data("benchmarks.peers.noop_job", (body,)) for _ in range(100)])
+            return block * 100 / (time.perf_counter() - t0)
+
+        got = alternate({"outbox": ours, "rq": rq_many}, max(1, n // (100 * block)))
+        return {
+            "outbox_per_s": statistics.median(got["outbox"]),
+            "rq_per_s": statistics.median(got["rq"]),
+            "blocks": len(got["outbox"]),
+        }
+    finally:
+        server.stop()
+
+
+def case_atomic_alternating(n: int, block: int = 200) -> dict:
+    """``outbox.send`` inside ``transaction.atomic`` (captured in the database, pushed to
+    Redis when the transaction commits) against django-rq's ``enqueue`` inside
+    ``transaction.atomic`` with ``commit_mode="on_db_commit"`` (the job enqueued when the
+    transaction commits: django-rq's own way of not sending what a rollback undoes), and
+    for reference with its default ``"auto"`` (enqueued at once, inside the
+    transaction), in one process against one Redis and the settings' database (SQLite in
+    memory), in alternating blocks of ``block`` transactions, n each. Returns the median
+    µs per transaction over the blocks of each."""
+    server = private_redis()
+    try:
+        setup_django()
+        import django_rq
+        from django.core.management import call_command
+        from django.db import transaction
+
+        import outbox
+
+        call_command("migrate", verbosity=0)
+        body = body_200()
+        outbox_warmed(body)
+        on_commit = django_rq.get_queue("outbox", commit_mode="on_db_commit")
+        auto = django_rq.get_queue("outbox", commit_mode="auto")
+        for q in (on_commit, auto):
+            with transaction.atomic():
+                q.enqueue("benchmarks.peers.noop_job", body)  # warm-up
+
+        def timed(send) -> Callable[[], float]:
+            def run() -> float:
+                t0 = time.perf_counter()
+                for _ in range(block):
+                    with transaction.atomic():
+                        send()
+                return (time.perf_counter() - t0) / block * 1e6
+
+            return run
+
+        got = alternate(
+            {
+                "outbox": timed(lambda: outbox.send("noop", body)),
+                "on_commit": timed(lambda: on_commit.enqueue("benchmarks.peers.noop_job", body)),
+                "auto": timed(lambda: auto.enqueue("benchmarks.peers.noop_job", body)),
+            },
+            max(1, n // block),
+        )
+        from outbox.models import CapturedMessage
+
+        assert not CapturedMessage.objects.exists(), "a captured message was not pushed on commit"
+        return {
+            "outbox_us": statistics.median(got["outbox"]),
+            "django_rq_us": statistics.median(got["on_commit"]),
+            "django_rq_auto_us": statistics.median(got["auto"]),
+            "blocks": len(got["outbox"]),
+        }
+    finally:
+        server.stop()
+
+
 def case_delivery_alternating(n: int, bursts: int = 6) -> dict:
     """Out of the box against tuned, one private Redis: ``bursts`` bursts of n no-op
     messages (sent with ``send_many``, then drained by a new worker process), the profile
@@ -1053,6 +1165,8 @@ def case_ordered_blocked(
 
 CASES = {
     "send-alternating": case_send_alternating,
+    "many-alternating": case_many_alternating,
+    "atomic-alternating": case_atomic_alternating,
     "outbox-send": lambda n: case_outbox(n, many=False),
     "outbox-send-defaults": lambda n: case_outbox(n, many=False, profile="defaults"),
     "delivery-alternating": case_delivery_alternating,
