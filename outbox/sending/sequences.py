@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models import Exists, F, OuterRef
 
 from outbox.models import CapturedMessage, OrderingSequence
 
-#: Sequence rows looked at per :func:`prune` call.
+#: Sequence rows :func:`prune` looks at per batch (a call goes through the whole table).
 PRUNE_BATCH = 500
 
 Key = tuple[str, str]  # (destination, ordering key)
@@ -102,17 +102,28 @@ def _advance(using: str, key: Key, n: int) -> int:
 
 
 def prune(using: str, limit: int = PRUNE_BATCH) -> int:
-    """Delete sequence rows of keys that have no captured message left in database
-    ``using`` (up to ``limit`` of them where rows are locked one by one).
+    """Delete the sequence rows of keys that have no captured message left in database
+    ``using``: every such row the call finds, ``limit`` rows looked at per batch, batch
+    after batch in primary-key order until the table's end (so a pass keeps up with any
+    number of new keys, and rows it must keep never stop it from reaching the others).
 
-    PostgreSQL (and any database with ``SKIP LOCKED``): a row is deleted only if no
-    transaction holds it and its ``last`` is still what the first read saw; a
-    transaction that numbered a message since that read either changed ``last`` or still
-    holds the row. So a key's row never goes while one of its messages is captured
-    (committed or not), and pruning never waits for a sending transaction. SQLite: one
-    ``DELETE ... WHERE NOT EXISTS`` statement, which takes the database's write lock
-    before it reads (SQLite has one writer at a time), so it sees every committed
-    capture and none is in progress. Other databases: nothing is deleted.
+    A row is deleted only if no transaction holds it and its ``last`` is still what the
+    first read saw: a transaction that numbered a message since that read either changed
+    ``last`` or still holds the row. So a key's row never goes while one of its messages
+    is captured (committed or not), and pruning never waits for a sending transaction:
+
+    * with ``SELECT ... FOR UPDATE SKIP LOCKED`` (PostgreSQL, MySQL 8, MariaDB 10.6,
+      Oracle): a batch's free rows are locked and deleted in one short transaction;
+    * without it but with ``NOWAIT`` (MariaDB 10.5, which Django 5.2 supports): row by
+      row, each in a transaction of its own that gives up at once on a held row;
+    * SQLite: one ``DELETE ... WHERE NOT EXISTS`` statement, which takes the database's
+      write lock before it reads (SQLite has one writer at a time), so it sees every
+      committed capture and none is in progress;
+    * a database with neither (none Django supports): nothing is deleted.
+
+    Before issue 30 a call deleted at most ``limit`` (500) rows, the first ones, and
+    none without ``SKIP LOCKED``: a workload making more new keys per relay pass than
+    that grew the table without bound (see tests/sending/test_ordered_capture.py).
 
     Returns:
         How many rows were deleted.
@@ -127,21 +138,59 @@ def prune(using: str, limit: int = PRUNE_BATCH) -> int:
     connection = connections[using]
     if connection.vendor == "sqlite":
         return _prune_in_one_statement(using)
-    if not connection.features.has_select_for_update_skip_locked:
+    features = connection.features
+    if features.has_select_for_update_skip_locked:
+        delete = _delete_free_batch
+    elif features.has_select_for_update_nowait:
+        delete = _delete_free_rows
+    else:
         return 0
     captured = CapturedMessage.objects.using(using).filter(
         destination=OuterRef("destination"), ordering_key=OuterRef("ordering_key")
     )
     rows = OrderingSequence.objects.using(using)
-    seen = dict(rows.filter(~Exists(captured)).order_by("pk").values_list("pk", "last")[:limit])
-    if not seen:
-        return 0
+    # the rows there when the pass starts: keys made meanwhile wait for the next pass
+    top = rows.order_by("-pk").values_list("pk", flat=True).first()
+    unused = rows.filter(~Exists(captured), pk__lte=top).order_by("pk")
+    deleted, after = 0, None
+    while True:
+        page = unused if after is None else unused.filter(pk__gt=after)
+        seen = dict(page.values_list("pk", "last")[:limit])
+        if not seen:
+            return deleted
+        deleted += delete(using, seen)
+        if len(seen) < limit:
+            return deleted
+        after = max(seen)
+
+
+def _delete_free_batch(using: str, seen: dict[int, int]) -> int:
+    """Delete the rows of ``seen`` (pk -> ``last`` when read) that no transaction holds
+    and whose ``last`` is unchanged, in one transaction (``SKIP LOCKED``)."""
+    rows = OrderingSequence.objects.using(using)
     with transaction.atomic(using=using):
         free = rows.filter(pk__in=seen).select_for_update(skip_locked=True).values_list("pk", "last")
         doomed = [pk for pk, last in free if seen[pk] == last]
         if doomed:
             rows.filter(pk__in=doomed).delete()
     return len(doomed)
+
+
+def _delete_free_rows(using: str, seen: dict[int, int]) -> int:
+    """:func:`_delete_free_batch` where the database has ``NOWAIT`` but no ``SKIP
+    LOCKED``: one transaction per row, given up (the row kept) when the row is held."""
+    rows = OrderingSequence.objects.using(using)
+    deleted = 0
+    for pk, last in seen.items():
+        try:
+            with transaction.atomic(using=using):
+                found = list(rows.filter(pk=pk).select_for_update(nowait=True).values_list("last", flat=True))
+                if found == [last]:
+                    rows.filter(pk=pk).delete()
+                    deleted += 1
+        except OperationalError:  # held by a sending transaction: kept, nothing waited for
+            continue
+    return deleted
 
 
 def _prune_in_one_statement(using: str) -> int:

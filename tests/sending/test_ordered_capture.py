@@ -368,13 +368,41 @@ def test_the_relay_deletes_the_sequences_of_keys_with_nothing_captured(alias):
     assert (redis_seq(again), redis_seq(waiting), redis_seq(also)) == (2, 1, 2)
 
 
+@pytest.mark.parametrize("alias", ALIASES)
+@db
+def test_one_relay_pass_deletes_every_unused_sequence_row(alias):
+    """Issue 30, also checked: a pass deleted at most 500 rows (the first 500), so more
+    new keys per pass than that grew the table without bound; the pass now goes through
+    the table in batches of 500."""
+    from outbox.models import OrderingSequence
+    from outbox.sending import sequences as sequences_module
+    from outbox.sending.capture import relay
+
+    sequences(alias).bulk_create(
+        [OrderingSequence(destination="mem", ordering_key=f"k{i}", last=1) for i in range(1201)]
+    )
+    with redis_down(), transaction.atomic(using=alias):
+        kept = send(alias, 1, key="still-captured")
+    captured(alias).filter(id=kept.id).update(created_at=time.time() + 3600)  # not the relay's yet
+    assert sequences(alias).count() == 1202
+    assert sequences_module.PRUNE_BATCH == 500
+    relay(alias, older_than=0)
+    assert list(sequences(alias).values_list("ordering_key", flat=True)) == ["still-captured"]
+
+
 @needs_postgres
 @on_postgres
-def test_pruning_skips_a_key_an_open_transaction_holds_and_never_waits_for_it():
+@pytest.mark.parametrize("skip_locked", [True, False], ids=["skip-locked", "nowait-only"])
+def test_pruning_skips_a_key_an_open_transaction_holds_and_never_waits_for_it(skip_locked, monkeypatch):
+    """Also where the database has NOWAIT but no SKIP LOCKED (MariaDB 10.5): before issue
+    30 nothing was pruned there at all."""
     from outbox.sending import sequences as sequences_module
 
+    features = type(connections["postgres"].features)  # every connection's, the pruner's thread too
+    monkeypatch.setattr(features, "has_select_for_update_skip_locked", skip_locked)
     with transaction.atomic(using="postgres"):
         send("postgres", 1)  # the key's row exists, nothing captured: prunable
+        send("postgres", 1, key="free")  # another key's: prunable, and not held
     held, go = threading.Event(), threading.Event()
     sent: dict[str, object] = {}
     errors: list[BaseException] = []
@@ -396,8 +424,9 @@ def test_pruning_skips_a_key_an_open_transaction_holds_and_never_waits_for_it():
     pruner.join(30)
     assert not errors, errors
     assert finished, "pruning waited for an open transaction"
-    assert pruned == [0]
+    assert pruned == [1]  # the free key's row
     assert sequences("postgres").get(ordering_key=KEY).last == 2  # kept, and numbered on
+    assert not sequences("postgres").filter(ordering_key="free").exists()
     assert redis_seq(sent["held"]) == 2
 
 
