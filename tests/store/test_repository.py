@@ -158,6 +158,29 @@ def test_older_resend_records_with_max_retries_and_retry_policy_still_read(repo)
     }
 
 
+@pytest.mark.parametrize(
+    ("destination", "body", "content_type"),
+    [("mem", {"a": 1}, None), ("mem", "Zoë", 'text/x-zo; q="1\\\\"'), ("mem", b"\x00\n", None)],
+)
+def test_the_record_send_writes_is_what_the_general_encoder_writes(repo, destination, body, content_type):
+    """send() writes a message's header line without a JSON encoder per message, and
+    leaves its resend record's updated_at to the script when it is created_at (issue 30,
+    item 10): byte for byte what the general encoding writes."""
+    from outbox.store.codec import _COMPACT_JSON, resend_fields
+
+    sent = outbox.send(destination, body, content_type=content_type)
+    header = {
+        "destination": sent.destination,
+        "content_type": sent.content_type,
+        "created_at": sent.created_at,
+    }
+    expected = _COMPACT_JSON.encode(header).encode() + b"\n" + sent.body
+    assert repo.connection.get(repo.keys.message(sent.id)) == expected
+    resend = {k.decode(): v.decode() for k, v in repo.connection.hgetall(repo.keys.resend(sent.id)).items()}
+    assert resend == resend_fields(sent)
+    assert resend["updated_at"] == repr(sent.created_at)
+
+
 def test_the_message_record_is_one_string_and_older_hash_records_still_read(repo):
     """The message record is one string: its small fields as a JSON object on the first
     line, then the body (a hash holding a body over 64 bytes is a hashtable, about 250
