@@ -5,6 +5,7 @@
     .venv/bin/python -m benchmarks.compare --baseline DIR  # the outbox's cases, this checkout vs DIR
     .venv/bin/python -m benchmarks.compare --cluster       # issue 22's cluster rows only, ~5 min
     .venv/bin/python -m benchmarks.compare --ordered       # issue 23's ordered-delivery rows only, ~4 min
+    .venv/bin/python -m benchmarks.compare --send --rounds 5   # issue 30's send-side rows only, ~5 min
 
 Every measurement ("case") runs in a process of its own with its own private Redis
 (:class:`outbox.testing.RedisServer`), so memory figures are clean; workers are real
@@ -1346,6 +1347,54 @@ def med(values: list[float]) -> str:
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
 
 
+#: The cases of ``--send``.
+SEND_CASES = ["send-alternating", "many-alternating", "atomic-alternating"]
+
+
+def send_rows(m, vals, row) -> None:
+    """Issue 30's send-side rows, each from one case that alternates the outbox with its
+    peer in one process (:func:`case_send_alternating`, :func:`case_many_alternating`,
+    :func:`case_atomic_alternating`): the ratio of the medians of the rounds, and each
+    round's own ratio, so the spread of the ratio shows beside that of the figures."""
+
+    def per_round(case: str, ours: str, theirs: str, faster: str) -> str:
+        pairs = zip(vals(case, ours), vals(case, theirs), strict=True)
+        return ", ".join(f"{(t / o if faster == 'lower' else o / t):.2f}" for o, t in pairs)
+
+    r = m("send-alternating", "dramatiq_us") / m("send-alternating", "outbox_us")
+    row(
+        "send(), µs per call; one process, alternating blocks of 200 calls with Dramatiq's send",
+        med(vals("send-alternating", "outbox_us")),
+        f"Dramatiq send {med(vals('send-alternating', 'dramatiq_us'))}",
+        f"{r:.2f}× Dramatiq (rounds: {per_round('send-alternating', 'outbox_us', 'dramatiq_us', 'lower')})",
+        "≥ 1.0× Dramatiq send",
+        r >= 1.0,
+    )
+    r = m("many-alternating", "outbox_per_s") / m("many-alternating", "rq_per_s")
+    row(
+        "send_many(100), msg/s; one process, alternating blocks of 10 calls with RQ's enqueue_many(100)",
+        med(vals("many-alternating", "outbox_per_s")),
+        f"RQ enqueue_many(100) {med(vals('many-alternating', 'rq_per_s'))}",
+        f"{r:.2f}× RQ (rounds: {per_round('many-alternating', 'outbox_per_s', 'rq_per_s', 'higher')})",
+        "≥ 2× RQ enqueue_many",
+        r >= 2.0,
+    )
+    r = m("atomic-alternating", "django_rq_us") / m("atomic-alternating", "outbox_us")
+    auto = m("atomic-alternating", "django_rq_auto_us") / m("atomic-alternating", "outbox_us")
+    row(
+        "send() inside transaction.atomic (SQLite), µs per transaction; one process, alternating blocks of "
+        "200 with django-rq's enqueue inside transaction.atomic",
+        med(vals("atomic-alternating", "outbox_us")),
+        f"django-rq, commit_mode on_db_commit (enqueued at commit): "
+        f"{med(vals('atomic-alternating', 'django_rq_us'))}; default auto (enqueued at once, "
+        f"inside the transaction): {med(vals('atomic-alternating', 'django_rq_auto_us'))}",
+        f"{r:.2f}× django-rq on_db_commit "
+        f"(rounds: {per_round('atomic-alternating', 'outbox_us', 'django_rq_us', 'lower')}); {auto:.2f}× auto",
+        "≥ 0.8× django-rq in atomic",
+        r >= 0.8,
+    )
+
+
 #: The cases of ``--settings-only``.
 SETTINGS_CASES = [
     "outbox-send",
@@ -1735,6 +1784,13 @@ def main(argv: list[str]) -> None:
         default=1000,
         help="--ordered: messages behind the blocked key (default 1,000)",
     )
+    parser.add_argument(
+        "--send",
+        action="store_true",
+        help="only issue 30's send-side rows, each measured in one process against its peer in alternating "
+        "blocks: send() vs Dramatiq, send_many(100) vs RQ enqueue_many, send() in transaction.atomic vs "
+        "django-rq (benchmarks/results/send.md); ~1 min per round",
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.rounds is None:
@@ -1757,6 +1813,8 @@ def main(argv: list[str]) -> None:
     latency_n = int(LATENCY_RATE * args.latency_seconds)
     sizes = {
         "send-alternating": 3 * args.n,  # sends of each, in blocks of 200
+        "many-alternating": 5 * args.n,  # messages of each, in blocks of 10 calls of 100
+        "atomic-alternating": 2 * args.n,  # transactions of each, in blocks of 200
         "webhook-outbox": args.webhook_n,
         "webhook-outbox-tuned": args.webhook_n,
         "webhook-httpx": args.webhook_n,
@@ -1772,6 +1830,10 @@ def main(argv: list[str]) -> None:
         cases, args.admin_total = CLUSTER_CASES, 0
         if args.out == str(RESULTS):
             args.out = str(RESULTS.with_name("cluster.md"))
+    if args.send:
+        cases, args.admin_total = SEND_CASES, 0
+        if args.out == str(RESULTS):
+            args.out = str(RESULTS.with_name("send.md"))
     results: dict[str, list[dict]] = {name: [] for name in cases}
     loads = [loadavg()]
     started = time.time()
@@ -1807,22 +1869,15 @@ def main(argv: list[str]) -> None:
     def row(what, ours, peers, ratio, target, met):
         rows.append((what, ours, peers, ratio, target, "" if met is None else ("yes" if met else "**NO**")))
 
-    if not (args.settings_only or args.cluster):
+    if "many-alternating" in results:
+        send_rows(m, vals, row)
+    if not (args.settings_only or args.cluster or args.send):
         r = m("outbox-send", "send_per_s") / m("dramatiq", "send_per_s")
         row(
             "send() per s",
             med(vals("outbox-send", "send_per_s")),
             f"RQ enqueue {med(vals('rq', 'send_per_s'))}; Dramatiq send {med(vals('dramatiq', 'send_per_s'))}",
             f"{r:.2f}× Dramatiq; {m('outbox-send', 'send_per_s') / m('rq', 'send_per_s'):.2f}× RQ",
-            "≥ 1.0× Dramatiq send",
-            r >= 1.0,
-        )
-        r = m("send-alternating", "dramatiq_us") / m("send-alternating", "outbox_us")
-        row(
-            "send(), one process, alternating blocks of 200 with Dramatiq send, µs per call",
-            med(vals("send-alternating", "outbox_us")),
-            f"Dramatiq send {med(vals('send-alternating', 'dramatiq_us'))}",
-            f"{r:.3f}× Dramatiq",
             "≥ 1.0× Dramatiq send",
             r >= 1.0,
         )
