@@ -637,7 +637,9 @@ def case_many_alternating(n: int, block: int = 10) -> dict:
         def rq_many() -> float:
             t0 = time.perf_counter()
             for _ in range(block):
-                queue.enqueue_many([Queue.prepare_data("benchmarks.peers.noop_job", (body,)) for _ in range(100)])
+                queue.enqueue_many(
+                    [Queue.prepare_data("benchmarks.peers.noop_job", (body,)) for _ in range(100)]
+                )
             return block * 100 / (time.perf_counter() - t0)
 
         got = alternate({"outbox": ours, "rq": rq_many}, max(1, n // (100 * block)))

@@ -78,6 +78,7 @@ run-time keys are what still keeps the multi-key scripts off Redis Cluster.
 
 from __future__ import annotations
 
+import functools
 import random
 import zlib
 from collections.abc import Iterable
@@ -148,7 +149,7 @@ class Keys:
         """
         if not 0 <= number < self.partitions:
             raise ValueError(f"partition {number} is not one of 0..{self.partitions - 1}")
-        return Keys(self.prefix, self.partitions, number)
+        return _view(self.prefix, self.partitions, number)
 
     def partition_numbers(self) -> range:
         """Every partition's number: ``range(partitions)``."""
@@ -389,3 +390,10 @@ class Keys:
     @property
     def alert_flush(self) -> str:
         return f"{self.shared}:alert:flush"
+
+
+@functools.lru_cache(maxsize=4096)
+def _view(prefix: str, partitions: int, number: int) -> Keys:
+    """``Keys(prefix, partitions, number)``, made once (a frozen dataclass: every send()
+    asks for its partition's view, :meth:`Keys.of`)."""
+    return Keys(prefix, partitions, number)
