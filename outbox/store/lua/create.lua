@@ -48,7 +48,8 @@
 -- its sequence in the key; the sequence delivered before it, or "").
 -- Every other message not listed was written ("new"): the common reply is {0} or {1, queue}.
 -- The message records and index entries are written once per key for the whole call
--- (lib/writes.lua: one MSET, one ZADD per index).
+-- (lib/writes.lua: one MSET, one ZADD per index; appended without gather()'s tracking of
+-- members, since every id is written once and nothing is removed).
 --! include writes
 --! include wakeup
 --! include join
@@ -142,7 +143,7 @@ for i, m in ipairs(msgs) do
         redis.call('SET', ikey, id .. '|' .. m.fp)
       end
     end
-    if m ~= guarded then mset_later(m.mkey, m.record) end
+    if m ~= guarded then mset_once(m.mkey, m.record) end
     local skey, due = m.skey, true
     local order = {}
     if m.okey then
@@ -159,9 +160,9 @@ for i, m in ipairs(msgs) do
     redis.call('HSET', m.rkey, 'status', status, 'destination', dest, 'queue', queue,
       'next_attempt_at', score, 'updated_at', m.created, unpack(ARGV, m.rfirst, m.rlast))
     if #order > 0 then redis.call('HSET', m.rkey, unpack(order)) end
-    zadd_later(skey, score, id)
-    if due then zadd_later(m.dkey, score, id) end
-    zadd_later(m.ckey, m.created, id)
+    zadd_once(skey, score, id)
+    if due then zadd_once(m.dkey, score, id) end
+    zadd_once(m.ckey, m.created, id)
     if shared and not dests[dest] then
       dests[dest] = true
       redis.call('SADD', KEYS[1], dest)

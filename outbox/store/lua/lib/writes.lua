@@ -72,6 +72,29 @@ local function gather(cmd, key, member, value)
   by[member] = cmd
 end
 
+-- Appending without the bookkeeping of gather(), for a script that writes each member
+-- once per call and never removes one (create.lua: fresh ids): about 2 us less per
+-- message of a send_many(100) than gather()'s member tracking (issue 30, item 10).
+-- Same order rule as above for what it appends: flush_writes() writes it.
+local function append_later(cmd, key, a, b)
+  local per_key = table_at(gathered, cmd)
+  local args = per_key[key]
+  if not args then
+    args = {}
+    per_key[key] = args
+    gathered_order[#gathered_order + 1] = {cmd, key}
+  end
+  local n = #args
+  args[n + 1], args[n + 2] = a, b
+end
+
+local function zadd_once(key, score, member)
+  if at_once then redis.call('ZADD', key, score, member) else append_later('ZADD', key, score, member) end
+end
+local function mset_once(key, value)
+  if at_once then redis.call('SET', key, value) else append_later('MSET', '', key, value) end
+end
+
 local function zadd_later(key, score, member)
   if at_once then redis.call('ZADD', key, score, member) else gather('ZADD', key, member, score) end
 end
