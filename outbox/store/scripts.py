@@ -14,7 +14,21 @@ it before them.
 
 Scripts take their keys in ``KEYS`` (built by :mod:`outbox.store.keys`) and their other
 inputs by name where they have more than three (:func:`named`, read by
-``lua/lib/args.lua``).
+``lua/lib/args.lua``), except ``lua/create.lua``: ``send()``'s one script takes its
+inputs by position (named on the Python side, ``outbox.store.messages.CREATE_HEADER``,
+``CREATE_GROUP``, ``CREATE_FIELDS``), since every argument costs the client and Redis
+about 0.3 µs and the names and their parsing were a third of its arguments and about
+3 µs of its server time (issue 30, item 10).
+
+Why ``EVALSHA`` and not Redis Functions (``FUNCTION LOAD`` once, then ``FCALL``; Redis
+7.0+, https://redis.io/docs/latest/develop/interact/programmability/functions-intro/),
+whose library code runs once at load instead of at every call: measured on a private
+Redis 7.0 (``INFO commandstats``, µs per call of a script that only defines
+``create.lua``'s library functions and returns, against an empty one with the same KEYS
+and ARGV), those definitions cost about 1 to 2 µs of ``create.lua``'s 15 to 17 for one
+message; its KEYS and ARGV (about 3 µs) and its seven writes are the rest. That gain
+does not pay for a second way of loading and calling every script while Redis 5 and 6
+stay supported on a single server (docs/compatibility.md).
 """
 
 from __future__ import annotations
