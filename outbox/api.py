@@ -256,19 +256,7 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
     except NotDurable as exc:  # written, not acknowledged: raised below, with the messages
         created, not_durable = exc.created, exc
     except (RedisError, RedisClusterException) as exc:  # the second: a cluster with a slot no node serves
-        if may_have_run(exc):
-            raise SendOutcomeUnknown(
-                f"the outcome of storing {len(messages)} message(s) is unknown ({type(exc).__name__}: {exc}): "
-                "the write was sent, its reply did not come back, and Redis may have stored them. Sending the "
-                "same content again with send() could make a second message: call "
-                "outbox.send_again(exc.unknown), which stores them under their ids "
-                f"({_first_ids(messages)}) once.",
-                unknown=messages,
-            ) from exc
-        raise OutboxUnavailable(
-            f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
-            "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
-        ) from exc
+        raise _not_stored(exc, messages) from exc
     if not_durable is None and not outbox_settings.EAGER and _all_written_as_sent(messages, created):
         return messages  # the common case (every send() without a key): nothing to read back
     # a message moved to another partition (a cluster's primary down) has a new id; an
@@ -318,6 +306,25 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
         not_durable.messages = result
         raise not_durable
     return result
+
+
+def _not_stored(exc: Exception, messages: Sequence[Message]) -> OutboxUnavailable:
+    """The error of a write to Redis that failed as a whole with ``exc``: its outcome
+    unknown when the write may have run (:func:`~outbox.store.client.outages.may_have_run`),
+    else nothing stored."""
+    if may_have_run(exc):
+        return SendOutcomeUnknown(
+            f"the outcome of storing {len(messages)} message(s) is unknown ({type(exc).__name__}: {exc}): "
+            "the write was sent, its reply did not come back, and Redis may have stored them. Sending the "
+            "same content again with send() could make a second message: call "
+            "outbox.send_again(exc.unknown), which stores them under their ids "
+            f"({_first_ids(messages)}) once.",
+            unknown=list(messages),
+        )
+    return OutboxUnavailable(
+        f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
+        "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
+    )
 
 
 def _all_written_as_sent(messages: Sequence[Message], created: Sequence[Created]) -> bool:

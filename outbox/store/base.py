@@ -374,10 +374,10 @@ class RepositoryBase:
             return c.evalsha(sha(name), len(keys), *keys, *args)
 
         try:
-            return on_primary(client, keys[0], call) if cluster else call(client)
+            return on_primary(cast(RedisCluster, client), keys[0], call) if cluster else call(client)
         except NoScriptError:
             self.load_scripts()
-            return on_primary(client, keys[0], call) if cluster else call(client)
+            return on_primary(cast(RedisCluster, client), keys[0], call) if cluster else call(client)
 
 
 #: What a node's plain client answers when the slot map this process holds is out of
