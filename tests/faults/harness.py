@@ -115,11 +115,11 @@ class ReceiverProcess:
         RuntimeError: from :meth:`start`, when it does not answer within 15 s.
     """
 
-    def __init__(self, secret: str, log_dir: Path) -> None:
+    def __init__(self, secret: str, log_dir: Path, log_name: str = "receiver.log") -> None:
         self.port = free_port()
         self.control_port = free_port()
         self.secret = secret
-        self.log_path = log_dir / "receiver.log"
+        self.log_path = log_dir / log_name
         self.process: subprocess.Popen | None = None
         self.client = httpx.Client(
             base_url=f"http://127.0.0.1:{self.control_port}", timeout=10.0, trust_env=False
@@ -149,6 +149,11 @@ class ReceiverProcess:
         """Change its failure mode: ``down``, ``fail_rate``, ``reset_rate``, ``refuse_marked``,
         ``slow``, ``drip``, ``drip_bytes``."""
         self.client.post("/mode", json=mode).raise_for_status()
+
+    def set_secrets(self, secrets: dict[str, str]) -> None:
+        """Give each path (``/acme/ep-1``) its endpoint's own secret: requests to it are
+        verified with that secret alone and counted by ``Outbox-Delivery-Id``."""
+        self.client.post("/secrets", json=secrets).raise_for_status()
 
     def state(self) -> dict[str, Any]:
         return self.client.get("/state").json()
@@ -397,6 +402,20 @@ class Run:
     started: float = field(default_factory=time.monotonic)
     cluster: ClusterServer | None = None
     last_fault_end: float | None = None
+    more_receivers: list[ReceiverProcess] = field(default_factory=list)
+
+    def add_receiver(self) -> ReceiverProcess:
+        """Start one more receiver process (``receiver-<n>.log``), stopped at the end of the
+        run and counted by :meth:`delivered`, for scenarios with several receiving systems."""
+        secret = self.receiver.secret if self.receiver is not None else _secret()
+        name = f"receiver-{len(self.more_receivers) + 2}.log"
+        receiver = ReceiverProcess(secret, self.log_dir, name).start()
+        self.more_receivers.append(receiver)
+        return receiver
+
+    def receivers(self) -> list[ReceiverProcess]:
+        """Every receiver process of the run, the first one first."""
+        return ([self.receiver] if self.receiver is not None else []) + self.more_receivers
 
     def workers(self, count: int, **options: Any) -> Supervisor:
         """Start ``count`` supervised workers (options: see :class:`Supervisor`)."""
@@ -412,8 +431,8 @@ class Run:
     def delivered(self) -> Counter[str]:
         """How many times each message id was accepted by the receiver or the callable."""
         counts: Counter[str] = Counter()
-        if self.receiver is not None:
-            counts.update(self.receiver.state()["accepted"])
+        for receiver in self.receivers():
+            counts.update(receiver.state()["accepted"])
         from .targets import read_log
 
         counts.update(message_id for message_id, poison in read_log(str(self.callable_log)) if not poison)
@@ -459,7 +478,7 @@ def environment(
     """
     log_dir = DATA_DIR / name
     log_dir.mkdir(parents=True, exist_ok=True)
-    for pattern in ("worker-*.log", "receiver.log", "callable.log", "db.sqlite3*"):
+    for pattern in ("worker-*.log", "receiver*.log", "callable.log", "db.sqlite3*"):
         for old in log_dir.glob(pattern):
             old.unlink()
     shutil.rmtree(log_dir / "redis", ignore_errors=True)
@@ -520,6 +539,8 @@ def environment(
         if run is not None:
             for supervisor in run.supervisors:
                 supervisor.stop()
+            for more in run.more_receivers:
+                more.stop()
         if receiver_process is not None:
             receiver_process.stop()
         redis.stop()

@@ -30,15 +30,22 @@ two requests of one key whose [arrived, decided] overlap were in flight at once.
 An accepted id counts as processed even if the client gave up before the answer (as a real
 receiver commits its side effects); an id accepted twice is a duplicate delivery.
 
+Endpoints registered at runtime (webhooks for customers, ``fan-out``): ``POST /secrets`` with
+``{path: secret}`` gives each path its own secret. A request to such a path is verified with
+that secret alone (401 when another endpoint's secret signed it); its acceptance is counted
+under its ``Outbox-Delivery-Id`` (the ``webhook-id`` is the event's, the same for every
+endpoint), and every verified request to it is also counted in ``routes`` under
+``"<path> <webhook-id> <delivery id>"``, answered or not, so a misdirected delivery shows.
+
 Mode ``down`` closes the listening socket and every open connection (connections are
 refused) until it is cleared; the port stays the same.
 
 Control (port C): ``GET /state`` returns JSON ``{"accepted": {id: count}, "requests": n,
 "bad_signature": n, "failed": n, "hung": n, "reset": n, "refused": n, "incomplete": n,
-"mode": {...}}``;
+"routes": {...}, "mode": {...}}``;
 ``GET /log`` the request log above (a JSON list, in order of arrival); ``POST /mode`` with a JSON
 object sets mode keys (``down``, ``fail_rate``, ``reset_rate``, ``refuse_marked``, ``slow``,
-``drip``, ``drip_bytes``); ``POST /reset`` clears the counters and the log. A request whose body
+``drip``, ``drip_bytes``); ``POST /secrets`` the per-path secrets above; ``POST /reset`` clears the counters and the log. A request whose body
 ends before its ``Content-Length`` (the client died while sending it) is counted as
 ``incomplete`` and not answered, not as a bad signature.
 """
@@ -78,6 +85,8 @@ class State:
 
     def __init__(self, secret: str) -> None:
         self.verifier = Webhook(secret)
+        self.path_verifiers: dict[str, Webhook] = {}  # path -> its endpoint's own secret
+        self.routes: Counter[str] = Counter()  # "<path> <webhook-id> <delivery id>" per verified request
         self.lock = threading.Lock()
         self.mode = dict(DEFAULT_MODE)
         self.accepted: Counter[str] = Counter()
@@ -96,6 +105,7 @@ class State:
         with self.lock:
             return {
                 "accepted": dict(self.accepted),
+                "routes": dict(self.routes),
                 "mode": dict(self.mode),
                 "bad_examples": list(self.bad),
                 **self.counters,
@@ -189,8 +199,11 @@ class HookHandler(BaseHTTPRequestHandler):
         if len(body) < length:
             self.close_connection = True
             return
+        path = self.path.split("?", 1)[0]
+        with state.lock:
+            verifier = state.path_verifiers.get(path)
         try:
-            state.verifier.verify(body, {k.lower(): v for k, v in self.headers.items()})
+            (verifier or state.verifier).verify(body, {k.lower(): v for k, v in self.headers.items()})
         except Exception as exc:  # forged, or headers missing
             with state.lock:
                 state.counters["bad_signature"] += 1
@@ -198,6 +211,11 @@ class HookHandler(BaseHTTPRequestHandler):
                     state.bad.append(f"{self.headers.get('webhook-id')}: {type(exc).__name__}: {exc}"[:200])
             return self.answer(401, b"bad signature")
         message_id = self.headers["webhook-id"]
+        counted = message_id
+        if verifier is not None:  # an endpoint's: one webhook-id (the event's) for all endpoints
+            counted = str(self.headers.get("outbox-delivery-id"))
+            with state.lock:
+                state.routes[f"{path} {message_id} {counted}"] += 1
         entry: list[Any] = [0, 0, message_id, *(self.headers.get(h) for h in ORDERING_HEADERS), "error"]
         with state.lock:
             entry[0] = state.tick()
@@ -211,7 +229,7 @@ class HookHandler(BaseHTTPRequestHandler):
                 entry[1] = state.tick()
                 entry[6] = status
                 if status == 200:
-                    state.accepted[message_id] += 1
+                    state.accepted[counted] += 1
         if status == "reset":
             return self.reset()
         self.answer(status, payload, drip=float(mode["drip"]) if status == 200 else 0.0)
@@ -283,8 +301,14 @@ class ControlHandler(BaseHTTPRequestHandler):
                 receiver.state.counters.clear()
                 receiver.state.log.clear()
                 receiver.state.bad.clear()
+                receiver.state.routes.clear()
             return self.reply({"ok": True})
         changes = json.loads(raw or b"{}")
+        if self.path == "/secrets":
+            verifiers = {path: Webhook(secret) for path, secret in changes.items()}
+            with receiver.state.lock:
+                receiver.state.path_verifiers.update(verifiers)
+            return self.reply({"paths": len(receiver.state.path_verifiers)})
         unknown = set(changes) - set(DEFAULT_MODE)
         if unknown:
             return self.reply({"error": f"unknown mode keys {sorted(unknown)}"}, 400)

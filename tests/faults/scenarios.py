@@ -1166,6 +1166,7 @@ register(
 )
 
 
-# -- registered by their own modules: on a cluster (issue 22), ordered delivery (issue 23) --
+# -- registered by their own modules: on a cluster (issue 22), ordered delivery (issue 23),
+# webhooks fanned out to endpoints (issue 34) --
 
-from . import cluster_scenarios, ordering_scenarios  # noqa: E402, F401
+from . import cluster_scenarios, ordering_scenarios, webhook_scenarios  # noqa: E402, F401

@@ -31,6 +31,9 @@ sets before starting Django and which worker subprocesses inherit:
                                ``skip`` (default: none, ``OUTBOX["ORDERING"]``'s ``block``)
 =============================  =================================================================
 
+Endpoints registered at runtime (``OUTBOX["ENDPOINTS"]``): retried as ``hook``, private
+networks allowed (the receivers are on loopback).
+
 Destinations: ``hook`` (signed webhook to the receiver, exponential retries from 0.5 s,
 capped at 4 s) and ``poison`` (:func:`tests.faults.targets.deliver`, which kills its
 process for messages marked poison).
@@ -131,6 +134,16 @@ OUTBOX = {
     "BREAKER": {
         "COOLDOWN": _number("FAULTS_BREAKER_COOLDOWN", 0.5),
         "MAX_COOLDOWN": _number("FAULTS_BREAKER_MAX_COOLDOWN", 2),
+    },
+    # Endpoints registered at runtime (the fan-out scenario): retried as ``hook`` is, on
+    # loopback receivers (private networks allowed), their secrets encrypted with a key
+    # of this suite's own.
+    "ENDPOINTS": {
+        "SECRET_KEYS": ["Jm1mXy7rQ0dI3tX3d5xQ3GJ7yTz6m0jYv8v4s6ZkQhE="],
+        "ALLOW_PRIVATE_NETWORKS": True,
+        "TIMEOUT": _number("FAULTS_HOOK_TIMEOUT", 2),
+        "RETRY": {"strategy": "exponential", "base": 0.5, "factor": 2, "max_delay": 4, "jitter": "equal"},
+        "MAX_RETRIES": int(_number("FAULTS_HOOK_RETRIES", 10)),
     },
 }
 # The fault settings break these on purpose; the suite reports outcomes, not settings advice.
