@@ -6,6 +6,7 @@
     .venv/bin/python -m benchmarks.compare --cluster       # issue 22's cluster rows only, ~5 min
     .venv/bin/python -m benchmarks.compare --ordered       # issue 23's ordered-delivery rows only, ~4 min
     .venv/bin/python -m benchmarks.compare --send --rounds 5   # issue 30's send-side rows only, ~5 min
+    .venv/bin/python -m benchmarks.compare --endpoints     # issue 34's rows (10,000 endpoints), ~3 min
 
 Every measurement ("case") runs in a process of its own with its own private Redis
 (:class:`outbox.testing.RedisServer`), so memory figures are clean; workers are real
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from benchmarks import peers
+from benchmarks import endpoints, peers
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "latest.md"
@@ -1188,6 +1189,8 @@ CASES = {
     "ordered-noop": lambda n, **kw: case_ordered_delivery(n, "noop", pairs=ORDER_NOOP_PAIRS, **kw),
     "ordered-hook": lambda n, **kw: case_ordered_delivery(n, "hook", **kw),
     "ordered-blocked": case_ordered_blocked,
+    # issue 34: webhooks for customers at 10,000 endpoints (benchmarks/endpoints.py)
+    "endpoints": lambda n, **kw: endpoints.case_endpoints(n, **kw),
     "single-p1": lambda n: case_cluster(n, primaries=0, partitions=1),
     "cluster1-p16": lambda n: case_cluster(n, primaries=1, partitions=16),
     "cluster3-p16": lambda n: case_cluster(n, primaries=3, partitions=16),
@@ -1793,6 +1796,12 @@ def main(argv: list[str]) -> None:
         "blocks: send() vs Dramatiq, send_many(100) vs RQ enqueue_many, send() in transaction.atomic vs "
         "django-rq (benchmarks/results/send.md); ~1 min per round",
     )
+    parser.add_argument(
+        "--endpoints",
+        action="store_true",
+        help="issue 34's rows only: 10,000 endpoints against one settings destination "
+        "(benchmarks/results/endpoints.md unless --out; --n deliveries, default 2,000)",
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.rounds is None:
@@ -1803,6 +1812,9 @@ def main(argv: list[str]) -> None:
         args.order_keys, args.order_backlog = 100, 200
     if args.ordered:
         ordered_run(args, argv)
+        return
+    if args.endpoints:
+        endpoints.endpoints_run(args.rounds, args.n, args.out)
         return
     if args.baseline:
         baseline_run(args, argv)
@@ -1823,7 +1835,11 @@ def main(argv: list[str]) -> None:
         "latency-outbox": latency_n,
         "latency-dramatiq": latency_n,
     }
-    cases = SETTINGS_CASES if args.settings_only else [c for c in CASES if c not in DIAGNOSTIC_CASES]
+    cases = (
+        SETTINGS_CASES
+        if args.settings_only
+        else [c for c in CASES if c not in DIAGNOSTIC_CASES and c != "endpoints"]
+    )
     if args.settings_only:
         args.admin_total = 0
         if args.out == str(RESULTS):
@@ -2024,8 +2040,13 @@ def entry(argv: list[str]) -> None:
         p.add_argument("--n", type=int, required=True)
         p.add_argument("--per-key", type=int, help="ordered-noop, ordered-hook: messages per ordering key")
         p.add_argument("--backlog", type=int, help="ordered-blocked: messages behind the blocked key's head")
+        p.add_argument("--round", type=int, help="endpoints: the round (the order of its pair alternates)")
         a = p.parse_args(argv[1:])
-        extra = {k: v for k, v in (("per_key", a.per_key), ("backlog", a.backlog)) if v is not None}
+        extra = {
+            k: v
+            for k, v in (("per_key", a.per_key), ("backlog", a.backlog), ("round_no", a.round))
+            if v is not None
+        }
         print(json.dumps(CASES[a.name](a.n, **extra)))
     elif argv[:1] == ["outbox-worker"]:
         outbox_worker(burst="--burst" in argv)

@@ -19,6 +19,10 @@ table's rows differ by; the compare says which profile each row ran):
   alone in the queue exceeds by borrowing idle slots, up to 24 (``outbox/delivery.py``,
   ``lend_reserve``).
 
+``BENCH_DB`` (``--endpoints``) puts the database in that SQLite file, shared with the
+worker processes, with ``OUTBOX["ENDPOINTS"]`` at the library's defaults but loopback
+receivers allowed; ``BENCH_HOOK_SECRET`` signs ``hook``'s requests with that secret.
+
 ``BENCH_CLUSTER_NODES`` (comma-separated ``redis://host:port``) puts the outbox's data on
 that Redis/Valkey Cluster (``OUTBOX["CLUSTER"]``) in ``BENCH_PARTITIONS`` partitions
 (default 16), with RQ's queues on the plain private Redis of ``OUTBOX_TEST_REDIS_URL``
@@ -55,6 +59,15 @@ OUTBOX = {
         },
     },
 }
+if os.environ.get("BENCH_HOOK_SECRET"):  # --endpoints: the hook signed, as every endpoint is
+    OUTBOX["DESTINATIONS"]["hook"]["OPTIONS"]["secret"] = os.environ["BENCH_HOOK_SECRET"]
+if os.environ.get("BENCH_DB"):  # --endpoints: a database file the worker processes share
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["BENCH_DB"]}}
+    # the library's defaults (CACHE_TTL 30 s, VERSION_CHECK 1 s), loopback receivers allowed
+    OUTBOX["ENDPOINTS"] = {
+        "SECRET_KEYS": OUTBOX["ENDPOINTS"]["SECRET_KEYS"],
+        "ALLOW_PRIVATE_NETWORKS": True,
+    }
 if os.environ.get("BENCH_PROFILE") == "defaults":
     # Out of the box: no destination sets MAX_IN_FLIGHT (see the module docstring).
     for _entry in OUTBOX["DESTINATIONS"].values():
