@@ -32,20 +32,25 @@ destination needs ``manage_destination``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timezone
 from functools import update_wrapper
 from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin
 from django.contrib import messages as admin_messages
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import models, webhooks
 from outbox.admin_views import confirm, dashboard, destinations, detail, listing, ordering
 from outbox.destinations import endpoints as endpoint_registry
+from outbox.destinations import health
 from outbox.exceptions import InvalidMessage
 
 if TYPE_CHECKING:
@@ -206,18 +211,84 @@ class EndpointForm(forms.ModelForm):  # type: ignore[type-arg]
         return data
 
 
+class EndpointChangeList(ChangeList):
+    """The endpoint list, each row with its destination's health from Redis: one round
+    trip per page (:func:`outbox.destinations.health.get_all_health` of the page's rows),
+    whatever the number of endpoints registered."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows = list(self.result_list)
+        try:
+            healths = health.get_all_health([e.destination for e in rows])
+        except (RedisError, RedisClusterException):  # the list still shows the database's columns
+            healths = {}
+        for e in rows:
+            e._outbox_health = healths.get(e.destination)
+
+
+def _health_of(obj: models.Endpoint) -> health.DestinationHealth | None:
+    return getattr(obj, "_outbox_health", None)
+
+
+def _when(epoch: float | None) -> str:
+    if not epoch:
+        return "never"
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 @admin.register(models.Endpoint)
 class EndpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Endpoints: their state, last success and failure (from Redis, one round trip per
+    page of at most 100), filters by application and state, search by URL and uid."""
+
     form = EndpointForm
-    list_display = ("__str__", "application", "url", "state", "created_at")
-    list_filter = ("disabled", "application")
+    list_display = (
+        "__str__",
+        "application",
+        "url",
+        "state",
+        "delivery",
+        "last_success",
+        "last_failure",
+        "console",
+        "created_at",
+    )
+    list_filter = (("disabled", admin.BooleanFieldListFilter), "application")
+    list_select_related = ("application",)
     search_fields = ("url", "uid", "application__uid")
     readonly_fields = ("id", "destination", "disabled", "disabled_reason", "created_at", "updated_at")
     actions = ("enable", "disable", "send_test_event", "rotate_secret")
+    list_per_page = 100
+    list_max_show_all = 100  # "show all" reads the health of every row: at most a page's worth
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return EndpointChangeList
 
     @admin.display(description="state")
     def state(self, obj: models.Endpoint) -> str:
         return f"disabled ({obj.disabled_reason})" if obj.disabled else "enabled"
+
+    @admin.display(description="delivery")
+    def delivery(self, obj: models.Endpoint) -> str:
+        """Its destination's one state (healthy, failing, open, paused ...) and why."""
+        h = _health_of(obj)
+        return "–" if h is None else h.state
+
+    @admin.display(description="last success")
+    def last_success(self, obj: models.Endpoint) -> str:
+        h = _health_of(obj)
+        return "–" if h is None else _when(h.last_success_at)
+
+    @admin.display(description="last failure")
+    def last_failure(self, obj: models.Endpoint) -> str:
+        h = _health_of(obj)
+        return "–" if h is None else _when(h.last_failure_at)
+
+    @admin.display(description="console")
+    def console(self, obj: models.Endpoint) -> str:
+        link = reverse(f"{self.admin_site.name}:outbox_destination", args=[obj.destination])
+        return format_html('<a href="{}">{}</a>', link, "deliveries")
 
     def save_model(self, request: HttpRequest, obj: models.Endpoint, form: Any, change: bool) -> None:
         values = {

@@ -57,6 +57,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from outbox.conf import outbox_settings
+from outbox.endpoint_names import is_endpoint
 from outbox.events import DESTINATION_EVENTS as EVENTS
 from outbox.events import DestinationEvent, destination_events, send_destination_events
 from outbox.exceptions import NotDurable
@@ -326,7 +327,7 @@ def _alert(
     if window is None:
         return False
     detail = last if last is not None else (json.loads(window.last) if window.last else {})
-    alert = Alert(event, destination, at, window.count, window.since, detail)
+    alert = Alert(event, destination, at, window.count, window.since, detail, endpoint_label(destination))
     key = alert.idempotency_key(config.suppress)
     sent = False
     for channel in channels:
@@ -341,6 +342,22 @@ def _alert(
                 "outbox: sending the %s alert about %s to %s failed", event, destination, channel
             )
     return sent
+
+
+def endpoint_label(destination: str) -> Any:
+    """What an alert says of ``destination`` when it is an endpoint registered at runtime:
+    its :class:`~outbox.destinations.endpoints.EndpointLabel` (application, uid, URL host;
+    one database query, at most once per alert sent), else None (a settings destination,
+    a deleted endpoint, or the database unreachable: logged, the alert still goes)."""
+    if not is_endpoint(destination):
+        return None
+    try:
+        from outbox.destinations import endpoints  # Django models: loaded only for an endpoint's alert
+
+        return endpoints.describe([destination]).get(destination)
+    except Exception:
+        logger.exception("outbox: the alert about %s cannot name its application and endpoint", destination)
+        return None
 
 
 def _send(channel: str, body: Any, key: str, **kwargs: Any) -> None:
@@ -407,6 +424,9 @@ class Alert:
         since: epoch seconds of the first of them.
         detail: the newest occurrence's detail (``consecutive_failures``, ``reason``,
             ``id`` and ``error`` of an exhausted message ...).
+        endpoint: for an endpoint registered at runtime, its
+            :class:`~outbox.destinations.endpoints.EndpointLabel` (application, uid, URL
+            host), named in the subject, the email and the webhook's ``data.endpoint``.
     """
 
     event: str
@@ -415,6 +435,16 @@ class Alert:
     count: int
     since: float
     detail: dict[str, Any]
+    endpoint: Any = None
+
+    @property
+    def about(self) -> str:
+        """Who it is about: the destination's name, and for an endpoint its uid, URL
+        host and application (``endpoint:<hex> (endpoint main (acme.example) of
+        application customer-42 (ACME))``)."""
+        if self.endpoint is None:
+            return self.destination
+        return f"{self.destination} ({self.endpoint.text()})"
 
     def idempotency_key(self, suppress: float) -> str:
         """``alert:<event>:<destination>:<window>``, ``window`` = ``at // suppress``:
@@ -444,12 +474,14 @@ class Alert:
                 "count": self.count,
                 "since": self.since,
             }
+        if self.endpoint is not None:
+            data["endpoint"] = self.endpoint.as_dict()
         return {"type": self.event, "timestamp": _iso(self.at), "data": data}
 
     def subject(self) -> str:
         """A one-line subject, e.g. ``outbox: orders: circuit breaker opened (deliveries held)``."""
         template = SUBJECTS.get(self.event, "{d}: " + self.event)
-        return "outbox: " + template.format(d=self.destination, n=self.count)
+        return "outbox: " + template.format(d=self.about, n=self.count)
 
     def ordering_lines(self) -> list[str]:
         """What an exhausted alert says of the newest dead letter's ordering key (its
@@ -476,9 +508,17 @@ class Alert:
     def email_text(self) -> str:
         """The email body: what happened, when, the detail, and what was suppressed."""
         lines = [self.subject().removeprefix("outbox: ") + ".", ""]
+        if self.endpoint is not None:
+            e = self.endpoint
+            lines += [
+                f"Application: {e.application_uid}"
+                + (f" ({e.application_name})" if e.application_name else ""),
+                f"Endpoint: {e.uid or '(no uid)'}, id {e.id}, URL host {e.host}",
+                "",
+            ]
         if self.event == EXHAUSTED:
             lines.append(
-                f"{self.count} message(s) to {self.destination!r} became dead letters after their last retry "
+                f"{self.count} message(s) to {self.about!r} became dead letters after their last retry "
                 f"since {_iso(self.since)}."
             )
             if self.detail:

@@ -53,6 +53,7 @@ from outbox.destinations import controls
 from outbox.destinations import endpoints as registry
 from outbox.destinations import secrets as secret_store
 from outbox.destinations.config import endpoint_as_destination, endpoint_cache
+from outbox.endpoint_names import endpoint_id
 from outbox.exceptions import (
     InvalidEndpoint,
     InvalidMessage,
@@ -60,7 +61,7 @@ from outbox.exceptions import (
     OutboxUnavailable,
     UnknownEventType,
 )
-from outbox.models import Application, Endpoint, EventType
+from outbox.models import Application, CapturedMessage, Endpoint, EventType, OrderingSequence
 from outbox.operations.operation import DELETE, Selection, execute
 from outbox.records import Message
 from outbox.sending.validation import build_message, clean_idempotency_key, clean_ordering_key, encode_body
@@ -175,7 +176,13 @@ def update_application(
 
 
 def delete_application(application: Application | str, *, using: str = DEFAULT_DB_ALIAS) -> None:
-    """Delete an application and its endpoints (each as :func:`delete_endpoint`).
+    """Delete an application and everything of it (the erasure path, ``docs/webhooks.md``):
+    in one transaction its endpoints, their deliveries captured in transactions and not
+    yet relayed, their ordering sequences, and the application's row; on commit, per
+    endpoint (:func:`delete_endpoint`), its deliveries in Redis (deleted, not failed:
+    pending, retrying, parked, dead letters and delivered ones, with their attempt
+    records, which hold the receivers' answers) and its state. Redis unreachable then:
+    logged, and :func:`sweep_deleted_endpoints` finishes it later.
 
     Raises:
         UnknownApplication: no such application.
@@ -452,24 +459,72 @@ def delete_endpoint(endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAUL
     name = row.destination
     with transaction.atomic(using=using):
         registry.on_commit([row], using, deleted=True)
+        # its deliveries captured in a transaction and not yet relayed to Redis go with it
+        CapturedMessage.objects.using(using).filter(destination=name).delete()
+        OrderingSequence.objects.using(using).filter(destination=name).delete()
         row.delete(using=using)
         transaction.on_commit(lambda: _forget(name), using=using)
 
 
-def _forget(name: str) -> None:
-    """A deleted endpoint's deliveries and state out of Redis (best effort: logged)."""
+def _forget(name: str) -> bool:
+    """A deleted endpoint's deliveries and state out of Redis (best effort: logged; what
+    is left is finished by :func:`sweep_deleted_endpoints`). True when all is gone."""
     try:
-        controls.disable(name, reason="deleted")
-        repo = get_repository()
-        execute(
-            repo,
-            DELETE,
-            Selection(filter=MessageFilter(destination=name), description=f"deleted endpoint {name}"),
-        )
-        endpoint_versions.forget_destination(repo, name)
-        endpoint_cache.forget([name])
+        forget_endpoint_state(name)
     except (RedisError, RedisClusterException) as exc:
-        logger.warning("outbox: the Redis state of deleted endpoint %s could not be removed: %s", name, exc)
+        logger.warning(
+            "outbox: the Redis state of deleted endpoint %s could not be removed (%s); "
+            "outbox.webhooks.sweep_deleted_endpoints() removes it later",
+            name,
+            exc,
+        )
+        return False
+    return True
+
+
+def forget_endpoint_state(name: str) -> int:
+    """Remove from Redis what a deleted endpoint ``name`` left: it is disabled (nothing
+    more starts), every delivery of it not in flight is deleted with its attempt records
+    (the receivers' stored answers), then its state (breaker, limits, health, parked
+    set, its name in the destination set). Safe to run again. Returns the deliveries
+    deleted.
+
+    Raises:
+        redis.exceptions.RedisError: Redis unreachable (run it again later).
+    """
+    controls.disable(name, reason="deleted")
+    repo = get_repository()
+    result = execute(
+        repo,
+        DELETE,
+        Selection(filter=MessageFilter(destination=name), description=f"deleted endpoint {name}"),
+    )
+    endpoint_versions.forget_destination(repo, name)
+    endpoint_cache.forget([name])
+    return result.acted
+
+
+def sweep_deleted_endpoints(*, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Finish the deletion of endpoints whose rows are gone but whose Redis state or
+    deliveries are left (Redis was unreachable when the deletion committed, or the
+    process died before its on-commit step): every ``endpoint:`` name in the destination
+    set without a row is forgotten (:func:`forget_endpoint_state`). Reads the set once
+    and the database in chunks of 1,000 ids; run it after an outage (the warning
+    "could not be removed" in the log says when) or from a periodic job. Returns the
+    names swept.
+
+    Raises:
+        redis.exceptions.RedisError: Redis unreachable (nothing lost: run it again).
+    """
+    names = [n for n in get_repository().destinations() if endpoint_id(n) is not None]
+    gone: list[str] = []
+    for start in range(0, len(names), 1000):
+        chunk = {endpoint_id(n): n for n in names[start : start + 1000]}
+        alive = set(Endpoint.objects.using(using).filter(pk__in=list(chunk)).values_list("pk", flat=True))
+        gone += [n for pk, n in chunk.items() if pk not in alive]
+    for name in gone:
+        forget_endpoint_state(name)
+    return gone
 
 
 def changed(*endpoints: Endpoint, using: str = DEFAULT_DB_ALIAS) -> None:
@@ -743,6 +798,7 @@ __all__ = [
     "rotate_secret",
     "send_test_event",
     "subscribed",
+    "sweep_deleted_endpoints",
     "update_application",
     "update_endpoint",
     "update_event_type",

@@ -19,16 +19,19 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from outbox import webhooks
 from outbox.admin_views.base import (
     TEMPLATES,
     BadRequest,
@@ -46,8 +49,11 @@ from outbox.admin_views.formatting import duration, moment
 from outbox.admin_views.history import record_change
 from outbox.conf import outbox_settings
 from outbox.destinations import controls, health
-from outbox.destinations.config import get_destination, get_transport
+from outbox.destinations import endpoints as endpoint_registry
+from outbox.destinations.config import Destination, endpoint_as_destination, get_destination, get_transport
+from outbox.endpoint_names import is_endpoint
 from outbox.exceptions import UnknownDestination
+from outbox.models import Endpoint
 from outbox.operations.batches import BatchRecorder
 from outbox.operations.operation import REQUEUE, execute, recover_selection, report
 from outbox.redaction import destination_options, redact, secrets_for
@@ -123,9 +129,57 @@ class ErrorRow:
     url: str
 
 
-def _known(name: str) -> bool:
-    """True for a configured destination or one messages were ever sent to."""
-    return name in outbox_settings.DESTINATIONS or name in get_repository().destinations()
+def known(name: str) -> bool:
+    """True for a configured destination, an endpoint, or one messages were ever sent to
+    (a fixed number of reads, whatever the number of destinations)."""
+    return (
+        name in outbox_settings.DESTINATIONS
+        or _endpoint(name) is not None
+        or get_repository().connection.sismember(get_repository().keys.destinations, name) == 1
+    )
+
+
+def _endpoint(name: str) -> endpoint_registry.EndpointLabel | None:
+    """The endpoint registered at runtime called ``name`` (one query), or None."""
+    return endpoint_registry.describe([name]).get(name) if is_endpoint(name) else None
+
+
+def _manageable(name: str) -> bool:
+    """A settings destination or an existing endpoint: what pause, disable, recover act on."""
+    return name in outbox_settings.DESTINATIONS or _endpoint(name) is not None
+
+
+def endpoint_admin_url(model_admin: ModelAdmin, pk: Any) -> str:
+    """The admin's change page of endpoint ``pk``."""
+    return reverse(f"{model_admin.admin_site.name}:outbox_endpoint_change", args=[pk])
+
+
+def _endpoint_settings(model_admin: ModelAdmin, label: endpoint_registry.EndpointLabel) -> dict[str, Any]:
+    """What the page shows of an endpoint's configuration: its application, uid, URL,
+    the admin's link, and the policies it has as a destination (retries, ordering,
+    limits: the global ones and its own rate and concurrency limits)."""
+    row = Endpoint.objects.only("rate_limit", "max_concurrency").get(pk=label.id)
+    out: dict[str, Any] = {
+        "configured": True,
+        "endpoint": label,
+        "admin_url": endpoint_admin_url(model_admin, label.id),
+        "application_url": reverse(
+            f"{model_admin.admin_site.name}:outbox_application_change", args=[label.application_pk]
+        ),
+        "transport": "endpoint",
+        "transport_class": "EndpointTransport",
+        "host": label.host,
+    }
+    try:
+        dest = endpoint_as_destination(
+            SimpleNamespace(
+                name=label.name, rate_limit=row.rate_limit, max_concurrency=row.max_concurrency, options={}
+            )
+        )
+    except ImproperlyConfigured as exc:
+        out["error"] = str(exc)[:300]
+        return out
+    return {**out, **_policies(dest)}
 
 
 def allowed_state_actions(admin: str) -> list[StateAction]:
@@ -137,13 +191,16 @@ def allowed_state_actions(admin: str) -> list[StateAction]:
     return [STATE_ACTIONS["pause"], STATE_ACTIONS["disable"]]
 
 
-def _settings(name: str) -> dict[str, Any]:
+def _settings(model_admin: ModelAdmin, name: str) -> dict[str, Any]:
     """What the page shows of a destination's settings (only names that exist);
     ``breaker_off`` is True for a configured destination without a circuit breaker (its
     page then says so instead of a breaker state)."""
+    label = _endpoint(name)
+    if label is not None:
+        return _endpoint_settings(model_admin, label)
     config = outbox_settings.DESTINATIONS.get(name)
     if config is None:
-        return {"configured": False}
+        return {"configured": False, "endpoint_gone": is_endpoint(name)}
     out: dict[str, Any] = {"configured": True, "transport": config.get("TRANSPORT", "")}
     try:
         dest = get_destination(name)
@@ -153,6 +210,12 @@ def _settings(name: str) -> dict[str, Any]:
         return out
     out["host"] = getattr(transport, "host", "")
     out["transport_class"] = type(transport).__name__
+    return {**out, **_policies(dest)}
+
+
+def _policies(dest: Destination) -> dict[str, Any]:
+    """A destination's retries, ordering policy and limits as the page shows them."""
+    out: dict[str, Any] = {}
     out["max_retries"] = dest.max_retries
     out["retry_policy"] = json.dumps(dest.retry_policy.to_dict(), sort_keys=True)
     out["max_in_flight"] = dest.max_in_flight
@@ -201,7 +264,7 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
     """GET: one destination (``admin:outbox_destination``). Needs ``outbox.view_message``;
     404 for a name neither configured nor ever used."""
     require_view(model_admin, request)
-    if not _known(name):
+    if not known(name):
         raise Http404(_("No such destination."))
     now = time.time()
     h = health.get_health(name)
@@ -217,6 +280,8 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
     repo = get_repository()
     counts = repo.counts(name)
     window = h.window
+    settings = _settings(model_admin, name)
+    manageable = settings.get("configured", False)
     return TemplateResponse(
         request,
         f"{TEMPLATES}/destination.html",
@@ -229,7 +294,7 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
             window=window,
             success_rate=None if not window.attempts else round(100 * window.succeeded / window.attempts, 1),
             window_minutes=window.seconds // 60,
-            settings=_settings(name),
+            settings=settings,
             last_success=moment(h.last_success_at),
             last_failure=moment(h.last_failure_at),
             failing_since=moment(h.failing_since),
@@ -240,10 +305,8 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
             chart=chart,
             latency=latency,
             errors=_error_rows(model_admin, name, secrets),
-            state_actions=allowed_state_actions(h.admin)
-            if can_manage and name in outbox_settings.DESTINATIONS
-            else [],
-            can_recover=can_recover and name in outbox_settings.DESTINATIONS,
+            state_actions=allowed_state_actions(h.admin) if can_manage and manageable else [],
+            can_recover=can_recover and manageable,
             since=moment(since),
             status_links=[
                 (s, n, list_url(model_admin, destination=name, status=s)) for s, n in counts.items()
@@ -269,8 +332,8 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
     require_view(model_admin, request)
     if not request.user.has_perm(MANAGE_PERMISSION):
         raise PermissionDenied
-    if name not in outbox_settings.DESTINATIONS:
-        raise Http404(_("No such destination (only configured destinations can be paused)."))
+    if not _manageable(name):
+        raise Http404(_("No such destination (only configured destinations and endpoints can be paused)."))
     action = STATE_ACTIONS.get(request.POST.get("action", ""))
     if action is None:
         raise BadRequest(_("Unknown destination action; expected pause, resume, disable or enable."))
@@ -294,7 +357,10 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
                 parked=health.get_health(name).parked,
             ),
         )
-    if action.name in ("pause", "disable"):
+    if is_endpoint(name) and action.name in ("disable", "enable"):
+        # an endpoint's row says whether it is disabled (workers follow it): change it there
+        text = _endpoint_state(name, action.name, reason or f"disabled in the console by {request.user}")
+    elif action.name in ("pause", "disable"):
         getattr(controls, action.name)(name, reason=reason)
         text = (PAUSED if action.name == "pause" else DISABLED) % {"name": name}
         text = text + (f" ({reason})" if reason else "") + "."
@@ -308,6 +374,21 @@ def destination_action(model_admin: ModelAdmin, request: HttpRequest, name: str)
     record_change(user_id(request), text, f"destination {name}")
     messages.success(request, text)
     return HttpResponseRedirect(back)
+
+
+def _endpoint_state(name: str, action: str, reason: str) -> str:
+    """Disable or enable endpoint ``name`` through :mod:`outbox.webhooks` (its row, then
+    Redis on commit); the text reported."""
+    if action == "disable":
+        webhooks.disable_endpoint(name, reason=reason)
+        return (DISABLED % {"name": name}) + f" ({reason})."
+    parked = health.get_health(name).parked
+    webhooks.enable_endpoint(name)
+    return ngettext(
+        "Destination %(name)s %(done)s: %(n)s parked message put back.",
+        "Destination %(name)s %(done)s: %(n)s parked messages put back.",
+        parked,
+    ) % {"name": name, "done": ENABLED, "n": f"{parked:,}"}
 
 
 def _parse_since(raw: str | None, now: float) -> float | None:
@@ -342,8 +423,8 @@ def destination_recover(model_admin: ModelAdmin, request: HttpRequest, name: str
     require_view(model_admin, request)
     if not request.user.has_perm(REQUEUE.permission):
         raise PermissionDenied
-    if name not in outbox_settings.DESTINATIONS:
-        raise Http404(_("No such destination (only configured destinations can be recovered)."))
+    if not _manageable(name):
+        raise Http404(_("No such destination (only configured destinations and endpoints can be recovered)."))
     now = time.time()
     since = _parse_since(request.POST.get("since"), now)
     if since is None:

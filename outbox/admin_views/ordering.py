@@ -38,10 +38,10 @@ from outbox.admin_views.base import (
     url,
     user_id,
 )
+from outbox.admin_views.destinations import known
 from outbox.admin_views.filters import KEY_PARAM
 from outbox.admin_views.formatting import moment
 from outbox.admin_views.history import record_change
-from outbox.destinations.health import known_destinations
 from outbox.exceptions import InvalidMessage, MessageNotFound
 from outbox.operations.operation import CANCEL, REQUEUE, Operation
 from outbox.operations.ordering import RELEASES, blocked_key_count, blocked_keys, release_key
@@ -157,7 +157,7 @@ def _rows(model_admin: ModelAdmin, name: str) -> list[BlockedRow]:
 
 def _require_known(name: str) -> None:
     """Raise Http404 for a destination neither configured nor ever used."""
-    if name not in known_destinations():
+    if not known(name):
         raise Http404(_("No such destination."))
 
 

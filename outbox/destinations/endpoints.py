@@ -31,13 +31,15 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, transaction
+from django.dispatch import receiver
 from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import headers as header_rules
 from outbox.conf import endpoint_setting, outbox_settings
 from outbox.destinations import secrets as secret_store
 from outbox.destinations.limits import RateLimit, parse_max_concurrency
-from outbox.endpoint_names import endpoint_destination, endpoint_id
+from outbox.endpoint_names import endpoint_destination, endpoint_id, is_endpoint
+from outbox.events import DestinationEvent, destination_disabled, destination_enabled
 from outbox.exceptions import InvalidEndpoint, InvalidMessage, UnknownApplication, UnknownEventType
 from outbox.models import Application, Endpoint, EventType
 from outbox.store import endpoint_versions, get_repository
@@ -604,3 +606,127 @@ def destinations_of(application: Application, using: str = DEFAULT_DB_ALIAS) -> 
         .filter(application_id=application.pk)
         .values_list("pk", flat=True)
     ]
+
+
+# -- what pages and alerts say of an endpoint ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class EndpointLabel:
+    """What alerts and the console say of an endpoint (no secret).
+
+    Attributes:
+        name: its destination name (``endpoint:<id hex>``).
+        id: its id. uid: its application's own id of it, or None.
+        url: its URL; host: the URL's host (and port).
+        application_uid, application_name: its application's.
+        application_pk: its application's primary key (the admin's link).
+        disabled, disabled_reason: its state in the database.
+    """
+
+    name: str
+    id: uuid.UUID
+    uid: str | None
+    url: str
+    host: str
+    application_uid: str
+    application_name: str
+    application_pk: int
+    disabled: bool = False
+    disabled_reason: str = ""
+
+    def text(self) -> str:
+        """``endpoint main (acme.example) of application customer-42 (ACME)``: one line
+        for subjects and logs."""
+        who = self.uid or self.id.hex[:12]
+        app = self.application_uid + (f" ({self.application_name})" if self.application_name else "")
+        return f"endpoint {who} ({self.host}) of application {app}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields an operational webhook carries (``data.endpoint``)."""
+        return {
+            "id": str(self.id),
+            "uid": self.uid,
+            "url_host": self.host,
+            "application": {"uid": self.application_uid, "name": self.application_name},
+        }
+
+
+def describe(names: Iterable[str], using: str = DEFAULT_DB_ALIAS) -> dict[str, EndpointLabel]:
+    """The label of each endpoint among ``names`` that exists (one query, whatever the
+    number of names; names not of an endpoint, or deleted, are left out)."""
+    ids = {pk: name for name in names if (pk := endpoint_id(name)) is not None}
+    if not ids:
+        return {}
+    rows = (
+        Endpoint.objects.using(using)
+        .filter(pk__in=list(ids))
+        .select_related("application")
+        .only("id", "uid", "url", "disabled", "disabled_reason", "application__uid", "application__name")
+    )
+    found = {}
+    for row in rows:
+        parts = urlsplit(row.url)
+        found[ids[row.pk]] = EndpointLabel(
+            name=ids[row.pk],
+            id=row.pk,
+            uid=row.uid,
+            url=row.url,
+            host=parts.netloc.rpartition("@")[2],
+            application_uid=row.application.uid,
+            application_name=row.application.name,
+            application_pk=row.application_id,
+            disabled=row.disabled,
+            disabled_reason=row.disabled_reason,
+        )
+    return found
+
+
+def record_automatic_disable(name: str, reason: str, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """The database's copy of an automatic disable (``410 Gone``, ``DISABLE_AFTER``)
+    that a worker wrote in Redis: the endpoint's row becomes disabled with that reason,
+    so a worker that loads it later does not enable it again (its row is the source of
+    truth), the admin shows it disabled and :func:`outbox.publish` leaves it out. True
+    when a row changed (an endpoint already disabled keeps its own reason)."""
+    pk = endpoint_id(name)
+    if pk is None:
+        return False
+    changed = (
+        Endpoint.objects.using(using)
+        .filter(pk=pk, disabled=False)
+        .update(disabled=True, disabled_reason=(reason or "automatic")[:200])
+    )
+    if changed:  # the workers forget their copies (limits unchanged: not written again)
+        transaction.on_commit(lambda: notify([(name, None)], deleted=True), using=using)
+    return bool(changed)
+
+
+def record_enable(name: str, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """The database's copy of an endpoint enabled in Redis by an operator (the console,
+    ``manage.py outbox_destination``): its row becomes enabled, so a worker that loads it
+    does not disable it again. True when a row changed."""
+    pk = endpoint_id(name)
+    if pk is None:
+        return False
+    changed = (
+        Endpoint.objects.using(using).filter(pk=pk, disabled=True).update(disabled=False, disabled_reason="")
+    )
+    if changed:
+        transaction.on_commit(lambda: notify([(name, None)], deleted=True), using=using)
+    return bool(changed)
+
+
+@receiver(destination_disabled)
+def _on_disabled(*, event: DestinationEvent, **kwargs: Any) -> None:
+    """An endpoint disabled in Redis (``410 Gone``, ``DISABLE_AFTER``, an operator) is
+    disabled in its row too (:func:`record_automatic_disable`). Connected when this module
+    is imported (the app's ``ready()``)."""
+    if is_endpoint(event.destination):
+        record_automatic_disable(event.destination, str(event.detail.get("reason") or "automatic"))
+
+
+@receiver(destination_enabled)
+def _on_enabled(*, event: DestinationEvent, **kwargs: Any) -> None:
+    """An endpoint enabled in Redis by an operator is enabled in its row too (:func:`record_enable`)."""
+    if is_endpoint(event.destination):
+        record_enable(event.destination)
