@@ -15,6 +15,7 @@ URL name (``admin:...``)                   path                          method
 ``outbox_message_body``                    ``messages/<id>/body/``       GET
 ``outbox_message_action``                  ``action/``                   POST
 ``outbox_message_action_status``           ``action/<job id>/``          GET
+``outbox_endpoints``                       ``endpoints/``                GET
 ``outbox_destination``                     ``destinations/<name>/``      GET
 ``outbox_destination_action``              ``destinations/<name>/state/``  POST
 ``outbox_destination_recover``             ``destinations/<name>/recover/``  POST
@@ -48,7 +49,7 @@ from django.utils.html import format_html
 from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import models, webhooks
-from outbox.admin_views import confirm, dashboard, destinations, detail, listing, ordering
+from outbox.admin_views import confirm, dashboard, destinations, detail, endpoints, listing, ordering
 from outbox.destinations import endpoints as endpoint_registry
 from outbox.destinations import health
 from outbox.exceptions import InvalidMessage
@@ -108,6 +109,7 @@ class MessageAdmin(_ModelAdmin):
             path("messages/<str:message_id>/body/", wrap(detail.message_body), name="outbox_message_body"),
             path("action/", wrap(confirm.message_action), name="outbox_message_action"),
             path("action/<str:job_id>/", wrap(confirm.action_status), name="outbox_message_action_status"),
+            path("endpoints/", wrap(endpoints.endpoint_list), name="outbox_endpoints"),
             path("destinations/<str:name>/", wrap(destinations.destination_page), name="outbox_destination"),
             path(
                 "destinations/<str:name>/state/",

@@ -16,19 +16,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.http import urlencode
 from django.utils.translation import gettext as _
 
+from outbox.admin_views import endpoints
 from outbox.admin_views.base import TEMPLATES, console_view, context, list_url, require_view, url
 from outbox.admin_views.chart import CHART_MINUTES, attempt_chart
 from outbox.admin_views.formatting import duration, moment
 from outbox.admin_views.rq_stats import queue_stats
 from outbox.conf import outbox_settings
 from outbox.destinations import health
+from outbox.endpoint_names import is_endpoint
 from outbox.records import STATUSES, Status, created_at_of
 from outbox.store import get_repository
 from outbox.store.repository import sum_counts
@@ -147,6 +149,19 @@ def destination_rows(
     return rows
 
 
+def endpoint_table(model_admin: ModelAdmin, rows: list[DestinationRow]) -> dict[str, Any]:
+    """What the destination table shows (presentation only, :mod:`.endpoints`): every
+    settings destination, then at most ``ON_DASHBOARD`` endpoints, failing first; the
+    others are counted and on the paginated endpoint page."""
+    settings_rows = [r for r in rows if not is_endpoint(r.name)]
+    endpoint_rows = sorted((r for r in rows if is_endpoint(r.name)), key=lambda r: (not r.failing, -r.total))
+    return {
+        "destination_table": settings_rows + endpoint_rows[: endpoints.ON_DASHBOARD],
+        "endpoints_hidden": max(0, len(endpoint_rows) - endpoints.ON_DASHBOARD),
+        "endpoints_url": url(model_admin, "endpoints"),
+    }
+
+
 @console_view
 def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """GET: the dashboard page (``admin:outbox_dashboard``). Needs ``outbox.view_message``."""
@@ -181,6 +196,7 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             status_counts=[StatusCount(s, counts[s], list_url(model_admin, status=s)) for s in STATUSES],
             total=sum(counts.values()),
             destinations=destinations,
+            **endpoint_table(model_admin, destinations),
             chart_destination=chart_destination,
             queues=queues,
             workers=workers,

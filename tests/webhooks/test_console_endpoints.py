@@ -7,6 +7,7 @@ captured rows and Redis state, and a sweep finishes what an outage left."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -127,7 +128,9 @@ def test_alerts_name_the_application_and_the_endpoint(endpoint):
 def test_an_automatic_disable_in_redis_disables_the_endpoint_s_row(endpoint):
     """Without it, the next worker that loads the endpoint would enable it again (its row
     is the source of truth): a 410 Gone or DISABLE_AFTER would last CACHE_TTL seconds."""
-    event = DestinationEvent("destination.disabled", endpoint.destination, time.time(), {"reason": "410 Gone"})
+    event = DestinationEvent(
+        "destination.disabled", endpoint.destination, time.time(), {"reason": "410 Gone"}
+    )
     send_destination_events([event])
     row = Endpoint.objects.get(pk=endpoint.pk)
     assert row.disabled and row.disabled_reason == "410 Gone"
@@ -189,3 +192,47 @@ def test_the_sweep_keeps_live_endpoints_and_settings_destinations(endpoint):
     outbox.send("mem", {"x": 1})
     assert webhooks.sweep_deleted_endpoints() == []
     assert get_repository().counts(endpoint.destination)["pending"] == 1
+
+
+def test_the_console_lists_endpoints_paginated_failing_first(
+    superuser_client, endpoint, monkeypatch, django_assert_max_num_queries
+):
+    from outbox.admin_views import endpoints as page_module
+
+    monkeypatch.setattr(page_module, "PER_PAGE", 3)
+    monkeypatch.setattr(page_module, "ON_DASHBOARD", 2)
+    more = [webhooks.create_endpoint("customer-42", URL + f"/{i}", uid=f"e{i}").endpoint for i in range(4)]
+    repo = get_repository()
+    failing = more[2]
+    repo.connection.hset(repo.keys.dest(failing.destination), mapping={"consecutive": "5"})
+    webhooks.disable_endpoint(more[3], reason="customer asked")
+    outbox.publish("order.paid", {"a": 1}, application="customer-42")  # 4 enabled endpoints: destinations
+    first = superuser_client.get("/admin/outbox/message/endpoints/")
+    text = first.content.decode()
+    assert first.status_code == 200 and 'data-count="5"' in text
+    rows = re.findall(r'class="endpoint-row[^"]*" data-destination="([^"]+)" data-state="([^"]+)"', text)
+    assert len(rows) == 3
+    assert rows[0] == (more[3].destination, "disabled")  # disabled first across pages
+    assert ("page=2") in text
+    second = superuser_client.get("/admin/outbox/message/endpoints/?page=2")
+    assert second.status_code == 200
+    both = rows + re.findall(
+        r'class="endpoint-row[^"]*" data-destination="([^"]+)" data-state="([^"]+)"', second.content.decode()
+    )
+    assert {d for d, _ in both} == {e.destination for e in (endpoint, *more)}
+    within = [s for d, s in rows]
+    trouble = [s in ("disabled", "failing", "open") for s in within]
+    assert trouble == sorted(trouble, reverse=True)  # failing first within the page
+    filtered = superuser_client.get(
+        "/admin/outbox/message/endpoints/?q=e2&state=enabled&application=customer-42"
+    )
+    assert re.findall(r'data-destination="(endpoint:[0-9a-f]+)"', filtered.content.decode()) == [
+        failing.destination
+    ]
+    with django_assert_max_num_queries(12):
+        assert superuser_client.get("/admin/outbox/message/endpoints/?page=2").status_code == 200
+
+    dashboard = superuser_client.get("/admin/outbox/message/").content.decode()
+    assert 'id="endpoints-link"' in dashboard and 'id="endpoints-hidden" data-count="2"' in dashboard
+    shown = re.findall(r'class="destination-row[^"]*" data-destination="(endpoint:[0-9a-f]+)"', dashboard)
+    assert len(shown) == 2 and shown[0] == failing.destination  # failing first
