@@ -17,7 +17,9 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import tracing
 from outbox.conf import outbox_settings
+from outbox.endpoint_names import is_endpoint
 from outbox.exceptions import (
+    EndpointDeleted,
     InvalidMessage,
     MessageNotFound,
     NotDurable,
@@ -31,6 +33,7 @@ from outbox.sending.validation import (
     build_message,
 )
 from outbox.store import Created, get_repository
+from outbox.store.base import IDS_PER_CALL
 from outbox.store.client.outages import may_have_run
 from outbox.store.keys import random_partition
 
@@ -400,8 +403,41 @@ def requeue(ids: str | Iterable[str]) -> actions.ActionResult:
 
     Returns:
         :class:`~outbox.operations.actions.ActionResult` (``acted``, ``skipped``: ids in another status or gone).
+
+    Raises:
+        EndpointDeleted: some of them are deliveries to an endpoint that was deleted
+            (the text names them; nothing was requeued). One read per 1,000 ids, and one
+            database query per chunk holding endpoint deliveries.
     """
-    return actions.requeue(_ids(ids))
+    chosen = _ids(ids)
+    _refuse_deleted_endpoints(chosen)
+    return actions.requeue(chosen)
+
+
+def _refuse_deleted_endpoints(ids: list[str]) -> None:
+    """Raise :class:`EndpointDeleted` when a message among ``ids`` goes to an endpoint
+    whose row is gone."""
+    repo = get_repository()
+    gone: list[str] = []
+    names: set[str] = set()
+    for start in range(0, len(ids), IDS_PER_CALL):
+        found = [m for m in repo.get_many(ids[start : start + IDS_PER_CALL]) if m is not None]
+        ours = {m.destination for m in found if is_endpoint(m.destination)}
+        if not ours:
+            continue
+        from outbox.destinations import endpoints  # Django models: `import outbox` must not load them
+
+        dead = ours - set(endpoints.describe(ours))
+        gone += [m.id for m in found if m.destination in dead]
+        names |= dead
+    if gone:
+        raise EndpointDeleted(
+            f"{len(gone)} message(s) go to endpoint(s) that were deleted ({', '.join(sorted(names)[:5])}): "
+            f"they cannot be requeued; nothing was requeued ({', '.join(gone[:5])}"
+            + (", ..." if len(gone) > 5 else "")
+            + ")",
+            gone,
+        )
 
 
 def cancel(ids: str | Iterable[str]) -> actions.ActionResult:

@@ -30,6 +30,19 @@ class UnknownDestination(InvalidMessage):
     """The destination name is not a key of ``OUTBOX["DESTINATIONS"]``."""
 
 
+class EndpointDeleted(UnknownDestination):
+    """A delivery's endpoint was deleted: it cannot be requeued (raised by
+    :func:`outbox.requeue`, naming the deliveries; nothing was requeued).
+
+    Attributes:
+        message_ids: the deliveries whose endpoint is gone.
+    """
+
+    def __init__(self, text: str, message_ids: list[str]) -> None:
+        super().__init__(text, field="destination")
+        self.message_ids = message_ids
+
+
 class InvalidEndpoint(InvalidMessage):
     """An application, endpoint or event type given to :mod:`outbox.webhooks` is not
     acceptable (a bad URL, an address the private-network guard refuses, an unknown or

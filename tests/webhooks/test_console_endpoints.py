@@ -236,3 +236,15 @@ def test_the_console_lists_endpoints_paginated_failing_first(
     assert 'id="endpoints-link"' in dashboard and 'id="endpoints-hidden" data-count="2"' in dashboard
     shown = re.findall(r'class="destination-row[^"]*" data-destination="(endpoint:[0-9a-f]+)"', dashboard)
     assert len(shown) == 2 and shown[0] == failing.destination  # failing first
+
+
+def test_requeue_of_a_delivery_whose_endpoint_is_gone_is_refused(endpoint):
+    from outbox.exceptions import EndpointDeleted
+
+    left = outbox.publish("order.paid", {"a": 1}, application="customer-42").deliveries[0].id
+    other = outbox.send("mem", {"x": 1}).id
+    assert outbox.requeue([left, other]).skipped == 2  # both pending: nothing to requeue, no refusal
+    Endpoint.objects.filter(pk=endpoint.pk).delete()  # e.g. in flight when it was deleted
+    with pytest.raises(EndpointDeleted, match="deleted") as info:
+        outbox.requeue([other, left])
+    assert info.value.message_ids == [left] and endpoint.destination in str(info.value)
