@@ -135,7 +135,7 @@ def known(name: str) -> bool:
     return (
         name in outbox_settings.DESTINATIONS
         or _endpoint(name) is not None
-        or get_repository().connection.sismember(get_repository().keys.destinations, name) == 1
+        or get_repository().is_known_destination(name)
     )
 
 

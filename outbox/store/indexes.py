@@ -418,6 +418,10 @@ class IndexReads(RepositoryBase):
             d.decode() for d in cast("set[bytes]", self.connection.smembers(self.keys.destinations))
         )
 
+    def is_known_destination(self, name: str) -> bool:
+        """Whether a message was ever sent to destination ``name`` (one SISMEMBER)."""
+        return bool(self.connection.sismember(self.keys.destinations, name))
+
     def oldest(
         self, status: str, destination: str | None = None, *, among: Iterable[str] | None = None
     ) -> tuple[str, float] | None:
