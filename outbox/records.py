@@ -188,6 +188,12 @@ class Message:
         order_epoch: the epoch of its key when it got ``order_seq`` (the key's state's
             generation: a key whose state expired restarts at 1 in a new epoch); None
             without a key, or for a message that joined its key before epochs existed.
+        payload_ref: a delivery of a published event (:func:`outbox.publish`): the event
+            id naming its payload record, which holds the body once per partition for
+            every delivery of the event (``docs/architecture.md``, "Records"); its own
+            records hold this reference instead of the body. None for a message of
+            ``send()``, whose body is inline. ``body`` is the payload's bytes once read
+            (b"" when the payload record is gone).
     """
 
     id: str
@@ -216,6 +222,7 @@ class Message:
     order_seq: int | None = None
     order_prev: int | None = None
     order_epoch: str | None = None
+    payload_ref: str | None = None
 
     # -- conveniences -------------------------------------------------------------
     @property

@@ -10,6 +10,7 @@ are counted as skipped, not forced.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -54,6 +55,7 @@ class ScoreClock:
 
 
 score_clock = ScoreClock()
+logger = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (acted so far, skipped so far)
 Applied = Callable[[list[str]], None]  # the ids one chunk acted on (e.g. a batch recorder)
@@ -61,14 +63,31 @@ Applied = Callable[[list[str]], None]  # the ids one chunk acted on (e.g. a batc
 
 @dataclass
 class ActionResult:
-    """How many messages an action changed, and how many it skipped (wrong status or gone)."""
+    """How many messages an action changed, and how many it skipped (wrong status or gone).
+
+    ``payload_purged``: of the skipped, the deliveries of a published event a requeue
+    refused because the event's payload record is gone (purged): there is nothing to send.
+    """
 
     acted: int = 0
     skipped: int = 0
+    payload_purged: int = 0
 
     def add(self, other: ActionResult) -> None:
         self.acted += other.acted
         self.skipped += other.skipped
+        self.payload_purged += other.payload_purged
+
+
+class Acted(list[str]):
+    """The ids one chunk acted on (what an :data:`Execute` returns), with those a requeue
+    refused because their event's payload was purged (``purged``)."""
+
+    purged: list[str]
+
+    def __init__(self, ids: list[str], purged: list[str] | None = None) -> None:
+        super().__init__(ids)
+        self.purged = purged or []
 
 
 def chunks(ids: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
@@ -129,7 +148,15 @@ def _run(
         send_bulk_signal(action, done)
         if applied is not None:
             applied(done)
-        total.add(ActionResult(len(done), size - len(done)))
+        purged = getattr(done, "purged", [])
+        if purged:
+            logger.warning(
+                "outbox: %d message(s) not %s: the event's payload was purged (%s)",
+                len(purged),
+                action,
+                ", ".join(purged[:5]) + (", ..." if len(purged) > 5 else ""),
+            )
+        total.add(ActionResult(len(done), size - len(done), len(purged)))
         if progress:
             progress(total.acted, total.skipped)
         if error is not None:
@@ -177,7 +204,7 @@ def _writer(
         wakeups.enqueue_wakeups(result.woken)
         if result.errors:
             raise PartlyApplied(result.applied, next(iter(result.errors.values())))
-        return result.applied
+        return Acted(result.applied, result.purged)
 
     return execute
 

@@ -48,7 +48,12 @@ def message_value(message: Message) -> bytes:
     this string. Records written by older versions (0.1, and 0.2 snapshots before schema
     3) are hashes of the same fields (0.1's also hold ``id`` and ``headers: "{}"``); every
     reader accepts both (:func:`message_from_redis`).
+
+    A delivery of a published event (``payload_ref`` set) has no body here: its payload
+    record holds it once for the event's deliveries in the partition, and its resend
+    record holds the reference (:func:`resend_fields`).
     """
+    body = b"" if message.payload_ref else message.body
     created = message.created_at
     if not (message.headers or message.idempotency_key) and type(created) is float and math.isfinite(created):
         # the common header, without a JSON encoder per message (send() and every message
@@ -62,7 +67,7 @@ def message_value(message: Message) -> bytes:
             head = (fixed[:-1] + ',"created_at":').encode()
             if len(_header_heads) < 1024:
                 _header_heads[(message.destination, message.content_type)] = head
-        return head + repr(created).encode() + b"}\n" + message.body
+        return head + repr(created).encode() + b"}\n" + body
     header: dict[str, Any] = {
         "destination": message.destination,
         "content_type": message.content_type,
@@ -72,7 +77,7 @@ def message_value(message: Message) -> bytes:
         header["headers"] = message.headers
     if message.idempotency_key:
         header["idempotency_key"] = message.idempotency_key
-    return _COMPACT_JSON.encode(header).encode() + b"\n" + message.body
+    return _COMPACT_JSON.encode(header).encode() + b"\n" + body
 
 
 def resend_fields(message: Message) -> dict[str, str]:
@@ -80,7 +85,9 @@ def resend_fields(message: Message) -> dict[str, str]:
     None fields, ``retry_count`` 0 (about 15 bytes), and ``send_time`` when it is
     ``created_at``, a message sent without a delay (about 30 bytes). Every reader takes an
     absent ``retry_count`` as 0. ``retry`` holds ``max_retries`` and the retry policy
-    (:func:`outbox.records.pack_retry`)."""
+    (:func:`outbox.records.pack_retry`). ``payload`` is a published event's delivery's
+    reference to its payload record (the event id): the scripts that delete or requeue a
+    message read it with the fields they read already."""
     # Built field by field (not a full dict filtered afterwards): send() builds one per
     # message, so this is on its fast path.
     m = message
@@ -112,6 +119,8 @@ def resend_fields(message: Message) -> dict[str, str]:
         fields["oprev"] = str(m.order_prev)
     if m.order_epoch is not None:
         fields["oepoch"] = m.order_epoch
+    if m.payload_ref:
+        fields["payload"] = m.payload_ref
     fields["updated_at"] = repr(m.updated_at)
     return fields
 
@@ -161,6 +170,7 @@ def message_from_redis(
         order_seq=int(r["oseq"]) if r.get("oseq") else None,
         order_prev=int(r["oprev"]) if r.get("oprev") else None,
         order_epoch=r.get("oepoch") or None,
+        payload_ref=r.get("payload") or None,
     )
 
 

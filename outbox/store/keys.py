@@ -22,6 +22,9 @@ key                                 type         holds
 ``outbox:wake:<queue>``             string       set while a wake-up job for the queue waits
 ``outbox:idempotency:<n>:<d>:<key>`` string      ``<id>|<fingerprint>`` sent under that key to
                                                  destination ``d`` (``n`` = len(d)); expires
+``outbox:payload:<event id>``       hash         a published event's payload, once per
+                                                 partition: body, content_type, refs (its
+                                                 deliveries there still stored)
 ``outbox:endpoints:version``        string       counter of committed endpoint changes
 ``outbox:endpoints:changed``        sorted set   endpoint destination -> counter at its last
                                                  change (the newest 10,000 kept)
@@ -254,6 +257,13 @@ class Keys:
         """Every message of an ordering key, settled or not, until it is deleted (a sorted
         set: id -> created_at): the console's list of one key."""
         return f"{self._part_prefix}:orderlog:{self.idempotency_scope(destination, key)}"
+
+    def payload(self, event_id: str) -> str:
+        """A published event's payload record in this partition (a hash: ``body``,
+        ``content_type``, ``refs``: the event's deliveries of this partition that still
+        exist), written by the ``lua/create.lua`` call that writes them and deleted with
+        the last of them (``lua/delete.lua``): ``keys.of(delivery id).payload(event id)``."""
+        return f"{self._part_prefix}:payload:{event_id}"
 
     def blocked(self, destination: str) -> str:
         """The ordering keys of ``destination`` blocked by a dead letter at their head (a

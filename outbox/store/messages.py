@@ -87,6 +87,33 @@ def create_groups(messages: Sequence[Message]) -> dict[tuple[str, str, str], int
     return groups
 
 
+def payloads_of(messages: Sequence[Message]) -> dict[str, list[int]]:
+    """The published events' payloads among ``messages`` (of one create call, so of one
+    partition): event id -> the positions (1-based) of the messages referencing it, in
+    order of first appearance. Empty for messages of ``send()``."""
+    refs: dict[str, list[int]] = {}
+    for position, m in enumerate(messages, 1):
+        if m.payload_ref:
+            refs.setdefault(m.payload_ref, []).append(position)
+    return refs
+
+
+def payload_args(messages: Sequence[Message]) -> list[Any]:
+    """The payload section of ``lua/create.lua``'s ARGV, after the messages (see its
+    header): nothing for messages of ``send()`` (the script reads none), else the number
+    of payloads, then per payload its content type, body, and the positions of the
+    messages referencing it. Its KEYS: the payload records, in the same order
+    (:meth:`MessageStore.create_keys`)."""
+    refs = payloads_of(messages)
+    if not refs:
+        return []
+    first = {ref: messages[positions[0] - 1] for ref, positions in refs.items()}
+    args: list[Any] = [len(refs)]
+    for ref, positions in refs.items():
+        args += [first[ref].content_type, first[ref].body, len(positions), *positions]
+    return args
+
+
 #: The fields of each change of ``lua/transition.lua``, in the order :meth:`Change.args` sends them.
 CHANGE_FIELDS = (
     "id",
@@ -328,6 +355,8 @@ class BulkResult:
     applied: list[str]
     woken: list[str]
     errors: dict[int, Exception] = field(default_factory=dict)
+    #: A requeue's ids refused because their event's payload record is gone (purged).
+    purged: list[str] = field(default_factory=list)
 
 
 def with_holding(args: list[Any], holding: set[str]) -> list[Any]:
@@ -386,7 +415,7 @@ class MessageStore(RepositoryBase):
             )
             for pair in rfields.items():
                 args += pair
-        return args
+        return args + payload_args(messages)
 
     def create_keys(
         self, messages: Sequence[Message], groups: dict[tuple[str, str, str], int] | None = None
@@ -419,7 +448,7 @@ class MessageStore(RepositoryBase):
                     part.status(Status.WAITING.value, m.destination),
                     part.order_log(m.destination, m.ordering_key),
                 ]
-        return keys
+        return keys + [part.payload(ref) for ref in payloads_of(messages)]
 
     def create(
         self,
@@ -782,11 +811,13 @@ class MessageStore(RepositoryBase):
         Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
         ``caps``, ``due_slack``, ``scan``, ``limits``, ``quarantine``).
         """
-        return self.parse_claim(
+        claim = self.parse_claim(
             self.run_script(
                 "claim", self.claim_args(queue, now, **options), keys=self.claim_keys(queue, partition)
             )
         )
+        self.attach_payloads(claim.messages)
+        return claim
 
     @staticmethod
     def parse_claim(reply: ClaimReply) -> Claim:
@@ -968,6 +999,7 @@ class MessageStore(RepositoryBase):
             chunk = [ids[i] for i in positions]
             calls.append(("bulk", [*args, 1, "", len(chunk), *chunk], [self.keys.resend(i) for i in chunk]))
         applied = [False] * len(ids)  # (not a set: the argument ``set`` hides the type)
+        purged: list[str] = []
         woken: list[str] = []
         errors: dict[int, Exception] = {}
         replies = self.run_scripts(calls, errors=True)  # one partition failing fails its own call
@@ -977,12 +1009,17 @@ class MessageStore(RepositoryBase):
                 continue
             flags, queues = cast(BulkReply, reply)
             for i, flag in zip(positions, flags, strict=True):
-                applied[i] = bool(flag)
+                applied[i] = flag == 1
+                if flag == 2:  # a requeue refused: the event's payload was purged
+                    purged.append(ids[i])
             woken += [q.decode() for q in queues if q.decode() not in woken]
         if errors and len(errors) == len(calls):
             raise next(iter(errors.values()))
         return BulkResult(
-            [m for m, yes in zip(ids, applied, strict=True) if yes], self.raise_wake_flags(woken, now), errors
+            [m for m, yes in zip(ids, applied, strict=True) if yes],
+            self.raise_wake_flags(woken, now),
+            errors,
+            purged,
         )
 
     @staticmethod
@@ -1180,7 +1217,35 @@ class MessageStore(RepositoryBase):
         for i, record in enumerate(records):
             resend = replies[2 * i + 1]
             out.append(message_from_redis(record, resend, ids[i]) if record and resend else None)
+        self.attach_payloads(out)
         return out
+
+    def attach_payloads(self, messages: Sequence[Message | None]) -> None:
+        """Give each delivery of a published event read from Redis (``payload_ref`` set,
+        no body) its body, from its payload record: one ``HGET`` per distinct record
+        (event and partition), all in one round trip, none when no message needs one. A
+        record that is gone (purged; the invariant says it outlives its deliveries) leaves
+        the body b"" and is logged."""
+        wanted: dict[str, list[Message]] = {}
+        for m in messages:
+            if m is not None and m.payload_ref and not m.body:
+                wanted.setdefault(self.keys.of(m.id).payload(m.payload_ref), []).append(m)
+        if not wanted:
+            return
+        pipe = self.connection.pipeline(transaction=False)
+        for key in wanted:
+            pipe.hget(key, "body")
+        for (key, found), body in zip(wanted.items(), pipe.execute(), strict=True):  # HGET per record
+            if body is None:
+                logger.error(
+                    "outbox: the payload record %s of %d message(s) (%s) is gone: the event's payload was purged",
+                    key,
+                    len(found),
+                    found[0].id,
+                )
+                continue
+            for m in found:
+                m.body = body
 
     def resolve_older_records(
         self, ids: Sequence[str], replies: Sequence[Any], read: Callable[[str, Any], Any]

@@ -37,7 +37,7 @@ class PartitionedMessageStore(ExchangeStore):
             slack=options.get("due_slack", 0.0),
             scan=options.get("scan"),
         )
-        return self.outcomes_and_claim(request).claims[0]
+        return self.outcomes_and_claim(request).claims[0]  # payloads attached there
 
     def outcomes_and_claim(self, request: ExchangeRequest) -> ExchangeReply:
         """Record a run's outcomes in destination health, write them, and claim its next
@@ -52,4 +52,6 @@ class PartitionedMessageStore(ExchangeStore):
             redis.exceptions.RedisError: with one partition, the round trip failed; with
                 more, a step failed for a reason other than an outage of its slot (see
                 :mod:`outbox.store.exchange`)."""
-        return Exchange(self, request).run()
+        reply = Exchange(self, request).run()
+        self.attach_payloads([m for claim in reply.claims for m in claim.messages])
+        return reply

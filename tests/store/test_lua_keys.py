@@ -62,6 +62,7 @@ BY_PARTITION: dict[str, list[tuple[object, ...]]] = {
     "order_state": [(d, k) for d in DESTINATIONS for k in ("order-42", "clé:2")],
     "order_log": [(d, k) for d in DESTINATIONS for k in ("order-42", "clé:2")],
     "blocked": [(d,) for d in DESTINATIONS],
+    "payload": [("evt_6bq3ypm5x2f4lk3c7d2zq5w6ya",), ("x:y",)],
 }
 #: A destination's state and the keys across the deployment.
 SHARED: dict[str, list[tuple[object, ...]]] = {

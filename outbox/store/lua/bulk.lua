@@ -18,7 +18,10 @@
 -- 'waiting' unless it is the head): the requeued messages of one key join it in their
 -- original order (sequence numbers). Named argument okttl: seconds an ordering key's
 -- state is kept after its last message left.
--- Returns {per id in order: 1 changed, 0 skipped (other status, or no such message),
+-- A requeue of a published event's delivery (its resend record's `payload`: the event
+-- id) whose payload record is gone (purged, or deleted by hand) is refused: 2.
+-- Returns {per id in order: 1 changed, 0 skipped (other status, or no such message), 2
+--          refused (its event's payload was purged),
 --          queues whose wake-up flag this call set (when messages became due)}.
 --! include args
 --! include keys
@@ -69,6 +72,10 @@ local function apply(e)
     end
     cur[1] = status
   end
+  if cur[7] and to == 'pending' and redis.call('EXISTS', K.payload(K.part(prefix, id), cur[7])) == 0 then
+    out[e.k] = 2  -- the event's payload was purged: nothing to send
+    return
+  end
   local us = base_us + (e.k - 1) * step_us
   local s = string.format('%d.%06d', math.floor(us / 1e6), us % 1e6)
   local okey, pp = cur[4], K.part(prefix, id)
@@ -107,7 +114,7 @@ for _ = 1, ngroups do
     pos = pos + 1
     k = k + 1
     local rkey = KEYS[k]
-    local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey', 'oseq', 'oepoch')
+    local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey', 'oseq', 'oepoch', 'payload')
     local status = cur[1]
     if status and allowed[status] and not seen[id] then  -- an id given twice: acted on once
       seen[id] = true
@@ -126,6 +133,7 @@ if k > 0 then
   local function add(e)
     local pp, dest, queue, okey = K.part(prefix, e.id), e.cur[2], e.cur[3] or '', e.cur[4]
     index_keys(keys, pp, dest, queue, e.cur[1], to)
+    if e.cur[7] and to == 'pending' then keys[#keys + 1] = K.payload(pp, e.cur[7]) end
     if okey then
       if to == 'pending' then keys[#keys + 1] = K.status(pp, 'waiting', dest) end  -- behind its head
       local q = order_key_names(keys, pp, dest, okey)

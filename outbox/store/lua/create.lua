@@ -36,6 +36,15 @@
 --   next_attempt_at and updated_at itself from the fields above, so they are not sent
 --   twice.
 -- The pairs go to HSET as a range of ARGV (unpack, in C): the script never walks them.
+-- Then, after the last message, the payloads of published events (absent: none): their
+--   number P, then per payload: content_type, body, the number of messages referencing
+--   it and their positions (1-based); and in KEYS, after the last message's keys, each
+--   payload's record (outbox:payload:<event id>, in the call's partition). A payload
+--   record holds body, content_type and refs, the number of its deliveries that exist:
+--   refs grows by the messages of this call written as new (not those that exist, are
+--   duplicates, or are refused), so a call run again or a publish repeated under its key
+--   counts nothing twice, and a record is written only with a delivery referencing it.
+--   lua/delete.lua takes refs down and deletes the record with its last delivery.
 -- Returns one flat array: the number of queues whose wake-up flag this call set, those
 -- queue names (the caller enqueues their job), then, for each message that was not
 -- written as new, its position (1-based), its standing id and its code:
@@ -172,6 +181,22 @@ for i, m in ipairs(msgs) do
     if m.code == 'new' then m.code = 'refused' end
     others[#others + 1] = {i, m.standing, m.code}
   end
+end
+local n_payloads = tonumber(ARGV[pos] or '0')
+pos = pos + 1
+for _ = 1, n_payloads do
+  local nrefs = tonumber(ARGV[pos + 2])
+  local live = 0
+  if not conflict then
+    for j = pos + 3, pos + 2 + nrefs do
+      if msgs[tonumber(ARGV[j])].code == 'new' then live = live + 1 end
+    end
+  end
+  if live > 0 and redis.call('HINCRBY', KEYS[k], 'refs', live) == live then
+    redis.call('HSET', KEYS[k], 'body', ARGV[pos + 1], 'content_type', ARGV[pos])
+  end
+  k = k + 1
+  pos = pos + 3 + nrefs
 end
 flush_writes()
 local reply = {#woken}

@@ -4,6 +4,9 @@
 -- An ordered message leaves its key (lib/ordering.lua): a deleted head lets the next
 -- message of its key become the head (the wake checks wake its queue), a deleted
 -- blocking dead letter unblocks its key.
+-- A delivery of a published event (its resend record's `payload`: the event id) takes
+-- its payload record's count of live deliveries down by one, and the record is deleted
+-- with the last (create.lua counts them up).
 -- KEYS: per id, in order: its resend record, its message record, its attempts list
 -- ARGV: named (lib/args.lua): prefix (of the keys found at run time: lib/keys.lua), parts
 -- (partitions), statuses (comma-separated allowed statuses), okttl (seconds an ordering
@@ -29,7 +32,7 @@ for i = first, #ARGV do
   local pp = K.part(prefix, id)
   local k = 3 * (i - first)
   local rkey, mkey, akey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey')
+  local cur = redis.call('HMGET', rkey, 'status', 'destination', 'queue', 'okey', 'payload')
   local status, dest = cur[1], cur[2]
   if status and allowed[status] and not doomed_ids[id] then  -- an id given twice: deleted once
     doomed_ids[id] = true
@@ -52,6 +55,7 @@ for i = first, #ARGV do
     doomed[#doomed + 1] = {id = id, pp = pp, rkey = rkey, mkey = mkey, akey = akey, cur = cur, idem = idem,
                            at = #out + 1}
     if idem then keys[#keys + 1] = K.idempotency(pp, dest, idem) end
+    if cur[5] then keys[#keys + 1] = K.payload(pp, cur[5]) end
     for _, key in ipairs({K.due(pp, queue), K.quarantine(pp, queue), K.parked(pp, dest),
                           K.status(pp, status, dest), K.created(pp, dest)}) do
       keys[#keys + 1] = key
@@ -93,6 +97,10 @@ for _, d in ipairs(doomed) do
     redis.call('ZREM', K.status(pp, status, dest), id)
     redis.call('ZREM', K.created(pp, dest), id)
     redis.call('DEL', d.rkey, d.mkey, d.akey)
+    if cur[5] then
+      local pkey = K.payload(pp, cur[5])
+      if redis.call('HINCRBY', pkey, 'refs', -1) <= 0 then redis.call('DEL', pkey) end
+    end
     if cur[4] then
       redis.call('ZREM', K.order_log(pp, dest, cur[4]), id)
       order_leave(prefix, pp, dest, cur[4], id, nil, tonumber(opts.okttl or '604800'), opts.now or '0')

@@ -54,6 +54,7 @@ function K.idempotency(pp, dest, key) return pp .. ':idempotency:' .. utf8_lengt
 function K.order(pp, dest, key) return pp .. ':order:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
 function K.order_state(pp, dest, key) return pp .. ':orderstate:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
 function K.order_log(pp, dest, key) return pp .. ':orderlog:' .. utf8_length(dest) .. ':' .. dest .. ':' .. key end
+function K.payload(pp, event_id) return pp .. ':payload:' .. event_id end
 function K.blocked(pp, dest) return pp .. ':blocked:' .. dest end
 -- a destination's state: prefix is the deployment's
 function K.dest(prefix, dest) return K.home(prefix, dest) .. ':dest:' .. dest end
