@@ -724,8 +724,8 @@ def _fan_out(event: _Event, endpoints: Sequence[Endpoint], using: str) -> Publis
         )
         for e in endpoints
     ]
-    for m in messages:  # the payload once per partition, each delivery a reference to it
-        m.payload_ref = eid
+    for m in messages if event.data else ():  # the payload once per partition, a reference each
+        m.payload_ref = eid  # (an empty payload stays inline: a reference without a body means purged)
     try:
         stored = api._submit(messages, using)
     except OutboxUnavailable as exc:

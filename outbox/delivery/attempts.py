@@ -63,6 +63,11 @@ def attempt(message: Message) -> Outcome:
                 error_class="destination_config",
             ) from exc
         outcome.host = transport.host
+        if message.payload_ref and not message.body:  # its payload record gone: nothing to send
+            raise PermanentDeliveryError(
+                f"the event's payload was purged (payload record of {message.payload_ref} not found)",
+                error_class="payload_purged",
+            )
         result = transport.deliver(message)
         outcome.ok = True
         outcome.status_code = result.status_code

@@ -998,11 +998,21 @@ class MessageStore(RepositoryBase):
         for positions in groups:
             chunk = [ids[i] for i in positions]
             calls.append(("bulk", [*args, 1, "", len(chunk), *chunk], [self.keys.resend(i) for i in chunk]))
-        applied = [False] * len(ids)  # (not a set: the argument ``set`` hides the type)
+        replies = self.run_scripts(calls, errors=True)  # one partition failing fails its own call
+        result = self.parse_bulk(ids, groups, replies)
+        if result.errors and len(result.errors) == len(calls):
+            raise next(iter(result.errors.values()))
+        result.woken = self.raise_wake_flags(result.woken, now)
+        return result
+
+    def parse_bulk(self, ids: Sequence[str], groups: list[list[int]], replies: list[Any]) -> BulkResult:
+        """``lua/bulk.lua``'s replies, one per partition's call (``groups``: the positions
+        of ``ids`` in each), as a :class:`BulkResult` (``woken``: the queues whose flag a
+        call set; a call that failed: its partition's error)."""
+        applied = [False] * len(ids)
         purged: list[str] = []
         woken: list[str] = []
         errors: dict[int, Exception] = {}
-        replies = self.run_scripts(calls, errors=True)  # one partition failing fails its own call
         for positions, reply in zip(groups, replies, strict=True):
             if isinstance(reply, Exception):
                 errors[partition_of(ids[positions[0]]) if self.keys.partitioned else 0] = reply
@@ -1013,14 +1023,7 @@ class MessageStore(RepositoryBase):
                 if flag == 2:  # a requeue refused: the event's payload was purged
                     purged.append(ids[i])
             woken += [q.decode() for q in queues if q.decode() not in woken]
-        if errors and len(errors) == len(calls):
-            raise next(iter(errors.values()))
-        return BulkResult(
-            [m for m, yes in zip(ids, applied, strict=True) if yes],
-            self.raise_wake_flags(woken, now),
-            errors,
-            purged,
-        )
+        return BulkResult([m for m, yes in zip(ids, applied, strict=True) if yes], woken, errors, purged)
 
     @staticmethod
     def parse_transition(changes: Sequence[Change], reply: list[TransitionRow]) -> list[ChangeResult]:

@@ -230,3 +230,19 @@ def test_send_keeps_its_body_inline():
     assert repo.connection.get(repo.keys.message(message.id)).endswith(b'{"a":1}')
     assert "payload" not in {k.decode() for k in repo.connection.hkeys(repo.keys.resend(message.id))}
     assert _refs() == {}
+
+
+def test_a_delivery_whose_payload_is_gone_fails_instead_of_sending_an_empty_body():
+    from tests.support.http import receiving
+
+    webhooks.create_event_type("order.paid")
+    webhooks.create_application("acme")
+    with receiving() as rx:
+        webhooks.create_endpoint("acme", rx.url)
+        event = outbox.publish("order.paid", SMALL, application="acme")
+        (d,) = event.deliveries
+        get_repository().connection.delete(_payload_key(event, d.id))  # as an erasure outside the outbox
+        run_worker(simple=True)
+    assert rx.requests == []
+    message = outbox.get(d.id)
+    assert message.status == "failed" and "payload was purged" in message.last_error
