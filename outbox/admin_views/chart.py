@@ -175,9 +175,7 @@ class LatencyChart(Plot):
 
 
 def latency_chart(
-    minutes: Sequence[int],
-    p50: Sequence[float | None],
-    p95: Sequence[float | None],
+    minutes: Sequence[MinuteStats],
     *,
     width: int = 720,
     height: int = 140,
@@ -185,8 +183,11 @@ def latency_chart(
     top: int = 10,
     bottom: int = 22,
 ) -> LatencyChart:
-    """Lay out the p50 and p95 latency (milliseconds, None for a minute without attempts)
-    per minute as two lines over the same scale."""
+    """Lay out the p50 and p95 latency of each minute (from
+    :func:`outbox.destinations.health.timeline`: milliseconds, None for a minute without
+    attempts) as two lines over the same scale."""
+    p50 = [m.p50_ms for m in minutes]
+    p95 = [m.p95_ms for m in minutes]
     n = len(minutes)
     values = [v for v in (*p50, *p95) if v is not None]
     peak = max(values or [1.0]) or 1.0
@@ -206,7 +207,7 @@ def latency_chart(
     def last(series: Sequence[float | None]) -> float | None:
         return next((v for v in reversed(series) if v is not None), None)
 
-    stamps = [datetime.fromtimestamp(m * 60, tz=timezone.utc) for m in minutes]
+    stamps = [datetime.fromtimestamp(m.minute * 60, tz=timezone.utc) for m in minutes]
     return LatencyChart(
         width,
         height,

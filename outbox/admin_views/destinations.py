@@ -270,9 +270,7 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
     h = health.get_health(name)
     minutes = health.timeline(name, CHART_MINUTES)
     chart = attempt_chart(minutes)
-    latency = latency_chart(
-        [m.minute for m in minutes], [m.p50_ms for m in minutes], [m.p95_ms for m in minutes]
-    )
+    latency = latency_chart(minutes)
     secrets = secrets_for(None, destination_options(name))
     can_manage = request.user.has_perm(MANAGE_PERMISSION)
     can_recover = request.user.has_perm(REQUEUE.permission)
