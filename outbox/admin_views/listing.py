@@ -370,6 +370,117 @@ def _key_page(
     return ids, total, current
 
 
+def _list_sort(query: ListQuery, notes: list[str]) -> tuple[str, bool]:
+    """The (field, descending) the list is shown in: the sort asked for when the index
+    serving the filter has it, else its default with a note (a batch: its own order)."""
+    flt = query.filter
+    sort, descending = default_sort(flt.status)
+    if flt.batch:
+        if query.sort:
+            notes.append(_("A batch is listed in the order its messages were acted on; the sort is ignored."))
+        return "", False  # the order the action acted on them
+    if not query.sort:
+        return sort, descending
+    if query.sort in served_sorts(flt.status):
+        return query.sort, query.descending
+    values = {"sort": str(SORT_LABELS[query.sort]).lower(), "served": str(SORT_LABELS[sort]).lower()}
+    if flt.status:
+        text = _(
+            "Sorting by %(sort)s is not available for %(status)s messages: they are listed by "
+            "%(served)s, the order of the index that serves this list."
+        ) % {**values, "status": flt.status}
+    else:
+        text = (
+            _(
+                "Sorting by %(sort)s is not available without a status filter: they are listed by "
+                "%(served)s, the order of the index that serves this list."
+            )
+            % values
+        )
+    notes.append(text)
+    return sort, descending
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """The page of the list shown (:func:`_list_page`): its ids, how many match (exact or
+    a lower bound), the page number, the paging links of a partitioned list, whether it
+    pages by number, and the ordering key's state when it lists one key."""
+
+    ids: list[str]
+    total: int
+    exact: bool
+    current: int
+    links: CursorLinks
+    numbered: bool
+    key: KeyState | None = None
+
+
+def _list_page(
+    model_admin: ModelAdmin, repo: MessageRepository, query: ListQuery, descending: bool, notes: list[str]
+) -> ListPage:
+    """The page asked for: of one ordering key, of a search by id, by position (with
+    partitions) or by number."""
+    per_page = model_admin.list_per_page
+    numbered = not repo.keys.partitioned
+    if query.ordering_key:
+        destination = query.filter.destination or ""  # parse_list_query keeps a key only with a destination
+        key = key_state(model_admin, destination, query.ordering_key)
+        ids, total, current = _key_page(repo, destination, query, per_page, notes)
+        return ListPage(ids, total, True, current, CursorLinks(), True, key)
+    if query.search:
+        found = search_ids(repo, query.search)
+        if not found.complete:
+            notes.append(
+                _(
+                    "The search by part of an id stopped after %(n)s matches or %(examined)s messages "
+                    "checked; type more of the id (its start msg_… narrows by creation time)."
+                )
+                % {"n": len(found.ids), "examined": f"{found.examined:,}"}
+            )
+        return ListPage(found.ids, len(found.ids), found.complete, 1, CursorLinks(), numbered)
+    if repo.keys.partitioned:
+        ids, total, exact, links = _cursor_page(repo, query, per_page, descending, notes)
+        return ListPage(ids, total, exact, 1, links, numbered)
+    return _numbered_page(repo, query, per_page, descending, notes)
+
+
+def _numbered_page(
+    repo: MessageRepository, query: ListQuery, per_page: int, descending: bool, notes: list[str]
+) -> ListPage:
+    """A page of a list in one partition by number (:func:`~outbox.store.reads.queries.page`);
+    a page past the end shows the last one, with a note."""
+    flt = query.filter
+    current = query.page
+    result = page(repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending)
+    last = max(1, -(-result.total // per_page))
+    if current > last:  # past the end (?p=10000000000000000000): the last page instead
+        notes.append(_("There is no such page; this is the last page, %(last)s.") % {"last": f"{last:,}"})
+        current = last
+        if result.total:
+            result = page(repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending)
+    if not result.exact:
+        notes.append(_scan_note(result.plan.limits, result.scanned, result.index_total, result.total))
+    _note_empty_batch(flt.batch, result.index_total, notes)
+    return ListPage(result.ids, result.total, result.exact, current, CursorLinks(), True)
+
+
+def _page_links(
+    query: ListQuery, paginator: Paginator[int], current: int
+) -> list[tuple[str | None, str | int, bool]]:
+    """The numbered page links (query string, number or ellipsis, whether it is the page
+    shown) of a list that pages by number."""
+    links: list[tuple[str | None, str | int, bool]] = []
+    for number in paginator.get_elided_page_range(
+        min(current, paginator.num_pages), on_each_side=2, on_ends=1
+    ):
+        if not isinstance(number, int):  # Paginator.ELLIPSIS
+            links.append((None, number, False))
+        else:
+            links.append((query.querystring(p=number), number, number == current))
+    return links
+
+
 @console_view
 def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """GET: the message list (``admin:outbox_message_list``). Needs ``outbox.view_message``.
@@ -381,84 +492,13 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     repo = get_repository()
     query = parse_list_query(request.GET)
     flt = query.filter
-    per_page = model_admin.list_per_page
     notes: list[str] = []
-
-    sort, descending = default_sort(flt.status)
-    if flt.batch:
-        sort, descending = "", False  # the order the action acted on them
-        if query.sort:
-            notes.append(_("A batch is listed in the order its messages were acted on; the sort is ignored."))
-    elif query.sort:
-        if query.sort in served_sorts(flt.status):
-            sort, descending = query.sort, query.descending
-        else:
-            values = {"sort": str(SORT_LABELS[query.sort]).lower(), "served": str(SORT_LABELS[sort]).lower()}
-            if flt.status:
-                text = _(
-                    "Sorting by %(sort)s is not available for %(status)s messages: they are listed by "
-                    "%(served)s, the order of the index that serves this list."
-                ) % {**values, "status": flt.status}
-            else:
-                text = (
-                    _(
-                        "Sorting by %(sort)s is not available without a status filter: they are listed by "
-                        "%(served)s, the order of the index that serves this list."
-                    )
-                    % values
-                )
-            notes.append(text)
-
-    exact = True
-    links = CursorLinks()
-    key: KeyState | None = None
-    numbered = not repo.keys.partitioned
-    if query.ordering_key:
-        destination = flt.destination or ""  # parse_list_query keeps a key only with a destination
-        key = key_state(model_admin, destination, query.ordering_key)
-        ids, total, current = _key_page(repo, destination, query, per_page, notes)
-        numbered = True
-    elif query.search:
-        found = search_ids(repo, query.search)
-        ids, total, exact, current = found.ids, len(found.ids), found.complete, 1
-        if not found.complete:
-            notes.append(
-                _(
-                    "The search by part of an id stopped after %(n)s matches or %(examined)s messages "
-                    "checked; type more of the id (its start msg_… narrows by creation time)."
-                )
-                % {"n": len(found.ids), "examined": f"{found.examined:,}"}
-            )
-    elif repo.keys.partitioned:
-        current = 1
-        ids, total, exact, links = _cursor_page(repo, query, per_page, descending, notes)
-    else:
-        current = query.page
-        result = page(repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending)
-        last = max(1, -(-result.total // per_page))
-        if current > last:  # past the end (?p=10000000000000000000): the last page instead
-            notes.append(_("There is no such page; this is the last page, %(last)s.") % {"last": f"{last:,}"})
-            current = last
-            if result.total:
-                result = page(
-                    repo, flt, offset=(current - 1) * per_page, limit=per_page, descending=descending
-                )
-        ids, total, exact, scanned = result.ids, result.total, result.exact, result.scanned
-        if not exact:
-            notes.append(_scan_note(result.plan.limits, scanned, result.index_total, total))
-        _note_empty_batch(flt.batch, result.index_total, notes)
-    rows = [_row(model_admin, m, query) for m in summaries(repo, ids) if m is not None]
-
-    paginator = Paginator(range(total), per_page)
-    page_links: list[tuple[str | None, str | int, bool]] = []
-    if paginator.num_pages > 1 and not query.search and numbered:
-        for number in paginator.get_elided_page_range(
-            min(current, paginator.num_pages), on_each_side=2, on_ends=1
-        ):
-            if not isinstance(number, int):  # Paginator.ELLIPSIS
-                page_links.append((None, number, False))
-            else:
-                page_links.append((query.querystring(p=number), number, number == current))
+    sort, descending = _list_sort(query, notes)
+    shown = _list_page(model_admin, repo, query, descending, notes)
+    rows = [_row(model_admin, m, query) for m in summaries(repo, shown.ids) if m is not None]
+    paginator = Paginator(range(shown.total), model_admin.list_per_page)
+    paged = paginator.num_pages > 1 and not query.search and shown.numbered
+    page_links = _page_links(query, paginator, shown.current) if paged else []
 
     if flt.status == "failed":
         notes += _parked_note(repo, flt.destination)
@@ -473,18 +513,18 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             list_title(flt.status, flt.destination, flt.batch, query.ordering_key),
             query=query,
             rows=rows,
-            total=total,
-            exact=exact,
+            total=shown.total,
+            exact=shown.exact,
             notes=notes,
             errors=query.errors,
             sort_columns={c.field: c for c in _columns(query, sort, descending)},
             page_links=page_links,
-            previous_url=links.previous,
-            next_url=links.next,
-            first_url=links.first,
-            page_number=current,
-            num_pages=paginator.num_pages if numbered else 1,
-            key=key,
+            previous_url=shown.links.previous,
+            next_url=shown.links.next,
+            first_url=shown.links.first,
+            page_number=shown.current,
+            num_pages=paginator.num_pages if shown.numbered else 1,
+            key=shown.key,
             status_choices=_choices(query, "status", list(STATUSES), destination_counts),
             destination_choices=_choices(query, "destination", repo.destinations()),
             queue_choices=_choices(query, "queue", outbox_settings.queue_names),
@@ -505,7 +545,10 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             time_zone=timezone.get_current_timezone_name(),
             time_zone_label=time_zone_label(),
             # not for one ordering key: "all matching" carries the filter, which has no key
-            can_select_across=bool(operations) and not query.search and not key and total > len(rows),
+            can_select_across=bool(operations)
+            and not query.search
+            and not shown.key
+            and shown.total > len(rows),
         ),
         # Parameters that were ignored make it a bad request; the page still shows the rest.
         status=400 if query.errors else 200,
