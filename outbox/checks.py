@@ -179,30 +179,11 @@ def _partition_errors() -> list[CheckMessage]:
 
 
 def _check() -> list[CheckMessage]:
-    errors: list[CheckMessage] = []
+    """Every ``outbox.*`` problem of the settings, in the order the checks run (unredacted)."""
     user = getattr(settings, "OUTBOX", {})
     if not isinstance(user, dict):
         return [Error("settings.OUTBOX must be a dict", id="outbox.E001")]
-    unknown = set(user) - set(DEFAULTS) - set(RENAMED)
-    errors += [
-        Warning(
-            f"OUTBOX[{old!r}] is renamed {new!r}"
-            + (f" and {new!r} is set too: {old!r} is ignored" if new in user else ""),
-            hint=f"rename it {new!r}; the old name is read until 0.3",
-            id="outbox.W011",
-        )
-        for old, new in RENAMED.items()
-        if old in user
-    ]
-    if unknown:
-        errors.append(
-            Error(
-                f"unknown OUTBOX key(s): {', '.join(sorted(unknown))}",
-                hint=f"known keys: {', '.join(DEFAULTS)}",
-                id="outbox.E001",
-            )
-        )
-    errors += _partition_errors()
+    errors = _key_errors(user) + _partition_errors()
     not_positive = [name for name in POSITIVE_NUMBERS if not _positive_number(getattr(outbox_settings, name))]
     errors += [
         Error(
@@ -211,41 +192,17 @@ def _check() -> list[CheckMessage]:
         )
         for name in not_positive
     ]
-    queues = outbox_settings.QUEUES
-    if (
-        not isinstance(queues, dict)
-        or set(queues) != set(PRIORITIES)
-        or not all(isinstance(q, str) and q for q in queues.values())
-    ):
+    if not _queues_valid():
         errors.append(
             Error("OUTBOX['QUEUES'] must map 'high', 'default' and 'low' to queue names", id="outbox.E001")
         )
         return errors
-    retention = outbox_settings.RETENTION
-    if not isinstance(retention, dict) or any(
-        k not in ("succeeded", "cancelled", "failed") or not (v is None or _positive_number(v))
-        for k, v in retention.items()
-    ):
-        errors.append(
-            Error(
-                "OUTBOX['RETENTION'] must map 'succeeded', 'cancelled' or 'failed' to seconds (> 0) or None",
-                id="outbox.E001",
-            )
-        )
-    try:
-        parse_ordering(outbox_settings.ORDERING, "OUTBOX['ORDERING']")
-    except ValueError as exc:
-        errors.append(Error(str(exc), id="outbox.E001"))
-        return errors
-    try:
-        RetryPolicy.from_value(outbox_settings.RETRY)
-        validate_max_retries(outbox_settings.MAX_RETRIES, "OUTBOX['MAX_RETRIES']")
-    except ValueError as exc:
-        errors.append(Error(str(exc), id="outbox.E005"))
-        return errors
+    errors += _retention_errors()
+    policy_errors = _policy_errors()
+    if policy_errors:
+        return errors + policy_errors
     errors += _protection_errors()
-    destination_errors = configuration_errors()
-    errors += [Error(message, id="outbox.E002") for message in destination_errors]
+    errors += [Error(message, id="outbox.E002") for message in configuration_errors()]
     errors += _alert_checks()
     if "VISIBILITY_TIMEOUT" not in not_positive:
         errors += _lease_warnings()  # of the destinations that build, beside the others' errors
@@ -255,19 +212,96 @@ def _check() -> list[CheckMessage]:
         )
     cluster, cluster_errors = _cluster_setting()
     errors += cluster_errors
-    alias = outbox_settings.REDIS_ALIAS
-    cache = getattr(settings, "CACHES", {}).get(alias)
-    if cluster is None and (not cache or "django_redis" not in str(cache.get("BACKEND", ""))):
-        errors.append(
-            Error(
-                f"OUTBOX['REDIS_ALIAS'] = {alias!r} is not a django-redis cache in CACHES",
-                hint="add CACHES[alias] = {'BACKEND': 'django_redis.cache.RedisCache', 'LOCATION': 'redis://...'}",
-                id="outbox.E004",
-            )
-        )
     if cluster is not None:
         return errors + _cluster_queue_checks()
+    return errors + _cache_errors() + _queue_checks()
+
+
+def _key_errors(user: dict[str, Any]) -> list[CheckMessage]:
+    """outbox.W011 for each setting under its old name, outbox.E001 for unknown keys."""
+    errors: list[CheckMessage] = [
+        Warning(
+            f"OUTBOX[{old!r}] is renamed {new!r}"
+            + (f" and {new!r} is set too: {old!r} is ignored" if new in user else ""),
+            hint=f"rename it {new!r}; the old name is read until 0.3",
+            id="outbox.W011",
+        )
+        for old, new in RENAMED.items()
+        if old in user
+    ]
+    unknown = set(user) - set(DEFAULTS) - set(RENAMED)
+    if unknown:
+        errors.append(
+            Error(
+                f"unknown OUTBOX key(s): {', '.join(sorted(unknown))}",
+                hint=f"known keys: {', '.join(DEFAULTS)}",
+                id="outbox.E001",
+            )
+        )
+    return errors
+
+
+def _queues_valid() -> bool:
+    """Whether ``OUTBOX["QUEUES"]`` maps each priority to a queue name."""
+    queues = outbox_settings.QUEUES
+    return (
+        isinstance(queues, dict)
+        and set(queues) == set(PRIORITIES)
+        and all(isinstance(q, str) and q for q in queues.values())
+    )
+
+
+def _retention_errors() -> list[CheckMessage]:
+    """outbox.E001 for a ``RETENTION`` that is not finished statuses mapped to seconds or None."""
+    retention = outbox_settings.RETENTION
+    if isinstance(retention, dict) and not any(
+        k not in ("succeeded", "cancelled", "failed") or not (v is None or _positive_number(v))
+        for k, v in retention.items()
+    ):
+        return []
+    return [
+        Error(
+            "OUTBOX['RETENTION'] must map 'succeeded', 'cancelled' or 'failed' to seconds (> 0) or None",
+            id="outbox.E001",
+        )
+    ]
+
+
+def _policy_errors() -> list[CheckMessage]:
+    """outbox.E001 for an invalid global ``ORDERING``, else outbox.E005 for an invalid
+    ``RETRY`` or ``MAX_RETRIES``: the first found (the checks after them stop there)."""
+    try:
+        parse_ordering(outbox_settings.ORDERING, "OUTBOX['ORDERING']")
+    except ValueError as exc:
+        return [Error(str(exc), id="outbox.E001")]
+    try:
+        RetryPolicy.from_value(outbox_settings.RETRY)
+        validate_max_retries(outbox_settings.MAX_RETRIES, "OUTBOX['MAX_RETRIES']")
+    except ValueError as exc:
+        return [Error(str(exc), id="outbox.E005")]
+    return []
+
+
+def _cache_errors() -> list[CheckMessage]:
+    """outbox.E004 when ``OUTBOX["REDIS_ALIAS"]`` is not a django-redis cache (not in cluster mode)."""
+    alias = outbox_settings.REDIS_ALIAS
+    cache = getattr(settings, "CACHES", {}).get(alias)
+    if cache and "django_redis" in str(cache.get("BACKEND", "")):
+        return []
+    return [
+        Error(
+            f"OUTBOX['REDIS_ALIAS'] = {alias!r} is not a django-redis cache in CACHES",
+            hint="add CACHES[alias] = {'BACKEND': 'django_redis.cache.RedisCache', 'LOCATION': 'redis://...'}",
+            id="outbox.E004",
+        )
+    ]
+
+
+def _queue_checks() -> list[CheckMessage]:
+    """outbox.E003 and W001 on a single server: every outbox queue in ``RQ_QUEUES``, on the outbox's alias."""
+    alias = outbox_settings.REDIS_ALIAS
     rq_queues = getattr(settings, "RQ_QUEUES", {})
+    errors: list[CheckMessage] = []
     for name in outbox_settings.queue_names:
         config = rq_queues.get(name)
         if config is None:
