@@ -1233,7 +1233,7 @@ def outbox_worker(burst: bool) -> None:
     setup_django()
     from django.core import checks
 
-    from outbox.delivery.worker import run_worker
+    from outbox.delivery.worker import WorkerOptions, run_worker
 
     # What `manage.py outbox_worker` does before its worker starts: Django's system checks,
     # which build every configured destination (importing its transport module). Dramatiq's
@@ -1243,12 +1243,12 @@ def outbox_worker(burst: bool) -> None:
     if burst:
         counts = count_client_commands()
         t0, cpu0 = time.perf_counter(), time.process_time()
-        run_worker(OUTBOX_QUEUES, burst=True, logging_level="WARNING", relay=False)
+        run_worker(OUTBOX_QUEUES, WorkerOptions(burst=True, logging_level="WARNING", relay=False))
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         print(json.dumps({"t0": t0, "elapsed": elapsed, "cpu": cpu, **counts}))
         return
     peers.write_json(os.environ["BENCH_READY"], {"t0": time.perf_counter()})
-    run_worker(OUTBOX_QUEUES, logging_level="WARNING", relay=False)
+    run_worker(OUTBOX_QUEUES, WorkerOptions(logging_level="WARNING", relay=False))
 
 
 def rq_worker() -> None:

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
         try:
             compare.setup_django()
             import outbox
-            from outbox.delivery.worker import run_worker
+            from outbox.delivery.worker import WorkerOptions, run_worker
             from outbox.store import get_repository
 
             body = compare.body_200()
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> None:
             t0 = time.perf_counter()
             if profile:
                 profile.enable()
-            run_worker(compare.OUTBOX_QUEUES, burst=True, logging_level="WARNING", relay=False)
+            run_worker(compare.OUTBOX_QUEUES, WorkerOptions(burst=True, logging_level="WARNING", relay=False))
             if profile:
                 profile.disable()
             elapsed = time.perf_counter() - t0

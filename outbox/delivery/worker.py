@@ -51,6 +51,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cache
 from types import FrameType
@@ -506,27 +507,11 @@ def rq_worker(queues: Sequence[str], *, fork: bool = False, name: str | None = N
     )
 
 
-def run_worker(
-    queues: Sequence[str],
-    *,
-    burst: bool = False,
-    fork: bool = False,
-    name: str | None = None,
-    with_scheduler: bool = False,
-    max_jobs: int | None = None,
-    logging_level: str = "INFO",
-    recovery_interval: float | None = None,
-    housekeeping: bool = True,
-    relay: bool = True,
-) -> None:
-    """Run an RQ worker on ``queues`` until it is stopped, riding out Redis outages.
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How :func:`run_worker` runs (``manage.py outbox_worker``'s options).
 
-    A stop request (SIGTERM, SIGINT) ends it wherever it arrives: no new claim, the
-    attempts in flight finish, then it returns; see :class:`StopRequest` and
-    docs/operations.md ("Stopping a worker").
-
-    Args:
-        queues: django-rq queue names, in priority order.
+    Attributes:
         burst: deliver what is due now, then return (housekeeping runs once first).
         fork: RQ's forking ``Worker`` (a work horse per job) instead of ``SimpleWorker``.
         name: worker name (RQ's default otherwise).
@@ -537,56 +522,103 @@ def run_worker(
         housekeeping: run the :class:`Housekeeper` thread (wake, relay, recovery).
         relay: include the relay of captured messages in housekeeping (needs the database).
     """
+
+    burst: bool = False
+    fork: bool = False
+    name: str | None = None
+    with_scheduler: bool = False
+    max_jobs: int | None = None
+    logging_level: str = "INFO"
+    recovery_interval: float | None = None
+    housekeeping: bool = True
+    relay: bool = True
+
+
+def run_worker(queues: Sequence[str], options: WorkerOptions = WorkerOptions()) -> None:
+    """Run an RQ worker on ``queues`` (django-rq queue names, in priority order) as
+    ``options`` say until it is stopped, riding out Redis outages.
+
+    A stop request (SIGTERM, SIGINT) ends it wherever it arrives: no new claim, the
+    attempts in flight finish, then it returns; see :class:`StopRequest` and
+    docs/operations.md ("Stopping a worker").
+    """
     stop_request.reset()
     check_clock()
     keeper = None
-    jobs_left = max_jobs
     with stop_signals_handled():
         try:
-            if burst:
-                run_housekeeping_once(relay=relay)
-            elif housekeeping:
-                keeper = Housekeeper(recovery_interval, relay=relay)
-                keeper.start()
-            while not stop_request.is_set():
-                worker: Worker | None = None
-                try:
-                    worker = rq_worker(queues, fork=fork, name=name)
-                    worker.work(
-                        burst=burst,
-                        with_scheduler=with_scheduler,
-                        logging_level=logging_level,
-                        max_jobs=jobs_left,
-                    )
-                except RedisError as exc:
-                    logger.debug("outbox worker: RQ's loop raised %s", exc, exc_info=True)
-                finally:
-                    _take_over_signals()  # RQ's handlers name a worker that is gone
-                    if worker is not None:
-                        worker.connection.connection_pool.disconnect()
-                if stop_request.is_set() or burst or (worker is not None and worker._stop_requested):  # noqa: SLF001 (RQ's flag)
-                    return
-                if jobs_left is not None and worker is not None:
-                    jobs_left -= worker.successful_job_count + worker.failed_job_count
-                    if jobs_left <= 0:
-                        return
-                # In cluster mode RQ has a Redis of its own (its queues' connection): both must answer.
-                rq_connection = _rq_connection(queues) if outbox_settings.cluster is not None else None
-                if redis_reachable(rq_connection):
-                    return  # RQ quit for a reason other than Redis
-                logger.warning(
-                    "outbox worker: Redis unreachable; waiting for it, then starting a new RQ worker"
-                )
-                wait_for_redis(stop_request.event(), rq_connection)
-                if stop_request.is_set():
-                    return
-                logger.warning("outbox worker: Redis reachable again; worker restarting")
-                name = None  # the old name may still be registered until its key expires
+            keeper = _start_housekeeping(options)
+            _run_rq_workers(queues, options)
         finally:
             if keeper is not None:
                 keeper.stop()
             if stop_request.is_set():
                 logger.warning("outbox worker: stopped")
+
+
+def _start_housekeeping(options: WorkerOptions) -> Housekeeper | None:
+    """Run housekeeping once (burst), or start its thread and return it (None: not asked)."""
+    if options.burst:
+        run_housekeeping_once(relay=options.relay)
+    elif options.housekeeping:
+        keeper = Housekeeper(options.recovery_interval, relay=options.relay)
+        keeper.start()
+        return keeper
+    return None
+
+
+def _run_rq_workers(queues: Sequence[str], options: WorkerOptions) -> None:
+    """Run RQ's worker loop, and a new one each time it ended because Redis went away
+    and came back, until a stop, the end of a burst, ``max_jobs`` or RQ quitting."""
+    name, jobs_left = options.name, options.max_jobs
+    while not stop_request.is_set():
+        worker = _run_rq_worker(queues, options, name, jobs_left)
+        if stop_request.is_set() or options.burst or (worker is not None and worker._stop_requested):  # noqa: SLF001 (RQ's flag)
+            return
+        if jobs_left is not None and worker is not None:
+            jobs_left -= worker.successful_job_count + worker.failed_job_count
+            if jobs_left <= 0:
+                return
+        if not _redis_back(queues):
+            return
+        name = None  # the old name may still be registered until its key expires
+
+
+def _run_rq_worker(
+    queues: Sequence[str], options: WorkerOptions, name: str | None, jobs_left: int | None
+) -> Worker | None:
+    """One RQ worker's loop until it ends (None: the worker could not be made)."""
+    worker: Worker | None = None
+    try:
+        worker = rq_worker(queues, fork=options.fork, name=name)
+        worker.work(
+            burst=options.burst,
+            with_scheduler=options.with_scheduler,
+            logging_level=options.logging_level,
+            max_jobs=jobs_left,
+        )
+    except RedisError as exc:
+        logger.debug("outbox worker: RQ's loop raised %s", exc, exc_info=True)
+    finally:
+        _take_over_signals()  # RQ's handlers name a worker that is gone
+        if worker is not None:
+            worker.connection.connection_pool.disconnect()
+    return worker
+
+
+def _redis_back(queues: Sequence[str]) -> bool:
+    """After RQ's loop ended: wait for Redis when it is unreachable; True once it is back
+    (start a new worker), False when RQ quit for another reason or a stop came."""
+    # In cluster mode RQ has a Redis of its own (its queues' connection): both must answer.
+    rq_connection = _rq_connection(queues) if outbox_settings.cluster is not None else None
+    if redis_reachable(rq_connection):
+        return False  # RQ quit for a reason other than Redis
+    logger.warning("outbox worker: Redis unreachable; waiting for it, then starting a new RQ worker")
+    wait_for_redis(stop_request.event(), rq_connection)
+    if stop_request.is_set():
+        return False
+    logger.warning("outbox worker: Redis reachable again; worker restarting")
+    return True
 
 
 def run_housekeeping_once(*, relay: bool = True) -> None:

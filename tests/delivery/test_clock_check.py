@@ -37,7 +37,9 @@ def test_a_clock_off_by_more_than_the_limit_is_warned_about(redis, caplog, shift
 def test_a_starting_worker_checks_its_clock(redis, caplog, monkeypatch):
     monkeypatch.setattr(worker_module, "check_clock", lambda: logging.getLogger("outbox").warning("checked"))
     with caplog.at_level(logging.WARNING, logger="outbox"):
-        worker_module.run_worker(["outbox"], burst=True, housekeeping=False, relay=False)
+        worker_module.run_worker(
+            ["outbox"], worker_module.WorkerOptions(burst=True, housekeeping=False, relay=False)
+        )
     assert "checked" in caplog.text
 
 

@@ -19,15 +19,12 @@ def run_worker(
     messages runs only with ``relay`` (it needs database access: ``django_db`` tests).
     """
     from outbox.conf import outbox_settings
+    from outbox.delivery.worker import WorkerOptions
     from outbox.delivery.worker import run_worker as outbox_run_worker
 
     outbox_run_worker(
         outbox_settings.queue_names,
-        burst=burst,
-        fork=not simple,
-        max_jobs=max_jobs,
-        logging_level="WARNING",
-        relay=relay,
+        WorkerOptions(burst=burst, fork=not simple, max_jobs=max_jobs, logging_level="WARNING", relay=relay),
     )
 
 

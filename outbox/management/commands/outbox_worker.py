@@ -23,7 +23,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.conf import outbox_settings
-from outbox.delivery.worker import run_worker
+from outbox.delivery.worker import WorkerOptions, run_worker
 from outbox.destinations.config import close_transports
 from outbox.store.client.diagnostics import log_startup_findings
 
@@ -85,13 +85,15 @@ class Command(BaseCommand):
         try:
             run_worker(
                 options["queues"] or outbox_settings.queue_names,
-                burst=options["burst"],
-                fork=options["fork"],
-                name=options["name"],
-                with_scheduler=options["with_scheduler"],
-                max_jobs=options["max_jobs"],
-                logging_level=logging.getLevelName(level),
-                recovery_interval=options["recovery_interval"],
+                WorkerOptions(
+                    burst=options["burst"],
+                    fork=options["fork"],
+                    name=options["name"],
+                    with_scheduler=options["with_scheduler"],
+                    max_jobs=options["max_jobs"],
+                    logging_level=logging.getLevelName(level),
+                    recovery_interval=options["recovery_interval"],
+                ),
             )
         finally:
             close_transports()
