@@ -175,65 +175,12 @@ def _parse(name: str, config: Any) -> tuple[Destination | None, list[str]]:
     where = f"OUTBOX['DESTINATIONS'][{name!r}]"
     if not isinstance(config, dict):
         return None, [f"{where} must be a dict with at least 'TRANSPORT'"]
-    problems: list[str] = []
-    unknown = set(config) - DESTINATION_KEYS
-    if unknown:
-        problems.append(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    if "TRANSPORT" not in config:
-        problems.append(f"{where} has no 'TRANSPORT'")
+    problems = _key_problems(where, config)
     options = config.get("OPTIONS", {})
-    if not isinstance(options, dict):
-        problems.append(f"{where}['OPTIONS'] must be a dict")
-    try:
-        cls = transport_class(config["TRANSPORT"])
-        transport_default = cls.max_in_flight or (outbox_settings.CONCURRENCY if cls.in_process else None)
-    except Exception:  # reported below by build_transport
-        transport_default = None
-    max_in_flight = config.get("MAX_IN_FLIGHT", transport_default or outbox_settings.MAX_IN_FLIGHT)
-    max_in_flight_default = (
-        "MAX_IN_FLIGHT" not in config
-        and not transport_default
-        and "MAX_IN_FLIGHT" not in outbox_settings.user_settings
-    )
+    max_in_flight, max_in_flight_default = _max_in_flight(config)
     if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
         problems.append(f"{where}['MAX_IN_FLIGHT'] must be a positive integer, not {max_in_flight!r}")
-
-    def parsed(parse: Callable[[], Any]) -> Any:
-        try:
-            return parse()
-        except ValueError as exc:
-            problems.append(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
-            return None
-
-    max_retries = parsed(
-        lambda: validate_max_retries(
-            config.get("MAX_RETRIES", outbox_settings.MAX_RETRIES), f"{where}['MAX_RETRIES']"
-        )
-    )
-    policy = parsed(lambda: RetryPolicy.from_value(config.get("RETRY"), default=outbox_settings.retry_policy))
-    breaker = parsed(
-        lambda: BreakerConfig.parse(
-            config.get("BREAKER", outbox_settings.BREAKER), outbox_settings.BREAKER, f"{where}['BREAKER']"
-        )
-    )
-    rate_limit = parsed(
-        lambda: RateLimit.parse(
-            config.get("RATE_LIMIT", outbox_settings.RATE_LIMIT), f"{where}['RATE_LIMIT']"
-        )
-    )
-    max_concurrency = parsed(
-        lambda: parse_max_concurrency(
-            config.get("MAX_CONCURRENCY", outbox_settings.MAX_CONCURRENCY), f"{where}['MAX_CONCURRENCY']"
-        )
-    )
-    disable_after = parsed(
-        lambda: parse_disable_after(
-            config.get("DISABLE_AFTER", outbox_settings.DISABLE_AFTER), f"{where}['DISABLE_AFTER']"
-        )
-    )
-    ordering = parsed(
-        lambda: parse_ordering(config.get("ORDERING", outbox_settings.ORDERING), f"{where}['ORDERING']")
-    )
+    policies = _policies(where, config, problems)
     if "TRANSPORT" in config and isinstance(options, dict):
         try:  # refuses bad options now, not at the first delivery
             transport_class(config["TRANSPORT"])(name, **options)
@@ -246,17 +193,107 @@ def _parse(name: str, config: Any) -> tuple[Destination | None, list[str]]:
             name,
             config["TRANSPORT"],
             dict(options),
-            max_retries,
-            policy,
+            policies.max_retries,
+            policies.retry_policy,
             max_in_flight,
-            breaker,
-            rate_limit,
-            max_concurrency,
-            disable_after,
+            policies.breaker,
+            policies.rate_limit,
+            policies.max_concurrency,
+            policies.disable_after,
             max_in_flight_default,
-            ordering,
+            policies.ordering,
         ),
         [],
+    )
+
+
+def _key_problems(where: str, config: dict[str, Any]) -> list[str]:
+    """The problems of a destination's keys: unknown ones, no ``TRANSPORT``, ``OPTIONS`` not a dict."""
+    problems: list[str] = []
+    unknown = set(config) - DESTINATION_KEYS
+    if unknown:
+        problems.append(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    if "TRANSPORT" not in config:
+        problems.append(f"{where} has no 'TRANSPORT'")
+    if not isinstance(config.get("OPTIONS", {}), dict):
+        problems.append(f"{where}['OPTIONS'] must be a dict")
+    return problems
+
+
+def _max_in_flight(config: dict[str, Any]) -> tuple[Any, bool]:
+    """A destination's ``MAX_IN_FLIGHT`` as given (not checked yet), else its transport's
+    default, else ``OUTBOX``'s; and whether it is the built-in default (:attr:`Destination.max_in_flight_default`)."""
+    try:
+        cls = transport_class(config["TRANSPORT"])
+        transport_default = cls.max_in_flight or (outbox_settings.CONCURRENCY if cls.in_process else None)
+    except Exception:  # reported by _parse, when it builds the transport
+        transport_default = None
+    max_in_flight = config.get("MAX_IN_FLIGHT", transport_default or outbox_settings.MAX_IN_FLIGHT)
+    is_default = (
+        "MAX_IN_FLIGHT" not in config
+        and not transport_default
+        and "MAX_IN_FLIGHT" not in outbox_settings.user_settings
+    )
+    return max_in_flight, is_default
+
+
+@dataclass(frozen=True)
+class _Policies:
+    """A destination's retry, protection and ordering settings, each its own or the
+    global one, parsed by :func:`_policies` (a value with a problem is None: the
+    destination is then not built)."""
+
+    max_retries: int
+    retry_policy: RetryPolicy
+    breaker: BreakerConfig | None
+    rate_limit: RateLimit | None
+    max_concurrency: int | None
+    disable_after: float | None
+    ordering: str
+
+
+def _policies(where: str, config: dict[str, Any], problems: list[str]) -> _Policies:
+    """Parse a destination's retry, protection and ordering settings, each on its own, adding their problems to ``problems``."""
+
+    def parsed(parse: Callable[[], Any]) -> Any:
+        try:
+            return parse()
+        except ValueError as exc:
+            problems.append(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
+            return None
+
+    return _Policies(
+        max_retries=parsed(
+            lambda: validate_max_retries(
+                config.get("MAX_RETRIES", outbox_settings.MAX_RETRIES), f"{where}['MAX_RETRIES']"
+            )
+        ),
+        retry_policy=parsed(
+            lambda: RetryPolicy.from_value(config.get("RETRY"), default=outbox_settings.retry_policy)
+        ),
+        breaker=parsed(
+            lambda: BreakerConfig.parse(
+                config.get("BREAKER", outbox_settings.BREAKER), outbox_settings.BREAKER, f"{where}['BREAKER']"
+            )
+        ),
+        rate_limit=parsed(
+            lambda: RateLimit.parse(
+                config.get("RATE_LIMIT", outbox_settings.RATE_LIMIT), f"{where}['RATE_LIMIT']"
+            )
+        ),
+        max_concurrency=parsed(
+            lambda: parse_max_concurrency(
+                config.get("MAX_CONCURRENCY", outbox_settings.MAX_CONCURRENCY), f"{where}['MAX_CONCURRENCY']"
+            )
+        ),
+        disable_after=parsed(
+            lambda: parse_disable_after(
+                config.get("DISABLE_AFTER", outbox_settings.DISABLE_AFTER), f"{where}['DISABLE_AFTER']"
+            )
+        ),
+        ordering=parsed(
+            lambda: parse_ordering(config.get("ORDERING", outbox_settings.ORDERING), f"{where}['ORDERING']")
+        ),
     )
 
 
