@@ -156,33 +156,48 @@ def send_bulk_signal(action: str, message_ids: list[str]) -> None:
             logger.error("outbox signal receiver %r failed", receiver, exc_info=result)
 
 
-def event_payload(
-    status: str,
-    message: Message,
-    *,
-    at: float,
-    retry_count: int | None = None,
-    status_code: int | None = None,
-    error: str = "",
-    next_attempt_at: float | None = None,
-    event: str | None = None,
-) -> str:
-    """The Pub/Sub JSON for a message entering ``status`` (``event``: the event name,
-    ``message.<status>`` by default)."""
-    return json.dumps(
-        {
-            "event": f"message.{status}" if event is None else event,
-            "id": message.id,
-            "destination": message.destination,
-            "status": status,
-            "retry_count": message.retry_count if retry_count is None else retry_count,
-            "status_code": status_code,
-            "error": error,
-            "next_attempt_at": next_attempt_at,
-            "at": at,
-        },
-        separators=(",", ":"),
-    )
+@dataclass(frozen=True)
+class MessageEvent:
+    """A message entering a status, as published on the events channel.
+
+    Attributes:
+        id: the message's id.
+        destination: its destination.
+        status: the status it entered.
+        retry_count: its retry count after the change.
+        at: epoch seconds.
+        status_code: the HTTP status code of the attempt, or None.
+        error: the attempt's error ("" when none).
+        next_attempt_at: when it is due next (epoch seconds), or None.
+        event: the event's name; None: ``message.<status>``.
+    """
+
+    id: str
+    destination: str
+    status: str
+    retry_count: int
+    at: float
+    status_code: int | None = None
+    error: str = ""
+    next_attempt_at: float | None = None
+    event: str | None = None
+
+    def to_json(self) -> str:
+        """The Pub/Sub JSON of the event."""
+        return json.dumps(
+            {
+                "event": f"message.{self.status}" if self.event is None else self.event,
+                "id": self.id,
+                "destination": self.destination,
+                "status": self.status,
+                "retry_count": self.retry_count,
+                "status_code": self.status_code,
+                "error": self.error,
+                "next_attempt_at": self.next_attempt_at,
+                "at": self.at,
+            },
+            separators=(",", ":"),
+        )
 
 
 def send_signal(status: str, message: Message, attempt: Attempt | None = None) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from outbox.events import DestinationEvent, event_payload
+from outbox.events import DestinationEvent, MessageEvent
 from outbox.records import Attempt, Message, Outcome, Status
 from outbox.store.codec import attempt_json, inline_fields
 from outbox.store.messages import Change
@@ -119,15 +119,16 @@ def change_of(decision: Decision) -> Change:
         lease=m.lease,
         attempt=d.attempt,
         inline=inline_fields(d.attempt),
-        event=event_payload(
+        event=MessageEvent(
+            m.id,
+            m.destination,
             d.status,
-            m,
-            at=d.at,
-            retry_count=d.retry_count,
+            d.retry_count,
+            d.at,
             status_code=d.status_code,
             error=d.error,
             next_attempt_at=d.next_attempt_at,
-        ),
+        ).to_json(),
         stats_outcome=d.status,
         destination=m.destination,
         queue=m.queue,
@@ -175,7 +176,7 @@ def _park(d: Decision, fields: dict[str, str], unset: list[str]) -> dict[str, An
         "set": set_fields,
         "unset": [f for f in unset if f != "next_attempt_at"] or ["lease"],
         "attempt": attempt_json(parked),
-        "event": event_payload(
-            to, m, at=d.at, retry_count=m.retry_count, error=d.error, event="message.parked"
-        ),
+        "event": MessageEvent(
+            m.id, m.destination, to, m.retry_count, d.at, error=d.error, event="message.parked"
+        ).to_json(),
     }
