@@ -7,6 +7,7 @@ caller can catch one class. Invalid settings are reported as Django's
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 
@@ -269,26 +270,29 @@ class NotDurable(OutboxError):
             the sending side.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        ids: list[str],
-        replicas: int,
-        required: int,
-        aof: bool = False,
-        local: bool | None = None,
-        timeout: float = 0.0,
-        error: str = "",
-        created: list[Any] | None = None,
-    ) -> None:
+    def __init__(self, message: str, shortfall: DurabilityShortfall) -> None:
         super().__init__(message)
-        self.ids = ids
+        self.ids = shortfall.ids
         self.messages: list[Any] = []
-        self.replicas = replicas
-        self.required = required
-        self.aof = aof
-        self.local = local
-        self.timeout = timeout
-        self.error = error
-        self.created = created or []
+        self.replicas = shortfall.replicas
+        self.required = shortfall.required
+        self.aof = shortfall.aof
+        self.local = shortfall.local
+        self.timeout = shortfall.timeout
+        self.error = shortfall.error
+        self.created = shortfall.created or []
+
+
+@dataclasses.dataclass(frozen=True)
+class DurabilityShortfall:
+    """What a durability wait asked for and got: the facts of a :class:`NotDurable`
+    (see its attributes, which take these values)."""
+
+    ids: list[str]
+    replicas: int
+    required: int
+    aof: bool = False
+    local: bool | None = None
+    timeout: float = 0.0
+    error: str = ""
+    created: list[Any] = dataclasses.field(default_factory=list)

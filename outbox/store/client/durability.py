@@ -92,7 +92,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox.conf import outbox_settings
-from outbox.exceptions import NotDurable
+from outbox.exceptions import DurabilityShortfall, NotDurable
 from outbox.store.client.routing import by_primary, primary_of
 from outbox.store.keys import Keys
 from outbox.store.scripts import sha
@@ -660,12 +660,14 @@ def not_durable(
     )
     return NotDurable(
         text,
-        ids=list(ids),
-        replicas=ack.replicas,
-        required=durability.replicas,
-        aof=durability.aof,
-        local=ack.local,
-        timeout=durability.timeout,
-        error=ack.error,
-        created=list(created),
+        DurabilityShortfall(
+            ids=list(ids),
+            replicas=ack.replicas,
+            required=durability.replicas,
+            aof=durability.aof,
+            local=ack.local,
+            timeout=durability.timeout,
+            error=ack.error,
+            created=list(created),
+        ),
     )
