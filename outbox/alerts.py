@@ -64,6 +64,7 @@ from outbox.exceptions import NotDurable
 from outbox.sending import intake
 from outbox.sending.validation import MAX_IDEMPOTENCY_KEY, build_message
 from outbox.store import get_repository
+from outbox.store.alerts import Occurrences
 
 logger = logging.getLogger("outbox")
 
@@ -311,15 +312,12 @@ def _alert(
     if not channels:
         return False  # the only channel is the destination the event is about: no loop
     try:
+        last_json = json.dumps(last, separators=(",", ":"), default=str) if last is not None else ""
         window = get_repository().alert_window(
-            event,
-            destination,
-            add=add,
-            since=since,
+            Occurrences(event, destination, add, since, last_json),
             now=time.time(),
             window=config.suppress,
             trailing=event == EXHAUSTED,
-            last=json.dumps(last, separators=(",", ":"), default=str) if last is not None else "",
         )
     except Exception:
         logger.exception("outbox: the suppression window of the %s alert about %s failed", event, destination)

@@ -23,50 +23,59 @@ class AlertWindow:
     last: str
 
 
+@dataclass(frozen=True)
+class Occurrences:
+    """Occurrences of an alert's event about a destination, to count
+    (:meth:`AlertStore.alert_window`).
+
+    Attributes:
+        event: the event, e.g. ``"destination.opened"``.
+        destination: the destination it is about.
+        add: occurrences to count (0: a trailing flush, see :meth:`AlertStore.alerts_to_flush`).
+        since: epoch seconds of the first of them.
+        last: JSON detail of the newest occurrence ("" when none).
+    """
+
+    event: str
+    destination: str
+    add: int
+    since: float
+    last: str = ""
+
+
 class AlertStore(RepositoryBase):
     """The alerts part of :class:`~outbox.store.repository.MessageRepository`."""
 
     def alert_window(
-        self,
-        event: str,
-        destination: str,
-        *,
-        add: int,
-        since: float,
-        now: float,
-        window: float,
-        trailing: bool,
-        last: str = "",
+        self, occurrences: Occurrences, *, now: float, window: float, trailing: bool
     ) -> AlertWindow | None:
-        """Count ``add`` occurrences of ``event`` about ``destination`` and open its
-        suppression window if none is open (``lua/alert.lua``, atomic across workers).
+        """Count ``occurrences`` of an event about a destination and open its suppression
+        window if none is open (``lua/alert.lua``, atomic across workers).
 
         Args:
-            add: occurrences to count (0: a trailing flush, see :meth:`alerts_to_flush`).
-            since: epoch seconds of the first of them.
             window: suppression window in seconds.
             trailing: when suppressed, schedule a flush at the window's end.
-            last: JSON detail of the newest occurrence.
 
         Returns:
             An :class:`AlertWindow` when the alert goes now (the count is taken), None
             when suppressed or a flush has nothing to report.
         """
+        o = occurrences
         reply = self.run_script(
             "alert",
             named(
-                event=event,
-                destination=destination,
-                add=add,
-                since=repr(since),
+                event=o.event,
+                destination=o.destination,
+                add=o.add,
+                since=repr(o.since),
                 now=repr(now),
                 window_ms=max(1, int(window * 1000)),
                 trailing="1" if trailing else "0",
-                last=last,
+                last=o.last,
             ),
             keys=[
-                self.keys.alert_sent(event, destination),
-                self.keys.alert_count(event, destination),
+                self.keys.alert_sent(o.event, o.destination),
+                self.keys.alert_count(o.event, o.destination),
                 self.keys.alert_flush,
             ],
         )
