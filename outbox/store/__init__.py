@@ -35,6 +35,7 @@ from outbox.store.repository import (
     Created,
     CreateResult,
     MessageRepository,
+    RepositorySettings,
     get_repository,
 )
 
@@ -50,5 +51,6 @@ __all__ = [
     "Keys",
     "MessageRepository",
     "PartitionAsk",
+    "RepositorySettings",
     "get_repository",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from redis import Redis
@@ -79,6 +80,32 @@ def first_of(reply: Any) -> tuple[bytes, float] | None:
     return member, float(score)
 
 
+@dataclass(frozen=True)
+class RepositorySettings:
+    """What a repository is set up with besides its Redis client (built from ``OUTBOX`` by
+    :func:`~outbox.store.repository.get_repository`).
+
+    Attributes:
+        prefix: key prefix (``OUTBOX["KEY_PREFIX"]``).
+        attempts_kept: attempt records kept per message.
+        events_channel: Pub/Sub channel for events, or "" for none.
+        idempotency_ttl: seconds an idempotency key is remembered (0 = for ever).
+        wake_ttl: seconds a queue's wake-up flag lives (see ``lua/wake.lua``).
+        partitions: partitions of the data (``OUTBOX["PARTITIONS"]``; see
+            :class:`~outbox.store.keys.Keys`): reads across messages read every one.
+        ordering_key_ttl: seconds an ordering key's state is kept after its last
+            message left it (``OUTBOX["ORDERING_KEY_TTL"]``).
+    """
+
+    prefix: str = "outbox"
+    attempts_kept: int = 50
+    events_channel: str = ""
+    idempotency_ttl: int = 0
+    wake_ttl: float = 60.0
+    partitions: int = 1
+    ordering_key_ttl: int = 7 * 24 * 3600
+
+
 class RepositoryBase:
     """Messages in Redis under one key prefix: the connection, key names and settings
     every part of the repository shares, and the running of scripts. Arguments: see
@@ -89,27 +116,16 @@ class RepositoryBase:
     propagate unchanged.
     """
 
-    def __init__(
-        self,
-        connection: Redis,
-        prefix: str = "outbox",
-        *,
-        attempts_kept: int = 50,
-        events_channel: str = "",
-        idempotency_ttl: int = 0,
-        wake_ttl: float = 60.0,
-        partitions: int = 1,
-        ordering_key_ttl: int = 7 * 24 * 3600,
-    ) -> None:
+    def __init__(self, connection: Redis, settings: RepositorySettings = RepositorySettings()) -> None:
         self.connection = connection
         #: send()'s client: one connection held per thread (see :mod:`.thread_client`).
         self.thread_clients = ThreadClients(connection)
-        self.keys = Keys(prefix, partitions)
-        self.attempts_kept = attempts_kept
-        self.events_channel = events_channel or ""
-        self.idempotency_ttl = idempotency_ttl
-        self.ordering_key_ttl = max(1, int(ordering_key_ttl))
-        self.wake_ttl_ms = max(1, int(wake_ttl * 1000))
+        self.keys = Keys(settings.prefix, settings.partitions)
+        self.attempts_kept = settings.attempts_kept
+        self.events_channel = settings.events_channel or ""
+        self.idempotency_ttl = settings.idempotency_ttl
+        self.ordering_key_ttl = max(1, int(settings.ordering_key_ttl))
+        self.wake_ttl_ms = max(1, int(settings.wake_ttl * 1000))
         self.scripts_loaded = False
         #: destinations this process added to the destinations set (partitioned layout)
         self.registered: set[str] = set()

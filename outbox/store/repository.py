@@ -30,7 +30,14 @@ from django.dispatch import receiver
 
 from outbox.conf import outbox_settings
 from outbox.store.alerts import AlertStore, AlertWindow
-from outbox.store.base import Members, RepositoryBase, ScoredMembers, ScriptCall, script_call
+from outbox.store.base import (
+    Members,
+    RepositoryBase,
+    RepositorySettings,
+    ScoredMembers,
+    ScriptCall,
+    script_call,
+)
 from outbox.store.client.connection import get_connection
 from outbox.store.destination_state import BREAKER_FIELDS, OUTCOME_FIELDS, DestinationState
 from outbox.store.indexes import Cursor, Index, IndexReads, score_bound, sum_counts
@@ -81,6 +88,7 @@ __all__ = [
     "MessageRepository",
     "ReleaseReply",
     "RepositoryBase",
+    "RepositorySettings",
     "ScoredMembers",
     "ScriptCall",
     "TransitionRow",
@@ -99,15 +107,8 @@ class MessageRepository(
     Args:
         connection: a redis-py client (``decode_responses=False``), e.g. from
             ``django_redis.get_redis_connection``.
-        prefix: key prefix (``OUTBOX["KEY_PREFIX"]``).
-        attempts_kept: attempt records kept per message.
-        events_channel: Pub/Sub channel for events, or "" for none.
-        idempotency_ttl: seconds an idempotency key is remembered (0 = for ever).
-        wake_ttl: seconds a queue's wake-up flag lives (see ``lua/wake.lua``).
-        partitions: partitions of the data (``OUTBOX["PARTITIONS"]``; see
-            :class:`~outbox.store.keys.Keys`): reads across messages read every one.
-        ordering_key_ttl: seconds an ordering key's state is kept after its last
-            message left it (``OUTBOX["ORDERING_KEY_TTL"]``).
+        settings: its key prefix, partitions, retention times and events channel
+            (:class:`~outbox.store.base.RepositorySettings`).
 
     Every write is one Lua script call, atomic on the server. Scripts are called by
     SHA1 (``EVALSHA``) and loaded again after a ``NOSCRIPT`` reply (a restarted Redis
@@ -121,13 +122,15 @@ def get_repository() -> MessageRepository:
     client of :func:`outbox.store.client.connection.get_connection`."""
     return MessageRepository(
         get_connection(),
-        outbox_settings.KEY_PREFIX,
-        attempts_kept=outbox_settings.ATTEMPTS_KEPT,
-        events_channel=outbox_settings.EVENTS_CHANNEL or "",
-        idempotency_ttl=IDEMPOTENCY_TTL,
-        wake_ttl=WAKE_TTL,
-        partitions=outbox_settings.partitions,
-        ordering_key_ttl=outbox_settings.ORDERING_KEY_TTL,
+        RepositorySettings(
+            outbox_settings.KEY_PREFIX,
+            attempts_kept=outbox_settings.ATTEMPTS_KEPT,
+            events_channel=outbox_settings.EVENTS_CHANNEL or "",
+            idempotency_ttl=IDEMPOTENCY_TTL,
+            wake_ttl=WAKE_TTL,
+            partitions=outbox_settings.partitions,
+            ordering_key_ttl=outbox_settings.ORDERING_KEY_TTL,
+        ),
     )
 
 
