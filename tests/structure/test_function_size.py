@@ -14,12 +14,15 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "outbox"
 MAX_LINES = 79
 MAX_PARAMETERS = 7
-#: Public signatures exempt from the parameter bar (module, function).
+#: Public signatures exempt from the parameter bar (module, function): ``RedisServer``'s
+#: keyword arguments are public API of ``outbox.testing`` (docs/api.md, the changelog), kept
+#: as they are like ``send``'s.
 PUBLIC = {
     ("outbox/api.py", "send"),
     ("outbox/api.py", "send_many"),
     ("outbox/webhooks.py", "publish"),
     ("outbox/webhooks.py", "create_endpoint"),
+    ("outbox/testing/redis_server.py", "__init__"),
 }
 
 #: (path, function, "lines" or "parameters") -> today's figure: the work issue 32 leaves.
@@ -36,7 +39,6 @@ OVER: dict[tuple[str, str, str], int] = {
     ("outbox/store/reads/merged_pages.py", "_served", "parameters"): 8,
     ("outbox/store/reads/merged_pages.py", "read", "parameters"): 11,
     ("outbox/store/reads/queries.py", "_merged_page", "parameters"): 8,
-    ("outbox/testing/redis_server.py", "RedisServer.__init__", "parameters"): 11,
 }
 
 
