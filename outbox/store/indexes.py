@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, cast
 
@@ -45,6 +45,23 @@ class Index:
             tag = hash_tag(key)
             groups.setdefault(tag if tag != key else "", []).append(key)  # untagged: one group
         return [tuple(keys) for keys in groups.values()]
+
+
+@dataclass(frozen=True)
+class IndexRange:
+    """Which entries of an index a read takes, and in what order.
+
+    Attributes:
+        lo, hi: the score range (inclusive; None: unbounded on that side).
+        descending: highest score first (ties by id, the other way round).
+        checks: the JSON of ``lua/filter.lua``'s per-record checks an entry must pass
+            ("{}": none).
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    descending: bool = False
+    checks: str = "{}"
 
 
 @dataclass
@@ -130,17 +147,15 @@ class IndexReads(RepositoryBase):
         if len(groups) > 1:  # partitions: one call per partition (slot), merged here
             slices = self.read_slices(
                 groups,
-                lo,
-                hi,
+                IndexRange(lo, hi, descending),
                 counts=[offset + limit] * len(groups),
-                descending=descending,
                 afters=[None] * len(groups),
             )
             rows = [list(zip(s.scores, s.ids, strict=True)) for s in slices]
             merged = heapq.merge(*rows, key=order_key, reverse=descending)
             return [i for _, i in islice(merged, offset, offset + limit)]
         if len(index.keys) > 1:
-            return self.merged_range(index, lo, hi, offset=offset, count=limit, descending=descending)[0]
+            return self.merged_range(index, IndexRange(lo, hi, descending), offset=offset, count=limit)[0]
         key = index.keys[0]
         pipe = self.connection.pipeline(transaction=False)
         pipe.zcount(key, score_bound(lo, "-inf"), score_bound(hi, "+inf"))
@@ -159,22 +174,12 @@ class IndexReads(RepositoryBase):
         return [raw.decode() for raw in cast(Members, read(key, before + offset, before + end - 1))]
 
     def merged_range(
-        self,
-        index: Index,
-        lo: float | None,
-        hi: float | None,
-        *,
-        offset: int,
-        count: int,
-        descending: bool,
-        checks: str = "{}",
-        after: Cursor | None = None,
+        self, index: Index, span: IndexRange, *, offset: int, count: int, after: Cursor | None = None
     ) -> tuple[list[str], int, Cursor | None]:
-        """Entries ``offset`` to ``offset + count`` (by rank, in score order) of an index
-        within a score range, its sorted sets (all of one hash slot: one partition's, or
-        any on a single server) merged in Redis as if they were one, that
-        pass ``checks`` (the JSON of ``lua/filter.lua``'s per-record checks; none by
-        default). One round trip, read only.
+        """Entries ``offset`` to ``offset + count`` (by rank, in the order of ``span``) of an
+        index within ``span``'s score range, its sorted sets (all of one hash slot: one
+        partition's, or any on a single server) merged in Redis as if they were one, that
+        pass ``span``'s checks. One round trip, read only.
 
         ``after``: start right after this entry (the cursor a previous call returned)
         instead of at ``offset``: a walk in chunks then reads ``count`` entries of each
@@ -183,18 +188,14 @@ class IndexReads(RepositoryBase):
         Returns (the ids that pass, in order; how many entries were examined: fewer than
         ``count`` at the end of the range; the cursor of the last entry examined, or None
         when none was)."""
-        later = self.checked_elsewhere(index.keys, checks)
-        here = "{}" if later else checks
+        later = self.checked_elsewhere(index.keys, span.checks)
+        here = replace(span, checks="{}") if later else span
         matched, examined, last_score, last_id, *_ = self.run_script(
-            "filter",
-            self.range_args(
-                lo, hi, offset=offset, count=count, descending=descending, checks=here, after=after
-            ),
-            keys=index.keys,
+            "filter", self.range_args(here, offset=offset, count=count, after=after), keys=index.keys
         )
         cursor = (last_score, last_id) if last_score is not None else None
         ids = [raw.decode() for raw in matched]
-        return (self.check_ids(ids, checks) if later else ids), int(examined), cursor
+        return (self.check_ids(ids, span.checks) if later else ids), int(examined), cursor
 
     def checked_elsewhere(self, keys: Sequence[str], checks: str) -> bool:
         """True when ``checks`` must be made where the records are, not in the script that
@@ -206,29 +207,20 @@ class IndexReads(RepositoryBase):
         return all(key.startswith(shared) for key in keys)
 
     def range_args(
-        self,
-        lo: float | None,
-        hi: float | None,
-        *,
-        offset: int,
-        count: int,
-        descending: bool,
-        checks: str,
-        after: Cursor | None,
-        total: bool = False,
+        self, span: IndexRange, *, offset: int, count: int, after: Cursor | None, total: bool = False
     ) -> list[Any]:
         """ARGV of ``lua/filter.lua`` in range mode (see :meth:`merged_range` and
         :meth:`read_slices`; ``total``: also count the entries within the score range)."""
         return named(
             prefix=self.keys.prefix,
             parts=self.keys.partitions,
-            checks=checks,
+            checks=span.checks,
             mode="range",
-            lo=score_bound(lo, "-inf"),
-            hi=score_bound(hi, "+inf"),
+            lo=score_bound(span.lo, "-inf"),
+            hi=score_bound(span.hi, "+inf"),
             offset=offset,
             count=count,
-            descending=int(descending),
+            descending=int(span.descending),
             after_score=after[0] if after else "",
             after_id=after[1] if after else "",
             **({"total": 1} if total else {}),
@@ -237,19 +229,16 @@ class IndexReads(RepositoryBase):
     def read_slices(
         self,
         groups: Sequence[tuple[str, ...]],
-        lo: float | None,
-        hi: float | None,
+        span: IndexRange,
         *,
         counts: Sequence[int],
-        descending: bool,
         afters: Sequence[Cursor | None],
-        checks: str = "{}",
         total: bool = False,
     ) -> list[Slice]:
         """Per group of sorted sets (:meth:`Index.by_slot`: one partition's sorted sets,
         one hash slot), the ``counts[i]`` entries right after ``afters[i]`` (None: from
-        the start of the score range) in list order, merged as one sorted set, and which
-        of them pass ``checks`` (``lua/filter.lua`` range mode, read only), with their
+        the start of ``span``'s score range) in its order, merged as one sorted set, and
+        which of them pass its checks (``lua/filter.lua`` range mode, read only), with their
         scores. One script call per group, all in one pipeline (on a cluster one round
         trip per node, redis-py's cluster pipeline sending each call to its slot's node).
         A group whose count is 0 is not read (an empty :class:`Slice`) unless ``total``:
@@ -260,27 +249,18 @@ class IndexReads(RepositoryBase):
 
         A group of keys across the deployment (:meth:`checked_elsewhere`: a batch) holds
         ids of every partition, whose records a script of the ``{g}`` slot may not read:
-        it is read without ``checks``, and its ids checked where their records are
+        it is read without ``span``'s checks, and its ids checked where their records are
         (:meth:`check_ids`).
         """
         calls: list[ScriptCall] = []
         asked = [i for i, n in enumerate(counts) if n > 0 or total]  # a count reads every group
         later: list[int] = []  # groups of {g} keys whose ids are checked where they live
         for i in asked:
-            checked_here = checks
-            if self.checked_elsewhere(groups[i], checks):
-                checked_here = "{}"
+            here = span
+            if self.checked_elsewhere(groups[i], span.checks):
+                here = replace(span, checks="{}")
                 later.append(i)
-            args = self.range_args(
-                lo,
-                hi,
-                offset=0,
-                count=counts[i],
-                descending=descending,
-                checks=checked_here,
-                after=afters[i],
-                total=total,
-            )
+            args = self.range_args(here, offset=0, count=counts[i], after=afters[i], total=total)
             calls.append(("filter", args, groups[i]))
         out = [Slice([], [], 0, None) for _ in groups]  # not read: no total either
         for i, (matched, examined, last_score, last_id, scores, in_range) in zip(
@@ -291,7 +271,7 @@ class IndexReads(RepositoryBase):
             ids = [raw.decode() for raw in matched]
             kept = list(scores)
             if i in later:
-                passed = set(self.check_ids(ids, checks))
+                passed = set(self.check_ids(ids, span.checks))
                 kept = [score for id_, score in zip(ids, kept, strict=True) if id_ in passed]
                 ids = [id_ for id_ in ids if id_ in passed]
             out[i] = Slice(ids, kept, int(examined), last, found)

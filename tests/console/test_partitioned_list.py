@@ -16,6 +16,7 @@ import outbox
 from outbox.operations.operation import CANCEL, REQUEUE, Selection, execute
 from outbox.records import Status, partition_of
 from outbox.store import get_repository
+from outbox.store.indexes import IndexRange
 from outbox.store.reads import merged_pages, queries
 from outbox.store.reads.queries import MessageFilter, TimeRange
 from outbox.store.repository import Change
@@ -216,9 +217,9 @@ def test_one_call_across_partitions_is_what_a_cluster_refuses(spread):
     index = spread.index(None)
     if isinstance(spread.connection, RedisCluster):
         with pytest.raises(Exception, match="(?i)slot"):
-            spread.merged_range(index, None, None, offset=0, count=5, descending=True)
+            spread.merged_range(index, IndexRange(descending=True), offset=0, count=5)
     else:
-        assert len(spread.merged_range(index, None, None, offset=0, count=5, descending=True)[0]) == 5
+        assert len(spread.merged_range(index, IndexRange(descending=True), offset=0, count=5)[0]) == 5
 
 
 def test_created_range_with_a_status_is_checked_across_partitions(spread):

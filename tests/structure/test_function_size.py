@@ -29,16 +29,9 @@ PUBLIC = {
 OVER: dict[tuple[str, str, str], int] = {
     ("outbox/api.py", "send", "lines"): 86,
     ("outbox/sending/validation.py", "build_message", "parameters"): 12,
-    ("outbox/store/indexes.py", "IndexReads.merged_range", "parameters"): 8,
-    ("outbox/store/indexes.py", "IndexReads.range_args", "parameters"): 8,
-    ("outbox/store/indexes.py", "IndexReads.read_slices", "parameters"): 8,
     ("outbox/store/messages.py", "MessageStore.bulk_transition", "parameters"): 8,
     ("outbox/store/messages.py", "MessageStore.claim_args", "parameters"): 10,
     ("outbox/store/messages.py", "MessageStore.create_partitioned", "lines"): 95,
-    ("outbox/store/reads/merged_pages.py", "_scan", "parameters"): 11,
-    ("outbox/store/reads/merged_pages.py", "_served", "parameters"): 8,
-    ("outbox/store/reads/merged_pages.py", "read", "parameters"): 11,
-    ("outbox/store/reads/queries.py", "_merged_page", "parameters"): 8,
 }
 
 

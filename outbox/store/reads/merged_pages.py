@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outbox.store.base import IDS_PER_CALL
-from outbox.store.indexes import Cursor, order_key
+from outbox.store.indexes import Cursor, IndexRange, order_key
 from outbox.store.repository import MessageRepository
 
 #: Entries a partition examines per call while scanning.
@@ -74,36 +74,46 @@ class Merged:
     in_range: int | None = None
 
 
+@dataclass(frozen=True)
+class Budget:
+    """A bounded scan's limit (:func:`read`).
+
+    Attributes:
+        entries: at most this many entries examined in total (not per group).
+        size: the entries of the range after the cursor, when known (a scan that examined
+            that many has seen them all, though no group was seen to end).
+    """
+
+    entries: int
+    size: int | None = None
+
+
 def read(
     repo: MessageRepository,
     groups: Sequence[tuple[str, ...]],
-    lo: float | None,
-    hi: float | None,
+    span: IndexRange,
     *,
     after: Cursor | None,
     want: int | None,
-    descending: bool,
-    checks: str = "{}",
-    budget: int | None = None,
-    size: int | None = None,
+    budget: Budget | None = None,
     count: bool = False,
 ) -> Merged:
     """The first ``want`` entries right after ``after`` (None: from the start) of an index
-    read as one list, in score order (highest first when ``descending``), from its
-    sorted sets grouped by partition (:meth:`~outbox.store.indexes.Index.by_slot`).
+    read as one list, in the order of ``span`` (its score range; highest first when
+    descending), from its sorted sets grouped by partition
+    (:meth:`~outbox.store.indexes.Index.by_slot`).
 
     Without ``budget``: every group reads ``want + 1`` entries (one round trip per node)
-    and the merge keeps ``want``; ``checks`` must then be "{}" (a served filter).
-    With ``budget``: a bounded scan of at most ``budget`` entries in total (not per
+    and the merge keeps ``want``; ``span``'s checks must then be "{}" (a served filter).
+    With ``budget``: a bounded scan of at most ``budget.entries`` entries in total (not per
     group: each round shares what is left among the groups not at their end, at least
     one entry each while it lasts, so a budget under the number of groups leaves some
-    unread and the scan can place none of its matches), checked by ``checks`` (``lua/filter.lua``'s JSON), in rounds that share
+    unread and the scan can place none of its matches), checked by ``span``'s checks
+    (``lua/filter.lua``'s JSON), in rounds that share
     what is left of the budget among the groups not yet at their end; it stops once
     ``want + 1`` matches are known to be in order (``want`` None: never early).
-    ``size``: the entries of the range after ``after``, when known (a scan that examined
-    that many has seen them all, though no group was seen to end). ``count``: count the
-    index's entries in the score range in the same calls (:attr:`Merged.in_range`; from
-    the start, a scan also takes it as ``size``).
+    ``count``: count the index's entries in the score range in the same calls
+    (:attr:`Merged.in_range`; from the start, a scan also takes it as the budget's ``size``).
 
     Raises:
         ValueError: ``want`` is None without a budget.
@@ -112,46 +122,27 @@ def read(
     if budget is None:
         if want is None:
             raise ValueError("a read without a budget needs a number of entries")
-        return _served(repo, groups, lo, hi, after=after, want=want, descending=descending, count=count)
-    return _scan(
-        repo,
-        groups,
-        lo,
-        hi,
-        after=after,
-        want=want,
-        descending=descending,
-        checks=checks,
-        budget=budget,
-        size=size,
-        count=count,
-    )
+        return _served(repo, groups, span, after=after, want=want, count=count)
+    return _scan(repo, groups, span, after=after, want=want, budget=budget, count=count)
 
 
 def _served(
     repo: MessageRepository,
     groups: Sequence[tuple[str, ...]],
-    lo: float | None,
-    hi: float | None,
+    span: IndexRange,
     *,
     after: Cursor | None,
     want: int,
-    descending: bool,
     count: bool,
 ) -> Merged:
+    """:func:`read` of a served filter: ``want + 1`` entries of every group, merged."""
     if want <= 0 and not count:
         return Merged()
     slices = repo.read_slices(
-        groups,
-        lo,
-        hi,
-        counts=[want + 1] * len(groups),
-        descending=descending,
-        afters=[after] * len(groups),
-        total=count,
+        groups, span, counts=[want + 1] * len(groups), afters=[after] * len(groups), total=count
     )
     lists = [list(zip(s.scores, s.ids, strict=True)) for s in slices]
-    merged = list(heapq.merge(*lists, key=order_key, reverse=descending))
+    merged = list(heapq.merge(*lists, key=order_key, reverse=span.descending))
     return Merged(
         entries=merged[:want],
         more=len(merged) > want,
@@ -165,17 +156,15 @@ def _served(
 def _scan(
     repo: MessageRepository,
     groups: Sequence[tuple[str, ...]],
-    lo: float | None,
-    hi: float | None,
+    span: IndexRange,
     *,
     after: Cursor | None,
     want: int | None,
-    descending: bool,
-    checks: str,
-    budget: int,
-    size: int | None,
+    budget: Budget,
     count: bool,
 ) -> Merged:
+    """:func:`read` of a filter no index serves: a scan of the groups within ``budget``."""
+    size = budget.size
     n = len(groups)
     cursors: list[Cursor | None] = [after] * n
     started = [False] * n  # a group examined something (its cursor is its own)
@@ -187,7 +176,7 @@ def _scan(
     in_range: int | None = None
     while True:
         active = [i for i in range(n) if not done[i]]
-        left = budget - examined
+        left = budget.entries - examined
         if not active or left <= 0:
             break
         share = max(1, min(CHUNK, left // len(active)))
@@ -198,9 +187,7 @@ def _scan(
             if left <= 0:
                 break
         first = count and in_range is None  # every group is read in the first round
-        slices = repo.read_slices(
-            groups, lo, hi, counts=counts, descending=descending, afters=cursors, checks=checks, total=first
-        )
+        slices = repo.read_slices(groups, span, counts=counts, afters=cursors, total=first)
         if first:
             in_range = sum(s.total or 0 for s in slices)
             if size is None and after is None:
@@ -219,7 +206,7 @@ def _scan(
                 done[i] = True
         if size is not None and examined >= size:
             done = [True] * n
-        definitive, frontier = _in_order(found, cursors, started, done, after, descending)
+        definitive, frontier = _in_order(found, cursors, started, done, after, span.descending)
         if want is not None and len(definitive) > want:
             break
     complete = all(done)

@@ -56,7 +56,7 @@ from typing import cast
 from outbox.records import PARTITION_SUFFIX, STATUSES, Message, Status, created_at_of
 from outbox.store.base import IDS_PER_CALL, Members
 from outbox.store.codec import message_from_redis
-from outbox.store.indexes import Cursor, Index
+from outbox.store.indexes import Cursor, Index, IndexRange
 from outbox.store.reads import merged_pages
 from outbox.store.repository import MessageRepository
 
@@ -282,16 +282,8 @@ def scan(
     (``lua/filter.lua``, read only): (the ids that pass, in order; how many entries were
     examined, fewer than ``count`` at the end of the range; where the next slice starts
     after, when the index has several sorted sets)."""
-    return repo.merged_range(
-        p.index,
-        p.lo,
-        p.hi,
-        offset=offset,
-        count=count,
-        descending=descending,
-        checks=_checks_json(p, created=True),
-        after=after,
-    )
+    span = IndexRange(p.lo, p.hi, descending, _checks_json(p, created=True))
+    return repo.merged_range(p.index, span, offset=offset, count=count, after=after)
 
 
 def _checks_json(p: Plan, created: bool = False) -> str:
@@ -380,7 +372,7 @@ def page(
     offset, limit = min(max(offset, 0), index_total), min(max(limit, 0), index_total)
     groups = p.index.by_slot()
     if len(groups) > 1:  # partitions: merged here from a page of each (merged_pages)
-        return _merged_page(repo, p, groups, offset, limit, descending, scan_limit, index_total)
+        return _merged_page(repo, p, groups, _Window(offset, limit, descending, scan_limit), index_total)
     if p.exact:
         ids = range_ids(repo, p, offset=offset, limit=limit, descending=descending)
         return Page(ids, index_total, True, 0, index_total, p)
@@ -401,35 +393,35 @@ def page(
     return Page(matches[offset : offset + limit], len(matches), exact, scanned, index_total, p)
 
 
+@dataclass(frozen=True)
+class _Window:
+    """The page :func:`page` was asked for: ``offset`` and ``limit`` (within the index),
+    its direction, and the most entries a scan may examine."""
+
+    offset: int
+    limit: int
+    descending: bool
+    scan_limit: int
+
+
 def _merged_page(
-    repo: MessageRepository,
-    p: Plan,
-    groups: Sequence[tuple[str, ...]],
-    offset: int,
-    limit: int,
-    descending: bool,
-    scan_limit: int,
-    index_total: int,
+    repo: MessageRepository, p: Plan, groups: Sequence[tuple[str, ...]], window: _Window, index_total: int
 ) -> Page:
     """:func:`page` of an index in several partitions (see there)."""
+    offset, limit = window.offset, window.limit
     if p.exact:
-        found = merged_pages.read(
-            repo, groups, p.lo, p.hi, after=None, want=offset + limit, descending=descending
-        )
+        span = IndexRange(p.lo, p.hi, window.descending)
+        found = merged_pages.read(repo, groups, span, after=None, want=offset + limit)
         return Page([i for _, i in found.entries[offset:]], index_total, True, 0, index_total, p)
     if not index_total:
         return Page([], 0, True, 0, 0, p)
     found = merged_pages.read(
         repo,
         groups,
-        p.lo,
-        p.hi,
+        IndexRange(p.lo, p.hi, window.descending, _checks_json(p, created=True)),
         after=None,
         want=None,
-        descending=descending,
-        checks=_checks_json(p, created=True),
-        budget=min(scan_limit, index_total),
-        size=index_total,
+        budget=merged_pages.Budget(min(window.scan_limit, index_total), size=index_total),
         count=True,  # a partition with nothing in range is then at its end at once
     )
     ids = [i for _, i in found.entries[offset : offset + limit]]
@@ -497,13 +489,15 @@ def page_at(
     found = merged_pages.read(
         repo,
         p.index.by_slot(),
-        p.lo,
-        p.hi,
+        IndexRange(
+            p.lo,
+            p.hi,
+            descending != backward,  # backward: read the other way, then turn round
+            "{}" if p.exact else _checks_json(p, created=True),
+        ),
         after=cursor,
         want=limit,
-        descending=descending != backward,  # backward: read the other way, then turn round
-        checks="{}" if p.exact else _checks_json(p, created=True),
-        budget=None if p.exact else max(1, scan_limit),
+        budget=None if p.exact else merged_pages.Budget(max(1, scan_limit)),
         count=True,  # the count in the same calls
     )
     index_total = found.in_range or 0
