@@ -10,7 +10,7 @@ class OutboxConfig(AppConfig):
         # Imported once the app registry is ready (app loading), for what importing does:
         from outbox import alerts, checks  # noqa: F401  (connects the alerts to destination events; registers the checks)
         from outbox.conf import outbox_settings  # app loading: settings are read once ready
-        from outbox.destinations import endpoints  # noqa: F401  (models; its receivers keep endpoint rows in line with Redis)
+        from outbox.destinations import endpoints  # noqa: F401  (models; its receivers keep endpoint rows in line with Redis and announce application and event type changes: publish() keeps them)
         from outbox.model_events import connect  # app loading: it looks models up in the registry
 
         connect()  # OUTBOX["MODEL_EVENTS"]' receivers; raises ImproperlyConfigured

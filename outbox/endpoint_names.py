@@ -37,3 +37,25 @@ def endpoint_id(name: str) -> uuid.UUID | None:
     endpoint name."""
     match = _NAME.fullmatch(name) if isinstance(name, str) else None
     return uuid.UUID(match.group(1)) if match else None
+
+
+# Names announced beside endpoint names (outbox.store.endpoint_versions.bump) for the
+# copies outbox.publish keeps (outbox.destinations.config.EndpointCache.view): never an
+# endpoint's or a settings destination's name (no "endpoint:" prefix; a settings name may
+# look like one, but only endpoint copies and views are forgotten by name).
+
+
+def application_tag(pk: object) -> str:
+    """The name announced when the application with this primary key, or one of its
+    endpoints, changes."""
+    return f"application:{pk}"
+
+
+def application_uid_tag(uid: str) -> str:
+    """The name announced when an application with this uid is created, renamed or deleted."""
+    return f"application-uid:{uid}"
+
+
+def event_type_tag(name: str) -> str:
+    """The name announced when the event type ``name`` changes or is deleted."""
+    return f"event-type:{name}"

@@ -33,6 +33,7 @@ Quick use::
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import logging
 import os
@@ -41,7 +42,6 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -52,19 +52,24 @@ from outbox.conf import endpoint_setting, outbox_settings
 from outbox.destinations import controls
 from outbox.destinations import endpoints as registry
 from outbox.destinations import secrets as secret_store
-from outbox.destinations.config import endpoint_as_destination, endpoint_cache
+from outbox.destinations.config import endpoint_cache, endpoint_template
 from outbox.endpoint_names import endpoint_id
 from outbox.exceptions import (
     InvalidEndpoint,
     InvalidMessage,
     MessageTooLarge,
     OutboxUnavailable,
-    UnknownEventType,
 )
 from outbox.models import Application, CapturedMessage, Endpoint, EventType, OrderingSequence
 from outbox.operations.operation import DELETE, Selection, execute
-from outbox.records import Message
-from outbox.sending.validation import build_message, clean_idempotency_key, clean_ordering_key, encode_body
+from outbox.records import Message, new_message_id
+from outbox.sending.validation import (
+    build_message,
+    clean_idempotency_key,
+    clean_ordering_key,
+    encode_body,
+    message_partition,
+)
 from outbox.store import endpoint_versions, get_repository
 from outbox.store.keys import random_partition
 from outbox.store.reads.queries import MessageFilter
@@ -631,37 +636,23 @@ def publish(
             again with the same idempotency key completes it.
         NotDurable: as :func:`outbox.send`.
     """
-    app = registry.get_application(application, using)
-    _check_event_type(event_type, using)
+    # the application, its endpoints and the type's state as this process keeps them
+    # (registry.audience: seen within VERSION_CHECK of a change elsewhere, at once of one
+    # committed here), or read now in a transaction that changed them itself
+    fresh = registry.changed_in_transaction(using)
+    app = registry.publishing_application(application, using, fresh=fresh)
+    registry.check_published_type(event_type, using, fresh=fresh)
     event_channels = registry.clean_channels(channels)
     key = clean_idempotency_key(idempotency_key)
     clean_ordering_key(ordering_key)
     data, content_type = _payload(payload)
-    endpoints = registry.subscribers(app, event_type, event_channels, using)
+    endpoints = [
+        s for s in registry.audience(app, using, fresh=fresh) if s.matches(event_type, event_channels)
+    ]
     event = _Event(
         app, event_type, event_id(app, key), data, content_type, key, ordering_key, delay, priority
     )
     return _fan_out(event, endpoints, using)
-
-
-def _check_event_type(event_type: str, using: str) -> None:
-    """Refuse a malformed, unknown or archived event type (see :func:`publish`).
-
-    Raises:
-        InvalidEndpoint, UnknownEventType: as said.
-    """
-    registry.clean_event_type_name(event_type)
-    if not endpoint_setting("ALLOW_UNKNOWN_EVENT_TYPES"):
-        archived = (
-            EventType.objects.using(using).filter(name=event_type).values_list("archived", flat=True).first()
-        )
-        if archived is None:
-            raise UnknownEventType(
-                f"unknown event type {event_type!r} (create it with webhooks.create_event_type)",
-                field="event_type",
-            )
-        if archived:
-            raise UnknownEventType(f"event type {event_type!r} is archived", field="event_type")
 
 
 def _payload(payload: Any) -> tuple[bytes, str]:
@@ -698,32 +689,43 @@ class _Event:
     priority: str | None = None
 
 
-def _fan_out(event: _Event, endpoints: Sequence[Endpoint], using: str) -> PublishedEvent:
+def _deliveries(event: _Event, endpoints: Sequence[registry.Subscriber]) -> list[Message]:
+    """One message per endpoint: the first built and checked by ``build_message`` (as
+    ``send()`` builds one), the others copies of it with their own id (and partition)
+    and destination: everything else of a delivery is the event's."""
+    now = time.time()
+    partition = random_partition(outbox_settings.partitions)
+    eid = event.id
+    first = build_message(
+        replace(endpoint_template(), name=endpoints[0].destination),
+        event.data,
+        content_type=event.content_type,
+        headers={EVENT_ID_HEADER: eid, EVENT_TYPE_HEADER: event.event_type},
+        idempotency_key=None if event.key is None else f"evt:{eid}",
+        ordering_key=event.ordering_key,
+        delay=event.delay,
+        priority=event.priority,
+        now=now,
+        partition=partition,
+    )
+    messages = [first]
+    keyed = first.ordering_key or first.idempotency_key
+    for e in endpoints[1:]:
+        m = copy.copy(first)
+        m.id = new_message_id(now, message_partition(e.destination, keyed, partition))
+        m.destination = e.destination
+        m.headers = dict(first.headers)
+        m.retry_policy = dict(first.retry_policy)
+        messages.append(m)
+    return messages
+
+
+def _fan_out(event: _Event, endpoints: Sequence[registry.Subscriber], using: str) -> PublishedEvent:
     """Build one delivery per endpoint and store them (or capture them)."""
     app, event_type, eid, key = event.app, event.event_type, event.id, event.key
     if not endpoints:
         return PublishedEvent(eid, event_type, app.uid, ())
-    template = endpoint_as_destination(
-        SimpleNamespace(name="endpoint:", rate_limit="", max_concurrency=None, options={})
-    )
-    now = time.time()
-    partition = random_partition(outbox_settings.partitions)
-    headers = {EVENT_ID_HEADER: eid, EVENT_TYPE_HEADER: event_type}
-    messages = [
-        build_message(
-            replace(template, name=e.destination),
-            event.data,
-            content_type=event.content_type,
-            headers=headers,
-            idempotency_key=None if key is None else f"evt:{eid}",
-            ordering_key=event.ordering_key,
-            delay=event.delay,
-            priority=event.priority,
-            now=now,
-            partition=partition,
-        )
-        for e in endpoints
-    ]
+    messages = _deliveries(event, endpoints)
     for m in messages if event.data else ():  # the payload once per partition, a reference each
         m.payload_ref = eid  # (an empty payload stays inline: a reference without a body means purged)
     try:
@@ -762,7 +764,8 @@ def send_test_event(
     payload = example if example is not None else {"type": name, "test": True}
     data, content_type = _payload(payload)
     app = Application.objects.using(using).get(pk=row.application_id)
-    return _fan_out(_Event(app, name, event_id(app, None), data, content_type), [row], using)
+    event = _Event(app, name, event_id(app, None), data, content_type)
+    return _fan_out(event, [registry.Subscriber.of(row)], using)
 
 
 def subscribed(

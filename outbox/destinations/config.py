@@ -42,10 +42,11 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -83,6 +84,7 @@ DESTINATION_KEYS = {
 ORDERING_POLICIES = ("block", "skip")
 
 logger = logging.getLogger("outbox")
+T = TypeVar("T")
 _transports: dict[str, Transport] = {}
 
 
@@ -395,6 +397,7 @@ def clear_cache() -> None:
     _settings_destination.cache_clear()
     breaker_config_json.cache_clear()
     limits_json.cache_clear()
+    endpoint_template.cache_clear()
     close_transports()
 
 
@@ -499,6 +502,19 @@ def endpoint_as_destination(config: Any) -> Destination:
     )
 
 
+@cache
+def endpoint_template() -> Destination:
+    """The :class:`Destination` every endpoint's delivery is built with (its name
+    replaced): :func:`endpoint_as_destination` of no limits, built once per settings.
+
+    Raises:
+        ImproperlyConfigured: as :func:`endpoint_as_destination`.
+    """
+    return endpoint_as_destination(
+        SimpleNamespace(name=ENDPOINT_PREFIX, rate_limit="", max_concurrency=None, options={})
+    )
+
+
 class EndpointCache:
     """This process's copies of endpoint configurations: name -> (destination, transport).
 
@@ -521,11 +537,18 @@ class EndpointCache:
         self._entries: dict[str, tuple[float, Destination | None, Transport | None, Exception | None]] = {}
         self._version = 0
         self._checked = 0.0
+        # publish()'s copies (:meth:`view`): key -> (read at, value), and name -> keys
+        self._views: dict[Hashable, tuple[float, Any]] = {}
+        self._tagged: dict[str, set[Hashable]] = {}
+        self._generation = 0  # moved by every forgetting: a read that spans one is not kept
 
     def clear(self) -> None:
         """Forget every copy (and the counter: the next lookup reads it)."""
         with self._lock:
             self._entries.clear()
+            self._views.clear()
+            self._tagged.clear()
+            self._generation += 1
             self._version = 0
             self._checked = 0.0
 
@@ -536,10 +559,43 @@ class EndpointCache:
         return dict(entry[1].options) if entry is not None and entry[1] is not None else {}
 
     def forget(self, names: Any) -> None:
-        """Forget the copies of these endpoint names."""
+        """Forget the copies of these endpoint names, and the views tagged with any of
+        them (:meth:`view`)."""
         with self._lock:
-            for name in names:
-                self._entries.pop(name, None)
+            self._forget_locked(names)
+
+    def _forget_locked(self, names: Any) -> None:
+        self._generation += 1
+        for name in names:
+            self._entries.pop(name, None)
+            for key in self._tagged.pop(name, ()):
+                self._views.pop(key, None)
+
+    def view(self, key: Hashable, load: Callable[[], tuple[T, Sequence[str]]], *, keep: bool = True) -> T:
+        """A value :func:`outbox.publish` reads from the database (an application, its
+        enabled endpoints, an event type's state), kept by this process under ``key``
+        with the bound of the endpoints' copies: at most ``CACHE_TTL`` seconds, and
+        forgotten within ``VERSION_CHECK`` seconds of an announced change of one of the
+        names ``load`` tags it with (:func:`outbox.store.endpoint_versions.bump`; at once
+        for a change committed by this process). ``load()`` returns ``(value, tags)``;
+        an exception it raises is not kept. ``keep=False``: the value read is not kept
+        (a read inside a transaction that changed endpoints: uncommitted rows)."""
+        now = time.monotonic()
+        self._check_version(now)
+        entry = self._views.get(key)
+        if entry is not None and now - entry[0] < float(endpoint_setting("CACHE_TTL")):
+            return cast(T, entry[1])
+        generation = self._generation
+        value, tags = load()
+        if keep:
+            with self._lock:
+                if generation == self._generation:  # nothing was forgotten while it was read
+                    if len(self._views) >= ENDPOINT_CACHE_SIZE:
+                        self._views.pop(next(iter(self._views)))
+                    self._views[key] = (now, value)
+                    for tag in tags:
+                        self._tagged.setdefault(tag, set()).add(key)
+        return value
 
     def get(self, name: str) -> tuple[Destination, Transport]:
         """The destination and transport of endpoint ``name``.
@@ -573,9 +629,11 @@ class EndpointCache:
             if version != self._version:
                 if names is None:
                     self._entries.clear()
+                    self._views.clear()
+                    self._tagged.clear()
+                    self._generation += 1
                 else:
-                    for changed in names:
-                        self._entries.pop(changed, None)
+                    self._forget_locked(names)
                 self._version = version
 
     def _load(

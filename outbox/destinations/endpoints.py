@@ -31,14 +31,23 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import receiver
 from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import headers as header_rules
 from outbox.conf import endpoint_setting, outbox_settings
 from outbox.destinations import secrets as secret_store
+from outbox.destinations.config import endpoint_cache
 from outbox.destinations.limits import RateLimit, parse_max_concurrency
-from outbox.endpoint_names import endpoint_destination, endpoint_id, is_endpoint
+from outbox.endpoint_names import (
+    application_tag,
+    application_uid_tag,
+    endpoint_destination,
+    endpoint_id,
+    event_type_tag,
+    is_endpoint,
+)
 from outbox.events import DestinationEvent, destination_disabled, destination_enabled
 from outbox.exceptions import InvalidEndpoint, InvalidMessage, UnknownApplication, UnknownEventType
 from outbox.models import Application, Endpoint, EventType
@@ -284,19 +293,25 @@ def clean_metadata(value: object, what: str = "metadata") -> dict[str, Any]:
 # -- telling the workers -----------------------------------------------------------------
 
 
-def notify(changes: Sequence[tuple[str, list[float] | None]], *, deleted: bool = False) -> None:
-    """After a commit that changed endpoints (``(destination name, limits)`` each): their
-    limits to their state hashes (not when ``deleted``) and the change counter bumped
-    with their names, so every worker forgets its copy within ``VERSION_CHECK`` seconds.
-    Redis unreachable: logged; the workers learn of the change within ``CACHE_TTL``
-    instead (their copies expire), and the limits are written again by the first worker
-    that loads the endpoint."""
+def notify(
+    changes: Sequence[tuple[str, list[float] | None]], *, deleted: bool = False, tags: Sequence[str] = ()
+) -> None:
+    """After a commit that changed endpoints (``(destination name, limits)`` each): this
+    process's copies of them forgotten at once (and :func:`outbox.publish`'s views
+    tagged with ``tags``: their applications, an event type); their limits to their
+    state hashes (not when ``deleted``) and the change counter bumped with their names
+    and the tags, so every worker (and every publishing process) forgets its copy within
+    ``VERSION_CHECK`` seconds. Redis unreachable: logged; the others learn of the change
+    within ``CACHE_TTL`` instead (their copies expire), and the limits are written again
+    by the first worker that loads the endpoint."""
+    names = [name for name, _ in changes]
+    endpoint_cache.forget([*names, *tags])
     try:
         repo = get_repository()
         if not deleted:
             for name, limits in changes:
                 endpoint_versions.write_limits(repo, name, limits)
-        endpoint_versions.bump(repo, [name for name, _ in changes])
+        endpoint_versions.bump(repo, [*names, *tags])
     except (RedisError, RedisClusterException) as exc:
         logger.warning(
             "outbox: could not tell the workers of a change of %d endpoint(s) (%s: %s); they learn of it "
@@ -307,13 +322,60 @@ def notify(changes: Sequence[tuple[str, list[float] | None]], *, deleted: bool =
         )
 
 
-def on_commit(endpoints: Sequence[Endpoint], using: str, *, deleted: bool = False) -> None:
-    """:func:`notify` of ``endpoints`` (as they are now) once the current transaction on
-    ``using`` commits (at once outside a transaction); nothing on a rollback."""
+class _Announce:
+    """The on-commit step of a change of the registry: :func:`notify` (``local``: only
+    this process's views forgotten, for a row created: nothing elsewhere can hold a copy
+    of what did not exist). While it waits in a transaction's on-commit list, it tells
+    :func:`changed_in_transaction` that this transaction changed the registry."""
+
+    changes_registry = True
+
+    def __init__(
+        self,
+        changes: Sequence[tuple[str, list[float] | None]],
+        tags: Sequence[str],
+        *,
+        deleted: bool = False,
+        local: bool = False,
+    ) -> None:
+        self.changes, self.tags, self.deleted, self.local = changes, tags, deleted, local
+
+    def __call__(self) -> None:
+        if self.local:
+            endpoint_cache.forget([*(name for name, _ in self.changes), *self.tags])
+        else:
+            notify(self.changes, deleted=self.deleted, tags=self.tags)
+
+
+def on_commit(
+    endpoints: Sequence[Endpoint], using: str, *, deleted: bool = False, tags: Iterable[str] = ()
+) -> None:
+    """:func:`notify` of ``endpoints`` (as they are now) and of their applications (and
+    of ``tags``) once the current transaction on ``using`` commits (at once outside a
+    transaction); nothing on a rollback."""
     snapshot = [
         (e.destination, None if deleted else limits_of(e.rate_limit, e.max_concurrency)) for e in endpoints
     ]
-    transaction.on_commit(lambda: notify(snapshot, deleted=deleted), using=using)
+    names = dict.fromkeys([*(application_tag(e.application_id) for e in endpoints), *tags])
+    transaction.on_commit(_Announce(snapshot, list(names), deleted=deleted), using=using)
+
+
+def announce(tags: Sequence[str], using: str, *, local: bool = False) -> None:
+    """Tell the publishing processes, when the current transaction on ``using`` commits,
+    that what ``tags`` name changed (an application, an event type): see :func:`on_commit`."""
+    transaction.on_commit(_Announce([], list(tags), local=local), using=using)
+
+
+def changed_in_transaction(using: str) -> bool:
+    """Whether the transaction open on ``using`` changed endpoints, applications or
+    event types through this module (or :func:`outbox.webhooks.changed`): their rows are
+    uncommitted, so :func:`outbox.publish` reads the database rather than this process's
+    views of committed rows, and keeps nothing it reads. False outside a transaction.
+    (A savepoint rolled back takes its changes' on-commit steps, hence their mark, with it.)"""
+    connection = transaction.get_connection(using)
+    if not connection.in_atomic_block:
+        return False
+    return any(getattr(step[1], "changes_registry", False) for step in connection.run_on_commit)
 
 
 # -- applications ------------------------------------------------------------------------
@@ -697,8 +759,18 @@ def record_automatic_disable(name: str, reason: str, using: str = DEFAULT_DB_ALI
         .update(disabled=True, disabled_reason=(reason or "automatic")[:200])
     )
     if changed:  # the workers forget their copies (limits unchanged: not written again)
-        transaction.on_commit(lambda: notify([(name, None)], deleted=True), using=using)
+        _announce_row_change(name, pk, using)
     return bool(changed)
+
+
+def _announce_row_change(name: str, pk: uuid.UUID, using: str) -> None:
+    """On commit: endpoint ``name`` (id ``pk``) changed by an update of its row, its
+    application's publishing views with it (limits unchanged: not written again)."""
+    tags = [
+        application_tag(app)
+        for app in Endpoint.objects.using(using).filter(pk=pk).values_list("application_id", flat=True)
+    ]
+    transaction.on_commit(_Announce([(name, None)], tags, deleted=True), using=using)
 
 
 def record_enable(name: str, using: str = DEFAULT_DB_ALIAS) -> bool:
@@ -712,7 +784,7 @@ def record_enable(name: str, using: str = DEFAULT_DB_ALIAS) -> bool:
         Endpoint.objects.using(using).filter(pk=pk, disabled=True).update(disabled=False, disabled_reason="")
     )
     if changed:
-        transaction.on_commit(lambda: notify([(name, None)], deleted=True), using=using)
+        _announce_row_change(name, pk, using)
     return bool(changed)
 
 
@@ -730,3 +802,153 @@ def _on_enabled(*, event: DestinationEvent, **kwargs: Any) -> None:
     """An endpoint enabled in Redis by an operator is enabled in its row too (:func:`record_enable`)."""
     if is_endpoint(event.destination):
         record_enable(event.destination)
+
+
+# -- what publish() reads, kept by this process ---------------------------------------------
+#
+# outbox.publish() runs as often as send(): the application, its enabled endpoints and the
+# event type's state are read from the database once and kept in this process's versioned
+# cache (EndpointCache.view), forgotten at once when this process commits a change of them
+# and within VERSION_CHECK seconds of another process's announced change (CACHE_TTL at most
+# when the announcement was lost). A transaction that changed them itself reads the
+# database (changed_in_transaction), so its uncommitted rows are seen and never kept.
+
+
+@dataclass(frozen=True)
+class Subscriber:
+    """An enabled endpoint as :func:`outbox.publish` fans out to it.
+
+    Attributes:
+        pk: the endpoint's id. destination: its destination name.
+        filter_types: the event types it subscribes to (empty: every type).
+        channels: its channels (empty: events whatever their channels).
+    """
+
+    pk: uuid.UUID
+    destination: str
+    filter_types: frozenset[str] = frozenset()
+    channels: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, endpoint: Endpoint) -> Subscriber:
+        return cls(
+            endpoint.pk,
+            endpoint.destination,
+            frozenset(endpoint.filter_types or ()),
+            frozenset(endpoint.channels or ()),
+        )
+
+    def matches(self, event_type: str, channels: Sequence[str]) -> bool:
+        """As :func:`matches`."""
+        if self.filter_types and event_type not in self.filter_types:
+            return False
+        return not self.channels or not self.channels.isdisjoint(channels)
+
+
+def publishing_application(
+    application: Application | str, using: str = DEFAULT_DB_ALIAS, *, fresh: bool = False
+) -> Application:
+    """:func:`get_application`, kept by this process (``fresh``: read now, not kept).
+
+    Raises:
+        UnknownApplication: no application has this uid.
+    """
+    if fresh or isinstance(application, Application) or not isinstance(application, str):
+        return get_application(application, using)
+
+    def load() -> tuple[Application, list[str]]:
+        app = get_application(application, using)
+        return app, [application_tag(app.pk), application_uid_tag(app.uid)]
+
+    return endpoint_cache.view(("application", using, application), load)
+
+
+def check_published_type(event_type: str, using: str = DEFAULT_DB_ALIAS, *, fresh: bool = False) -> None:
+    """Refuse a malformed, unknown or archived event type (see :func:`outbox.publish`);
+    the catalogue's answer kept by this process (``fresh``: read now, not kept).
+
+    Raises:
+        InvalidEndpoint, UnknownEventType: as said.
+    """
+    clean_event_type_name(event_type)
+    if endpoint_setting("ALLOW_UNKNOWN_EVENT_TYPES"):
+        return
+
+    def load() -> tuple[bool, list[str]]:
+        archived = (
+            EventType.objects.using(using).filter(name=event_type).values_list("archived", flat=True).first()
+        )
+        if archived is None:
+            raise UnknownEventType(
+                f"unknown event type {event_type!r} (create it with webhooks.create_event_type)",
+                field="event_type",
+            )
+        return bool(archived), [event_type_tag(event_type)]
+
+    archived = load()[0] if fresh else endpoint_cache.view(("event-type", using, event_type), load)
+    if archived:
+        raise UnknownEventType(f"event type {event_type!r} is archived", field="event_type")
+
+
+def audience(
+    application: Application, using: str = DEFAULT_DB_ALIAS, *, fresh: bool = False
+) -> tuple[Subscriber, ...]:
+    """The enabled endpoints of ``application``, oldest first (one query, without model
+    instances), kept by this process (``fresh``: read now, in the caller's transaction,
+    not kept)."""
+
+    def load() -> tuple[tuple[Subscriber, ...], list[str]]:
+        rows = (
+            Endpoint.objects.using(using)
+            .filter(application_id=application.pk, disabled=False)
+            .order_by("created_at", "id")
+            .values_list("id", "filter_types", "channels")
+        )
+        found = tuple(
+            Subscriber(pk, endpoint_destination(pk), frozenset(types or ()), frozenset(channels or ()))
+            for pk, types, channels in rows
+        )
+        return found, [application_tag(application.pk)]
+
+    if fresh:
+        return load()[0]
+    return endpoint_cache.view(("audience", using, application.pk), load)
+
+
+# Applications and event types changed by any means that saves or deletes a model (the
+# admin, the ORM, model events' catalogue entries) are announced: publish() keeps them.
+
+
+@receiver(pre_save, sender=Application, dispatch_uid="outbox.application.pre_save")
+def _application_before(sender: Any, instance: Application, raw: bool = False, **kwargs: Any) -> None:
+    if raw or instance._state.adding or instance.pk is None:
+        return
+    using = kwargs.get("using") or DEFAULT_DB_ALIAS
+    instance._outbox_uid_before = (  # type: ignore[attr-defined]
+        Application.objects.using(using).filter(pk=instance.pk).values_list("uid", flat=True).first()
+    )
+
+
+@receiver(post_save, sender=Application, dispatch_uid="outbox.application.post_save")
+def _application_saved(sender: Any, instance: Application, created: bool = False, **kwargs: Any) -> None:
+    before = getattr(instance, "_outbox_uid_before", None)
+    tags = [application_tag(instance.pk), application_uid_tag(instance.uid)]
+    if before and before != instance.uid:
+        tags.append(application_uid_tag(before))
+    announce(tags, kwargs.get("using") or DEFAULT_DB_ALIAS, local=created)
+
+
+@receiver(post_delete, sender=Application, dispatch_uid="outbox.application.post_delete")
+def _application_deleted(sender: Any, instance: Application, **kwargs: Any) -> None:
+    tags = [application_tag(instance.pk), application_uid_tag(instance.uid)]
+    announce(tags, kwargs.get("using") or DEFAULT_DB_ALIAS)
+
+
+@receiver(post_save, sender=EventType, dispatch_uid="outbox.event_type.post_save")
+def _event_type_saved(sender: Any, instance: EventType, created: bool = False, **kwargs: Any) -> None:
+    announce([event_type_tag(instance.name)], kwargs.get("using") or DEFAULT_DB_ALIAS, local=created)
+
+
+@receiver(post_delete, sender=EventType, dispatch_uid="outbox.event_type.post_delete")
+def _event_type_deleted(sender: Any, instance: EventType, **kwargs: Any) -> None:
+    announce([event_type_tag(instance.name)], kwargs.get("using") or DEFAULT_DB_ALIAS)
