@@ -695,6 +695,7 @@ class WorkerRun:
                     )
 
     def start(self, messages: Sequence[Message]) -> None:
+        attempts.prepare(m.destination for m in messages)  # endpoints' configurations: together
         for index, message in enumerate(messages):
             seconds = attempts.deadline_of(message.destination)  # transports are built once and kept
             try:

@@ -42,7 +42,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import SimpleNamespace
@@ -643,18 +643,66 @@ class EndpointCache:
             endpoints,  # Django models: `import outbox.destinations` must not load them
         )
 
+        try:
+            config: Any = endpoints.load(name)
+        except SecretUnreadable as exc:
+            config = exc
+        return self._keep(name, config, now)
+
+    def preload(self, names: Iterable[str]) -> None:
+        """Load the copies of the endpoints among ``names`` that this process lacks (or
+        whose copy expired) together: their rows in one query, their states in Redis
+        read in one round trip (a worker's claim names many endpoints; one by one, each
+        cost a query and a round trip in the run's loop). Best effort: what fails here
+        is loaded by :meth:`get` as before, one at a time."""
+        now = time.monotonic()
+        self._check_version(now)
+        ttl = float(endpoint_setting("CACHE_TTL"))
+        wanted = []
+        for name in dict.fromkeys(names):
+            entry = self._entries.get(name)
+            if is_endpoint(name) and (entry is None or now - entry[0] >= ttl):
+                wanted.append(name)
+        if len(wanted) < 2:
+            return
+        from django.db import DatabaseError
+
+        from outbox.destinations import endpoints  # Django models (see _load)
+
+        try:
+            configs = endpoints.load_many(wanted)
+        except DatabaseError:
+            return
+        try:
+            states = endpoint_versions.admin_states(get_repository(), wanted)
+        except (RedisError, RedisClusterException):
+            states = {}
+        for name in wanted:
+            self._keep(name, configs.get(name), now, states.get(name))
+
+    def _keep(
+        self, name: str, config: Any, now: float, state: tuple[str, str, str | None] | None = None
+    ) -> tuple[float, Destination | None, Transport | None, Exception | None]:
+        """Keep the copy of endpoint ``name`` made from ``config`` (its
+        :class:`~outbox.destinations.endpoints.EndpointConfig`, None: no such endpoint,
+        or the :class:`SecretUnreadable` its secrets raised); ``state``: its admin state
+        in Redis, when read already."""
+        from outbox.destinations import endpoints  # Django models (see _load)
+
         destination: Destination | None = None
         transport: Transport | None = None
         error: Exception | None = None
         try:
-            config = endpoints.load(name)
+            if isinstance(config, SecretUnreadable):
+                raise config
             if config is None:
                 raise UnknownDestination(
                     f"unknown destination {name!r}: no such endpoint (deleted?)", field="destination"
                 )
             destination = endpoint_as_destination(config)
             transport = EndpointTransport(name, **destination.options)
-            self._reconcile(name, config, endpoints.limits_of(config.rate_limit, config.max_concurrency))
+            limits = endpoints.limits_of(config.rate_limit, config.max_concurrency)
+            self._reconcile(name, config, limits, state)
             if config.disabled:
                 error = EndpointUnavailable(
                     f"endpoint {name} is disabled ({config.disabled_reason or 'manual'})"
@@ -673,11 +721,14 @@ class EndpointCache:
         return entry
 
     @staticmethod
-    def _reconcile(name: str, config: Any, limits: list[float] | None) -> None:
-        """Bring ``name``'s state in Redis in line with ``config`` (best effort)."""
+    def _reconcile(
+        name: str, config: Any, limits: list[float] | None, state: tuple[str, str, str | None] | None = None
+    ) -> None:
+        """Bring ``name``'s state in Redis (``state``: as read already, else read now) in
+        line with ``config`` (best effort)."""
         try:
             repo = get_repository()
-            admin, reason, stored = endpoint_versions.admin_state(repo, name)
+            admin, reason, stored = state or endpoint_versions.admin_state(repo, name)
             wanted = None if limits is None else json.dumps(limits, separators=(",", ":"))
             if stored != wanted:
                 endpoint_versions.write_limits(repo, name, limits)

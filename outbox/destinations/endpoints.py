@@ -613,8 +613,40 @@ def load(name: str, using: str = DEFAULT_DB_ALIAS) -> EndpointConfig | None:
     if pk is None:
         return None
     row = Endpoint.objects.using(using).select_related("application").filter(pk=str(pk)).first()
-    if row is None:
-        return None
+    return None if row is None else _config_of(name, row)
+
+
+def load_many(
+    names: Sequence[str], using: str = DEFAULT_DB_ALIAS
+) -> dict[str, EndpointConfig | secret_store.SecretUnreadable]:
+    """:func:`load` of each of ``names`` in one query: name -> its configuration, or the
+    :class:`~outbox.destinations.secrets.SecretUnreadable` its secrets raised; a name
+    with no such endpoint is left out."""
+    ids = {pk: name for name in names if (pk := endpoint_id(name)) is not None}
+    found: dict[str, EndpointConfig | secret_store.SecretUnreadable] = {}
+    keys = list(ids)
+    rows = [
+        row
+        for i in range(0, len(keys), 500)  # within every database's limit of query parameters
+        for row in Endpoint.objects.using(using)
+        .select_related("application")
+        .filter(pk__in=keys[i : i + 500])
+    ]
+    for row in rows:
+        name = ids.get(row.pk) or endpoint_destination(row.pk)
+        try:
+            found[name] = _config_of(name, row)
+        except secret_store.SecretUnreadable as exc:
+            found[name] = exc
+    return found
+
+
+def _config_of(name: str, row: Endpoint) -> EndpointConfig:
+    """The configuration of endpoint ``row`` (destination name ``name``).
+
+    Raises:
+        SecretUnreadable: its secrets cannot be decrypted (a wrong key).
+    """
     signing: tuple[str, ...] = ()
     if row.secrets:
         signing = tuple(secret_store.decrypt(row.secrets).signing(time.time()))
