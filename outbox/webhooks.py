@@ -590,12 +590,17 @@ def publish(
     subscribed to ``event_type`` and ``channels`` (Svix's fan-out), each an ordinary
     outbox message to that endpoint.
 
-    The subscribers are resolved now: an endpoint registered (or enabled, or subscribed)
-    later does not get this event; one disabled later gets it when enabled again (its
-    delivery waits, parked). Inside ``transaction.atomic`` on ``using`` the deliveries
-    are captured with the caller's rows (committed or rolled back with them, as
-    :func:`outbox.send`), and an endpoint created earlier in the transaction is among
-    the subscribers; outside, they are stored before this returns.
+    The subscribers are resolved now, as this process knows them: an endpoint registered
+    (or enabled, or subscribed) later does not get this event; one disabled later gets
+    it when enabled again (its delivery waits, parked). The application, its endpoints
+    and the type's state are kept by the process (``docs/webhooks.md``, "How workers
+    learn of changes"): a change committed here is seen at once, one committed by
+    another process within ``VERSION_CHECK`` seconds (``CACHE_TTL`` if never announced).
+    Inside ``transaction.atomic`` on ``using`` the deliveries are captured with the
+    caller's rows (committed or rolled back with them, as :func:`outbox.send`), and an
+    endpoint created earlier in the transaction (through this module, or announced by
+    :func:`changed`) is among the subscribers; outside, they are stored before this
+    returns.
 
     Every delivery is POSTed with the payload as its body and the headers
     ``webhook-id`` = the event id (the same for every endpoint and retry: receivers
