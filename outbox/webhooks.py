@@ -590,13 +590,10 @@ def publish(
     subscribed to ``event_type`` and ``channels`` (Svix's fan-out), each an ordinary
     outbox message to that endpoint.
 
-    The subscribers are resolved now, as this process knows them: an endpoint registered
-    (or enabled, or subscribed) later does not get this event; one disabled later gets
-    it when enabled again (its delivery waits, parked). The application, its endpoints
-    and the type's state are kept by the process (``docs/webhooks.md``, "How workers
-    learn of changes"): a change committed here is seen at once, one committed by
-    another process within ``VERSION_CHECK`` seconds (``CACHE_TTL`` if never announced).
-    Inside ``transaction.atomic`` on ``using`` the deliveries are captured with the
+    The subscribers are resolved now, as this process knows them (a change committed
+    here at once, elsewhere within ``VERSION_CHECK``: ``docs/webhooks.md``): one
+    registered later does not get this event; one disabled later gets it when enabled
+    again (its delivery waits, parked). Inside ``transaction.atomic`` on ``using`` the deliveries are captured with the
     caller's rows (committed or rolled back with them, as :func:`outbox.send`), and an
     endpoint created earlier in the transaction (through this module, or announced by
     :func:`changed`) is among the subscribers; outside, they are stored before this
@@ -641,10 +638,7 @@ def publish(
             again with the same idempotency key completes it.
         NotDurable: as :func:`outbox.send`.
     """
-    # the application, its endpoints and the type's state as this process keeps them
-    # (registry.audience: seen within VERSION_CHECK of a change elsewhere, at once of one
-    # committed here), or read now in a transaction that changed them itself
-    fresh = registry.changed_in_transaction(using)
+    fresh = registry.changed_in_transaction(using)  # then read its own rows, keep nothing
     app = registry.publishing_application(application, using, fresh=fresh)
     registry.check_published_type(event_type, using, fresh=fresh)
     event_channels = registry.clean_channels(channels)
