@@ -588,6 +588,8 @@ def endpoint_setting(name: str) -> Any:
         KeyError: ``name`` is not such a key (a bug of the caller).
     """
     value = outbox_settings.ENDPOINTS
+    if value is _endpoints_checked[0] and len(value) == _endpoints_checked[1]:
+        return value.get(name, ENDPOINT_DEFAULTS[name])  # publish() reads several per call
     if not isinstance(value, dict):
         raise ImproperlyConfigured("OUTBOX['ENDPOINTS'] must be a dict")
     unknown = sorted(set(value) - set(ENDPOINT_DEFAULTS))
@@ -596,7 +598,12 @@ def endpoint_setting(name: str) -> Any:
             f"OUTBOX['ENDPOINTS'] has unknown key(s) {', '.join(map(repr, unknown))}; known: "
             + ", ".join(ENDPOINT_DEFAULTS)
         )
+    _endpoints_checked[:] = [value, len(value)]
     return value.get(name, ENDPOINT_DEFAULTS[name])
+
+
+#: The ``OUTBOX["ENDPOINTS"]`` dict :func:`endpoint_setting` checked last, and its size.
+_endpoints_checked: list[Any] = [None, -1]
 
 
 @receiver(setting_changed)
