@@ -55,6 +55,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import redaction
 from outbox.conf import MAX_RETRIES_LIMIT, endpoint_setting, outbox_settings
+from outbox.destinations import kept
 from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_after, parse_max_concurrency
 from outbox.destinations.secrets import SecretUnreadable
 from outbox.endpoint_names import ENDPOINT_PREFIX, is_endpoint
@@ -665,7 +666,7 @@ class EndpointCache:
                 wanted.append(name)
         if len(wanted) < 2:
             return
-        from django.db import DatabaseError
+        from django.db import DatabaseError  # Django's database layer: only when endpoints are loaded
 
         from outbox.destinations import endpoints  # Django models (see _load)
 
@@ -762,6 +763,7 @@ def _unpark(name: str) -> None:
 #: This process's endpoint configurations.
 endpoint_cache = EndpointCache()
 redaction.register_options_source(endpoint_cache.options)
+kept.register(endpoint_cache)  # reached by outbox.destinations.endpoints, which this module imports
 
 
 @receiver(setting_changed)

@@ -37,8 +37,8 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import headers as header_rules
 from outbox.conf import endpoint_setting, outbox_settings
+from outbox.destinations import kept
 from outbox.destinations import secrets as secret_store
-from outbox.destinations.config import endpoint_cache
 from outbox.destinations.limits import RateLimit, parse_max_concurrency
 from outbox.endpoint_names import (
     application_tag,
@@ -305,7 +305,7 @@ def notify(
     within ``CACHE_TTL`` instead (their copies expire), and the limits are written again
     by the first worker that loads the endpoint."""
     names = [name for name, _ in changes]
-    endpoint_cache.forget([*names, *tags])
+    kept.forget([*names, *tags])
     try:
         repo = get_repository()
         if not deleted:
@@ -342,7 +342,7 @@ class _Announce:
 
     def __call__(self) -> None:
         if self.local:
-            endpoint_cache.forget([*(name for name, _ in self.changes), *self.tags])
+            kept.forget([*(name for name, _ in self.changes), *self.tags])
         else:
             notify(self.changes, deleted=self.deleted, tags=self.tags)
 
@@ -892,7 +892,7 @@ def publishing_application(
         app = get_application(application, using)
         return app, [application_tag(app.pk), application_uid_tag(app.uid)]
 
-    return endpoint_cache.view(("application", using, application), load)
+    return kept.view(("application", using, application), load)
 
 
 def check_published_type(event_type: str, using: str = DEFAULT_DB_ALIAS, *, fresh: bool = False) -> None:
@@ -917,7 +917,7 @@ def check_published_type(event_type: str, using: str = DEFAULT_DB_ALIAS, *, fres
             )
         return bool(archived), [event_type_tag(event_type)]
 
-    archived = load()[0] if fresh else endpoint_cache.view(("event-type", using, event_type), load)
+    archived = load()[0] if fresh else kept.view(("event-type", using, event_type), load)
     if archived:
         raise UnknownEventType(f"event type {event_type!r} is archived", field="event_type")
 
@@ -944,7 +944,7 @@ def audience(
 
     if fresh:
         return load()[0]
-    return endpoint_cache.view(("audience", using, application.pk), load)
+    return kept.view(("audience", using, application.pk), load)
 
 
 # Applications and event types changed by any means that saves or deletes a model (the
