@@ -40,65 +40,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from benchmarks import endpoints, peers
+from benchmarks.common import (  # shared with benchmarks.endpoints
+    RESULTS,
+    ROOT,
+    body_200,
+    commandstats,
+    fmt,
+    loadavg,
+    med,
+    outbox_burst,
+    private_redis,
+    publish,
+    receiver_rate,
+    run_json,
+    setup_django,
+    stats_delta,
+    steady,
+    use_profile,
+    used_memory,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "latest.md"
-
-SETTINGS = "benchmarks.compare_settings"
 RECEIVER_DELAY = 0.050  # seconds the webhook receiver takes to answer
 HTTPX_THREADS = 16
 LATENCY_RATE = 200  # messages per second, steady
 OUTBOX_QUEUES = ["outbox_high", "outbox", "outbox_low"]
-
-
-def publish(lines: list[str], out: str, default: str | None = None) -> None:
-    """Print a results table (``lines``) and write it to ``out``; when ``out`` is left at
-    :data:`RESULTS` and the run has a file of its own (``default``, e.g. ``"ordered.md"``),
-    to that file beside it instead."""
-    text = "\n".join(lines) + "\n"
-    print()
-    print(text)
-    path = RESULTS.with_name(default) if default and out == str(RESULTS) else Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"written to {path}")
-
-
-def body_200(**extra) -> dict:
-    """A JSON body that serializes (compact) to exactly 200 bytes."""
-    body = {
-        "order": 123456,
-        "customer": "cus_8f2a1c",
-        "currency": "EUR",
-        "total": "129.90",
-        **extra,
-        "pad": "",
-    }
-    size = len(json.dumps(body, separators=(",", ":")))
-    body["pad"] = "x" * (200 - size)
-    return body
-
-
-def loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def run_json(args: list[str], env: dict | None = None, timeout: float = 600, root: Path = ROOT) -> dict:
-    """Run ``python -m benchmarks.compare ARGS`` in the checkout ``root`` (its code) and
-    parse its last stdout line as JSON."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare", *args],
-        cwd=root,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"{args} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-        )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def spawn(args: list[str], env: dict) -> subprocess.Popen:
@@ -133,14 +98,6 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def used_memory(conn) -> int:
-    return int(conn.info("memory")["used_memory"])
-
-
-def commandstats(conn) -> dict[str, int]:
-    return {k: int(v["calls"]) for k, v in conn.info("commandstats").items()}
-
-
 def commandstats_usec(conn) -> dict[str, int]:
     """Microseconds the server has spent in each command (``INFO commandstats``: a
     script's EVALSHA counts its whole run, and each command it runs counts again under
@@ -152,17 +109,6 @@ def server_cpu(conn) -> float:
     """Seconds of CPU the Redis server has used (user + system)."""
     cpu = conn.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
-
-
-def use_profile(profile: str) -> None:
-    """Pick the destinations' ``MAX_IN_FLIGHT`` (``benchmarks.compare_settings``): before
-    Django starts in this case's process; its worker processes inherit it."""
-    os.environ["BENCH_PROFILE"] = profile
-
-
-def stats_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    out = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    return {k: v for k, v in out.items() if v > 0 and k not in ("info",)}
 
 
 # -- a receiver that answers after 50 ms ------------------------------------------------
@@ -218,25 +164,6 @@ def start_receiver(delay: float, status_of=None, latencies: bool = False) -> tup
 
 
 # -- cases (each in its own process, with its own Redis) ---------------------------------
-def private_redis():
-    from outbox.testing import RedisServer
-
-    server = RedisServer().start()
-    os.environ["OUTBOX_TEST_REDIS_URL"] = server.url
-    os.environ["BENCH_REDIS_URL"] = server.url
-    return server
-
-
-def setup_django() -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
-    import django
-
-    django.setup()
-
-
-def steady(done: dict) -> float:
-    """Deliveries per second from the first to the last one (no start-up)."""
-    return (done["count"] - 1) / (done["done_at"] - done["first_at"])
 
 
 def outbox_warmed(body: dict):
@@ -254,21 +181,6 @@ def outbox_warmed(body: dict):
     # a 0.1 upgrade that a running system does not repeat.
     get_repository().upgrade()
     return conn
-
-
-def outbox_burst(n: int, env: dict | None = None) -> dict:
-    """Run one outbox worker process in burst mode until nothing is due; adds the
-    steady rate seen by the no-op transport (``steady``) when it delivered n."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "done.json"
-        result = run_json(
-            ["outbox-worker", "--burst"], env={**(env or {}), "BENCH_EXPECT": str(n), "BENCH_OUT": str(out)}
-        )
-        if out.exists():
-            done = json.loads(out.read_text())
-            result["steady"] = steady(done)
-            result["drain"] = done["done_at"] - result["t0"]
-        return result
 
 
 def case_outbox(n: int, many: bool, profile: str = "tuned") -> dict:
@@ -489,13 +401,6 @@ def case_webhook_httpx(n: int) -> dict:
     finally:
         client.close()
         receiver.shutdown()
-
-
-def receiver_rate(receiver) -> float:
-    """Answers per second as the receiver saw them: (n - 1) / (last - first answer), so
-    neither side's start-up counts."""
-    times = sorted(receiver.answered)
-    return (len(times) - 1) / (times[-1] - times[0])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -1333,23 +1238,6 @@ def run_admin(total: int, failed: int) -> dict:
         if m and "requeue" not in m.group(1) and not m.group(1).startswith("("):
             pages[m.group(1)] = (float(m.group(2)), float(m.group(3)))
     return pages
-
-
-def fmt(x: float, unit: str = "") -> str:
-    if x >= 100:
-        s = f"{x:,.0f}"
-    elif x >= 10:
-        s = f"{x:.1f}"
-    else:
-        s = f"{x:.2f}"
-    return s + unit
-
-
-def med(values: list[float]) -> str:
-    """Median, with the min-max spread of the rounds."""
-    if len(values) == 1:
-        return fmt(values[0])
-    return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
 
 
 #: The cases of ``--send``.

@@ -125,7 +125,7 @@ def register(base: str) -> tuple[dict[str, str], float]:
 def drain(n: int, receiver: Any) -> dict[str, float]:
     """One burst worker delivers the n due messages: the receiver's rate and the Redis
     commands per delivery during the run."""
-    from benchmarks.compare import commandstats, outbox_burst, receiver_rate, stats_delta
+    from benchmarks.common import commandstats, outbox_burst, receiver_rate, stats_delta
     from outbox.store import get_repository
     from outbox.store.client.connection import get_connection
 
@@ -142,7 +142,7 @@ def drain(n: int, receiver: Any) -> dict[str, float]:
 def delivery_pair(n: int, receiver: Any, endpoints_first: bool) -> dict[str, float]:
     """n deliveries over app-0's 1,000 endpoints and n to ``hook``, each drained alone."""
     import outbox
-    from benchmarks.compare import body_200
+    from benchmarks.common import body_200
     from outbox.store.client.connection import get_connection
 
     out: dict[str, float] = {}
@@ -170,7 +170,7 @@ def calls(receiver: Any) -> dict[str, float]:
     """publish() to ``solo`` (one endpoint) against send() to ``hook``, calls per second
     in alternating blocks (medians); publish() to 1,000 endpoints, ms (median)."""
     import outbox
-    from benchmarks.compare import body_200
+    from benchmarks.common import body_200
 
     body = body_200()
     publish_rates, send_rates = [], []
@@ -200,7 +200,7 @@ def memory() -> dict[str, float]:
     """Bytes of Redis memory per pending delivery, events of a 200-byte and a 10 KB
     payload, each to app-2's 1,000 endpoints."""
     import outbox
-    from benchmarks.compare import body_200, used_memory
+    from benchmarks.common import body_200, used_memory
     from outbox.store.client.connection import get_connection
 
     conn = get_connection()
@@ -218,7 +218,7 @@ def memory() -> dict[str, float]:
 
 def case_endpoints(n: int, round_no: int = 1) -> dict:
     """Every figure of the table, in one process (see the module docstring)."""
-    from benchmarks.compare import private_redis, setup_django, use_profile
+    from benchmarks.common import private_redis, setup_django, use_profile
     from outbox.destinations.secrets import generate_secret
 
     use_profile("tuned")  # the hook may use the worker's CONCURRENCY, as an endpoint may
@@ -259,7 +259,7 @@ def add_secrets(receiver: Any, secrets: dict[str, str]) -> None:
 def _ratio_row(
     what: str, ours: list[float], peer: list[float], target: str, met: bool, peer_name: str
 ) -> str:
-    from benchmarks.compare import med
+    from benchmarks.common import med
 
     ratio = statistics.median(ours) / statistics.median(peer)
     return f"| {what} | {med(ours)} | {peer_name}: {med(peer)} | {ratio:.2f}× | {target} | {'yes' if met else '**no**'} |"
@@ -269,7 +269,7 @@ def endpoints_run(rounds: int, n: int, out: str) -> None:
     """``--endpoints``: ``rounds`` rounds of :func:`case_endpoints`, the table of medians."""
     import platform
 
-    from benchmarks.compare import loadavg, med, publish, run_json
+    from benchmarks.common import loadavg, med, publish, run_json
 
     results: list[dict] = []
     loads = [loadavg()]
