@@ -9,18 +9,16 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import ResponseError
 
-from outbox.exceptions import MessageNotFound, OutboxUnavailable
+from outbox.exceptions import MessageNotFound
 from outbox.records import Attempt, Message, Status, partition_of
-from outbox.store.base import STALE_ROUTE, RepositoryBase, ScriptCall, first_of, queue_first, script_call
-from outbox.store.client.durability import Acknowledgement, Durability, commands_then_wait, write_then_wait
-from outbox.store.client.outages import PARTITION_UNAVAILABLE, unknown_first
-from outbox.store.client.routing import by_primary, primary_of
+from outbox.store.base import RepositoryBase, ScriptCall, first_of, queue_first
+from outbox.store.client.durability import Durability
 from outbox.store.codec import (
     INLINE_ATTEMPT_FIELDS,
     attempt_from_inline,
@@ -31,9 +29,11 @@ from outbox.store.codec import (
     message_value,
     resend_fields,
 )
-from outbox.store.idempotency import away_from_home, exists_elsewhere, point_home, reserve
+from outbox.store.created import Created, CreateResult, create_groups
+from outbox.store.creating import create_steps, partitioned_steps
 from outbox.store.keys import Keys
-from outbox.store.scripts import field_names, named, sha
+from outbox.store.scripts import field_names, named
+from outbox.store.steps import drive
 
 # The Lua scripts' replies (lua/*.lua, each documented in its header), as parsed here:
 # Redis arrays arrive as lists, typed as the tuples they are unpacked as; Lua false as None.
@@ -63,28 +63,6 @@ CREATE_FIELDS = ("id", "fp", "group", "score", "created", "record", "ordered", "
 _CREATE_WRITES = ("status", "destination", "queue", "next_attempt_at")
 
 logger = logging.getLogger(__name__)
-
-
-def due_queues(messages: Sequence[Message], due_by: float) -> list[str]:
-    """The queues of ``messages`` that get a message due by ``due_by`` (epoch seconds), as
-    ``lua/create.lua`` judges it (its score: ``next_attempt_at``, else ``created_at``), in
-    order of first appearance."""
-    out: list[str] = []
-    for m in messages:
-        score = m.next_attempt_at if m.next_attempt_at is not None else m.created_at
-        if score <= due_by and m.queue not in out:
-            out.append(m.queue)
-    return out
-
-
-def create_groups(messages: Sequence[Message]) -> dict[tuple[str, str, str], int]:
-    """(status, destination, queue) -> its group number (1-based, in order of first
-    appearance) among ``messages``: the messages of a group share the index keys that
-    ``lua/create.lua`` receives once per group (:meth:`MessageRepository.create_keys`)."""
-    groups: dict[tuple[str, str, str], int] = {}
-    for m in messages:
-        groups.setdefault((m.status, m.destination, m.queue), len(groups) + 1)
-    return groups
 
 
 def payloads_of(messages: Sequence[Message]) -> dict[str, list[int]]:
@@ -267,51 +245,6 @@ class ChangeResult:
 
 
 @dataclass
-class Created:
-    """What :meth:`MessageRepository.create` did with one message.
-
-    Attributes:
-        id: the id the caller proposed.
-        standing_id: the id that stands for it: ``id``, or the message already sent under
-            the same idempotency key.
-        code: ``"new"`` (written), ``"exists"`` (a message with this id was already
-            written: a repeated push), ``"duplicate"`` (the key names another message
-            with the same body: nothing written), ``"conflict"`` (the key names another
-            message with a different body: nothing written) or, with more than one
-            partition, ``"unstored"`` (its partition could not be written now, while
-            another partition of the call was: see :attr:`CreateResult.errors`) or
-            ``"unknown"`` (set by ``outbox.sending.intake``: its partition's write was
-            sent and the reply lost, :func:`.outages.may_have_run`; it may be stored).
-    """
-
-    id: str
-    standing_id: str
-    code: str
-    #: A message with an ordering key written as new: ``"pending"`` (its key's head) or
-    #: ``"waiting"``, its sequence in the key, the sequence delivered before it and the
-    #: key's epoch.
-    status: str | None = None
-    order_seq: int | None = None
-    order_prev: int | None = None
-    order_epoch: str | None = None
-
-
-@dataclass
-class CreateResult:
-    """The reply of :meth:`MessageRepository.create`: one :class:`Created` per message,
-    in order, and the queues whose wake-up flag the call set (enqueue their job); with a
-    ``durability`` wait, what it acknowledged (:mod:`.durability`)."""
-
-    created: list[Created]
-    woken: list[str]
-    acknowledged: Acknowledgement | None = None
-    #: With more than one partition: the outage (:data:`.outages.PARTITION_UNAVAILABLE`)
-    #: each partition that could not be written met, by partition number; its messages
-    #: are ``"unstored"``.
-    errors: dict[int, Exception] = field(default_factory=dict)
-
-
-@dataclass
 class Claim:
     """The reply of :meth:`MessageRepository.claim`.
 
@@ -472,22 +405,18 @@ class MessageStore(RepositoryBase):
         ``durability`` that waits, its ``WAIT``/``WAITAOF`` follows the script on the same
         connection, in the same write (:func:`.durability.write_then_wait`).
         """
-        if not messages:
-            return CreateResult([], [])
-        if self.keys.partitioned:
-            return self.create_partitioned(messages, now, due_slack, repeat, durability)
-        groups = create_groups(messages)
-        args = self.create_args(messages, now, due_slack, repeat, groups)
-        keys = self.create_keys(messages, groups)
-        if durability is not None and durability.waits:
-            reply, acknowledged = self.thread_clients.run(
-                lambda client: write_then_wait(self, client, "create", args, keys, durability)
-            )
-            result = self.parse_create(messages, reply)
-            result.acknowledged = acknowledged
-            return result
-        reply = self.thread_clients.run(lambda client: self.run_script("create", args, client, keys=keys))
-        return self.parse_create(messages, reply)
+        return drive(
+            self,
+            create_steps(
+                self,
+                messages,
+                now,
+                due_slack,
+                repeat,
+                durability,
+                cluster=isinstance(self.connection, RedisCluster),
+            ),
+        )
 
     def create_partitioned(
         self,
@@ -515,212 +444,18 @@ class MessageStore(RepositoryBase):
             redis.exceptions.RedisError: no partition could be written (nothing was),
                 or a partition refused its call for another reason than an outage.
         """
-        settled, work, substituted = self.settle_idempotency(messages)
-        parts: dict[int, list[int]] = {}
-        for i, m in enumerate(work):
-            if i not in settled:
-                parts.setdefault(partition_of(m.id), []).append(i)
-        if not parts:
-            return CreateResult([settled[i] for i in range(len(messages))], [])
-        woken_before: list[str] = []  # queues flagged with a create that did not run
-        calls: list[ScriptCall] = []
-        self.register_destinations({m.destination for m in messages})
-        for positions in parts.values():
-            chunk = [work[i] for i in positions]
-            groups = create_groups(chunk)
-            # a message sent under the id its key names may be stored already: check ids
-            again = repeat or any(i in substituted for i in positions)
-            calls.append(
-                (
-                    "create",
-                    self.create_args(chunk, now, due_slack, again, groups),
-                    self.create_keys(chunk, groups),
-                )
-            )
-        acknowledged = None
-        replies: list[Any]
-        if durability is not None and durability.waits:
-            writes = [
-                ("EVALSHA", sha(name), len(keys), *keys, *args)
-                for name, args, keys in map(script_call, calls)
-            ]
-            replies, acknowledged = self.thread_clients.run(
-                lambda client: commands_then_wait(self, client, writes, durability)
-            )
-        elif len(calls) == 1:  # one partition (every send()): one round trip where it can be
-            name, args, keys = script_call(calls[0])
-            chunk = [work[i] for i in next(iter(parts.values()))]
-            due = due_queues(chunk, now + due_slack)
-            flagged = self.create_and_flag(name, args, keys, due, now)
-            if flagged is not None and not isinstance(flagged[0], Exception):
-                reply, set_flags = flagged
-                result = self.parse_create(chunk, reply)
-                # the flags of the queues made due were set with the create: a job for each
-                # one this call set (a duplicate's too: that job finds nothing, harmlessly)
-                rest = self.raise_wake_flags([q for q in result.woken if q not in due], now)
-                created = self.after_create(messages, work, parts, [result], settled, substituted)
-                return CreateResult(created, set_flags + rest, acknowledged)
-            if flagged is not None:  # the create did not run there: once more, as below
-                woken_before = flagged[1]
-            replies = [self.thread_clients.run(lambda client: self.run_script(name, args, client, keys=keys))]
-        else:
-            replies = self.run_scripts(calls, errors=True)
-        # a write that may have run first: raised, it says the outcome is unknown
-        failed = unknown_first(r for r in replies if isinstance(r, Exception))
-        for reply in failed:
-            if not isinstance(reply, PARTITION_UNAVAILABLE) or len(failed) == len(replies):
-                raise reply  # a bug, not an outage; or nothing is known to be written
-        results: list[CreateResult | Exception] = []
-        woken: list[str] = []
-        errors: dict[int, Exception] = {}
-        for (part, positions), reply in zip(parts.items(), replies, strict=True):
-            if isinstance(reply, Exception):
-                errors[part] = reply
-                results.append(reply)
-                continue
-            result = self.parse_create([work[i] for i in positions], reply)
-            results.append(result)
-            woken += [q for q in result.woken if q not in woken]
-        created = self.after_create(messages, work, parts, results, settled, substituted)
-        woken_now = self.raise_wake_flags([q for q in woken if q not in woken_before], now)
-        return CreateResult(created, woken_before + woken_now, acknowledged, errors)
-
-    def settle_idempotency(
-        self, messages: Sequence[Message]
-    ) -> tuple[dict[int, Created], list[Message], set[int]]:
-        """The step before the create calls of :meth:`create_partitioned`: the home records
-        of the ordered messages whose idempotency record lives in another partition
-        (:mod:`.idempotency`, which states the rule), one round trip when there are any.
-
-        Returns:
-            (the positions settled without a create: ``"conflict"`` and the others of its
-            partition ``"refused"``, as one create call refuses; ``"duplicate"`` of a
-            stored message of another partition), the messages to create (a message whose
-            key names an id of its own partition is created under that id), and the
-            positions so substituted.
-
-        Raises:
-            OutboxUnavailable: a key names a message of another partition that is not
-                stored (its send has not finished, or failed after its reservation).
-            redis.exceptions.RedisError: the reservation's round trip failed (nothing
-                was created).
-        """
-        work = list(messages)
-        settled: dict[int, Created] = {}
-        substituted: set[int] = set()
-        found = reserve(self.connection, self.keys, self.idempotency_ttl, messages)
-        if not found.held:
-            return settled, work, substituted
-        elsewhere = [
-            i
-            for i, held in found.held.items()
-            if held.fingerprint == messages[i].fingerprint()
-            and partition_of(held.id) != partition_of(messages[i].id)
-        ]
-        stored = exists_elsewhere(self.connection, self.keys, [found.held[i].id for i in elsewhere])
-        for i, present in zip(elsewhere, stored, strict=True):
-            if not present:
-                m, held_id = messages[i], found.held[i].id
-                raise OutboxUnavailable(
-                    f"idempotency_key {m.idempotency_key!r} of destination {m.destination!r} names message "
-                    f"{held_id}, which is not stored: the send() that reserved the key (with another ordering "
-                    "key) has not finished, or failed after reserving it. Nothing was stored; send again later."
-                )
-            settled[i] = Created(messages[i].id, found.held[i].id, "duplicate")
-        for i, held in found.held.items():
-            m = messages[i]
-            if held.fingerprint != m.fingerprint():
-                settled[i] = Created(m.id, held.id, "conflict")
-                for j, other in enumerate(messages):  # one create call refuses its partition whole
-                    if j not in settled and partition_of(other.id) == partition_of(m.id):
-                        settled[j] = Created(other.id, other.id, "refused")
-            elif i not in settled:
-                work[i] = replace(m, id=held.id)
-                substituted.add(i)
-        substituted -= set(settled)
-        return settled, work, substituted
-
-    def after_create(
-        self,
-        messages: Sequence[Message],
-        work: Sequence[Message],
-        parts: dict[int, list[int]],
-        results: Sequence[CreateResult | Exception],
-        settled: dict[int, Created],
-        substituted: set[int],
-    ) -> list[Created]:
-        """One :class:`Created` per message of :meth:`create_partitioned`, in order: the
-        settled ones, the results of the create calls (``"unstored"`` where a call failed),
-        a substituted message as a ``"duplicate"`` of the id it was created under; and the
-        home records of the messages whose create found an older version's record in
-        their partition pointed at the message that stands (:func:`.idempotency.point_home`)."""
-        created = [settled.get(i, Created(m.id, m.id, "new")) for i, m in enumerate(messages)]
-        repoint: list[tuple[Message, str]] = []
-        for positions, result in zip(parts.values(), results, strict=True):
-            for n, i in enumerate(positions):
-                c = (
-                    Created(work[i].id, work[i].id, "unstored")
-                    if isinstance(result, Exception)
-                    else result.created[n]
-                )
-                if i in substituted and c.code in ("new", "exists"):
-                    c = Created(messages[i].id, work[i].id, "duplicate")
-                elif c.code == "duplicate" and away_from_home(self.keys, work[i]):
-                    repoint.append((work[i], c.standing_id))
-                created[i] = c
-        if repoint:
-            try:
-                point_home(self.connection, self.keys, repoint)
-            except (RedisError, RedisClusterException):  # the messages stand; the record expires in time
-                logger.warning(
-                    "outbox: could not point %d idempotency record(s) at their message", len(repoint)
-                )
-        return created
-
-    def create_and_flag(
-        self, name: str, args: Sequence[Any], keys: Sequence[str], queues: Sequence[str], now: float
-    ) -> tuple[Any, list[str]] | None:
-        """One partition's create and the wake-up flags (``SET NX PX``) of ``queues`` (those
-        its messages make due) in one pipeline, the create first, when they are on one
-        server: always with one server, on a cluster when the flags' slot (``{g}``) is on
-        the partition's primary. With more than one partition the flags are keys across
-        the deployment, which the create script may not touch: without this, every
-        ``send()`` made a second round trip for its flag.
-
-        Returns:
-            None when there is nothing to flag, or the flags are on another primary (the
-            caller then writes the flags after the create: :meth:`raise_wake_flags`);
-            else (the create's reply, or the error it met: it did not run then; the
-            queues whose flag this call set, whose wake-up jobs the caller enqueues).
-
-        Raises:
-            redis.exceptions.RedisError: the pipeline could not be sent or read (nothing
-                is known of what it did; as a failed create).
-        """
-        if not queues:
-            return None
-        flags = [self.keys.wake(q) for q in queues]
-        connection: Any = self.connection
-        if isinstance(connection, RedisCluster):
-            if len(by_primary(connection, [keys[0], *flags])) > 1:
-                return None
-            client = connection.get_redis_connection(primary_of(connection, keys[0]))
-        else:
-            client = connection
-        if not self.scripts_loaded:
-            self.load_scripts()
-        pipe = client.pipeline(transaction=False)
-        pipe.evalsha(sha(name), len(keys), *keys, *args)
-        for flag in flags:
-            pipe.set(flag, repr(now), nx=True, px=self.wake_ttl_ms)
-        try:
-            reply, *set_replies = pipe.execute(raise_on_error=False)
-        except STALE_ROUTE:
-            return None  # a primary gone: the caller's own path asks the cluster client
-        set_flags = [q for q, was_set in zip(queues, set_replies, strict=True) if was_set is True]
-        if isinstance(reply, NoScriptError):
-            self.load_scripts()
-        return reply, set_flags
+        return drive(
+            self,
+            partitioned_steps(
+                self,
+                messages,
+                now,
+                due_slack,
+                repeat,
+                durability,
+                cluster=isinstance(self.connection, RedisCluster),
+            ),
+        )
 
     @staticmethod
     def parse_create(messages: Sequence[Message], reply: CreateReply) -> CreateResult:

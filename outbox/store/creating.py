@@ -1,0 +1,510 @@
+"""The steps of :meth:`MessageRepository.create <outbox.store.messages.MessageStore.create>`,
+I/O-free (:mod:`.steps`): driven by ``send()`` on the synchronous client and by
+``asend()`` on ``redis.asyncio``, so both write the same way.
+
+What is decided here: the scripts loaded before the first call and again after
+``NOSCRIPT``; on a cluster, a call sent to its primary's own client and, when that
+node says the slot map is out of date (``MOVED``, ``ASK``, ``TRYAGAIN``, a connection
+error), sent once more through the cluster client, which follows redirects; with more
+than one partition, the idempotency reservations (:mod:`.idempotency`), the destinations
+registered, one call per partition (grouped per primary: a primary that cannot be
+reached fails its own partitions only), the wake-up flags; with ``OUTBOX["DURABILITY"]``,
+the write and its wait on one connection (:mod:`.durability`, run as a
+:class:`~.steps.Blocking` step: the wait's rounds of redirects are that module's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from outbox.exceptions import OutboxUnavailable
+from outbox.records import Message, partition_of
+from outbox.store.created import Created, CreateResult, create_groups, due_queues
+from outbox.store.client.durability import Durability, commands_then_wait, write_then_wait
+from outbox.store.idempotency import Held, Reservations, away_from_home
+from outbox.store.client.outages import PARTITION_UNAVAILABLE, unknown_first
+from outbox.store.scripts import sha
+from outbox.store.steps import Batch, Blocking, LoadScripts, Primaries, Steps
+
+if TYPE_CHECKING:
+    from outbox.store.keys import Keys
+    from outbox.store.client.thread_client import ThreadClients
+
+
+class MessageStore(Protocol):
+    """What the steps use of :class:`~outbox.store.messages.MessageStore` (which imports
+    this module): its key names and settings, and the pure builders of a create call."""
+
+    keys: Keys
+    scripts_loaded: bool
+    registered: set[str]
+    idempotency_ttl: int
+    wake_ttl_ms: int
+    thread_clients: ThreadClients
+    connection: Any
+
+    def load_scripts(self) -> None: ...
+
+    def create_args(
+        self,
+        messages: Sequence[Message],
+        now: float,
+        due_slack: float,
+        repeat: bool = True,
+        groups: dict[tuple[str, str, str], int] | None = None,
+    ) -> list[Any]: ...
+
+    def create_keys(
+        self, messages: Sequence[Message], groups: dict[tuple[str, str, str], int] | None = None
+    ) -> list[str]: ...
+
+    def parse_create(self, messages: Sequence[Message], reply: Any) -> CreateResult: ...
+
+
+logger = logging.getLogger("outbox")
+
+#: What a node's own client answers when this process's slot map is out of date: the
+#: call is sent again through the cluster client (as :func:`.base.on_primary`).
+STALE_ROUTE: tuple[type[Exception], ...] = (
+    MovedError,
+    AskError,
+    TryAgainError,
+    RedisConnectionError,
+    ClusterDownError,
+)
+
+
+def evalsha(name: str, args: Sequence[Any], keys: Sequence[str]) -> tuple[Any, ...]:
+    """The words of ``EVALSHA`` of ``lua/<name>.lua`` with ``keys`` and ``args``."""
+    return ("EVALSHA", sha(name), len(keys), *keys, *args)
+
+
+def script_steps(
+    store: MessageStore, name: str, args: Sequence[Any], keys: Sequence[str], *, cluster: bool
+) -> Steps[Any]:
+    """One script call (a write), its reply; the scripts loaded first and after
+    ``NOSCRIPT``; on a cluster sent to its primary, then through the cluster client when
+    that node's answer is :data:`STALE_ROUTE` (the call is safe to run twice: every
+    script is).
+
+    Raises:
+        redis.exceptions.RedisError: the call failed.
+    """
+    if not store.scripts_loaded:
+        yield LoadScripts()
+    command = evalsha(name, args, keys)
+    for attempt in range(2):
+        direct = cluster and attempt == 0
+        try:
+            (reply,) = yield Batch((command,), keys[0] if direct and keys else None, write=True)
+        except STALE_ROUTE:
+            if not direct:
+                raise
+            (reply,) = yield Batch((command,), None, write=True)
+        if isinstance(reply, STALE_ROUTE) and direct:
+            (reply,) = yield Batch((command,), None, write=True)
+        if isinstance(reply, NoScriptError) and attempt == 0:
+            yield LoadScripts()
+            continue
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+    raise AssertionError("unreachable")
+
+
+def create_steps(
+    store: MessageStore,
+    messages: Sequence[Message],
+    now: float,
+    due_slack: float,
+    repeat: bool,
+    durability: Durability | None,
+    *,
+    cluster: bool,
+) -> Steps[CreateResult]:
+    """The steps of :meth:`~outbox.store.messages.MessageStore.create` (which states what
+    they do and raise)."""
+    if not messages:
+        return CreateResult([], [])
+    if store.keys.partitioned:
+        result: CreateResult = yield from partitioned_steps(
+            store, messages, now, due_slack, repeat, durability, cluster=cluster
+        )
+        return result
+    groups = create_groups(messages)
+    args = store.create_args(messages, now, due_slack, repeat, groups)
+    keys = store.create_keys(messages, groups)
+    if durability is not None and durability.waits:
+        reply, acknowledged = yield Blocking(
+            lambda: store.thread_clients.run(
+                lambda client: write_then_wait(store, client, "create", args, keys, durability)
+            )
+        )
+        result = store.parse_create(messages, reply)
+        result.acknowledged = acknowledged
+        return result
+    reply = yield from script_steps(store, "create", args, keys, cluster=cluster)
+    return store.parse_create(messages, reply)
+
+
+def partitioned_steps(
+    store: MessageStore,
+    messages: Sequence[Message],
+    now: float,
+    due_slack: float,
+    repeat: bool,
+    durability: Durability | None,
+    *,
+    cluster: bool,
+) -> Steps[CreateResult]:
+    """The steps of :meth:`~outbox.store.messages.MessageStore.create_partitioned` (which
+    states what they do and raise)."""
+    settled, work, substituted = yield from settle_steps(store, messages)
+    parts: dict[int, list[int]] = {}
+    for i, m in enumerate(work):
+        if i not in settled:
+            parts.setdefault(partition_of(m.id), []).append(i)
+    if not parts:
+        return CreateResult([settled[i] for i in range(len(messages))], [])
+    woken_before: list[str] = []  # queues flagged with a create that did not run
+    calls: list[tuple[str, Sequence[Any], Sequence[str]]] = []
+    yield from register_steps(store, {m.destination for m in messages})
+    for positions in parts.values():
+        chunk = [work[i] for i in positions]
+        groups = create_groups(chunk)
+        # a message sent under the id its key names may be stored already: check ids
+        again = repeat or any(i in substituted for i in positions)
+        calls.append(
+            (
+                "create",
+                store.create_args(chunk, now, due_slack, again, groups),
+                store.create_keys(chunk, groups),
+            )
+        )
+    acknowledged = None
+    replies: list[Any]
+    if durability is not None and durability.waits:
+        writes = [evalsha(name, args, keys) for name, args, keys in calls]
+        replies, acknowledged = yield Blocking(
+            lambda: store.thread_clients.run(
+                lambda client: commands_then_wait(store, client, writes, durability)
+            )
+        )
+    elif len(calls) == 1:  # one partition (every send()): one round trip where it can be
+        name, args, keys = calls[0]
+        chunk = [work[i] for i in next(iter(parts.values()))]
+        due = due_queues(chunk, now + due_slack)
+        flagged = yield from create_and_flag_steps(store, name, args, keys, due, now, cluster=cluster)
+        if flagged is not None and not isinstance(flagged[0], Exception):
+            reply, set_flags = flagged
+            result = store.parse_create(chunk, reply)
+            # the flags of the queues made due were set with the create: a job for each
+            # one this call set (a duplicate's too: that job finds nothing, harmlessly)
+            rest = yield from wake_flag_steps(
+                store, [q for q in result.woken if q not in due], now, cluster=cluster
+            )
+            created = yield from after_create_steps(
+                store, messages, work, parts, [result], settled, substituted
+            )
+            return CreateResult(created, set_flags + rest, acknowledged)
+        if flagged is not None:  # the create did not run there: once more, as below
+            woken_before = flagged[1]
+        replies = [(yield from script_steps(store, name, args, keys, cluster=cluster))]
+    else:
+        replies = yield from scripts_steps(store, calls, cluster=cluster)
+    # a write that may have run first: raised, it says the outcome is unknown
+    failed = unknown_first(r for r in replies if isinstance(r, Exception))
+    for reply in failed:
+        if not isinstance(reply, PARTITION_UNAVAILABLE) or len(failed) == len(replies):
+            raise reply  # a bug, not an outage; or nothing is known to be written
+    results: list[CreateResult | Exception] = []
+    woken: list[str] = []
+    errors: dict[int, Exception] = {}
+    for (part, positions), reply in zip(parts.items(), replies, strict=True):
+        if isinstance(reply, Exception):
+            errors[part] = reply
+            results.append(reply)
+            continue
+        parsed = store.parse_create([work[i] for i in positions], reply)
+        results.append(parsed)
+        woken += [q for q in parsed.woken if q not in woken]
+    created = yield from after_create_steps(store, messages, work, parts, results, settled, substituted)
+    woken_now = yield from wake_flag_steps(
+        store, [q for q in woken if q not in woken_before], now, cluster=cluster
+    )
+    return CreateResult(created, woken_before + woken_now, acknowledged, errors)
+
+
+def scripts_steps(
+    store: MessageStore, calls: Sequence[tuple[str, Sequence[Any], Sequence[str]]], *, cluster: bool
+) -> Steps[list[Any]]:
+    """Several script calls (writes, one per partition), each reply or error in order, as
+    :meth:`~.base.RepositoryBase.run_scripts` with ``errors=True``: one pipeline (on a
+    cluster, one per primary, so that a primary that cannot be reached fails its own
+    calls only); a call answered ``MOVED``/``ASK``/``TRYAGAIN`` or ``NOSCRIPT`` did not
+    run, and is sent again alone (:func:`script_steps`)."""
+    if not store.scripts_loaded:
+        yield LoadScripts()
+    for name, _args, keys in calls:
+        if cluster and not keys:
+            raise RedisClusterException(f"script {name!r} is called without KEYS")
+    commands = [evalsha(name, args, keys) for name, args, keys in calls]
+    replies: list[Any] = [None] * len(calls)
+    groups: dict[str, list[int]] = {}
+    if cluster:
+        try:
+            owners = yield Primaries(tuple(keys[0] for _, _, keys in calls))
+        except PARTITION_UNAVAILABLE as exc:
+            return [exc] * len(calls)
+        for i, owner in enumerate(owners):
+            groups.setdefault(owner, []).append(i)
+    else:
+        groups[""] = list(range(len(calls)))
+    for positions in groups.values():
+        route = calls[positions[0]][2][0] if cluster else None
+        try:
+            got = yield Batch(tuple(commands[i] for i in positions), route, write=True)
+        except PARTITION_UNAVAILABLE as exc:
+            got = [exc] * len(positions)
+        for i, reply in zip(positions, got, strict=True):
+            replies[i] = reply
+    for i, reply in enumerate(replies):
+        if isinstance(reply, (MovedError, AskError, TryAgainError, NoScriptError)):
+            name, args, keys = calls[i]
+            try:
+                replies[i] = yield from script_steps(store, name, args, keys, cluster=cluster)
+            except (RedisError, RedisClusterException) as exc:
+                replies[i] = exc
+    return replies
+
+
+def settle_steps(
+    store: MessageStore, messages: Sequence[Message]
+) -> Steps[tuple[dict[int, Created], list[Message], set[int]]]:
+    """The steps of :meth:`~outbox.store.messages.MessageStore.settle_idempotency` (which
+    states what they do and raise)."""
+    work = list(messages)
+    settled: dict[int, Created] = {}
+    substituted: set[int] = set()
+    found = yield from reserve_steps(store, messages)
+    if not found.held:
+        return settled, work, substituted
+    elsewhere = [
+        i
+        for i, held in found.held.items()
+        if held.fingerprint == messages[i].fingerprint()
+        and partition_of(held.id) != partition_of(messages[i].id)
+    ]
+    stored: list[Any] = []
+    if elsewhere:
+        stored = yield Batch(tuple(("EXISTS", store.keys.message(found.held[i].id)) for i in elsewhere))
+    for i, present in zip(elsewhere, stored, strict=True):
+        if isinstance(present, Exception):
+            raise present
+        if not present:
+            m, held_id = messages[i], found.held[i].id
+            raise OutboxUnavailable(
+                f"idempotency_key {m.idempotency_key!r} of destination {m.destination!r} names message "
+                f"{held_id}, which is not stored: the send() that reserved the key (with another ordering "
+                "key) has not finished, or failed after reserving it. Nothing was stored; send again later."
+            )
+        settled[i] = Created(messages[i].id, found.held[i].id, "duplicate")
+    for i, held in found.held.items():
+        m = messages[i]
+        if held.fingerprint != m.fingerprint():
+            settled[i] = Created(m.id, held.id, "conflict")
+            for j, other in enumerate(messages):  # one create call refuses its partition whole
+                if j not in settled and partition_of(other.id) == partition_of(m.id):
+                    settled[j] = Created(other.id, other.id, "refused")
+        elif i not in settled:
+            work[i] = replace(m, id=held.id)
+            substituted.add(i)
+    substituted -= set(settled)
+    return settled, work, substituted
+
+
+def reserve_steps(store: MessageStore, messages: Sequence[Message]) -> Steps[Reservations]:
+    """The steps of :func:`.idempotency.reserve` (which states what they do and raise)."""
+    away = [i for i, m in enumerate(messages) if away_from_home(store.keys, m)]
+    found = Reservations()
+    if not away:
+        return found
+    commands: list[tuple[Any, ...]] = []
+    for i in away:
+        m = messages[i]
+        home = store.keys.idempotency_home(m.destination, m.idempotency_key or "")
+        value = f"{m.id}|{m.fingerprint()}"
+        ttl = store.idempotency_ttl
+        commands.append(("SET", home, value, "NX", "EX", ttl) if ttl > 0 else ("SET", home, value, "NX"))
+        commands.append(("GET", home))
+    replies = yield Batch(tuple(commands), write=True)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    for n, i in enumerate(away):
+        value = replies[2 * n + 1]
+        held_id, _, fingerprint = (value.decode() if value else f"{messages[i].id}|").partition("|")
+        if held_id == messages[i].id:
+            found.mine.append(i)
+        else:
+            found.held[i] = Held(held_id, fingerprint)
+    return found
+
+
+def after_create_steps(
+    store: MessageStore,
+    messages: Sequence[Message],
+    work: Sequence[Message],
+    parts: dict[int, list[int]],
+    results: Sequence[CreateResult | Exception],
+    settled: dict[int, Created],
+    substituted: set[int],
+) -> Steps[list[Created]]:
+    """The steps of :meth:`~outbox.store.messages.MessageStore.after_create` (which states
+    what they do)."""
+    created = [settled.get(i, Created(m.id, m.id, "new")) for i, m in enumerate(messages)]
+    repoint: list[tuple[Message, str]] = []
+    for positions, result in zip(parts.values(), results, strict=True):
+        for n, i in enumerate(positions):
+            c = (
+                Created(work[i].id, work[i].id, "unstored")
+                if isinstance(result, Exception)
+                else result.created[n]
+            )
+            if i in substituted and c.code in ("new", "exists"):
+                c = Created(messages[i].id, work[i].id, "duplicate")
+            elif c.code == "duplicate" and away_from_home(store.keys, work[i]):
+                repoint.append((work[i], c.standing_id))
+            created[i] = c
+    if repoint:
+        commands = tuple(
+            (
+                "SET",
+                store.keys.idempotency_home(m.destination, m.idempotency_key or ""),
+                f"{standing}|{m.fingerprint()}",
+                "XX",
+                "KEEPTTL",
+            )
+            for m, standing in repoint
+        )
+        try:
+            replies = yield Batch(commands, write=True)
+            failed = [r for r in replies if isinstance(r, Exception)]
+            if failed:
+                raise failed[0]
+        except (RedisError, RedisClusterException):  # the messages stand; the record expires in time
+            logger.warning("outbox: could not point %d idempotency record(s) at their message", len(repoint))
+    return created
+
+
+def register_steps(store: MessageStore, names: set[str]) -> Steps[None]:
+    """The steps of :meth:`~.base.RepositoryBase.register_destinations` (which states what
+    they do)."""
+    new = names - store.registered
+    if new:
+        replies = yield Batch(
+            (
+                ("SADD", store.keys.destinations, *sorted(new)),
+                ("SET", store.keys.partitions_record, store.keys.partitions, "NX"),
+            ),
+            write=True,
+        )
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        store.registered |= new
+
+
+def create_and_flag_steps(
+    store: MessageStore,
+    name: str,
+    args: Sequence[Any],
+    keys: Sequence[str],
+    queues: Sequence[str],
+    now: float,
+    *,
+    cluster: bool,
+) -> Steps[tuple[Any, list[str]] | None]:
+    """The steps of :meth:`~outbox.store.messages.MessageStore.create_and_flag` (which
+    states what they do, return and raise)."""
+    if not queues:
+        return None
+    flags = [store.keys.wake(q) for q in queues]
+    if cluster:
+        owners = yield Primaries((keys[0], *flags))
+        if len(set(owners)) > 1:
+            return None
+    if not store.scripts_loaded:
+        yield LoadScripts()
+    commands = (
+        evalsha(name, args, keys),
+        *(("SET", flag, repr(now), "NX", "PX", store.wake_ttl_ms) for flag in flags),
+    )
+    try:
+        reply, *set_replies = yield Batch(commands, keys[0] if cluster else None, write=True)
+    except STALE_ROUTE:
+        if not cluster:
+            raise
+        return None  # a primary gone: the caller's own path asks the cluster client
+    if cluster and isinstance(reply, STALE_ROUTE):
+        return None
+    set_flags = [q for q, was_set in zip(queues, set_replies, strict=True) if was_set is True]
+    if isinstance(reply, NoScriptError):
+        yield LoadScripts()
+    return reply, set_flags
+
+
+def routed_steps(commands: tuple[tuple[Any, ...], ...], key: str, *, cluster: bool) -> Steps[list[Any]]:
+    """``commands`` (writes, all of ``key``'s slot, safe to run twice) on the primary of
+    ``key``'s slot, then through the cluster client when that node's answer is
+    :data:`STALE_ROUTE` (as :func:`.base.on_primary`); on one server, on its client."""
+    if not cluster:
+        replies: list[Any] = yield Batch(commands, write=True)
+        return replies
+    try:
+        replies = yield Batch(commands, key, write=True)
+    except STALE_ROUTE:
+        replies = yield Batch(commands, None, write=True)
+        return replies
+    if any(isinstance(reply, STALE_ROUTE) for reply in replies):
+        replies = yield Batch(commands, None, write=True)
+    return replies
+
+
+def wake_flag_steps(
+    store: MessageStore, queues: Sequence[str], now: float, *, cluster: bool
+) -> Steps[list[str]]:
+    """The steps of :meth:`~.base.RepositoryBase.raise_wake_flags` (which states what they
+    do and return)."""
+    if not queues or not store.keys.partitioned:
+        return list(queues)
+    commands = tuple(("SET", store.keys.wake(q), repr(now), "NX", "PX", store.wake_ttl_ms) for q in queues)
+    try:
+        replies = yield from routed_steps(commands, store.keys.wake(queues[0]), cluster=cluster)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+    except PARTITION_UNAVAILABLE as exc:
+        logger.warning(
+            "outbox: messages written, but the wake-up flags of %s could not be set (%s: %s); "
+            "the workers' wake-up check will find them",
+            ", ".join(queues),
+            type(exc).__name__,
+            exc,
+        )
+        return []
+    return [q for q, was_set in zip(queues, replies, strict=True) if was_set]
