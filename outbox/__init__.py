@@ -32,6 +32,14 @@ __all__ = [
     "SendOutcomeUnknown",
     "Status",
     "UnknownDestination",
+    "SendCancelled",
+    "acancel",
+    "adelete",
+    "aget",
+    "arequeue",
+    "asend",
+    "asend_again",
+    "asend_many",
     "attempts",
     "blocked_keys",
     "cancel",
@@ -61,6 +69,14 @@ _LAZY = {
     "PermanentDeliveryError": "outbox.exceptions",
     "SendOutcomeUnknown": "outbox.exceptions",
     "UnknownDestination": "outbox.exceptions",
+    "SendCancelled": "outbox.exceptions",
+    "acancel": "outbox.api",
+    "adelete": "outbox.api",
+    "aget": "outbox.api",
+    "arequeue": "outbox.api",
+    "asend": "outbox.api",
+    "asend_again": "outbox.api",
+    "asend_many": "outbox.api",
     "attempts": "outbox.api",
     "blocked_keys": "outbox.operations.ordering",
     "release_key": "outbox.operations.ordering",
@@ -75,7 +91,23 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from outbox.api import attempts, cancel, delete, get, requeue, send, send_again, send_many
+    from outbox.api import (
+        acancel,
+        adelete,
+        aget,
+        arequeue,
+        asend,
+        asend_again,
+        asend_many,
+        attempts,
+        cancel,
+        delete,
+        get,
+        requeue,
+        send,
+        send_again,
+        send_many,
+    )
     from outbox.exceptions import (
         DeliveryError,
         IdempotencyConflict,
@@ -86,6 +118,7 @@ if TYPE_CHECKING:
         OutboxError,
         OutboxUnavailable,
         PermanentDeliveryError,
+        SendCancelled,
         SendOutcomeUnknown,
         UnknownDestination,
     )

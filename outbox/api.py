@@ -6,12 +6,14 @@ Everything here validates its input first and raises
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import AsyncToSync, sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 from redis.exceptions import RedisClusterException, RedisError
 
@@ -24,6 +26,7 @@ from outbox.exceptions import (
     MessageNotFound,
     NotDurable,
     OutboxUnavailable,
+    SendCancelled,
     SendOutcomeUnknown,
 )
 from outbox.operations import actions
@@ -34,8 +37,10 @@ from outbox.sending.validation import (
 )
 from outbox.store import Created, get_repository
 from outbox.store.base import IDS_PER_CALL
+from outbox.store.asteps import adrive, aget_many, arepository
 from outbox.store.client.outages import may_have_run
 from outbox.store.keys import random_partition
+from outbox.store.steps import Blocking, Progress, Steps, drive
 
 SEND_ARGUMENTS = frozenset(
     {
@@ -166,33 +171,7 @@ def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_
             with partitions; ``exc.unknown`` of a ``SendOutcomeUnknown``: the messages
             whose partition timed out, which may be stored).
     """
-    now = time.time()
-    built = []
-    # The messages without a key go to one partition (all-or-nothing together); see
-    # build_message.
-    partition = random_partition(outbox_settings.partitions)
-    for index, item in enumerate(messages):
-        if not isinstance(item, Mapping):
-            raise InvalidMessage(
-                f"send_many item {index} must be a dict of send() arguments", field="messages"
-            )
-        unknown = set(item) - SEND_ARGUMENTS
-        if unknown or "destination" not in item or "body" not in item:
-            raise InvalidMessage(
-                f"send_many item {index}: needs 'destination' and 'body'"
-                + (f"; unknown keys {sorted(unknown)}" if unknown else ""),
-                field="messages",
-            )
-        try:
-            built.append(build_message(**item, now=now, partition=partition))
-        except InvalidMessage as exc:
-            exc.args = (f"send_many item {index}: {exc}", *exc.args[1:])
-            raise
-    if len({m.idempotency_key for m in built if m.idempotency_key}) != sum(
-        1 for m in built if m.idempotency_key
-    ):
-        raise InvalidMessage("send_many: the same idempotency_key is given twice", field="idempotency_key")
-    return _submit(built, using)
+    return _submit(_build_many(messages), using)
 
 
 def send_again(messages: Iterable[Message], *, using: str = DEFAULT_DB_ALIAS) -> list[Message]:
@@ -222,7 +201,45 @@ def send_again(messages: Iterable[Message], *, using: str = DEFAULT_DB_ALIAS) ->
         OutboxUnavailable, SendOutcomeUnknown, NotDurable: as for :func:`send_many`;
             calling it again with the new exception's messages is again safe.
     """
-    messages = list(messages)
+    messages = _again(messages)
+    # no new "send" span: the messages carry the trace context of the send they repeat
+    return _capture_or_store(messages, using, repeat=True)
+
+
+def _build_many(messages: Iterable[Mapping[str, Any]]) -> list[Message]:
+    """:func:`send_many`'s items validated and built (see it for what it raises)."""
+    now = time.time()
+    built = []
+    # The messages without a key go to one partition (all-or-nothing together); see
+    # build_message.
+    partition = random_partition(outbox_settings.partitions)
+    for index, item in enumerate(messages):
+        if not isinstance(item, Mapping):
+            raise InvalidMessage(
+                f"send_many item {index} must be a dict of send() arguments", field="messages"
+            )
+        unknown = set(item) - SEND_ARGUMENTS
+        if unknown or "destination" not in item or "body" not in item:
+            raise InvalidMessage(
+                f"send_many item {index}: needs 'destination' and 'body'"
+                + (f"; unknown keys {sorted(unknown)}" if unknown else ""),
+                field="messages",
+            )
+        try:
+            built.append(build_message(**item, now=now, partition=partition))
+        except InvalidMessage as exc:
+            exc.args = (f"send_many item {index}: {exc}", *exc.args[1:])
+            raise
+    if len({m.idempotency_key for m in built if m.idempotency_key}) != sum(
+        1 for m in built if m.idempotency_key
+    ):
+        raise InvalidMessage("send_many: the same idempotency_key is given twice", field="idempotency_key")
+    return built
+
+
+def _again(items: Iterable[Message]) -> list[Message]:
+    """:func:`send_again`'s items, checked (see it for what it raises)."""
+    messages = list(items)
     for index, item in enumerate(messages):
         if not isinstance(item, Message):
             raise InvalidMessage(
@@ -230,8 +247,7 @@ def send_again(messages: Iterable[Message], *, using: str = DEFAULT_DB_ALIAS) ->
                 f"not {type(item).__name__}",
                 field="messages",
             )
-    # no new "send" span: the messages carry the trace context of the send they repeat
-    return _capture_or_store(messages, using, repeat=True)
+    return messages
 
 
 @tracing.traced_send  # OpenTelemetry "send" span; trace context into the headers
@@ -253,9 +269,16 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
         )
 
         return capture(messages, using)
+    return drive(get_repository(), _store_steps(messages, repeat))
+
+
+def _store_steps(messages: list[Message], repeat: bool) -> Steps[list[Message]]:
+    """Write ``messages`` to Redis now (:func:`intake.store_steps`) and turn what the
+    write did into the call's result or exception: the I/O-free steps that
+    :func:`send` drives on the synchronous client and :func:`asend` on ``redis.asyncio``."""
     not_durable: NotDurable | None = None
     try:
-        created = intake.store(messages, repeat=repeat)
+        created = yield from intake.store_steps(messages, repeat=repeat)
     except NotDurable as exc:  # written, not acknowledged: raised below, with the messages
         created, not_durable = exc.created, exc
     except (RedisError, RedisClusterException) as exc:  # the second: a cluster with a slot no node serves
@@ -303,7 +326,8 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
     reread = standing if outbox_settings.EAGER else [c.standing_id for c in created if c.code == "duplicate"]
     result = messages
     if reread:
-        found = {m.id: m for m in get_repository().get_many(reread) if m is not None}
+        read = yield Blocking(lambda: get_repository().get_many(reread))
+        found = {m.id: m for m in read if m is not None}
         result = [found.get(i, m) for m, i in zip(messages, standing, strict=True)]
     if not_durable is not None:
         not_durable.messages = result
@@ -448,3 +472,157 @@ def cancel(ids: str | Iterable[str]) -> actions.ActionResult:
 def delete(ids: str | Iterable[str]) -> actions.ActionResult:
     """Delete messages (not while ``sending``) with their history. Returns an ``ActionResult``."""
     return actions.delete(_ids(ids))
+
+
+# The asynchronous twins (issue 33): the same arguments, results and exceptions, the same
+# steps (``_store_steps``), driven on ``redis.asyncio`` (outbox.store.asteps). See
+# docs/async.md.
+
+
+async def asend(
+    destination: str,
+    body: Any,
+    *,
+    content_type: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    idempotency_key: str | None = None,
+    ordering_key: str | None = None,
+    max_retries: int | None = None,
+    retry: Mapping[str, Any] | Sequence[float] | None = None,
+    delay: float | timedelta | None = None,
+    priority: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Message:
+    """:func:`send` for ``async def`` code: ``message = await outbox.asend("orders", body)``.
+
+    The same arguments, result and exceptions as :func:`send`, the same write (one Redis
+    round trip, the cluster's fall-over to another partition, ``NOSCRIPT`` and
+    ``TRYAGAIN`` handling: the steps both drive), on this event loop's
+    ``redis.asyncio`` client: waiting for Redis (a hang included, up to the alias's
+    ``SOCKET_TIMEOUT``) blocks only this task. The wake-up job (RQ), an
+    ``OUTBOX["DURABILITY"]`` wait and ``OUTBOX["EAGER"]`` delivery run in a thread.
+
+    Transactions: Django's are synchronous and per thread. Called through
+    ``async_to_sync`` inside a synchronous ``transaction.atomic`` block, the message is
+    captured in that block's transaction, on that thread (as :func:`send` does), never
+    written to Redis ahead of the commit. From async code, put the atomic block and
+    :func:`send` in one ``sync_to_async`` function (docs/async.md).
+
+    Raises:
+        InvalidMessage, OutboxUnavailable, SendOutcomeUnknown, NotDurable: as :func:`send`.
+        SendCancelled: the task was cancelled after the write was sent (a
+            ``SendOutcomeUnknown`` and an ``asyncio.CancelledError``: ``exc.unknown``).
+        asyncio.CancelledError: the task was cancelled before the write was sent
+            (nothing was stored).
+    """
+    message = build_message(
+        destination,
+        body,
+        content_type=content_type,
+        headers=headers,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        max_retries=max_retries,
+        retry=retry,
+        delay=delay,
+        priority=priority,
+    )
+    return (await _acapture_or_store([message], using, repeat=False))[0]
+
+
+async def asend_many(
+    messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_ALIAS
+) -> list[Message]:
+    """:func:`send_many` for ``async def`` code (see it, and :func:`asend`)."""
+    return await _acapture_or_store(_build_many(messages), using, repeat=False)
+
+
+async def asend_again(messages: Iterable[Message], *, using: str = DEFAULT_DB_ALIAS) -> list[Message]:
+    """:func:`send_again` for ``async def`` code: after a ``SendOutcomeUnknown`` (or a
+    ``SendCancelled``), ``await outbox.asend_again(exc.unknown)`` (see :func:`send_again`)."""
+    return await _acapture_or_store(_again(messages), using, repeat=True)
+
+
+async def _acapture_or_store(messages: list[Message], using: str, repeat: bool) -> list[Message]:
+    """:func:`_capture_or_store` on an event loop (see :func:`asend`)."""
+    if not messages:
+        return []
+    if not outbox_settings.EAGER:
+        if transaction.get_connection(using).in_atomic_block:
+            # an atomic block on this very thread (DJANGO_ALLOW_ASYNC_UNSAFE): capture here
+            return _capture_or_store(messages, using, repeat)
+        if await _callers_atomic_block(using):
+            # async_to_sync inside transaction.atomic: capture in the caller's thread and
+            # transaction (asgiref runs a thread-sensitive call on the thread that waits)
+            return await sync_to_async(_capture_or_store, thread_sensitive=True)(messages, using, repeat)
+    repository = await arepository()
+    progress = Progress()
+    try:
+        return await adrive(repository, _store_steps(messages, repeat), progress)
+    except asyncio.CancelledError as exc:
+        if not progress.wrote:
+            raise  # before the write was sent: nothing was stored
+        raise SendCancelled(
+            f"the task sending {len(messages)} message(s) was cancelled after their write was sent: the "
+            "outcome is unknown, Redis may have stored them. Call outbox.send_again(exc.unknown) (or "
+            f"asend_again), which stores them under their ids ({_first_ids(messages)}) once.",
+            unknown=messages,
+        ) from exc
+
+
+async def _callers_atomic_block(using: str) -> bool:
+    """Whether this coroutine runs for a synchronous caller (``async_to_sync``) whose
+    thread is inside ``transaction.atomic`` on database ``using``. Only such a call pays
+    for the question (one hop to that thread); a coroutine of an ASGI server's loop has
+    no synchronous caller."""
+    if getattr(AsyncToSync.executors, "current", None) is None:
+        return False
+
+    def in_atomic() -> bool:
+        return transaction.get_connection(using).in_atomic_block
+
+    return await sync_to_async(in_atomic, thread_sensitive=True)()
+
+
+async def aget(message_id: str) -> Message:
+    """:func:`get` for ``async def`` code: the Redis read on this loop's ``redis.asyncio``
+    client; the capture table (the ORM), when Redis does not have the message, in
+    Django's thread for synchronous code.
+
+    Raises:
+        MessageNotFound, OutboxUnavailable: as :func:`get`.
+    """
+    from outbox.sending.capture import captured  # capture imports Django models: `import outbox.api` must not
+
+    repository = await arepository()
+    try:
+        (message,) = await aget_many(repository, [message_id])
+    except (RedisError, RedisClusterException) as exc:
+        message = await sync_to_async(captured, thread_sensitive=True)(message_id)
+        if message is None:
+            raise OutboxUnavailable(
+                f"Redis could not be reached to read message {message_id!r}: {exc}"
+            ) from exc
+        return message
+    if message is None:
+        message = await sync_to_async(captured, thread_sensitive=True)(message_id)
+        if message is None:
+            raise MessageNotFound(f"no message with id {message_id!r}")
+    return message
+
+
+async def arequeue(ids: str | Iterable[str]) -> actions.ActionResult:
+    """:func:`requeue` for ``async def`` code. The bulk change and its operation signal
+    (``messages_requeued``) run in Django's thread for synchronous code
+    (``sync_to_async``), so receivers that use the ORM never run on the event loop."""
+    return await sync_to_async(requeue, thread_sensitive=True)(ids)
+
+
+async def acancel(ids: str | Iterable[str]) -> actions.ActionResult:
+    """:func:`cancel` for ``async def`` code (run as :func:`arequeue` is)."""
+    return await sync_to_async(cancel, thread_sensitive=True)(ids)
+
+
+async def adelete(ids: str | Iterable[str]) -> actions.ActionResult:
+    """:func:`delete` for ``async def`` code (run as :func:`arequeue` is)."""
+    return await sync_to_async(delete, thread_sensitive=True)(ids)

@@ -7,6 +7,7 @@ caller can catch one class. Invalid settings are reported as Django's
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -237,6 +238,19 @@ class SendOutcomeUnknown(OutboxUnavailable):
     def ids(self) -> list[str]:
         """The ids of :attr:`unknown`, in order."""
         return [m.id for m in self.unknown]
+
+
+class SendCancelled(SendOutcomeUnknown, asyncio.CancelledError):
+    """An ``asend()`` (or ``asend_many()``, ``asend_again()``) whose task was cancelled
+    (a client that went away, ``asyncio.timeout``, a task group ending) after its write
+    was sent: like a timeout, the outcome is unknown. A :class:`SendOutcomeUnknown`
+    (``exc.unknown``; ``outbox.send_again(exc.unknown)`` stores them once) and an
+    ``asyncio.CancelledError``, so the task still ends cancelled: ``except
+    SendOutcomeUnknown`` sees the messages, and asyncio sees the cancellation.
+
+    A cancellation before the write was sent raises a plain ``asyncio.CancelledError``:
+    then nothing was stored.
+    """
 
 
 class NotDurable(OutboxError):

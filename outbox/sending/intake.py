@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from django.utils.module_loading import import_string
 
@@ -26,6 +25,8 @@ from outbox.store.background import wakeups
 from outbox.store.client import durability
 from outbox.store.client.connection import is_cluster
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run, unknown_first
+from outbox.store.creating import create_steps
+from outbox.store.steps import Blocking, Elsewhere, Steps, drive
 
 
 def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool = True) -> list[Created]:
@@ -62,16 +63,31 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
     partition instead, on another primary, up to :data:`REPICKS` times: its id changes
     (``Created.id`` is the new one); one whose write may have run never moves.
     """
+    return drive(get_repository(), store_steps(messages, now, repeat=repeat))
+
+
+def store_steps(
+    messages: Sequence[Message], now: float | None = None, *, repeat: bool = True
+) -> Steps[list[Created]]:
+    """The steps of :func:`store` (which states what they do, return and raise), I/O-free
+    (:mod:`outbox.store.steps`): :func:`store` drives them on the synchronous client,
+    ``outbox.asend()`` on ``redis.asyncio`` (:func:`outbox.store.asteps.adrive`).
+    The wake-up jobs (RQ), the eager delivery and the ``DURABILITY`` confirmation are
+    :class:`~outbox.store.steps.Blocking` steps: an event loop runs them in a thread."""
     if not messages:
         return []
     wait = durability.configured()
     repository = get_repository()
-    result = _create(repository, messages, time.time() if now is None else now, repeat, wait)
+    result = yield from _create_steps(repository, messages, time.time() if now is None else now, repeat, wait)
     if outbox_settings.EAGER:
-        deliver_now({m.queue for m in messages})
-    else:
-        wakeups.enqueue_wakeups(result.woken)
-    durability.confirm(repository, wait, result.created, result.acknowledged)
+        queues = {m.queue for m in messages}
+        # the worker's code, with the ORM and signals: Django's one thread for sync code
+        yield Blocking(lambda: deliver_now(queues), thread_sensitive=True)
+    elif result.woken:
+        woken = result.woken
+        yield Blocking(lambda: wakeups.enqueue_wakeups(woken))
+    if wait.waits:
+        yield Blocking(lambda: durability.confirm(repository, wait, result.created, result.acknowledged))
     return result.created
 
 
@@ -80,36 +96,36 @@ def store(messages: Sequence[Message], now: float | None = None, *, repeat: bool
 REPICKS = 2
 
 
-def _create(
+def _create_steps(
     repository: MessageRepository,
     messages: Sequence[Message],
     now: float,
     repeat: bool,
     wait: durability.Durability,
-) -> CreateResult:
-    """``repository.create`` (see :func:`store`), and on a cluster the fresh messages
-    without a key that their partition could not take written to other partitions.
+) -> Steps[CreateResult]:
+    """``repository.create``'s steps (see :func:`store`), and on a cluster the fresh
+    messages without a key that their partition could not take written to other
+    partitions.
 
     Raises:
         redis.exceptions.RedisError: as ``create``, when nothing could be written.
     """
-    kwargs: dict[str, Any] = {"due_slack": wakeups.DUE_SLACK, "repeat": repeat, "durability": wait}
+    cluster = is_cluster(repository.connection)
+    movable = not repeat and cluster
+
+    def create(batch: Sequence[Message]) -> Steps[CreateResult]:
+        return create_steps(repository, batch, now, wakeups.DUE_SLACK, repeat, wait, cluster=cluster)
+
     try:
-        result = repository.create(messages, now, **kwargs)
+        result = yield from create(messages)
     except PARTITION_UNAVAILABLE as exc:
         # a write that may have run is never moved: that would store the message twice
-        if (
-            repeat
-            or not is_cluster(repository.connection)
-            or may_have_run(exc)
-            or all(m.idempotency_key or m.ordering_key for m in messages)
-        ):
+        if not movable or may_have_run(exc) or all(m.idempotency_key or m.ordering_key for m in messages):
             raise
         unstored = [Created(m.id, m.id, "unstored") for m in messages]
         result = CreateResult(unstored, [], errors={partition_of(m.id): exc for m in messages})
     if not result.errors:  # every partition written (always so on one server)
         return result
-    movable = not repeat and is_cluster(repository.connection)
     for _ in range(REPICKS if movable else 0):
         stuck = [
             i
@@ -118,12 +134,12 @@ def _create(
             and not (messages[i].idempotency_key or messages[i].ordering_key)
             and not may_have_run(result.errors[partition_of(c.id)])
         ]
-        elsewhere = repository.partition_elsewhere(set(result.errors)) if stuck else None
+        elsewhere = (yield Elsewhere(frozenset(result.errors))) if stuck else None
         if elsewhere is None:
             break
         moved = [replace(messages[i], id=new_message_id(now, elsewhere)) for i in stuck]
         try:
-            again = repository.create(moved, now, **kwargs)
+            again = yield from create(moved)
         except PARTITION_UNAVAILABLE as exc:
             result.errors[elsewhere] = exc
             continue

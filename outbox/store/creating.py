@@ -33,16 +33,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from outbox.exceptions import OutboxUnavailable
 from outbox.records import Message, partition_of
-from outbox.store.created import Created, CreateResult, create_groups, due_queues
 from outbox.store.client.durability import Durability, commands_then_wait, write_then_wait
-from outbox.store.idempotency import Held, Reservations, away_from_home
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, unknown_first
+from outbox.store.created import Created, CreateResult, create_groups, due_queues
+from outbox.store.idempotency import Held, Reservations, away_from_home
 from outbox.store.scripts import sha
 from outbox.store.steps import Batch, Blocking, LoadScripts, Primaries, Steps
 
 if TYPE_CHECKING:
-    from outbox.store.keys import Keys
     from outbox.store.client.thread_client import ThreadClients
+    from outbox.store.keys import Keys
 
 
 class MessageStore(Protocol):

@@ -7,7 +7,7 @@ to another partition in :mod:`outbox.sending.intake`) are generators that *yield
 they need done on Redis, as values of the classes below, and receive the replies. They
 never touch a socket. Two drivers run them: :func:`drive` here, on the synchronous
 redis-py client (this thread's held connection, :mod:`.thread_client`), and
-:func:`outbox.store.aconnection.adrive`, on ``redis.asyncio``. So a decision (is this
+:func:`outbox.store.asteps.adrive`, on ``redis.asyncio``. So a decision (is this
 write's outcome unknown? move it to another partition? load the scripts again?) is
 written once, and both twins take it the same way.
 

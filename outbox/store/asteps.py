@@ -1,0 +1,114 @@
+"""The asynchronous driver of the write steps (:mod:`.steps`), on this event loop's
+``redis.asyncio`` client (:mod:`.client.aconnection`): the twin of :func:`.steps.drive`
+that ``outbox.asend()`` runs, and the asynchronous read of ``outbox.aget()``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.exceptions import ResponseError
+
+from outbox.records import Message
+from outbox.store.base import RepositoryBase
+from outbox.store.client.aconnection import AsyncClient, arun_batch, async_connection_for_loop
+from outbox.store.repository import MessageRepository, get_repository
+from outbox.store.steps import Batch, Blocking, Elsewhere, LoadScripts, Op, Pause, Primaries, Progress, Steps
+
+T = TypeVar("T")
+
+
+async def arepository() -> MessageRepository:
+    """The process-wide repository (:func:`.connection.get_repository`): its key names
+    and settings drive the steps. Built in a thread the first time (a cluster client
+    asks for its slot map when it is made)."""
+    if get_repository.cache_info().currsize:
+        return get_repository()
+    return await sync_to_async(get_repository, thread_sensitive=False)()
+
+
+async def adrive(repository: RepositoryBase, steps: Steps[T], progress: Progress | None = None) -> T:
+    """Run ``steps`` (:mod:`.steps`) on this event loop's asyncio client and return their
+    result: the asynchronous twin of :func:`.steps.drive`.
+
+    A cancellation (``asyncio.CancelledError``) is not thrown into the steps: it ends the
+    drive at once (the steps are closed), and ``progress.wrote`` says whether a write
+    had been sent.
+
+    Raises:
+        Whatever the steps raise.
+    """
+    client = await async_connection_for_loop()
+    reply: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                op = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                result: T = stop.value
+                return result
+            reply, error = None, None
+            if progress is not None:
+                progress.ops.append(type(op).__name__)
+                if isinstance(op, Batch) and op.write:
+                    progress.wrote = True
+            try:
+                reply = await aperform(repository, client, op)
+            except Exception as exc:  # thrown into the steps, which decide
+                error = exc
+    finally:
+        steps.close()
+
+
+async def aperform(repository: RepositoryBase, client: AsyncClient, op: Op) -> Any:
+    """One operation (:mod:`.steps`) on the asyncio client ``client``."""
+    if isinstance(op, Batch):
+        return await arun_batch(client, op.commands)
+    if isinstance(op, LoadScripts):  # rare (a restarted Redis): the synchronous loader, in a thread
+        await sync_to_async(repository.load_scripts, thread_sensitive=False)()
+        return None
+    if isinstance(op, Pause):
+        await asyncio.sleep(op.seconds)
+        return None
+    if isinstance(op, Primaries):
+        if isinstance(client, AsyncRedisCluster):
+            return [str(client.get_node_from_key(key).name) for key in op.keys]
+        return ["" for _ in op.keys]
+    if isinstance(op, Elsewhere):  # the synchronous client's slot map, read without I/O
+        return repository.partition_elsewhere(set(op.avoid))
+    assert isinstance(op, Blocking)
+    return await sync_to_async(op.call, thread_sensitive=op.thread_sensitive)()
+
+
+async def aget_many(repository: RepositoryBase, ids: Sequence[str]) -> list[Message | None]:
+    """:meth:`~outbox.store.messages.MessageStore.get_many` on this loop's asyncio client:
+    one round trip (``GET`` and ``HGETALL`` per id); records an older version wrote
+    (hashes, ``WRONGTYPE``) are read by the synchronous method, in a thread.
+
+    Raises:
+        redis.exceptions.RedisError: Redis could not be reached.
+    """
+    if not ids:
+        return []
+    client = await async_connection_for_loop()
+    commands = []
+    for message_id in ids:
+        commands += [
+            ("GET", repository.keys.message(message_id)),
+            ("HGETALL", repository.keys.resend(message_id)),
+        ]
+    replies = await arun_batch(client, commands)
+    if any(isinstance(reply, ResponseError) for reply in replies):
+        found: list[Message | None] = await sync_to_async(
+            repository.get_many,  # type: ignore[attr-defined]
+            thread_sensitive=False,
+        )(ids)
+        return found
+    return [
+        Message.from_redis(record, resend, ids[i]) if record and resend else None
+        for i, (record, resend) in enumerate(zip(replies[::2], replies[1::2], strict=True))
+    ]
