@@ -579,7 +579,7 @@ async def _callers_atomic_block(using: str) -> bool:
         return False
 
     def in_atomic() -> bool:
-        return transaction.get_connection(using).in_atomic_block
+        return bool(transaction.get_connection(using).in_atomic_block)
 
     return await sync_to_async(in_atomic, thread_sensitive=True)()
 

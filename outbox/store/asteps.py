@@ -76,7 +76,7 @@ async def aperform(repository: RepositoryBase, client: AsyncClient, op: Op) -> A
         return None
     if isinstance(op, Primaries):
         if isinstance(client, AsyncRedisCluster):
-            return [str(client.get_node_from_key(key).name) for key in op.keys]
+            return [str(getattr(client.get_node_from_key(key), "name", "")) for key in op.keys]
         return ["" for _ in op.keys]
     if isinstance(op, Elsewhere):  # the synchronous client's slot map, read without I/O
         return repository.partition_elsewhere(set(op.avoid))

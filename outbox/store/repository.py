@@ -39,6 +39,7 @@ from outbox.store.base import (
     script_call,
 )
 from outbox.store.client.connection import get_connection
+from outbox.store.created import Created, CreateResult
 from outbox.store.destination_state import BREAKER_FIELDS, OUTCOME_FIELDS, DestinationState
 from outbox.store.indexes import Cursor, Index, IndexReads, score_bound, sum_counts
 from outbox.store.maintenance import WORKER_HEARTBEAT_KEPT, Maintenance
@@ -51,9 +52,7 @@ from outbox.store.messages import (
     ChangeResult,
     Claim,
     ClaimReply,
-    Created,
     CreateReply,
-    CreateResult,
     ReleaseReply,
     TransitionRow,
 )

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aredis
 from redis import connection as sync_connection
@@ -79,7 +79,7 @@ _COPIED = frozenset(
 
 
 @cache
-def _accepted(cls: type[Any]) -> frozenset[str]:
+def _accepted(cls: Any) -> frozenset[str]:
     """The keyword arguments ``cls`` (an asyncio connection class) and its bases take."""
     names: set[str] = set()
     for klass in cls.__mro__:
@@ -114,7 +114,7 @@ def build_async_client() -> tuple[object, AsyncClient]:
         nodes = [AsyncClusterNode(host, port) for host, port in config.nodes]
         return config, AsyncRedisCluster(startup_nodes=nodes, **kwargs)
     pool = get_connection().connection_pool
-    connection_class = _CLASSES.get(pool.connection_class, async_connection.Connection)
+    connection_class: type[Any] = _CLASSES.get(pool.connection_class, async_connection.Connection)
     given = dict(pool.connection_kwargs)
     # redis-py 8 keeps the timeouts a pool was made with as orig_* (maintenance notifications)
     given.setdefault("socket_timeout", given.get("orig_socket_timeout"))
@@ -122,7 +122,7 @@ def build_async_client() -> tuple[object, AsyncClient]:
     kwargs = {
         k: v
         for k, v in given.items()
-        if k in _COPIED or (k.startswith("ssl_") and k in _accepted(connection_class))
+        if k in _COPIED or (k.startswith("ssl_") and k in _accepted(cast(Hashable, connection_class)))
     }
     if "retry" in kwargs:
         retry = _async_retry(kwargs["retry"])
@@ -146,7 +146,7 @@ async def async_connection_for_loop() -> AsyncClient:
         redis.exceptions.RedisError: a cluster client could not read the slot map.
     """
     loop = asyncio.get_running_loop()
-    source = outbox_settings.cluster
+    source: object = outbox_settings.cluster
     if source is None:
         source = get_connection().connection_pool
     held = _clients.get(loop)

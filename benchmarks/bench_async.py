@@ -1,0 +1,197 @@
+"""Issue 33's benchmark: ``await outbox.asend()`` on one event loop against ``send()``
+from a thread pool, how long the loop's callbacks run, and a Redis that hangs.
+
+    .venv/bin/python -m benchmarks.bench_async            # 5 interleaved rounds, ~1 min
+    .venv/bin/python -m benchmarks.bench_async --quick    # 1 round, small N
+
+On a private Redis (the test settings' server), 200-byte bodies, each call's outcome its
+own (no batching: 100 concurrent ``asend`` tasks, each one message, one write):
+
+* throughput: ``asend()`` with 100 concurrent tasks against ``send()`` from 16 threads,
+  interleaved rounds, medians and the min-max spread (target: >= 2x);
+* loop blocking: every callback the loop runs during 10,000 ``asend()``s is timed (the
+  measure asyncio's debug mode logs over ``slow_callback_duration``, here 1 ms); the
+  99.9th percentile (target: < 1 ms);
+* a hang: the Redis is stopped (SIGSTOP) while 100 ``asend()`` wait on it; an HTTP
+  endpoint served by the same loop is asked every 10 ms meanwhile; its slowest answer
+  (target: < 50 ms).
+
+Prints a table in Markdown (docs/benchmarks.md, "Async views").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+BODY = "x" * 200
+TASKS = 100
+THREADS = 16
+
+
+def body(i: int) -> str:
+    return (f"{i:08d}" + BODY)[:200]
+
+
+async def asend_round(n: int) -> float:
+    """Messages per second of ``n`` asends from :data:`TASKS` concurrent tasks."""
+    import outbox
+
+    counter = iter(range(n))
+
+    async def task() -> None:
+        for i in counter:
+            await outbox.asend("orders", body(i))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(task() for _ in range(TASKS)))
+    return n / (time.perf_counter() - started)
+
+
+def send_round(n: int) -> float:
+    """Messages per second of ``n`` sends from :data:`THREADS` threads."""
+    import outbox
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(lambda i: outbox.send("orders", body(i)), range(n)))
+    return n / (time.perf_counter() - started)
+
+
+async def callback_times(n: int) -> list[float]:
+    """The run time (seconds) of every loop callback during ``n`` asends."""
+    times: list[float] = []
+    original = asyncio.events.Handle._run
+
+    def timed(handle: asyncio.events.Handle) -> None:
+        started = time.perf_counter()
+        original(handle)
+        times.append(time.perf_counter() - started)
+
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    try:
+        await asend_round(n)
+    finally:
+        asyncio.events.Handle._run = original  # type: ignore[method-assign]
+    return times
+
+
+async def hang(server_pid: int, seconds: float) -> tuple[list[float], int]:
+    """Stop Redis for ``seconds`` with :data:`TASKS` asends waiting on it; an HTTP
+    endpoint on this loop is asked every 10 ms from a thread. Returns each answer's
+    latency (seconds) during the hang and how many asends raised SendOutcomeUnknown."""
+    import outbox
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                while s.recv(100):
+                    pass
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+
+    await outbox.asend("orders", body(0))
+    os.kill(server_pid, signal.SIGSTOP)
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    try:
+        results = await asyncio.gather(
+            *(outbox.asend("orders", body(i)) for i in range(TASKS)), return_exceptions=True
+        )
+        await asyncio.sleep(max(0.0, seconds))
+    finally:
+        stop.set()
+        os.kill(server_pid, signal.SIGCONT)
+    prober.join()
+    server.close()
+    unknown = sum(isinstance(r, outbox.SendOutcomeUnknown) for r in results)
+    return latencies, unknown
+
+
+def spread(values: list[float], fmt: str) -> str:
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="Issue 33's benchmark (see docs/benchmarks.md).")
+    parser.add_argument("--quick", action="store_true", help="1 round, small N")
+    args = parser.parse_args(argv)
+    rounds, n, blocking_n = (1, 1000, 2000) if args.quick else (5, 5000, 10_000)
+    django.setup()
+    from django.conf import settings
+    from outbox.store.client.aconnection import aclose
+    from outbox.store.client.connection import empty_database
+
+    from outbox.testing import RedisServer
+    from tests.support import redis_at
+
+    with RedisServer() as server, redis_at(server.url):
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        async_rates: list[float] = []
+        sync_rates: list[float] = []
+        send_round(200)  # warm both
+        loop.run_until_complete(asend_round(200))
+        for _ in range(rounds):
+            empty_database()
+            sync_rates.append(send_round(n))
+            empty_database()
+            async_rates.append(loop.run_until_complete(asend_round(n)))
+        empty_database()
+        loop.set_debug(True)
+        loop.slow_callback_duration = 0.001
+        times = sorted(loop.run_until_complete(callback_times(blocking_n)))
+        loop.set_debug(False)
+        p999 = times[min(len(times) - 1, int(len(times) * 0.999))]
+        timeout = settings.CACHES[next(iter(settings.CACHES))].get("OPTIONS", {}).get("SOCKET_TIMEOUT")
+        latencies, unknown = loop.run_until_complete(hang(server.process.pid, 0.0))
+        loop.run_until_complete(aclose())
+        loop.close()
+    ratios = [a / s for a, s in zip(async_rates, sync_rates, strict=True)]
+    lines = [
+        f"Issue 33: asend() on one event loop (Python {sys.version.split()[0]}, {os.cpu_count()} cores; "
+        f"{rounds} interleaved round(s), median (min-max))",
+        "",
+        "| measure | result | target | met |",
+        "|---|---|---|---|",
+        f"| send() from {THREADS} threads, {n} x 200 B | {spread(sync_rates, '{:,.0f}')} msg/s | | |",
+        f"| asend() from {TASKS} tasks, {n} x 200 B | {spread(async_rates, '{:,.0f}')} msg/s | | |",
+        f"| asend / send | {spread(ratios, '{:.2f}')}x | >= 2x | {'yes' if statistics.median(ratios) >= 2 else 'no'} |",
+        f"| loop callbacks during {blocking_n:,} asend(): p99.9 | {p999 * 1000:.3f} ms "
+        f"(max {times[-1] * 1000:.2f} ms, {len(times):,} callbacks) | < 1 ms | {'yes' if p999 < 0.001 else 'no'} |",
+        f"| Redis stopped (SIGSTOP) {TASKS} asend() waiting ({timeout} s socket timeout): health endpoint "
+        f"on the same loop, slowest of {len(latencies)} | {max(latencies) * 1000:.1f} ms | < 50 ms | "
+        f"{'yes' if max(latencies) < 0.05 else 'no'} |",
+        f"| asend() during the hang that raised SendOutcomeUnknown | {unknown} of {TASKS} | all | "
+        f"{'yes' if unknown == TASKS else 'no'} |",
+    ]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
