@@ -144,9 +144,9 @@ def main(argv: list[str]) -> None:
     rounds, n, blocking_n = (1, 1000, 2000) if args.quick else (5, 5000, 10_000)
     django.setup()
     from django.conf import settings
+
     from outbox.store.client.aconnection import aclose
     from outbox.store.client.connection import empty_database
-
     from outbox.testing import RedisServer
     from tests.support import redis_at
 
