@@ -269,7 +269,19 @@ def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list
         )
 
         return capture(messages, using)
-    return drive(get_repository(), _store_steps(messages, repeat))
+    try:
+        repository = get_repository()  # on a cluster, made on first use: it asks for the slot map
+    except (RedisError, RedisClusterException) as exc:
+        raise _unreachable(messages, exc) from exc
+    return drive(repository, _store_steps(messages, repeat))
+
+
+def _unreachable(messages: Sequence[Message], exc: BaseException) -> OutboxUnavailable:
+    """The :class:`OutboxUnavailable` of a write that could not be sent (``exc``)."""
+    return OutboxUnavailable(
+        f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
+        "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
+    )
 
 
 def _store_steps(messages: list[Message], repeat: bool) -> Steps[list[Message]]:
@@ -348,10 +360,7 @@ def _not_stored(exc: Exception, messages: Sequence[Message]) -> OutboxUnavailabl
             f"({_first_ids(messages)}) once.",
             unknown=list(messages),
         )
-    return OutboxUnavailable(
-        f"Redis could not be reached to store {len(messages)} message(s) ({type(exc).__name__}: {exc}); "
-        "nothing was stored. Inside transaction.atomic the outbox captures messages in the database instead."
-    )
+    return _unreachable(messages, exc)
 
 
 def _all_written_as_sent(messages: Sequence[Message], created: Sequence[Created]) -> bool:
@@ -555,7 +564,10 @@ async def _acapture_or_store(messages: list[Message], using: str, repeat: bool) 
             # async_to_sync inside transaction.atomic: capture in the caller's thread and
             # transaction (asgiref runs a thread-sensitive call on the thread that waits)
             return await sync_to_async(_capture_or_store, thread_sensitive=True)(messages, using, repeat)
-    repository = await arepository()
+    try:
+        repository = await arepository()
+    except (RedisError, RedisClusterException) as exc:
+        raise _unreachable(messages, exc) from exc
     progress = Progress()
     try:
         return await adrive(repository, _store_steps(messages, repeat), progress)
