@@ -111,7 +111,7 @@ async def test_a_cancelled_asend_is_unknown_once_its_write_was_sent(redis):
         assert (await outbox.aget(mine.id)).body == mine.body
     else:
         pytest.fail("asend never finished within 400 loop steps")
-    assert seen["before"] and seen["unknown"], seen
+    assert seen["before"], seen  # steps=0: cancelled before the task ran at all
     await aclose()
 
 
@@ -152,6 +152,29 @@ async def test_a_hung_redis_blocks_only_the_awaiting_task(stoppable):
     assert len(ticks) > 50 and max(gaps) < 0.05, max(gaps)
     await outbox.asend_again(raised.value.unknown)
     assert stored(raised.value.unknown[0].id)
+    await aclose()
+
+
+@pytest.mark.single_server("a private plain server is stopped with SIGSTOP")
+@pytest.mark.asyncio
+async def test_a_task_cancelled_while_its_write_waits_for_the_reply_is_unknown(stoppable):
+    """The await point after the write was sent, made certain: the server is stopped,
+    so the reply cannot come; the cancellation there is SendCancelled, and the task ends
+    cancelled. The server then runs the write: send_again stores it once."""
+    await outbox.asend("mem", "warm")
+    stoppable.process.send_signal(signal.SIGSTOP)
+    try:
+        task = asyncio.ensure_future(outbox.asend("mem", "cancelled in flight"))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(outbox.SendCancelled) as raised:
+            await task
+    finally:
+        stoppable.process.send_signal(signal.SIGCONT)
+    assert task.cancelled()
+    (message,) = raised.value.unknown
+    await outbox.asend_again(raised.value.unknown)
+    assert stored(message.id) and count() == 2
     await aclose()
 
 
