@@ -15,6 +15,7 @@ from redis.exceptions import ResponseError
 from outbox.records import Message
 from outbox.store.base import RepositoryBase
 from outbox.store.client.aconnection import AsyncClient, arun_batch, async_connection_for_loop
+from outbox.store.codec import message_from_redis
 from outbox.store.repository import MessageRepository, get_repository
 from outbox.store.steps import Batch, Blocking, Elsewhere, LoadScripts, Op, Pause, Primaries, Progress, Steps
 
@@ -109,6 +110,6 @@ async def aget_many(repository: RepositoryBase, ids: Sequence[str]) -> list[Mess
         )(ids)
         return found
     return [
-        Message.from_redis(record, resend, ids[i]) if record and resend else None
+        message_from_redis(record, resend, ids[i]) if record and resend else None
         for i, (record, resend) in enumerate(zip(replies[::2], replies[1::2], strict=True))
     ]

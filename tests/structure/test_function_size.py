@@ -20,6 +20,8 @@ MAX_PARAMETERS = 7
 PUBLIC = {
     ("outbox/api.py", "send"),
     ("outbox/api.py", "send_many"),
+    ("outbox/api.py", "asend"),
+    ("outbox/api.py", "asend_many"),
     ("outbox/webhooks.py", "publish"),
     ("outbox/webhooks.py", "create_endpoint"),
     ("outbox/testing/redis_server.py", "__init__"),
@@ -29,9 +31,9 @@ PUBLIC = {
 OVER: dict[tuple[str, str, str], int] = {
     ("outbox/api.py", "send", "lines"): 86,
     ("outbox/sending/validation.py", "build_message", "parameters"): 12,
+    ("outbox/store/creating.py", "partitioned_steps", "lines"): 86,  # create_partitioned's body, moved (95)
     ("outbox/store/messages.py", "MessageStore.bulk_transition", "parameters"): 8,
     ("outbox/store/messages.py", "MessageStore.claim_args", "parameters"): 10,
-    ("outbox/store/messages.py", "MessageStore.create_partitioned", "lines"): 95,
 }
 
 
