@@ -5,7 +5,7 @@ that ``outbox.asend()`` runs, and the asynchronous read of ``outbox.aget()``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -53,22 +53,26 @@ async def adrive(repository: RepositoryBase, steps: Steps[T], progress: Progress
                 result: T = stop.value
                 return result
             reply, error = None, None
+            on_sent = None
             if progress is not None:
                 progress.ops.append(type(op).__name__)
                 if isinstance(op, Batch) and op.write:
-                    progress.wrote = True
+                    on_sent = progress.sent
             try:
-                reply = await aperform(repository, client, op)
+                reply = await aperform(repository, client, op, on_sent)
             except Exception as exc:  # thrown into the steps, which decide
                 error = exc
     finally:
         steps.close()
 
 
-async def aperform(repository: RepositoryBase, client: AsyncClient, op: Op) -> Any:
-    """One operation (:mod:`.steps`) on the asyncio client ``client``."""
+async def aperform(
+    repository: RepositoryBase, client: AsyncClient, op: Op, on_sent: Callable[[], None] | None = None
+) -> Any:
+    """One operation (:mod:`.steps`) on the asyncio client ``client`` (``on_sent``: called
+    when a :class:`.steps.Batch` is written, see :func:`.aconnection.arun_batch`)."""
     if isinstance(op, Batch):
-        return await arun_batch(client, op.commands)
+        return await arun_batch(client, op.commands, on_sent)
     if isinstance(op, LoadScripts):  # rare (a restarted Redis): the synchronous loader, in a thread
         await sync_to_async(repository.load_scripts, thread_sensitive=False)()
         return None

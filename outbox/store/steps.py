@@ -118,6 +118,10 @@ class Progress:
     wrote: bool = False
     ops: list[str] = field(default_factory=list)
 
+    def sent(self) -> None:
+        """A driver wrote (or began to write) a :class:`Batch` that writes."""
+        self.wrote = True
+
 
 def drive(repository: RepositoryBase, steps: Steps[T], progress: Progress | None = None) -> T:
     """Run ``steps`` on ``repository``'s synchronous redis-py client and return their result.

@@ -7,39 +7,66 @@ options (address, database, credentials, TLS, socket timeouts, retries); with
 ``OUTBOX["CLUSTER"]``, a ``redis.asyncio.cluster.RedisCluster`` of its nodes and
 ``OPTIONS``. An asyncio connection belongs to the loop that opened it, so each event
 loop gets its own client and pool (a process under uvicorn has one loop: one pool;
-``async_to_sync`` makes a loop per call, whose client goes with it). Concurrent
-``asend()`` calls of one loop share the pool, each on a connection of its own while
-its write is in flight, so one call's reply or failure never becomes another's.
+``async_to_sync`` makes a loop per call, whose client goes with it).
+
+On one server, concurrent calls of one loop share round trips (:class:`Multiplexer`):
+the batches submitted while a connection's previous write is in flight (at least those
+of one loop iteration) go out as one pipeline, each command with its own reply read in
+order, so a ``NOSCRIPT`` or a script's error is the reply of its own call only; a
+connection that breaks or times out fails the calls whose commands were written on it
+(each gets its own copy of the error: each write's outcome is unknown), and no other.
+A caller's cancellation never interrupts a read (the connection's own task reads), so
+the replies stay in step with their commands (CVE-2023-28858). With a cluster, each
+call goes through ``redis.asyncio.cluster.RedisCluster`` by itself (its pool per node).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import inspect
 import weakref
-from collections.abc import Hashable, Sequence
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
 from functools import cache
 from typing import Any, TypeVar, cast
 
 import redis.asyncio as aredis
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from redis import connection as sync_connection
 from redis.asyncio import connection as async_connection
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from outbox.conf import outbox_settings
 from outbox.store.client.connection import get_connection
 
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:  # redis[hiredis] is a dependency; its C packer, else redis-py's own
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover
+    _hiredis_pack = None
+
 T = TypeVar("T")
 
 AsyncClient = aredis.Redis | AsyncRedisCluster
 
-#: Per event loop: (what the client was built from, the client).
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[object, AsyncClient]] = (
-    weakref.WeakKeyDictionary()
-)
+#: Per event loop: (what the client was built from, the client, its multiplexer).
+_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[object, AsyncClient, Multiplexer | None]
+] = weakref.WeakKeyDictionary()
+
+#: Connections (each with its task) a loop's :class:`Multiplexer` writes on at most.
+CONNECTIONS = 4
+#: Commands written in one pipeline at most (a longer queue waits for the next write):
+#: reading the replies of one write runs in one loop callback when they have all
+#: arrived, so this bounds how long that callback takes (~10 us a reply).
+PIPELINE_MOST = 64
 
 #: The synchronous connection classes and their asyncio twins.
 _CLASSES: dict[type[Any], type[Any]] = {
@@ -146,17 +173,35 @@ async def async_connection_for_loop() -> AsyncClient:
         redis.exceptions.RedisError: a cluster client could not read the slot map.
     """
     loop = asyncio.get_running_loop()
+    held = _clients.get(loop)
+    if held is not None and _checked.get(loop) == _settings_version[0]:
+        return held[1]  # the settings did not change since the client was checked
     source: object = outbox_settings.cluster
     if source is None:
         source = get_connection().connection_pool
-    held = _clients.get(loop)
     if held is not None and held[0] is source:
+        _checked[loop] = _settings_version[0]
         return held[1]
+    version = _settings_version[0]
     built, client = build_async_client()
     if isinstance(client, AsyncRedisCluster):
         await client.initialize()
-    _clients[loop] = (built, client)
+    _clients[loop] = (built, client, None if isinstance(client, AsyncRedisCluster) else Multiplexer(client))
+    _checked[loop] = version
     return client
+
+
+#: Bumped by every ``setting_changed``: a loop's client is checked against the settings
+#: (django-redis's pool, ``OUTBOX["CLUSTER"]``) again after one, not on every call (that
+#: look-up cost a tenth of an ``asend``).
+_settings_version = [0]
+#: Per event loop: the settings version its client was last checked against.
+_checked: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
+
+
+@receiver(setting_changed)
+def _settings_changed(**kwargs: Any) -> None:
+    _settings_version[0] += 1
 
 
 async def aclose() -> None:
@@ -164,13 +209,32 @@ async def aclose() -> None:
     end: ``async_to_sync`` callers need not, its loop's client is garbage with it)."""
     held = _clients.pop(asyncio.get_running_loop(), None)
     if held is not None:
+        if held[2] is not None:
+            await held[2].aclose()
         await held[1].aclose()
 
 
-async def arun_batch(client: AsyncClient, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+async def arun_batch(
+    client: AsyncClient,
+    commands: Sequence[tuple[Any, ...]],
+    on_sent: Callable[[], None] | None = None,
+) -> list[Any]:
     """``commands`` on ``client``: one command as itself, several in a pipeline without
     ``MULTI`` (a cluster client's routes each command by its keys and follows
-    redirects); a ``ResponseError`` is that command's reply."""
+    redirects); a ``ResponseError`` is that command's reply. On one server, through this
+    loop's :class:`Multiplexer` (the round trip shared with concurrent calls).
+    ``on_sent`` is called once the commands are (about to be) written: a cancellation
+    before it means they never were.
+
+    Raises:
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: as redis-py
+            (a connection that could not be made: nothing was written).
+    """
+    held = _clients.get(asyncio.get_running_loop())
+    if held is not None and held[1] is client and held[2] is not None:
+        return await held[2].run(commands, on_sent)
+    if on_sent is not None:
+        on_sent()
     if len(commands) == 1:
         try:
             return [await client.execute_command(*commands[0])]
@@ -181,3 +245,164 @@ async def arun_batch(client: AsyncClient, commands: Sequence[tuple[Any, ...]]) -
         pipe.execute_command(*command)
     replies: list[Any] = await pipe.execute(raise_on_error=False)
     return replies
+
+
+class _Call:
+    """One caller's commands in a :class:`Multiplexer`, and the future of their replies."""
+
+    __slots__ = ("commands", "future", "on_sent")
+
+    def __init__(
+        self,
+        commands: Sequence[tuple[Any, ...]],
+        future: asyncio.Future[list[Any]],
+        on_sent: Callable[[], None] | None,
+    ) -> None:
+        self.commands = commands
+        self.future = future
+        self.on_sent = on_sent
+
+
+class Multiplexer:
+    """Concurrent callers of one event loop sharing round trips on one server (see the
+    module docstring): a queue of calls, and up to :data:`CONNECTIONS` tasks, each on a
+    connection of the client's pool, that take every queued call (up to
+    :data:`PIPELINE_MOST` commands), write them as one pipeline and read the replies in
+    order. A task ends, giving its connection back, when the queue is empty.
+
+    A call is sent once a task took it; a caller cancelled before that is dropped from
+    the write (nothing of it reaches Redis); after that its commands are written and
+    their replies read, and go nowhere. No command is retried: a write whose reply did
+    not come (a timeout, a broken connection) fails with redis-py's error, which
+    :func:`.outages.may_have_run` reads as "may have run"; a connection that cannot be
+    made fails the calls not yet written with its "connecting to" error ("did not run").
+    """
+
+    def __init__(self, client: aredis.Redis, connections: int = CONNECTIONS) -> None:
+        self.pool = client.connection_pool
+        self.encoder = client.get_encoder()  # type: ignore[no-untyped-call]
+        self.most = connections
+        self.queue: deque[_Call] = deque()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.busy = 0  # tasks in a round trip (the others are about to take from the queue)
+
+    async def run(self, commands: Sequence[tuple[Any, ...]], on_sent: Callable[[], None] | None) -> list[Any]:
+        """Queue ``commands`` and wait for their replies (see :func:`arun_batch`)."""
+        call = _Call(commands, asyncio.get_running_loop().create_future(), on_sent)
+        self.queue.append(call)
+        self._spawn()
+        # a cancellation cancels the future: a task that has not taken the call skips it
+        return await call.future
+
+    def _spawn(self) -> None:
+        """A new connection's task when calls are queued, no task is about to take them
+        and fewer than :data:`CONNECTIONS` run."""
+        if self.queue and len(self.tasks) == self.busy and len(self.tasks) < self.most:
+            task = asyncio.get_running_loop().create_task(self._serve())
+            self.tasks.add(task)
+
+    def _take(self) -> list[_Call]:
+        """The queued calls of the next write (not cancelled), at most :data:`PIPELINE_MOST`
+        commands (always at least one call), each told it is sent."""
+        taken: list[_Call] = []
+        count = 0
+        while self.queue and (not taken or count + len(self.queue[0].commands) <= PIPELINE_MOST):
+            call = self.queue.popleft()
+            if call.future.done():
+                continue
+            taken.append(call)
+            count += len(call.commands)
+            if call.on_sent is not None:
+                call.on_sent()
+        return taken
+
+    def _pack(self, calls: list[_Call]) -> list[bytes]:
+        if _hiredis_pack is not None:
+            try:
+                return [_hiredis_pack(command) for call in calls for command in call.commands]
+            except TypeError:  # an argument hiredis does not take: redis-py's encoder
+                pass
+        packed: list[bytes] = []
+        for call in calls:
+            for command in call.commands:
+                words = [self.encoder.encode(word) for word in command]
+                packed.append(
+                    b"".join([b"*%d\r\n" % len(words)] + [b"$%d\r\n%s\r\n" % (len(w), w) for w in words])
+                )
+        return packed
+
+    @staticmethod
+    def _fail(calls: Sequence[_Call], exc: BaseException) -> None:
+        for call in calls:
+            if not call.future.done():
+                call.future.set_exception(copy.copy(exc))
+
+    async def _serve(self) -> None:
+        """A connection's task: write and read until the queue is empty. It leaves
+        :attr:`tasks` the moment it stops taking (not when its task is done: a call
+        queued in between would wait for a task that will not take it)."""
+        me = asyncio.current_task()
+        connection = None
+        try:
+            connection = await _get_connection(self.pool)
+            while self.queue:
+                if not connection.is_connected:
+                    await connection.connect()
+                calls = self._take()
+                if calls:
+                    self.busy += 1
+                    self._spawn()  # for what is left queued
+                    try:
+                        await self._round_trip(connection, calls)
+                    finally:
+                        self.busy -= 1
+        except Exception as exc:  # could not connect: nothing of the queued calls was written
+            calls = [call for call in self.queue if not call.future.done()]
+            self.queue.clear()
+            self._fail(calls, exc)
+        finally:
+            self.tasks.discard(me)  # type: ignore[arg-type]
+            if connection is not None:
+                await self.pool.release(connection)
+
+    async def _round_trip(self, connection: Any, calls: list[_Call]) -> None:
+        """Write ``calls`` as one pipeline on ``connection`` and give each its replies."""
+        try:
+            await connection.send_packed_command(self._pack(calls), check_health=False)
+            for call in calls:
+                replies: list[Any] = []
+                for _ in call.commands:
+                    try:
+                        replies.append(await connection.read_response())
+                    except ResponseError as exc:  # this command's reply
+                        replies.append(exc)
+                if not call.future.done():
+                    call.future.set_result(replies)
+        except asyncio.CancelledError:  # the loop is ending: the written calls' outcome is unknown
+            await connection.disconnect(nowait=True)
+            self._fail(calls, RedisConnectionError("the outbox's connection task was cancelled"))
+            raise
+        except Exception as exc:  # a timeout, a broken connection: every call written on it
+            await connection.disconnect(nowait=True)
+            self._fail(calls, exc)
+
+    async def aclose(self) -> None:
+        """End the connections' tasks (their calls fail as written and unanswered)."""
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _get_connection(pool: Any) -> Any:
+    """A connected connection of ``pool`` (redis-py 5 wants a command name, 8 warns about one)."""
+    if _pool_takes_name(cast(Hashable, type(pool))):
+        return await pool.get_connection("EVALSHA")
+    return await pool.get_connection()
+
+
+@cache
+def _pool_takes_name(cls: Any) -> bool:
+    parameter = inspect.signature(cls.get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
