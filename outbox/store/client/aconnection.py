@@ -63,10 +63,12 @@ _clients: weakref.WeakKeyDictionary[
 
 #: Connections (each with its task) a loop's :class:`Multiplexer` writes on at most.
 CONNECTIONS = 4
-#: Commands written in one pipeline at most (a longer queue waits for the next write):
-#: reading the replies of one write runs in one loop callback when they have all
-#: arrived, so this bounds how long that callback takes (~10 us a reply).
+#: Commands written in one pipeline at most (a longer queue waits for the next write).
 PIPELINE_MOST = 64
+#: Calls answered in one loop step at most: each answer schedules its caller's wake-up
+#: (in asyncio's debug mode a stack is extracted for each: ~0.1 ms), so a step of the
+#: connection's task answering a whole pipeline of 64 took several milliseconds.
+ANSWERED_PER_STEP = 4
 
 #: The synchronous connection classes and their asyncio twins.
 _CLASSES: dict[type[Any], type[Any]] = {
@@ -369,7 +371,9 @@ class Multiplexer:
         """Write ``calls`` as one pipeline on ``connection`` and give each its replies."""
         try:
             await connection.send_packed_command(self._pack(calls), check_health=False)
-            for call in calls:
+            for number, call in enumerate(calls, 1):
+                if number % ANSWERED_PER_STEP == 0:
+                    await asyncio.sleep(0)  # let the answered callers run: a step stays short
                 replies: list[Any] = []
                 for _ in call.commands:
                     try:
