@@ -36,8 +36,8 @@ from outbox.sending.validation import (
     build_message,
 )
 from outbox.store import Created, get_repository
-from outbox.store.base import IDS_PER_CALL
 from outbox.store.asteps import adrive, aget_many, arepository
+from outbox.store.base import IDS_PER_CALL
 from outbox.store.client.outages import may_have_run
 from outbox.store.keys import random_partition
 from outbox.store.steps import Blocking, Progress, Steps, drive

@@ -23,7 +23,6 @@ from outbox.records import Message, new_message_id, partition_of
 from outbox.store import Created, CreateResult, MessageRepository, get_repository
 from outbox.store.background import wakeups
 from outbox.store.client import durability
-from outbox.store.client.connection import is_cluster
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run, unknown_first
 from outbox.store.creating import create_steps
 from outbox.store.steps import Blocking, Elsewhere, Steps, drive
@@ -110,7 +109,7 @@ def _create_steps(
     Raises:
         redis.exceptions.RedisError: as ``create``, when nothing could be written.
     """
-    cluster = is_cluster(repository.connection)
+    cluster = repository.cluster  # one check per connection, not per call
     movable = not repeat and cluster
 
     def create(batch: Sequence[Message]) -> Steps[CreateResult]:

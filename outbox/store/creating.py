@@ -295,8 +295,23 @@ def scripts_steps(
 def settle_steps(
     store: MessageStore, messages: Sequence[Message]
 ) -> Steps[tuple[dict[int, Created], list[Message], set[int]]]:
-    """The steps of :meth:`~outbox.store.messages.MessageStore.settle_idempotency` (which
-    states what they do and raise)."""
+    """The step before the create calls of :func:`partitioned_steps`: the home records
+    of the ordered messages whose idempotency record lives in another partition
+    (:mod:`.idempotency`, which states the rule), one round trip when there are any.
+
+    Returns:
+        (the positions settled without a create: ``"conflict"`` and the others of its
+        partition ``"refused"``, as one create call refuses; ``"duplicate"`` of a
+        stored message of another partition), the messages to create (a message whose
+        key names an id of its own partition is created under that id), and the
+        positions so substituted.
+
+    Raises:
+        OutboxUnavailable: a key names a message of another partition that is not
+            stored (its send has not finished, or failed after its reservation).
+        redis.exceptions.RedisError: the reservation's round trip failed (nothing
+            was created).
+    """
     work = list(messages)
     settled: dict[int, Created] = {}
     substituted: set[int] = set()
@@ -338,7 +353,17 @@ def settle_steps(
 
 
 def reserve_steps(store: MessageStore, messages: Sequence[Message]) -> Steps[Reservations]:
-    """The steps of :func:`.idempotency.reserve` (which states what they do and raise)."""
+    """Write the home record (``<id>|<fingerprint>``, ``SET NX`` with ``EX`` the store's
+    ``idempotency_ttl``; no expiry when it is 0) of each message
+    :func:`~.idempotency.away_from_home`, and read what each home holds, in one
+    :class:`~.steps.Batch` (one round trip on one server; on a cluster the cluster client
+    routes each command). A record that names the message itself (a push repeated, or a send again
+    under its id) is its own.
+
+    Raises:
+        redis.exceptions.RedisError: the round trip failed (some records may be written:
+            each names its message's id, which a later send under the key completes).
+    """
     away = [i for i, m in enumerate(messages) if away_from_home(store.keys, m)]
     found = Reservations()
     if not away:
@@ -374,8 +399,11 @@ def after_create_steps(
     settled: dict[int, Created],
     substituted: set[int],
 ) -> Steps[list[Created]]:
-    """The steps of :meth:`~outbox.store.messages.MessageStore.after_create` (which states
-    what they do)."""
+    """One :class:`Created` per message of :func:`partitioned_steps`, in order: the
+    settled ones, the results of the create calls (``"unstored"`` where a call failed),
+    a substituted message as a ``"duplicate"`` of the id it was created under; and the
+    home records of the messages whose create found an older version's record in
+    their partition pointed at the message that stands (:func:`.idempotency.point_home`)."""
     created = [settled.get(i, Created(m.id, m.id, "new")) for i, m in enumerate(messages)]
     repoint: list[tuple[Message, str]] = []
     for positions, result in zip(parts.values(), results, strict=True):
@@ -439,8 +467,23 @@ def create_and_flag_steps(
     *,
     cluster: bool,
 ) -> Steps[tuple[Any, list[str]] | None]:
-    """The steps of :meth:`~outbox.store.messages.MessageStore.create_and_flag` (which
-    states what they do, return and raise)."""
+    """One partition's create and the wake-up flags (``SET NX PX``) of ``queues`` (those
+    its messages make due) in one pipeline, the create first, when they are on one
+    server: always with one server, on a cluster when the flags' slot (``{g}``) is on
+    the partition's primary. With more than one partition the flags are keys across
+    the deployment, which the create script may not touch: without this, every
+    ``send()`` made a second round trip for its flag.
+
+    Returns:
+        None when there is nothing to flag, or the flags are on another primary (the
+        caller then writes the flags after the create: :func:`wake_flag_steps`);
+        else (the create's reply, or the error it met: it did not run then; the
+        queues whose flag this call set, whose wake-up jobs the caller enqueues).
+
+    Raises:
+        redis.exceptions.RedisError: the pipeline could not be sent or read (nothing
+            is known of what it did; as a failed create).
+    """
     if not queues:
         return None
     flags = [store.keys.wake(q) for q in queues]

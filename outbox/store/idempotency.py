@@ -14,15 +14,16 @@ ordering key or none (the message returned carries the ordering key it was sent 
 A message without an ordering key is stored in its key's home (its partition comes from
 its idempotency key), so ``lua/create.lua`` checks and writes the record in the same
 atomic call. A message with an ordering key is stored in its ordering key's partition,
-which is usually another slot: before that partition's create call, :func:`reserve`
-writes the record in the home (``SET NX``, then ``GET``, one pipelined round trip for the
-whole call). When the record already names another message ``E`` with the same
-fingerprint, the send stands for ``E``: if ``E`` is in the same partition it is created
-under ``E``'s id (a no-op when ``E`` is stored: ``create.lua`` is idempotent on the id),
-so a send whose reservation was written and whose create failed (an outage, a crash) is
-completed by the next send under that key, never stored twice and never left as an id
-that does not exist; if ``E`` is in another partition (sent with another ordering key,
-or none) it is returned when it exists.
+which is usually another slot: before that partition's create call,
+:func:`~outbox.store.creating.reserve_steps` writes the record in the home (``SET NX``,
+then ``GET``, one pipelined round trip for the whole call). When the record already
+names another message ``E`` with the same fingerprint, the send stands for ``E``: if
+``E`` is in the same partition it is created under ``E``'s id (a no-op when ``E`` is
+stored: ``create.lua`` is idempotent on the id), so a send whose reservation was written
+and whose create failed (an outage, a crash) is completed by the next send under that
+key, never stored twice and never left as an id that does not exist; if ``E`` is in
+another partition (sent with another ordering key, or none) it is returned when it
+exists.
 
 The create call still writes the record in the message's own partition too: the older
 rule put it there, and a process of an older version (a rolling upgrade) looks there.
@@ -36,7 +37,6 @@ does not; after ``IDEMPOTENCY_TTL`` no such record is left.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +45,8 @@ from outbox.records import Message
 
 @dataclass
 class Held:
-    """A reservation :func:`reserve` did not get: the key's home names ``id`` with
-    ``fingerprint`` (``lua/create.lua``'s ``<id>|<fingerprint>``)."""
+    """A reservation :func:`~outbox.store.creating.reserve_steps` did not get: the key's
+    home names ``id`` with ``fingerprint`` (``lua/create.lua``'s ``<id>|<fingerprint>``)."""
 
     id: str
     fingerprint: str
@@ -54,8 +54,9 @@ class Held:
 
 @dataclass
 class Reservations:
-    """What :func:`reserve` found: ``held`` maps a message's position in the call to the
-    record that names another message; the others at ``mine`` hold their home record."""
+    """What :func:`~outbox.store.creating.reserve_steps` found: ``held`` maps a message's
+    position in the call to the record that names another message; the others at
+    ``mine`` hold their home record."""
 
     held: dict[int, Held] = field(default_factory=dict)
     mine: list[int] = field(default_factory=list)
@@ -68,63 +69,3 @@ def away_from_home(keys: Any, message: Message) -> bool:
         return False
     home = keys.idempotency_home(message.destination, message.idempotency_key)
     return bool(home != keys.of(message.id).idempotency(message.destination, message.idempotency_key))
-
-
-def reserve(connection: Any, keys: Any, ttl: int, messages: Sequence[Message]) -> Reservations:
-    """Write the home record (``<id>|<fingerprint>``, ``SET NX`` with ``EX ttl``; no expiry
-    when ``ttl`` is 0) of each message :func:`away_from_home`, and read what each home
-    holds, in one pipelined round trip (on a cluster, one per primary: redis-py's cluster
-    pipeline). A record that names the message itself (a push repeated, or a send again
-    under its id) is its own.
-
-    Raises:
-        redis.exceptions.RedisError: the round trip failed (some records may be written:
-            each names its message's id, which a later send under the key completes).
-    """
-    away = [i for i, m in enumerate(messages) if away_from_home(keys, m)]
-    found = Reservations()
-    if not away:
-        return found
-    pipe = connection.pipeline(transaction=False)
-    for i in away:
-        m = messages[i]
-        home = keys.idempotency_home(m.destination, m.idempotency_key or "")
-        value = f"{m.id}|{m.fingerprint()}"
-        if ttl > 0:
-            pipe.set(home, value, nx=True, ex=ttl)
-        else:
-            pipe.set(home, value, nx=True)
-        pipe.get(home)
-    replies = pipe.execute()
-    for n, i in enumerate(away):
-        value = replies[2 * n + 1]
-        held_id, _, fingerprint = (value.decode() if value else f"{messages[i].id}|").partition("|")
-        if held_id == messages[i].id:
-            found.mine.append(i)
-        else:
-            found.held[i] = Held(held_id, fingerprint)
-    return found
-
-
-def exists_elsewhere(connection: Any, keys: Any, ids: Sequence[str]) -> list[bool]:
-    """Whether each message (of another partition than the send's) is stored: one
-    pipelined ``EXISTS`` per id."""
-    if not ids:
-        return []
-    pipe = connection.pipeline(transaction=False)
-    for message_id in ids:
-        pipe.exists(keys.message(message_id))
-    return [bool(n) for n in pipe.execute()]
-
-
-def point_home(connection: Any, keys: Any, messages: Sequence[tuple[Message, str]]) -> None:
-    """Point the home record of each message at the id that stands for it (``SET XX
-    KEEPTTL``): its create call found a record an older version wrote in its partition
-    (see the module's docstring), so the reservation it had named an id never stored."""
-    if not messages:
-        return
-    pipe = connection.pipeline(transaction=False)
-    for m, standing in messages:
-        home = keys.idempotency_home(m.destination, m.idempotency_key or "")
-        pipe.set(home, f"{standing}|{m.fingerprint()}", xx=True, keepttl=True)
-    pipe.execute()

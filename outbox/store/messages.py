@@ -414,7 +414,7 @@ class MessageStore(RepositoryBase):
                 due_slack,
                 repeat,
                 durability,
-                cluster=isinstance(self.connection, RedisCluster),
+                cluster=self.cluster,
             ),
         )
 
@@ -453,7 +453,7 @@ class MessageStore(RepositoryBase):
                 due_slack,
                 repeat,
                 durability,
-                cluster=isinstance(self.connection, RedisCluster),
+                cluster=self.cluster,
             ),
         )
 

@@ -39,7 +39,6 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from outbox.store.client.routing import primary_of
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs send() about 0.4 µs
 class Batch:
     """Commands sent in one write, replies read in order (see the module docstring).
 
@@ -151,7 +150,7 @@ def perform(repository: RepositoryBase, op: Op) -> Any:
     """One operation on the synchronous client (see the module docstring)."""
     connection: Any = repository.connection
     if isinstance(op, Batch):
-        if isinstance(connection, RedisCluster):
+        if repository.cluster:
             if op.key is not None:
                 return run_batch(connection.get_redis_connection(primary_of(connection, op.key)), op.commands)
             return run_batch(connection, op.commands, cluster=True)
@@ -163,7 +162,7 @@ def perform(repository: RepositoryBase, op: Op) -> Any:
         time.sleep(op.seconds)
         return None
     if isinstance(op, Primaries):
-        if isinstance(connection, RedisCluster):
+        if repository.cluster:
             return [str(primary_of(connection, key).name) for key in op.keys]
         return ["" for _ in op.keys]
     if isinstance(op, Elsewhere):
