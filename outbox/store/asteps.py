@@ -16,6 +16,7 @@ from outbox.records import Message
 from outbox.store.base import RepositoryBase
 from outbox.store.client.aconnection import AsyncClient, arun_batch, async_connection_for_loop
 from outbox.store.codec import message_from_redis
+from outbox.store.messages import payloads_wanted, set_payloads
 from outbox.store.repository import MessageRepository, get_repository
 from outbox.store.steps import Batch, Blocking, Elsewhere, LoadScripts, Op, Pause, Primaries, Progress, Steps
 
@@ -91,8 +92,10 @@ async def aperform(
 
 async def aget_many(repository: RepositoryBase, ids: Sequence[str]) -> list[Message | None]:
     """:meth:`~outbox.store.messages.MessageStore.get_many` on this loop's asyncio client:
-    one round trip (``GET`` and ``HGETALL`` per id); records an older version wrote
-    (hashes, ``WRONGTYPE``) are read by the synchronous method, in a thread.
+    one round trip (``GET`` and ``HGETALL`` per id), and one more for the bodies of a
+    published event's deliveries (``HGET`` of each payload record, as ``get_many``);
+    records an older version wrote (hashes, ``WRONGTYPE``) are read by the synchronous
+    method, in a thread.
 
     Raises:
         redis.exceptions.RedisError: Redis could not be reached.
@@ -113,7 +116,15 @@ async def aget_many(repository: RepositoryBase, ids: Sequence[str]) -> list[Mess
             thread_sensitive=False,
         )(ids)
         return found
-    return [
+    out = [
         message_from_redis(record, resend, ids[i]) if record and resend else None
         for i, (record, resend) in enumerate(zip(replies[::2], replies[1::2], strict=True))
     ]
+    wanted = payloads_wanted(repository.keys, out)  # a published event's deliveries
+    if wanted:
+        bodies = await arun_batch(client, [("HGET", key, "body") for key in wanted])
+        for body in bodies:
+            if isinstance(body, Exception):
+                raise body
+        set_payloads(wanted, bodies)
+    return out

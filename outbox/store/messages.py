@@ -92,6 +92,34 @@ def payload_args(messages: Sequence[Message]) -> list[Any]:
     return args
 
 
+def payloads_wanted(keys: Keys, messages: Sequence[Message | None]) -> dict[str, list[Message]]:
+    """The payload records (key -> the messages that need its body) of the deliveries of a
+    published event among ``messages`` read without their body
+    (:meth:`MessageStore.attach_payloads`)."""
+    wanted: dict[str, list[Message]] = {}
+    for m in messages:
+        if m is not None and m.payload_ref and not m.body:
+            wanted.setdefault(keys.of(m.id).payload(m.payload_ref), []).append(m)
+    return wanted
+
+
+def set_payloads(wanted: dict[str, list[Message]], bodies: Sequence[bytes | None]) -> None:
+    """Each body read (``HGET <record> body``, in the order of ``wanted``) given to the
+    messages that reference its record; a record that is gone is logged, its messages'
+    body left b"" (:meth:`MessageStore.attach_payloads`)."""
+    for (key, found), body in zip(wanted.items(), bodies, strict=True):
+        if body is None:
+            logger.error(
+                "outbox: the payload record %s of %d message(s) (%s) is gone: the event's payload was purged",
+                key,
+                len(found),
+                found[0].id,
+            )
+            continue
+        for m in found:
+            m.body = body
+
+
 #: The fields of each change of ``lua/transition.lua``, in the order :meth:`Change.args` sends them.
 CHANGE_FIELDS = (
     "id",
@@ -963,27 +991,15 @@ class MessageStore(RepositoryBase):
         no body) its body, from its payload record: one ``HGET`` per distinct record
         (event and partition), all in one round trip, none when no message needs one. A
         record that is gone (purged; the invariant says it outlives its deliveries) leaves
-        the body b"" and is logged."""
-        wanted: dict[str, list[Message]] = {}
-        for m in messages:
-            if m is not None and m.payload_ref and not m.body:
-                wanted.setdefault(self.keys.of(m.id).payload(m.payload_ref), []).append(m)
+        the body b"" and is logged (:func:`payloads_wanted`, :func:`set_payloads`; ``aget``
+        reads them with the same two)."""
+        wanted = payloads_wanted(self.keys, messages)
         if not wanted:
             return
         pipe = self.connection.pipeline(transaction=False)
         for key in wanted:
             pipe.hget(key, "body")
-        for (key, found), body in zip(wanted.items(), pipe.execute(), strict=True):  # HGET per record
-            if body is None:
-                logger.error(
-                    "outbox: the payload record %s of %d message(s) (%s) is gone: the event's payload was purged",
-                    key,
-                    len(found),
-                    found[0].id,
-                )
-                continue
-            for m in found:
-                m.body = body
+        set_payloads(wanted, pipe.execute())  # HGET per record
 
     def resolve_older_records(
         self, ids: Sequence[str], replies: Sequence[Any], read: Callable[[str, Any], Any]

@@ -246,3 +246,21 @@ def test_a_delivery_whose_payload_is_gone_fails_instead_of_sending_an_empty_body
     assert rx.requests == []
     message = outbox.get(d.id)
     assert message.status == "failed" and "payload was purged" in message.last_error
+
+
+@pytest.mark.asyncio
+async def test_aget_reads_a_published_delivery_with_its_body():
+    """``outbox.aget`` attaches the payload as ``get`` does (the body is not in the
+    delivery's own records)."""
+    from asgiref.sync import sync_to_async
+
+    event = await sync_to_async(_publish_large)()
+    for d in event.deliveries:
+        message = await outbox.aget(d.id)
+        assert message.json() == LARGE
+        assert message.payload_ref == event.id
+
+
+def _publish_large() -> PublishedEvent:
+    _app(2)
+    return outbox.publish("order.paid", LARGE, application="acme")
