@@ -11,6 +11,10 @@ requests they answer at once.
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from django.conf import settings
 from django.test import override_settings
 
@@ -123,4 +127,33 @@ def test_a_slow_destination_is_not_lent_slots(repo, receiver):
         delivery.run(outbox_settings.queue_name(None))
     assert repo.count("succeeded") == 40
     assert receiver.most_active == 16
+    assert_index_invariant(repo)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_endpoint_leaves_another_endpoint_its_share(repo):
+    """Two endpoints registered at runtime (not in settings), out of the box: the slow
+    one's 40 deliveries were published first, so they head the queue; yet it takes at
+    most its default share of 16 of the worker's 32 slots, and the other endpoint's 20
+    deliveries get their slots while the slow ones are in flight. Before endpoints had a
+    share, the slow endpoint took every slot of the first claim (32) and the fast one
+    waited for its attempts to finish."""
+    from outbox import webhooks
+
+    with receiving() as slow, receiving() as fast:
+        slow.respond((200, {}, 1.0))
+        fast.respond((200, {}, 0.05))
+        webhooks.create_event_type("order.paid")
+        for app, rx in (("slowco", slow), ("fastco", fast)):
+            webhooks.create_application(app)
+            webhooks.create_endpoint(app, rx.url)
+        for app, n in (("slowco", 40), ("fastco", 20)):
+            for i in range(n):
+                outbox.publish("order.paid", {"n": i}, application=app)
+        started = time.time()
+        delivery.run(outbox_settings.queue_name(None), budget=0.5)
+    assert slow.most_active <= outbox_settings.MAX_IN_FLIGHT, slow.most_active
+    assert len(fast.requests) == 20, len(fast.requests)
+    # the fast endpoint was answered beside the slow one's first round, not after it
+    assert max(r.at for r in fast.requests) - started < 1.0
     assert_index_invariant(repo)
