@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from outbox.conf import outbox_settings
+from outbox.conf import endpoint_setting, outbox_settings
 from outbox.delivery import attempts
 from outbox.delivery.outcomes import announce, decide, health_outcome, log_attempt, rules_for
 from outbox.delivery.partitions import Ask, PartitionPlan
@@ -65,12 +65,14 @@ from outbox.destinations.config import usable_destinations
 from outbox.events import DestinationEvent, send_destination_events
 from outbox.records import Message, Outcome, partition_of
 from outbox.store import (
+    OTHERS,
     Change,
     ChangeResult,
     Claim,
     ExchangeRequest,
     MessageRepository,
     PartitionAsk,
+    cap_of,
     get_repository,
 )
 from outbox.store.background import wakeups
@@ -220,6 +222,19 @@ def _in_flight_limits() -> tuple[dict[str, int], set[str]]:
     )
 
 
+def _endpoint_share() -> int | None:
+    """``MAX_IN_FLIGHT`` of each endpoint registered at runtime (every destination not in
+    settings: ``OUTBOX["MAX_IN_FLIGHT"]``, as
+    :func:`outbox.destinations.config.endpoint_as_destination` gives it), or None when
+    the project registers no endpoints (``OUTBOX["ENDPOINTS"]["SECRET_KEYS"]`` empty: none
+    can be created), where a destination not in settings is one removed from them (left
+    uncapped, as before endpoints). Claims pass it once, as the caps' :data:`OTHERS`
+    entry, not once per endpoint."""
+    if not endpoint_setting("SECRET_KEYS"):
+        return None
+    return max(1, int(outbox_settings.MAX_IN_FLIGHT))
+
+
 def lend_reserve(concurrency: int) -> int:
     """Attempt slots a run keeps free for other destinations while it lends idle slots
     to one busy destination: a quarter of ``concurrency``, at least 1 (8 of the default
@@ -311,6 +326,9 @@ class WorkerRun:
         self.capped: set[str] = set()
         self.capped_until = 0.0
         self.limits, self.lendable = _in_flight_limits()
+        # Every other destination's share (endpoints registered at runtime), or None.
+        self.others = _endpoint_share()
+        self.others_lendable = "MAX_IN_FLIGHT" not in outbox_settings.user_settings
         self.reserve = lend_reserve(self.concurrency)
         # The destination the last short claim met alone, at its cap (see :meth:`lending`).
         self.lent: str | None = None
@@ -323,15 +341,29 @@ class WorkerRun:
 
     def caps(self) -> dict[str, int]:
         """Free attempt slots per configured destination (what a claim may take of each),
-        with the idle slots lent to one busy destination (see :meth:`lending`)."""
+        with the idle slots lent to one busy destination (see :meth:`lending`).
+
+        Endpoints registered at runtime have the same share (:attr:`others`): one entry
+        per endpoint with attempts in flight in this run (at most ``CONCURRENCY`` of
+        them), and one :data:`OTHERS` entry for all the rest, so a claim's arguments do
+        not grow with the number of endpoints registered."""
         caps = {name: max(0, limit - self.per_destination[name]) for name, limit in self.limits.items()}
+        if self.others is not None:
+            for name, n in self.per_destination.items():
+                if n > 0 and name not in caps:
+                    caps[name] = max(0, self.others - n)
+            caps[OTHERS] = self.others
         lent = self.lending(time.time())
         if lent is not None:
             others = len(self.in_flight) - self.per_destination[lent]
             caps[lent] = max(
-                caps[lent], self.concurrency - self.reserve - others - self.per_destination[lent]
+                cap_of(caps, lent) or 0, self.concurrency - self.reserve - others - self.per_destination[lent]
             )
         return caps
+
+    def limit_of(self, destination: str) -> int | None:
+        """``destination``'s ``MAX_IN_FLIGHT`` in this run (None: uncapped)."""
+        return self.limits.get(destination, self.others)
 
     def lending(self, now: float) -> str | None:
         """The destination this run lends its idle slots to now, or None.
@@ -361,7 +393,7 @@ class WorkerRun:
         the breaker) apply to lent slots as to any (``lua/claim.lua``).
         """
         lent = self.lent
-        if lent is None or self.streak[lent] < self.limits.get(lent, 1):
+        if lent is None or self.streak[lent] < (self.limit_of(lent) or 1):
             return None
         for future, message in self.in_flight.items():
             if message.destination == lent and now - self.started_at.get(future, now) > LEND_LATENCY:
@@ -374,8 +406,16 @@ class WorkerRun:
         met = {m.destination for m in claimed}.union(capped)
         if self.lent is not None and met - {self.lent}:
             self.lent = None  # another destination's message is due: it gets its share
-        if want and len(claimed) < want and len(met) == 1 and len(capped) == 1 and capped[0] in self.lendable:
+        if want and len(claimed) < want and len(met) == 1 and len(capped) == 1 and self.may_lend(capped[0]):
             self.lent = capped[0]
+
+    def may_lend(self, destination: str) -> bool:
+        """Whether ``destination``'s cap is a share a run may lend idle slots above: a
+        configured destination whose ``MAX_IN_FLIGHT`` is the default, or an endpoint
+        while ``OUTBOX["MAX_IN_FLIGHT"]`` is unset."""
+        if destination in self.limits:
+            return destination in self.lendable
+        return self.others is not None and self.others_lendable
 
     def want(self, free: int, caps: dict[str, int], now: float) -> int:
         """How many messages the next claim asks for: as many as there are free slots
@@ -396,9 +436,10 @@ class WorkerRun:
         if now >= self.claim_until or STOPPING.is_set():
             return 0
         if self.capped and now < self.capped_until:
-            return min(int(outbox_settings.BATCH_SIZE), free, sum(caps.get(d, 0) for d in self.capped))
+            return min(int(outbox_settings.BATCH_SIZE), free, sum(cap_of(caps, d) or 0 for d in self.capped))
         self.capped.clear()
-        room = sum(caps.values()) if caps else self.concurrency
+        # with endpoints, any number of destinations beyond those named may have due work
+        room = sum(caps.values()) if caps and OTHERS not in caps else self.concurrency
         return min(int(outbox_settings.BATCH_SIZE), free, room)
 
     def lane(self, want: int, now: float) -> tuple[int, bool]:
@@ -675,7 +716,7 @@ class WorkerRun:
         for ask, one in zip(asks, claims, strict=True):
             if one.unavailable or one.next_due is None or one.next_due > now + DUE_SLACK:
                 continue
-            if ask.limit == 0 or any(per_destination[d] < caps.get(d, 0) for d in one.capped):
+            if ask.limit == 0 or any(per_destination[d] < (cap_of(caps, d) or 0) for d in one.capped):
                 return True
         return False
 

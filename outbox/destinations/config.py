@@ -89,6 +89,11 @@ T = TypeVar("T")
 _transports: dict[str, Transport] = {}
 
 
+#: Not a destination name: the caps entry of every destination a claim does not name
+#: (``outbox.store.exchange.OTHERS``, kept equal by a test).
+RESERVED_NAME = "*"
+
+
 @dataclass(frozen=True)
 class Destination:
     """A configured destination.
@@ -335,7 +340,7 @@ def usable_destinations() -> dict[str, Destination]:
     attempts fail at once (permanently) and the system checks report it."""
     found = {}
     for name in outbox_settings.DESTINATIONS:
-        if is_endpoint(name):  # reserved (a configuration error)
+        if is_endpoint(name) or name == RESERVED_NAME:  # reserved (a configuration error)
             continue
         try:
             found[name] = get_destination(name)
@@ -356,6 +361,12 @@ def configuration_errors() -> list[str]:
             errors.append(
                 f"OUTBOX['DESTINATIONS'][{name!r}]: names starting with {ENDPOINT_PREFIX!r} are reserved for "
                 "endpoints registered at runtime (rename it)"
+            )
+            continue
+        if name == RESERVED_NAME:
+            errors.append(
+                f"OUTBOX['DESTINATIONS'][{name!r}]: the name {RESERVED_NAME!r} is reserved (a claim's cap of "
+                "every destination not named; rename it)"
             )
             continue
         for text in _parse(name, config)[1]:

@@ -25,7 +25,7 @@ pyproject.toml).
 ``outbox.store``.
 """
 
-from outbox.store.exchange import ExchangeReply, ExchangeRequest, PartitionAsk
+from outbox.store.exchange import OTHERS, ExchangeReply, ExchangeRequest, PartitionAsk, cap_of
 from outbox.store.keys import Keys
 from outbox.store.repository import (
     BulkResult,
@@ -49,8 +49,10 @@ __all__ = [
     "ExchangeReply",
     "ExchangeRequest",
     "Keys",
+    "OTHERS",
     "MessageRepository",
     "PartitionAsk",
     "RepositorySettings",
+    "cap_of",
     "get_repository",
 ]

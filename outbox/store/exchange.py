@@ -61,11 +61,27 @@ logger = logging.getLogger("outbox")
 #: What the pick reports per entry: id, score, status, destination, suspect ("1" or "").
 PICK_WIDTH = 5
 
+#: The entry of a claim's ``caps`` that caps each destination the caps do not name, each
+#: on its own count (``lua/lib/gate.lua``): the worker names only the destinations it has
+#: attempts of in flight (at most ``CONCURRENCY``) and the configured ones, so an
+#: endpoint registered at runtime has the default share of ``MAX_IN_FLIGHT`` while the
+#: claim's arguments do not grow with the number of endpoints. Not a valid destination
+#: name (``outbox.destinations.config``).
+OTHERS = "*"
+
+
+def cap_of(caps: dict[str, int], destination: str) -> int | None:
+    """Most messages of ``destination`` a claim under ``caps`` may take: its own entry,
+    else the :data:`OTHERS` entry, else None (no cap)."""
+    cap = caps.get(destination)
+    return caps.get(OTHERS) if cap is None else cap
+
 
 @dataclass(frozen=True)
 class PartitionAsk:
     """One claim of an exchange: up to ``limit`` messages from ``partition`` (0 with one
-    partition), at most ``caps[d]`` of destination ``d`` (None: no caps). A ``limit`` of 0
+    partition), at most ``caps[d]`` of destination ``d`` (``caps[OTHERS]`` of one not
+    named; None: no caps). A ``limit`` of 0
     claims nothing and reports the partition's next due times."""
 
     partition: int
@@ -372,7 +388,7 @@ class Exchange:
                     picked.plan.append([mid, "stale", ""])
                 elif (suspect == "1") != (r.lane == "q"):
                     picked.plan.append([mid, "lane", ""])
-                elif dest in caps and planned[dest] >= caps[dest]:
+                elif (cap := cap_of(caps, dest)) is not None and planned[dest] >= cap:
                     # at its cap in this exchange: left due (not in the plan: its claim
                     # would read it for nothing), reported capped, and not counted against
                     # the limit, so the claim goes on to other destinations' messages (as
@@ -387,7 +403,7 @@ class Exchange:
         names = list(self.candidates)
         calls: list[ScriptCall] = []
         for d in names:
-            cap = caps.get(d)
+            cap = cap_of(caps, d)
             args = named(
                 prefix=self.keys.prefix,
                 parts=self.keys.partitions,

@@ -49,7 +49,9 @@
 --   limit: most messages to claim
 --   scan: most due index entries to look at (claims may skip some, see caps)
 --   caps: JSON object destination -> most messages of it this call may claim
---     (a destination at its cap is skipped, its messages stay due); "{}" = no caps
+--     (a destination at its cap is skipped, its messages stay due); "{}" = no caps;
+--     the entry "*" is the cap of each destination not named (every endpoint the
+--     worker has nothing in flight of), so the object does not grow with endpoints
 --   slack: due slack (seconds): messages due by now + slack are taken
 --   limits: JSON object destination -> [emission interval T (0 = no rate limit),
 --     tolerance tau, max concurrency (0 = none)]; "{}" = no limits

@@ -8,7 +8,8 @@
 --
 -- gate_setup(prefix, now_s, deadline, limits, caps, count_sending): the call's inputs
 --   (a destination not in limits may carry its own in its state hash's 'limits' field:
---   an endpoint registered at runtime);
+--   an endpoint registered at runtime; one not in caps has the cap of caps['*'], each
+--   its own count, or none when caps has no '*');
 --   count_sending(dest) -> attempts of dest in flight (read once, for MAX_CONCURRENCY).
 -- gate_decide(dest, score) -> action[, at]: 'park', 'probe', 'take', 'later' (at: the
 --   time it is due again; the message keeps its retry count), 'hold' (within the due
@@ -26,6 +27,11 @@ local ramp_changed = {}  -- destinations whose release counter (ramp_k) this cal
 local CONCURRENCY_DELAY = 0.2  -- seconds a message over MAX_CONCURRENCY waits before it is looked at again
 local RAMP_STEP, RAMP_FIRST, RAMP_WINDOW = 1.0, 4, 30  -- release after a Retry-After: seconds, messages, seconds
 local LOG2 = math.log(2)
+-- The caps entry for every destination the caps do not name (outbox/store/exchange.py
+-- OTHERS): each such destination may take that many, counted per destination, so the
+-- caps name only the destinations the worker has attempts of in flight, however many
+-- endpoints exist.
+local OTHERS = '*'
 
 local function gate_setup(prefix, now_s, deadline, limits, caps, count_sending)
   GATE.prefix, GATE.now_s, GATE.now, GATE.deadline = prefix, now_s, tonumber(now_s), deadline
@@ -114,6 +120,7 @@ local function gate_decide(dest, score)
     end
   end
   local cap = GATE.caps[dest]
+  if cap == nil then cap = GATE.caps[OTHERS] end  -- an unlisted destination: the default share
   if cap ~= nil and cap <= 0 then return 'cap' end
   local lim = g.lim
   -- A message taken early (within the claim's due slack) waits for its due time in the
