@@ -29,10 +29,11 @@ from outbox.admin_views.chart import CHART_MINUTES, attempt_chart
 from outbox.admin_views.formatting import duration, moment
 from outbox.admin_views.rq_stats import queue_stats
 from outbox.conf import outbox_settings
-from outbox.destinations import health
+from outbox.destinations import health, summary
 from outbox.endpoint_names import is_endpoint
 from outbox.records import STATUSES, Status, created_at_of
 from outbox.store import get_repository
+from outbox.store.reads import summary as summary_store
 from outbox.store.repository import sum_counts
 
 if TYPE_CHECKING:
@@ -122,15 +123,17 @@ def destination_rows(
     healths = health.get_all_health(names)
     blocked = repo.blocked_key_counts(names)
     rows = []
+    listing = url(model_admin, "message_list")  # reversed once, not once per cell
+
+    def filtered(**params: str) -> str:
+        return f"{listing}?{urlencode(params)}"
+
     for name, counts in repo.counts_by_destination(names).items():
         h = healths[name]
         rows.append(
             DestinationRow(
                 name=name,
-                counts=[
-                    StatusCount(s, counts[s], list_url(model_admin, status=s, destination=name))
-                    for s in STATUSES
-                ],
+                counts=[StatusCount(s, counts[s], filtered(status=s, destination=name)) for s in STATUSES],
                 total=sum(counts.values()),
                 failing=h.failing,
                 state=h.state,
@@ -139,7 +142,7 @@ def destination_rows(
                 failing_since=moment(h.failing_since),
                 failing_for=duration(now - h.failing_since) if h.failing_since else "",
                 parked=h.parked,
-                url=list_url(model_admin, destination=name),
+                url=filtered(destination=name),
                 page_url=url(model_admin, "destination", name),
                 chart_url=url(model_admin, "dashboard") + "?" + urlencode({"chart": name}) + "#chart-heading",
                 blocked_keys=blocked.get(name, 0),
@@ -169,6 +172,35 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     repo = get_repository()
     now = time.time()
     queues, workers = queue_stats(outbox_settings.queue_names)
+    # Up to LIVE_DESTINATIONS (configured or ever sent to) every destination is read live,
+    # with its counts and health; beyond, the destination summary (totals made at most
+    # MAX_AGE s ago, shown with their age) and the rows of the settings destinations and of
+    # the first ON_DASHBOARD endpoints, failing first.
+    if summary.many(repo):
+        parts = _from_summary(model_admin, request, now)
+    else:
+        parts = _live(model_admin, request, now)
+    return TemplateResponse(
+        request,
+        f"{TEMPLATES}/dashboard.html",
+        context(
+            model_admin,
+            request,
+            _("Outbox dashboard"),
+            queues=queues,
+            workers=workers,
+            live_workers=sum(1 for w in workers if w.live),
+            stale_workers=sum(1 for w in workers if not w.live),
+            statuses=STATUSES,
+            refresh_seconds=15,
+            **parts,
+        ),
+    )
+
+
+def _live(model_admin: ModelAdmin, request: HttpRequest, now: float) -> dict[str, object]:
+    """The dashboard's counts, rows, chart and waits read now, for every destination."""
+    repo = get_repository()
     names = health.known_destinations()
     destinations = destination_rows(model_admin, now, names)
     # every destination with messages has a row: the totals are theirs, added up
@@ -181,35 +213,64 @@ def dashboard(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     # wait on purpose: they are shown apart, never as overdue.
     delivering = [row.name for row in destinations if row.state not in health.HELD_STATES]
     parking = [row.name for row in destinations if row.parked]
-    parked = Parked(
-        sum(row.parked for row in destinations),
-        parking,
-        _oldest(model_admin, repo.oldest_parked(parking), now),
-    )
-    return TemplateResponse(
-        request,
-        f"{TEMPLATES}/dashboard.html",
-        context(
-            model_admin,
-            request,
-            _("Outbox dashboard"),
-            status_counts=[StatusCount(s, counts[s], list_url(model_admin, status=s)) for s in STATUSES],
-            total=sum(counts.values()),
-            destinations=destinations,
-            **endpoint_table(model_admin, destinations),
-            chart_destination=chart_destination,
-            queues=queues,
-            workers=workers,
-            live_workers=sum(1 for w in workers if w.live),
-            stale_workers=sum(1 for w in workers if not w.live),
-            chart=chart,
-            oldest_pending=_oldest(model_admin, repo.oldest(Status.PENDING.value, among=delivering), now),
-            oldest_retry=_oldest(model_admin, repo.oldest(Status.RETRYING.value, among=delivering), now),
-            parked=parked,
-            purge_backlog=repo.count_past_retention(outbox_settings.RETENTION or {}, now),
-            blocked_keys=sum(row.blocked_keys for row in destinations),
-            blocking=[row for row in destinations if row.blocked_keys],
-            statuses=STATUSES,
-            refresh_seconds=15,
+    return {
+        "status_counts": [StatusCount(s, counts[s], list_url(model_admin, status=s)) for s in STATUSES],
+        "total": sum(counts.values()),
+        "destinations": destinations,
+        "chart_destination": chart_destination,
+        "chart": chart,
+        "oldest_pending": _oldest(model_admin, repo.oldest(Status.PENDING.value, among=delivering), now),
+        "oldest_retry": _oldest(model_admin, repo.oldest(Status.RETRYING.value, among=delivering), now),
+        "parked": Parked(
+            sum(row.parked for row in destinations),
+            parking,
+            _oldest(model_admin, repo.oldest_parked(parking), now),
         ),
-    )
+        "purge_backlog": repo.count_past_retention(outbox_settings.RETENTION or {}, now),
+        "blocked_keys": sum(row.blocked_keys for row in destinations),
+        "blocking": [row for row in destinations if row.blocked_keys],
+        **endpoint_table(model_admin, destinations),
+    }
+
+
+def _from_summary(model_admin: ModelAdmin, request: HttpRequest, now: float) -> dict[str, object]:
+    """The dashboard past ``LIVE_DESTINATIONS``: totals, waits and the purge backlog from
+    the destination summary (with its age); the table's rows read live: every settings
+    destination and the summary's first ``ON_DASHBOARD`` endpoints (failing or holding
+    first across every endpoint); the chart of the configured destinations (or of the one
+    asked). O(settings + ON_DASHBOARD), not O(endpoints)."""
+    repo = get_repository()
+    made = summary.current(repo)
+    configured = list(outbox_settings.DESTINATIONS)
+    first = summary_store.page(repo, 0, endpoints.ON_DASHBOARD + len(configured))
+    shown = [r.name for r in first if is_endpoint(r.name)][: endpoints.ON_DASHBOARD]
+    others = [r.name for r in first if not is_endpoint(r.name) and r.name not in configured]
+    destinations = destination_rows(model_admin, now, [*configured, *others, *shown])
+    chart_destination = (request.GET.get("chart") or "").strip() or None
+    if chart_destination is not None and not (
+        chart_destination in configured or summary_store.rows_of(repo, [chart_destination])
+    ):
+        chart_destination = None
+    # the chart of every destination would read each one's minutes: the configured ones
+    # (bounded by settings), or the one picked
+    chart = attempt_chart(health.timeline(chart_destination, CHART_MINUTES, now, names=configured))
+    parking = [row.name for row in destinations if row.parked]
+    return {
+        "status_counts": [StatusCount(s, made.counts[s], list_url(model_admin, status=s)) for s in STATUSES],
+        "total": sum(made.counts.values()),
+        "destinations": destinations,
+        "destination_table": destinations,
+        "endpoints_hidden": max(0, made.endpoint_destinations - len(shown)),
+        "endpoints_url": url(model_admin, "endpoints"),
+        "chart_destination": chart_destination,
+        "chart_configured": True,
+        "chart": chart,
+        "oldest_pending": _oldest(model_admin, made.oldest.get(Status.PENDING.value), now),
+        "oldest_retry": _oldest(model_admin, made.oldest.get(Status.RETRYING.value), now),
+        "parked": Parked(made.parked, parking, _oldest(model_admin, repo.oldest_parked(parking), now)),
+        "purge_backlog": made.past_retention,
+        "blocked_keys": made.blocked,
+        "blocking": [row for row in destinations if row.blocked_keys],
+        "summary": made,
+        "summary_age": duration(made.age(now)),
+    }

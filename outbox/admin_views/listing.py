@@ -60,15 +60,17 @@ from outbox.admin_views.filters import (
     parse_list_query,
     search_ids,
 )
-from outbox.admin_views.formatting import moment, shorten
+from outbox.admin_views.formatting import duration, moment, shorten
 from outbox.admin_views.ordering import KeyState, key_state
 from outbox.admin_views.page_token import PageToken
 from outbox.conf import outbox_settings
+from outbox.destinations import summary
 from outbox.operations.batches import TTL as BATCH_TTL
 from outbox.records import STATUSES, Message
 from outbox.redaction import destination_options, redact, secrets_for
 from outbox.store import get_repository
 from outbox.store.indexes import Cursor
+from outbox.store.reads import summary as summary_store
 from outbox.store.reads.queries import page, page_at, score_field, served_sorts, summaries
 from outbox.store.repository import MessageRepository
 from outbox.templatetags.outbox_admin import zone_abbreviation
@@ -215,6 +217,25 @@ def _choices(
     return out
 
 
+#: Destinations the sidebar lists past ``LIVE_DESTINATIONS``: the summary's first ones.
+DESTINATION_CHOICES = 50
+
+
+def _destination_values(repo: MessageRepository, current: str | None) -> list[str]:
+    """The sidebar's destinations: every one ever sent to, or past ``LIVE_DESTINATIONS``
+    the configured ones and the summary's first :data:`DESTINATION_CHOICES` (failing
+    first), with the one filtered by (the dashboard pages through all of them)."""
+    if not summary.many(repo):
+        return repo.destinations()
+    names = [
+        *outbox_settings.DESTINATIONS,
+        *(r.name for r in summary_store.page(repo, 0, DESTINATION_CHOICES)),
+    ]
+    if current:
+        names.append(current)
+    return sorted(set(names))
+
+
 def _columns(query: ListQuery, sort: str, descending: bool) -> list[Column]:
     served = () if query.filter.batch or query.ordering_key else served_sorts(query.filter.status)
     columns = []
@@ -266,9 +287,32 @@ def _note_empty_batch(batch: str | None, index_total: int, notes: list[str]) -> 
         )
 
 
+def _status_counts(repo: MessageRepository, destination: str | None, notes: list[str]) -> dict[str, int]:
+    """The sidebar's counts per status: of one destination, read now; of every one, read
+    now up to ``LIVE_DESTINATIONS``, else the destination summary's, with a note of its age."""
+    counts, made = summary.status_counts(destination, repo)
+    if made is not None:
+        notes.append(
+            _("The counts by status are of %(age)s ago (every destination, counted by the workers).")
+            % {"age": duration(made.age())}
+        )
+    return counts
+
+
 def _parked_note(repo: MessageRepository, destination: str | None) -> list[str]:
     """For the failed list: the messages that are not failed but parked (a breaker open,
     a destination paused or disabled), which a user looking for failures would miss."""
+    if destination is None and summary.many(repo):
+        made = summary.current(repo)
+        if not made.parked:
+            return []
+        return [
+            _(
+                "%(n)s more messages were not failed but parked %(age)s ago (their destination's circuit "
+                "breaker open, or it paused or disabled); the dashboard lists their destinations."
+            )
+            % {"n": f"{made.parked:,}", "age": duration(made.age())}
+        ]
     parked = repo.parked_counts([destination] if destination else repo.destinations())
     if not parked:
         return []
@@ -502,7 +546,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
 
     if flt.status == "failed":
         notes += _parked_note(repo, flt.destination)
-    destination_counts = repo.counts(flt.destination) if not query.search else None
+    destination_counts = _status_counts(repo, flt.destination, notes) if not query.search else None
     operations = allowed_operations(request)
     return TemplateResponse(
         request,
@@ -526,7 +570,7 @@ def message_list(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
             num_pages=paginator.num_pages if shown.numbered else 1,
             key=shown.key,
             status_choices=_choices(query, "status", list(STATUSES), destination_counts),
-            destination_choices=_choices(query, "destination", repo.destinations()),
+            destination_choices=_choices(query, "destination", _destination_values(repo, flt.destination)),
             queue_choices=_choices(query, "queue", outbox_settings.queue_names),
             operations=operations,
             action_url=url(model_admin, "message_action"),

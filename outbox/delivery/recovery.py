@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from outbox.conf import outbox_settings
 from outbox.delivery.outcomes import decide, rules_for, write
+from outbox.destinations import summary
 from outbox.destinations.controls import close_breakers_left, release_parked_due
 from outbox.records import Message, Outcome, Status
 from outbox.store import get_repository
@@ -100,7 +101,20 @@ def recover(
     report = RecoveryReport()
     _recover_lost(now, limit, report)
     report.purged, report.purge_backlog = _purge_expired(now, limit, budget)
+    _refresh_summary()
     return report
+
+
+def _refresh_summary() -> None:
+    """Make the destination summary again when the console reads it (more destinations
+    than ``LIVE_DESTINATIONS``) and it is older than ``MAX_AGE`` (one process at a time:
+    :func:`outbox.destinations.summary.refresh_if_old`). A failure is logged, not raised:
+    the console then makes it itself past ``STALE_AFTER``."""
+    try:
+        if summary.many():
+            summary.refresh_if_old()
+    except Exception:
+        logger.exception("outbox recovery: the destination summary could not be made")
 
 
 def repair_indexes() -> dict[str, int]:

@@ -392,6 +392,10 @@ class IndexReads(RepositoryBase):
         counts: list[int] = pipe.execute()  # ZCOUNT per status with a retention and destination
         return sum(counts)
 
+    def destination_count(self) -> int:
+        """How many destinations a message was ever sent to (one SCARD, O(1))."""
+        return int(self.connection.scard(self.keys.destinations))
+
     def destinations(self) -> list[str]:
         """Names of every destination a message was ever sent to, sorted."""
         return sorted(

@@ -340,6 +340,33 @@ class Keys:
         return f"{self.shared}:destinations"
 
     @property
+    def summary(self) -> str:
+        """``outbox:{g}:summary``: the destination summary's totals and when it was made
+        (a hash; :mod:`outbox.store.reads.summary`)."""
+        return f"{self.shared}:summary"
+
+    @property
+    def summary_rows(self) -> str:
+        """``outbox:{g}:summary:rows``: destination -> its summary row (a hash of JSON)."""
+        return f"{self.shared}:summary:rows"
+
+    @property
+    def summary_order(self) -> str:
+        """``outbox:{g}:summary:order``: destination -> its rank group, failing first (a
+        sorted set: a page of the console's destination table is one ZRANGE)."""
+        return f"{self.shared}:summary:order"
+
+    @staticmethod
+    def staged(key: str) -> str:
+        """The copy of ``key`` written before it replaces ``key`` at once (same slot)."""
+        return f"{key}:new"
+
+    @property
+    def summary_lock(self) -> str:
+        """``outbox:{g}:summary:lock``: held by the process refreshing the summary."""
+        return f"{self.shared}:summary:lock"
+
+    @property
     def endpoints_version(self) -> str:
         """``outbox:{g}:endpoints:version``: a counter incremented after each committed
         change of endpoints (:mod:`outbox.store.endpoint_versions`)."""

@@ -1,8 +1,8 @@
 -- Entries offset+1 .. offset+count (by rank) of the union of sorted sets, within a score
 -- range, in the order one sorted set holding them all would have: by score, ties by
 -- member (byte order), lowest first or, when descending, highest first. One sorted set is
--- paged by Redis itself; several are merged here, reading offset + count entries of each
--- (O(#keys x (offset + count))).
+-- paged by Redis itself; several are merged here (a heap of their heads: each set is read
+-- one entry, then offset + count entries once its first is taken).
 -- keys: the sorted sets; lo, hi: score bounds as ZRANGEBYSCORE takes them ("-inf", "(1.5").
 -- after: nil, or {score (string, as Redis returned it), member}: start right after that
 --   entry instead of at the start of the range (a walk that goes on where its last call
@@ -31,15 +31,18 @@ local function merged_range(keys, lo, hi, offset, count, descending, after)
     after_score, after_member = tonumber(after[1]), after[2]
     if descending then hi = after[1] else lo = after[1] end
   end
-  local lists, scores, raw, pos = {}, {}, {}, {}
-  for i, key in ipairs(keys) do
-    local ties = 0  -- entries at the cursor's own score, read again and skipped below
-    if after then ties = redis.call('ZCOUNT', key, after[1], after[1]) end
+  -- A k-way merge with a binary heap of the sets' heads: each set is read one entry
+  -- first, and read up to `want` entries only when its first is taken, so a page of
+  -- `want` entries over K sets reads K + want * min(K, want) entries and compares
+  -- O(want log K), not want x K (10,000 endpoints' indexes: issue 34, item 6).
+  local lists, scores, raw, pos, full, ties = {}, {}, {}, {}, {}, {}
+  local function load(i, n)
+    local key = keys[i]
     local rows
     if descending then
-      rows = redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'WITHSCORES', 'LIMIT', 0, want + ties)
+      rows = redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'WITHSCORES', 'LIMIT', 0, n + ties[i])
     else
-      rows = redis.call('ZRANGEBYSCORE', key, lo, hi, 'WITHSCORES', 'LIMIT', 0, want + ties)
+      rows = redis.call('ZRANGEBYSCORE', key, lo, hi, 'WITHSCORES', 'LIMIT', 0, n + ties[i])
     end
     local members, values, texts = {}, {}, {}
     for j = 1, #rows, 2 do
@@ -51,35 +54,61 @@ local function merged_range(keys, lo, hi, offset, count, descending, after)
         texts[#texts + 1] = rows[j + 1]
       end
     end
-    lists[i], scores[i], raw[i], pos[i] = members, values, texts, 1
+    lists[i], scores[i], raw[i] = members, values, texts
+    full[i] = n >= want or #rows < 2 * (n + ties[i])  -- no more to read of it
+  end
+  local function first(a, b)  -- the head of set a sorts before the head of set b
+    local sa, sb = scores[a][pos[a]], scores[b][pos[b]]
+    if sa ~= sb then return (sa < sb) ~= descending end
+    return (lists[a][pos[a]] < lists[b][pos[b]]) ~= descending
+  end
+  local heap = {}
+  local function down(k)
+    local n = #heap
+    while true do
+      local l, r, m = 2 * k, 2 * k + 1, k
+      if l <= n and first(heap[l], heap[m]) then m = l end
+      if r <= n and first(heap[r], heap[m]) then m = r end
+      if m == k then return end
+      heap[k], heap[m] = heap[m], heap[k]
+      k = m
+    end
+  end
+  local function up(k)
+    while k > 1 do
+      local parent = math.floor(k / 2)
+      if not first(heap[k], heap[parent]) then return end
+      heap[k], heap[parent] = heap[parent], heap[k]
+      k = parent
+    end
+  end
+  for i, key in ipairs(keys) do
+    ties[i] = 0  -- entries at the cursor's own score, read again and skipped
+    if after then ties[i] = redis.call('ZCOUNT', key, after[1], after[1]) end
+    pos[i] = 1
+    load(i, 1)
+    if lists[i][1] then
+      heap[#heap + 1] = i
+      up(#heap)
+    end
   end
   local out, out_scores, taken = {}, {}, 0
   local last_score, last_member = false, false
-  while taken < want do
-    local best, best_score, best_member
-    for i = 1, #lists do
-      local member = lists[i][pos[i]]
-      if member then
-        local score = scores[i][pos[i]]
-        local first = best == nil
-        if not first then
-          if score ~= best_score then
-            first = (score < best_score) ~= descending
-          else
-            first = (member < best_member) ~= descending
-          end
-        end
-        if first then best, best_score, best_member = i, score, member end
-      end
-    end
-    if not best then break end
+  while taken < want and #heap > 0 do
+    local best = heap[1]
     taken = taken + 1
     if taken > offset then
-      out[#out + 1] = best_member
+      out[#out + 1] = lists[best][pos[best]]
       out_scores[#out_scores + 1] = raw[best][pos[best]]
     end
-    last_score, last_member = raw[best][pos[best]], best_member
+    last_score, last_member = raw[best][pos[best]], lists[best][pos[best]]
     pos[best] = pos[best] + 1
+    if lists[best][pos[best]] == nil and not full[best] then load(best, want) end
+    if lists[best][pos[best]] == nil then
+      heap[1] = heap[#heap]
+      heap[#heap] = nil
+    end
+    if #heap > 0 then down(1) end
   end
   return {out, last_score, last_member, out_scores}
 end
