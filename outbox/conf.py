@@ -111,6 +111,9 @@ Keys of ``OUTBOX`` (all optional but ``DESTINATIONS``):
                        read ``outbox.metrics.views.metrics``; staff users always may (None).
 ``METRICS_REGISTER``   register the Prometheus collector on ``prometheus_client.REGISTRY``
                        when Django starts, for django-prometheus's ``/metrics`` (False).
+``METRICS_ENDPOINT_LABELS`` one ``destination`` label per endpoint registered at runtime
+                       (True), or every endpoint's counts under one, ``endpoint:*`` (False,
+                       the default: cardinality bounded by settings, not by customers).
 ``TRACING``            OpenTelemetry spans around ``send()`` and each delivery attempt,
                        when ``opentelemetry-api`` is installed (True); see :mod:`outbox.tracing`.
 ``DURABILITY``         what a write of new messages (``send()``, ``send_many()``, the push of
@@ -204,6 +207,7 @@ DEFAULTS: dict[str, Any] = {
     "EAGER": False,
     "METRICS_TOKEN": None,
     "METRICS_REGISTER": False,
+    "METRICS_ENDPOINT_LABELS": False,
     "TRACING": True,
     "DURABILITY": {"REPLICAS": 0, "AOF": False, "TIMEOUT": 1.0},
     "ORDERING": "block",

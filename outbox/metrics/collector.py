@@ -32,7 +32,7 @@ from outbox.conf import outbox_settings
 from outbox.delivery.liveness import LIVENESS, workers
 from outbox.destinations.health import STATES, get_all_health
 from outbox.store import get_repository
-from outbox.store.reads.gauges import read_gauges
+from outbox.store.reads.gauges import ENDPOINTS_LABEL, read_gauges
 
 #: prometheus_client's own rendering of a bucket bound ("+Inf", "0.25"); its function is unannotated.
 floatToGoString: Callable[[float], str] = _float_to_go_string
@@ -76,6 +76,14 @@ METRICS: dict[str, MetricSpec] = {
             "gauge",
             ("destination", "status"),
             "Messages in each status, per destination (ZCARD of the status indexes at scrape time).",
+        ),
+        MetricSpec(
+            "outbox_endpoint_counts_age_seconds",
+            "gauge",
+            (),
+            'Age of the destination="endpoint:*" series of outbox_messages and '
+            "outbox_ordering_keys_blocked (every endpoint added up): 0 when counted at scrape time, "
+            "else the destination summary's age (made by the workers every RECOVERY_INTERVAL).",
         ),
         MetricSpec(
             "outbox_queue_due",
@@ -204,7 +212,13 @@ class OutboxCollector(Collector):
             django.core.exceptions.ImproperlyConfigured: the outbox's settings are wrong.
         """
 
-        gauges = read_gauges(get_repository(), outbox_settings.DESTINATIONS, outbox_settings.queue_names, now)
+        gauges = read_gauges(
+            get_repository(),
+            outbox_settings.DESTINATIONS,
+            outbox_settings.queue_names,
+            now,
+            bool(outbox_settings.METRICS_ENDPOINT_LABELS),
+        )
         messages = METRICS["outbox_messages"].family()
         for destination, counts in sorted(gauges.messages.items()):
             for status, count in counts.items():
@@ -229,9 +243,18 @@ class OutboxCollector(Collector):
             quarantined,
             oldest,
             blocked,
-            *health_families(get_all_health(sorted(gauges.messages), now)),
+            *_endpoints_age(gauges.endpoints_age),
+            *health_families(get_all_health(sorted(set(gauges.messages) - {ENDPOINTS_LABEL}), now)),
             *worker_families(outbox_settings.queue_names, now),
         ]
+
+
+def _endpoints_age(age: float | None) -> list[Metric]:
+    """``outbox_endpoint_counts_age_seconds``, with a sample when the ``endpoint:*`` series exist."""
+    family = METRICS["outbox_endpoint_counts_age_seconds"].family()
+    if age is not None:
+        family.add_metric([], age)
+    return [family]
 
 
 def health_families(healths: Mapping[str, DestinationHealth]) -> list[Metric]:

@@ -321,3 +321,36 @@ def test_the_core_runs_without_the_metrics_and_otel_extras(redis):
         "True succeeded {}",
         "outbox.metrics needs prometheus_client: pip install 'django-redis-outbox[metrics]'",
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_endpoints_are_added_up_under_one_label_unless_asked(scraper, settings, repo):
+    """Endpoints registered at runtime: no destination label per endpoint by default (the
+    number of series would grow with a project's customers), their counts added up under
+    destination="endpoint:*" with their age; OUTBOX["METRICS_ENDPOINT_LABELS"] gives one
+    label per endpoint."""
+    from outbox import webhooks
+
+    webhooks.create_event_type("order.paid")
+    webhooks.create_application("acme")
+    names = [
+        webhooks.create_endpoint("acme", f"https://hooks{i}.example.com/in").endpoint.destination
+        for i in range(3)
+    ]
+    outbox.publish("order.paid", {"n": 1}, application="acme")
+    outbox.publish("order.paid", {"n": 2}, application="acme")
+    samples = parse(scrape(scraper))
+    messages = samples["outbox_messages"]
+    assert messages[(("destination", "endpoint:*"), ("status", "pending"))] == 6
+    assert not any(dict(labels)["destination"] in names for labels in messages)
+    assert samples["outbox_endpoint_counts_age_seconds"][()] == 0.0  # counted at scrape time
+    assert not any(
+        dict(labels).get("destination", "").startswith("endpoint:")
+        for labels in samples["outbox_destination_state"]
+    )
+
+    settings.OUTBOX = {**settings.OUTBOX, "METRICS_ENDPOINT_LABELS": True}
+    messages = parse(scrape(scraper))["outbox_messages"]
+    for name in names:
+        assert messages[(("destination", name), ("status", "pending"))] == 2
+    assert (("destination", "endpoint:*"), ("status", "pending")) not in messages

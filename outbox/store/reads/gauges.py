@@ -14,9 +14,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from outbox.endpoint_names import is_endpoint
 from outbox.records import STATUSES
 from outbox.store.base import first_of, queue_first
-from outbox.store.repository import MessageRepository
+from outbox.store.reads import summary
+from outbox.store.repository import MessageRepository, sum_counts
+
+#: The name every endpoint's counts are added up under (not a destination name: names
+#: starting with ``endpoint:`` are reserved for endpoints, and this is none).
+ENDPOINTS_LABEL = "endpoint:*"
 
 
 @dataclass(frozen=True)
@@ -53,16 +59,23 @@ class Gauges:
         queues: one :class:`QueueDepth` per queue asked for, in order.
         blocked: destination -> how many of its ordering keys are blocked (a dead letter
             at their head), for the same destinations as ``messages``.
+        endpoints_age: seconds since the :data:`ENDPOINTS_LABEL` counts were made (0: read
+            now; None: there are none).
     """
 
     at: float
     messages: dict[str, dict[str, int]]
     queues: list[QueueDepth]
     blocked: dict[str, int] = field(default_factory=dict)
+    endpoints_age: float | None = None
 
 
 def read_gauges(
-    repo: MessageRepository, destinations: Iterable[str], queues: Sequence[str], now: float
+    repo: MessageRepository,
+    destinations: Iterable[str],
+    queues: Sequence[str],
+    now: float,
+    endpoint_labels: bool = False,
 ) -> Gauges:
     """Message counts per destination and status, each queue's due depth, and each
     destination's blocked ordering keys.
@@ -73,6 +86,9 @@ def read_gauges(
             when they have no messages.
         queues: the queue names whose due index is read.
         now: epoch seconds: messages scored at or before it are due.
+        endpoint_labels: each endpoint registered at runtime under its own name (True), or
+            all of them added up under :data:`ENDPOINTS_LABEL` (False: the number of series
+            does not grow with the endpoints, ``OUTBOX["METRICS_ENDPOINT_LABELS"]``).
 
     Returns:
         :class:`Gauges`.
@@ -115,7 +131,35 @@ def read_gauges(
     messages = repo.parse_status_counts(names, replies[counted : counted + status_cards])
     blocked = repo.parse_blocked_counts(names, replies[counted + status_cards :])
     others = sorted({raw.decode() for raw in known} - set(names))
+    endpoints: list[str] = []
+    if not endpoint_labels:
+        endpoints = [d for d in others if is_endpoint(d)]
+        others = [d for d in others if not is_endpoint(d)]
     if others:
         messages.update(repo.counts_by_destination(others))
         blocked.update(repo.blocked_key_counts(others))
-    return Gauges(now, messages, depths, blocked)
+    age = _endpoints_added_up(repo, endpoints, now, messages, blocked) if endpoints else None
+    return Gauges(now, messages, depths, blocked, age)
+
+
+def _endpoints_added_up(
+    repo: MessageRepository,
+    endpoints: Sequence[str],
+    now: float,
+    messages: dict[str, dict[str, int]],
+    blocked: dict[str, int],
+) -> float | None:
+    """Every endpoint's counts and blocked keys under one name, :data:`ENDPOINTS_LABEL`,
+    added to ``messages`` and ``blocked``: read now up to ``LIVE_DESTINATIONS`` endpoints,
+    else the destination summary's. Returns their age in seconds (None: left out, no
+    summary was made yet)."""
+    if len(endpoints) <= summary.LIVE_DESTINATIONS:
+        messages[ENDPOINTS_LABEL] = sum_counts(repo.counts_by_destination(endpoints).values())
+        blocked[ENDPOINTS_LABEL] = sum(repo.blocked_key_counts(endpoints).values())
+        return 0.0
+    made = summary.read(repo)
+    if made is None:
+        return None
+    messages[ENDPOINTS_LABEL] = dict(made.endpoint_counts)
+    blocked[ENDPOINTS_LABEL] = made.endpoint_blocked
+    return made.age(now)

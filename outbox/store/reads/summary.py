@@ -86,6 +86,9 @@ class Summary:
     oldest: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: how many of ``destinations`` are endpoints
     endpoint_destinations: int = 0
+    #: the endpoints' counts per status and blocked keys, added up (the metrics' ``endpoint:*``)
+    endpoint_counts: dict[str, int] = field(default_factory=dict)
+    endpoint_blocked: int = 0
 
     def age(self, now: float | None = None) -> float:
         """Seconds since it was made."""
@@ -104,9 +107,12 @@ def write(
     ``totals`` has ``past_retention`` (the purge backlog)."""
     keys = repo.keys
     counts = dict.fromkeys(STATUSES, 0)
+    endpoints = dict.fromkeys(STATUSES, 0)
     for row in rows:
         for status, n in row.counts.items():
             counts[status] += n
+            if is_endpoint(row.name):
+                endpoints[status] += n
     made = Summary(
         at,
         took_ms,
@@ -118,6 +124,8 @@ def write(
         int(totals.get("past_retention", 0)),
         {s: o for s, o in oldest.items() if o is not None},
         sum(1 for r in rows if is_endpoint(r.name)),
+        endpoints,
+        sum(r.blocked for r in rows if is_endpoint(r.name)),
     )
     head: dict[str, str] = {
         "at": repr(at),
@@ -129,6 +137,8 @@ def write(
         "past_retention": str(made.past_retention),
         **{f"count:{s}": str(n) for s, n in counts.items()},
         "endpoints": str(made.endpoint_destinations),
+        **{f"endpoints:count:{s}": str(n) for s, n in endpoints.items()},
+        "endpoints:blocked": str(made.endpoint_blocked),
         **{f"oldest:{s}": f"{i} {score!r}" for s, (i, score) in made.oldest.items()},
     }
     names = [keys.summary, keys.summary_rows, keys.summary_order]
@@ -175,6 +185,8 @@ def read(repo: RepositoryBase) -> Summary | None:
         int(h.get("past_retention", "0")),
         oldest,
         int(h.get("endpoints", "0")),
+        {s: int(h.get(f"endpoints:count:{s}", "0")) for s in STATUSES},
+        int(h.get("endpoints:blocked", "0")),
     )
 
 
