@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from outbox.store.indexes import Index
+from outbox.store.indexes import Index, IndexRange
 
 
 @pytest.mark.parametrize("descending", [False, True])
@@ -37,12 +37,13 @@ def test_merged_pages_equal_one_sorted_set(repo, descending):
         )
         expected = [m.decode() for m in read(union, *args)]
         for offset, count in ((0, 1), (0, 50), (37, 25), (len(expected) - 3, 10)):
-            ids, _, _ = repo.merged_range(index, lo, hi, offset=offset, count=count, descending=descending)
+            span = IndexRange(lo, hi, descending)
+            ids, _, _ = repo.merged_range(index, span, offset=offset, count=count)
             assert ids == expected[offset : offset + count], (lo, hi, offset, count)
         walked, cursor = [], None
         while True:  # a walk in chunks of 7 from each chunk's cursor, through the ties
             ids, examined, cursor = repo.merged_range(
-                index, lo, hi, offset=0, count=7, descending=descending, after=cursor
+                index, IndexRange(lo, hi, descending), offset=0, count=7, after=cursor
             )
             walked += ids
             if examined < 7:
