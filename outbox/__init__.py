@@ -36,6 +36,7 @@ __all__ = [
     "acancel",
     "adelete",
     "aget",
+    "apublish",
     "arequeue",
     "asend",
     "asend_again",
@@ -73,6 +74,7 @@ _LAZY = {
     "acancel": "outbox.api",
     "adelete": "outbox.api",
     "aget": "outbox.api",
+    "apublish": "outbox.webhooks",
     "arequeue": "outbox.api",
     "asend": "outbox.api",
     "asend_again": "outbox.api",
@@ -125,7 +127,7 @@ if TYPE_CHECKING:
     from outbox.operations.actions import ActionResult
     from outbox.operations.ordering import blocked_keys, release_key
     from outbox.records import Attempt, Message, Status
-    from outbox.webhooks import publish
+    from outbox.webhooks import apublish, publish
 
 
 def __getattr__(name: str) -> Any:

@@ -536,20 +536,25 @@ async def asend(
         delay=delay,
         priority=priority,
     )
-    return (await _acapture_or_store([message], using, repeat=False))[0]
+    return (await _asubmit([message], using))[0]
 
 
 async def asend_many(
     messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_ALIAS
 ) -> list[Message]:
     """:func:`send_many` for ``async def`` code (see it, and :func:`asend`)."""
-    return await _acapture_or_store(_build_many(messages), using, repeat=False)
+    return await _asubmit(_build_many(messages), using)
 
 
 async def asend_again(messages: Iterable[Message], *, using: str = DEFAULT_DB_ALIAS) -> list[Message]:
     """:func:`send_again` for ``async def`` code: after a ``SendOutcomeUnknown`` (or a
     ``SendCancelled``), ``await outbox.asend_again(exc.unknown)`` (see :func:`send_again`)."""
     return await _acapture_or_store(_again(messages), using, repeat=True)
+
+
+async def _asubmit(messages: list[Message], using: str) -> list[Message]:
+    """:func:`_submit` on an event loop: new messages captured or written (see :func:`asend`)."""
+    return await _acapture_or_store(messages, using, repeat=False)
 
 
 async def _acapture_or_store(messages: list[Message], using: str, repeat: bool) -> list[Message]:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS, transaction
 from redis.exceptions import RedisClusterException, RedisError
 
@@ -638,20 +639,104 @@ def publish(
             again with the same idempotency key completes it.
         NotDurable: as :func:`outbox.send`.
     """
+    request = _Publish(
+        event_type, payload, application, channels, idempotency_key, ordering_key, delay, priority, using
+    )
+    event, endpoints = _resolve(request)
+    return _fan_out(event, endpoints, using)
+
+
+async def apublish(
+    event_type: str,
+    payload: Any,
+    *,
+    application: Application | str,
+    channels: Sequence[str] | None = None,
+    idempotency_key: str | None = None,
+    ordering_key: str | None = None,
+    delay: float | timedelta | None = None,
+    priority: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> PublishedEvent:
+    """:func:`publish` for ``async def`` code: ``event = await outbox.apublish(...)``.
+
+    The same arguments, result, exceptions and guarantees as :func:`publish`. The
+    subscribers are resolved (this process's endpoint cache, or the database) in
+    Django's thread for synchronous code (``sync_to_async``); the deliveries are written
+    as :func:`outbox.asend_many` writes (the same steps as ``send_many``, on this loop's
+    ``redis.asyncio`` client), so no I/O blocks the event loop. Called through
+    ``async_to_sync`` inside a synchronous ``transaction.atomic`` block, the subscribers
+    are read and the deliveries captured in that block's transaction, on its thread (as
+    :func:`outbox.asend`); from async code, put the atomic block and :func:`publish` in
+    one ``sync_to_async`` function (docs/async.md).
+
+    Raises:
+        UnknownApplication, UnknownEventType, InvalidMessage, OutboxUnavailable,
+            SendOutcomeUnknown, NotDurable: as :func:`publish`.
+        SendCancelled: the task was cancelled after the deliveries' write was sent (as
+            :func:`outbox.asend`: ``exc.unknown`` lists them; publishing again with the
+            same idempotency key, or ``asend_again(exc.unknown)``, stores them once).
+        asyncio.CancelledError: cancelled before the write was sent (nothing stored).
+    """
+    request = _Publish(
+        event_type, payload, application, channels, idempotency_key, ordering_key, delay, priority, using
+    )
+    if transaction.get_connection(using).in_atomic_block:  # on this very thread (DJANGO_ALLOW_ASYNC_UNSAFE)
+        event, endpoints = _resolve(request)
+    else:
+        event, endpoints = await sync_to_async(_resolve, thread_sensitive=True)(request)
+    if not endpoints:
+        return PublishedEvent(event.id, event.event_type, event.app.uid, ())
+    messages = _delivery_messages(event, endpoints)
+    try:
+        stored = await api._asubmit(messages, using)
+    except OutboxUnavailable as exc:  # a SendCancelled too: it stays a CancelledError
+        _explained(exc, event, len(messages))
+        raise
+    return _published(event, endpoints, stored)
+
+
+@dataclass(frozen=True)
+class _Publish:
+    """The arguments of :func:`publish` (and :func:`apublish`)."""
+
+    event_type: str
+    payload: Any
+    application: Application | str
+    channels: Sequence[str] | None
+    idempotency_key: str | None
+    ordering_key: str | None
+    delay: float | timedelta | None
+    priority: str | None
+    using: str
+
+
+def _resolve(request: _Publish) -> tuple[_Event, list[registry.Subscriber]]:
+    """The checked event of a publish and its subscribers (see :func:`publish`): what
+    reads the database (or this process's view of it), in the caller's thread."""
+    using, event_type = request.using, request.event_type
     fresh = registry.changed_in_transaction(using)  # then read its own rows, keep nothing
-    app = registry.publishing_application(application, using, fresh=fresh)
+    app = registry.publishing_application(request.application, using, fresh=fresh)
     registry.check_published_type(event_type, using, fresh=fresh)
-    event_channels = registry.clean_channels(channels)
-    key = clean_idempotency_key(idempotency_key)
-    clean_ordering_key(ordering_key)
-    data, content_type = _payload(payload)
+    event_channels = registry.clean_channels(request.channels)
+    key = clean_idempotency_key(request.idempotency_key)
+    clean_ordering_key(request.ordering_key)
+    data, content_type = _payload(request.payload)
     endpoints = [
         s for s in registry.audience(app, using, fresh=fresh) if s.matches(event_type, event_channels)
     ]
     event = _Event(
-        app, event_type, event_id(app, key), data, content_type, key, ordering_key, delay, priority
+        app,
+        event_type,
+        event_id(app, key),
+        data,
+        content_type,
+        key,
+        request.ordering_key,
+        request.delay,
+        request.priority,
     )
-    return _fan_out(event, endpoints, using)
+    return event, endpoints
 
 
 def _payload(payload: Any) -> tuple[bytes, str]:
@@ -721,29 +806,47 @@ def _deliveries(event: _Event, endpoints: Sequence[registry.Subscriber]) -> list
 
 def _fan_out(event: _Event, endpoints: Sequence[registry.Subscriber], using: str) -> PublishedEvent:
     """Build one delivery per endpoint and store them (or capture them)."""
-    app, event_type, eid, key = event.app, event.event_type, event.id, event.key
     if not endpoints:
-        return PublishedEvent(eid, event_type, app.uid, ())
-    messages = _deliveries(event, endpoints)
-    for m in messages if event.data else ():  # the payload once per partition, a reference each
-        m.payload_ref = eid  # (an empty payload stays inline: a reference without a body means purged)
+        return PublishedEvent(event.id, event.event_type, event.app.uid, ())
+    messages = _delivery_messages(event, endpoints)
     try:
         stored = api._submit(messages, using)
     except OutboxUnavailable as exc:
-        done = len(getattr(exc, "stored", None) or [])
-        exc.args = (
-            f"publish of event {eid} ({event_type}) to {len(messages)} endpoint(s): {done} delivery(ies) stored. "
-            + (
-                "Publishing again with the same idempotency_key stores the rest once. "
-                if key is not None
-                else "Without an idempotency_key, publishing again would repeat the stored ones. "
-            )
-            + str(exc.args[0] if exc.args else exc),
-            *exc.args[1:],
-        )
+        _explained(exc, event, len(messages))
         raise
+    return _published(event, endpoints, stored)
+
+
+def _delivery_messages(event: _Event, endpoints: Sequence[registry.Subscriber]) -> list[Message]:
+    """The deliveries of ``event`` (:func:`_deliveries`), each referring to the payload."""
+    messages = _deliveries(event, endpoints)
+    for m in messages if event.data else ():  # the payload once per partition, a reference each
+        m.payload_ref = event.id  # (an empty payload stays inline: a reference without a body means purged)
+    return messages
+
+
+def _explained(exc: OutboxUnavailable, event: _Event, count: int) -> OutboxUnavailable:
+    """``exc`` (a write of ``count`` deliveries that failed) with what it means for the
+    event in its text: how many were stored, and whether publishing again is safe."""
+    done = len(getattr(exc, "stored", None) or [])
+    exc.args = (
+        f"publish of event {event.id} ({event.event_type}) to {count} endpoint(s): {done} delivery(ies) stored. "
+        + (
+            "Publishing again with the same idempotency_key stores the rest once. "
+            if event.key is not None
+            else "Without an idempotency_key, publishing again would repeat the stored ones. "
+        )
+        + str(exc.args[0] if exc.args else exc),
+        *exc.args[1:],
+    )
+    return exc
+
+
+def _published(
+    event: _Event, endpoints: Sequence[registry.Subscriber], stored: Sequence[Message]
+) -> PublishedEvent:
     deliveries = tuple(Delivery(e.pk, e.destination, m) for e, m in zip(endpoints, stored, strict=True))
-    return PublishedEvent(eid, event_type, app.uid, deliveries)
+    return PublishedEvent(event.id, event.event_type, event.app.uid, deliveries)
 
 
 def send_test_event(
@@ -787,6 +890,7 @@ __all__ = [
     "CreatedEndpoint",
     "Delivery",
     "PublishedEvent",
+    "apublish",
     "changed",
     "create_application",
     "create_endpoint",

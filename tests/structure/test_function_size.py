@@ -23,6 +23,7 @@ PUBLIC = {
     ("outbox/api.py", "asend"),
     ("outbox/api.py", "asend_many"),
     ("outbox/webhooks.py", "publish"),
+    ("outbox/webhooks.py", "apublish"),
     ("outbox/webhooks.py", "create_endpoint"),
     ("outbox/testing/redis_server.py", "__init__"),
 }
