@@ -552,6 +552,7 @@ async def asend_again(messages: Iterable[Message], *, using: str = DEFAULT_DB_AL
     return await _acapture_or_store(_again(messages), using, repeat=True)
 
 
+@tracing.atraced_send  # the same "send" span as _submit's
 async def _asubmit(messages: list[Message], using: str) -> list[Message]:
     """:func:`_submit` on an event loop: new messages captured or written (see :func:`asend`)."""
     return await _acapture_or_store(messages, using, repeat=False)

@@ -11,7 +11,8 @@ Spans follow OpenTelemetry's semantic conventions for messaging spans
 (https://opentelemetry.io/docs/specs/semconv/messaging/messaging-spans/):
 
 * ``send <destination>`` (kind PRODUCER, ``messaging.operation.type = "send"``) around
-  ``send()`` and ``send_many()``: validation is done, the span covers the write (to
+  ``send()`` and ``send_many()`` (and their async twins ``asend()``, ``asend_many()``,
+  the same span; ``publish()`` and ``apublish()`` through them): validation is done, the span covers the write (to
   Redis, or to the capture table inside a transaction). Its context is the *creation
   context* of the messages: it is written into each message's headers as W3C Trace
   Context ``traceparent``/``tracestate`` (https://www.w3.org/TR/trace-context/), unless
@@ -36,8 +37,9 @@ Attributes: ``messaging.system = "django-redis-outbox"``, ``messaging.destinatio
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from outbox.conf import outbox_settings
@@ -144,14 +146,35 @@ def traced_send(submit: Callable[[list[Message], str], list[Message]]) -> Callab
         api = _otel()
         if api is None or not messages:
             return submit(messages, using)
-        return _send(api, submit, messages, using)
+        with _send_span(api, messages):
+            return submit(messages, using)
 
     return wrapper
 
 
-def _send(
-    api: _OTel, submit: Callable[..., list[Message]], messages: list[Message], using: str
-) -> list[Message]:
+def atraced_send(
+    submit: Callable[[list[Message], str], Awaitable[list[Message]]],
+) -> Callable[[list[Message], str], Awaitable[list[Message]]]:
+    """Decorate ``api._asubmit(messages, using)`` (``asend``, ``asend_many``,
+    ``apublish``) with the same ``send`` span as :func:`traced_send`: its name,
+    attributes, links and the context written into the headers; the span is the
+    current one of the task while the write is awaited (contextvars)."""
+
+    @functools.wraps(submit)
+    async def wrapper(messages: list[Message], using: str) -> list[Message]:
+        api = _otel()
+        if api is None or not messages:
+            return await submit(messages, using)
+        with _send_span(api, messages):
+            return await submit(messages, using)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def _send_span(api: _OTel, messages: list[Message]) -> Iterator[None]:
+    """The ``send`` span of ``messages``, current inside the block, its context written
+    into their headers (a ``traceparent`` given by the caller kept, and linked to)."""
     destinations = {m.destination for m in messages}
     destination = next(iter(destinations)) if len(destinations) == 1 else None
     attributes: dict[str, Any] = {
@@ -181,7 +204,7 @@ def _send(
             for m in messages:
                 if "traceparent" not in _lowered(m.headers):
                     m.headers.update(carrier)
-        return submit(messages, using)
+        yield
 
 
 # -- attempts ---------------------------------------------------------------------------
@@ -250,6 +273,7 @@ def inject_headers(headers: dict[str, str]) -> None:
 
 __all__ = [
     "SYSTEM",
+    "atraced_send",
     "creation_context",
     "enabled",
     "inject_headers",

@@ -181,3 +181,27 @@ def test_a_callable_runs_inside_its_attempts_span(spans, worker):
         settle(worker, [m.id])
     (attempt,) = by_name(spans, "deliver")
     assert [c.span_id for c in SEEN_SPANS] == [attempt.context.span_id]
+
+
+@pytest.mark.asyncio
+async def test_asend_has_the_send_span_with_its_name_and_attributes(spans, hook):
+    from outbox.store.client.aconnection import aclose
+
+    m = await outbox.asend("hook", {"order": 1})
+    (send,) = by_name(spans, "send")
+    assert send.name == "send hook" and send.kind == SpanKind.PRODUCER
+    assert dict(send.attributes) == {
+        "messaging.system": "django-redis-outbox",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": "hook",
+        "messaging.message.id": m.id,
+    }
+    assert (await outbox.aget(m.id)).headers["traceparent"] == traceparent(send)
+    with tracing.tracer().start_as_current_span("checkout") as outer:  # a caller's span, across awaits
+        batch = await outbox.asend_many([{"destination": "hook", "body": n} for n in range(3)])
+    many = by_name(spans, "send")[-1]
+    assert many.parent.span_id == outer.get_span_context().span_id
+    assert many.attributes["messaging.batch.message_count"] == 3
+    assert {(await outbox.aget(b.id)).headers["traceparent"] for b in batch} == {traceparent(many)}
+    await aclose()
