@@ -9,6 +9,11 @@ Fixtures:
   pointed at it for the test, and emptied before it. Needs pytest-django's ``settings``.
 * ``outbox_sent``: :class:`outbox.testing.SentMessages` of the test (uses ``outbox_redis``).
 * ``outbox_deliver``: :func:`outbox.testing.deliver_all`, ready to call (uses ``outbox_redis``).
+* ``aoutbox_deliver``: :func:`outbox.testing.adeliver_all` for async tests:
+  ``await aoutbox_deliver()`` (it runs in Django's sync thread, not on the loop).
+
+The fixtures are synchronous and work in async tests (pytest-asyncio, anyio);
+``outbox_sent``'s reads have awaitable twins there (``await outbox_sent.aassert_sent(...)``).
 
 Example::
 
@@ -82,3 +87,11 @@ def outbox_deliver(outbox_redis: Any) -> Callable[..., Any]:
     from outbox.testing import deliver_all  # the plugin loads before Django is set up
 
     return deliver_all
+
+
+@pytest.fixture
+def aoutbox_deliver(outbox_redis: Any) -> Callable[..., Any]:
+    """:func:`outbox.testing.adeliver_all`: ``report = await aoutbox_deliver()`` in async tests."""
+    from outbox.testing import adeliver_all  # the plugin loads before Django is set up
+
+    return adeliver_all

@@ -4,10 +4,11 @@
   system package; the ``server`` extra ships a Valkey binary).
 * :class:`ClusterServer`: a private Redis/Valkey Cluster of N primaries on free ports,
   whose slots can be moved the legacy way (:mod:`outbox.testing.cluster_server`).
-* :func:`deliver_all`: deliver everything due, in this process, without an RQ worker.
+* :func:`deliver_all`: deliver everything due, in this process, without an RQ worker
+  (:func:`adeliver_all`: the same, awaited, for async tests).
 * :class:`SentMessages`: the messages sent during a test, with assertion helpers.
 * The pytest plugin :mod:`outbox.pytest_plugin` (installed with the package) wraps these
-  as fixtures: ``outbox_redis``, ``outbox_sent``, ``outbox_deliver``.
+  as fixtures: ``outbox_redis``, ``outbox_sent``, ``outbox_deliver``, ``aoutbox_deliver``.
 * ``OUTBOX["EAGER"] = True`` makes ``send()`` deliver inside the call (inside
   ``transaction.atomic`` too, at call time, not on commit), like Celery's
   ``task_always_eager``: see :mod:`outbox.sending.intake`.
@@ -27,16 +28,22 @@ from outbox.testing.cluster_server import ClusterServer
 from outbox.testing.redis_server import RedisServer, find_server_binary, free_port
 
 if TYPE_CHECKING:  # what __getattr__ returns, for type checkers
-    from outbox.testing.delivery import Delivered, deliver_all
+    from outbox.testing.delivery import Delivered, adeliver_all, deliver_all
     from outbox.testing.sent import SentMessages
 
-_LAZY = {"Delivered": ".delivery", "deliver_all": ".delivery", "SentMessages": ".sent"}
+_LAZY = {
+    "Delivered": ".delivery",
+    "adeliver_all": ".delivery",
+    "deliver_all": ".delivery",
+    "SentMessages": ".sent",
+}
 
 __all__ = [
     "ClusterServer",
     "Delivered",
     "RedisServer",
     "SentMessages",
+    "adeliver_all",
     "deliver_all",
     "find_server_binary",
     "free_port",

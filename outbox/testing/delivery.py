@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from asgiref.sync import sync_to_async
+
 from outbox.conf import outbox_settings
 from outbox.delivery.loop import run
 from outbox.records import Status
@@ -88,6 +90,19 @@ def deliver_all(
         if not attempted:
             break
     return report
+
+
+async def adeliver_all(
+    queues: Iterable[str] | None = None,
+    *,
+    include_future: bool = False,
+    max_rounds: int = 100,
+) -> Delivered:
+    """:func:`deliver_all` for async tests: ``report = await adeliver_all()``. It runs in
+    Django's thread for synchronous code (``sync_to_async``): the delivery uses the ORM
+    (the capture table, endpoints) and sends the outcome signals, never on the loop."""
+    deliver = sync_to_async(deliver_all, thread_sensitive=True)
+    return await deliver(queues, include_future=include_future, max_rounds=max_rounds)
 
 
 def _push_captured() -> int:

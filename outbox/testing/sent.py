@@ -6,6 +6,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 from outbox.records import Message
 from outbox.store import get_repository
 from outbox.store.reads.inspection import ids_since
@@ -104,6 +106,29 @@ class SentMessages:
             raise AssertionError(
                 f"expected no message{where}, found {len(sent)}: {[(m.destination, m.text[:80]) for m in sent]}"
             )
+
+    # In async tests: the same, read in Django's thread for synchronous code (the capture
+    # table is read with the ORM, which raises SynchronousOnlyOperation on an event loop).
+
+    async def amessages(self) -> list[Message]:
+        """:meth:`messages` for async tests: ``await outbox_sent.amessages()``."""
+        return await sync_to_async(self.messages, thread_sensitive=True)()
+
+    async def aassert_sent(
+        self,
+        destination: str,
+        *,
+        count: int | None = None,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> list[Message]:
+        """:meth:`assert_sent` for async tests: ``await outbox_sent.aassert_sent("orders")``."""
+        check = sync_to_async(self.assert_sent, thread_sensitive=True)
+        return await check(destination, count=count, body=body, headers=headers)
+
+    async def aassert_nothing_sent(self, destination: str | None = None) -> None:
+        """:meth:`assert_nothing_sent` for async tests."""
+        await sync_to_async(self.assert_nothing_sent, thread_sensitive=True)(destination)
 
 
 def _matches(message: Message, body: Any, headers: dict[str, str] | None) -> bool:

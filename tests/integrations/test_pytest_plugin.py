@@ -1,6 +1,7 @@
 """The pytest plugin (``pytest11`` entry point ``outbox``) in a new project's test run:
 ``outbox_redis`` starts a private server, ``outbox_sent`` sees what a test sent,
-``outbox_deliver`` delivers it in process."""
+``outbox_deliver`` delivers it in process; in async tests (pytest-asyncio) too:
+``aoutbox_deliver``, ``outbox_sent``'s awaitable twins, eager mode under ``asend``."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def record(message):
 """
 
 TESTS = """
+import pytest
+
 import outbox
 import project_hooks
 
@@ -43,6 +46,24 @@ def test_sent_and_delivered(outbox_sent, outbox_deliver):
 def test_each_test_starts_empty(outbox_sent, outbox_redis):
     assert outbox_redis.dbsize() == 0
     outbox_sent.assert_nothing_sent()
+
+
+@pytest.mark.asyncio
+async def test_async_sent_and_delivered(outbox_sent, aoutbox_deliver):
+    await outbox_sent.aassert_nothing_sent()
+    message = await outbox.asend("audit", {"event": "async"})
+    await outbox_sent.aassert_sent("audit", count=1, body={"event": "async"})
+    assert [m.id for m in await outbox_sent.amessages()] == [message.id]
+    report = await aoutbox_deliver()
+    assert report.succeeded == 1 and {"event": "async"} in project_hooks.received
+    assert (await outbox.aget(message.id)).status == "succeeded"
+
+
+@pytest.mark.asyncio
+async def test_eager_mode_under_asend(outbox_sent, settings):
+    settings.OUTBOX = {**settings.OUTBOX, "EAGER": True}
+    message = await outbox.asend("audit", {"event": "eager"})
+    assert message.status == "succeeded" and {"event": "eager"} in project_hooks.received
 """
 
 
@@ -57,7 +78,7 @@ def test_plugin_fixtures_in_a_new_project(pytester):
         )
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ds=project_settings")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=4)
 
 
 def test_a_project_in_cluster_mode_is_tested_on_the_private_server(pytester):
@@ -67,7 +88,7 @@ def test_a_project_in_cluster_mode_is_tested_on_the_private_server(pytester):
     pytester.makepyfile(project_settings=SETTINGS + cluster, project_hooks=HOOKS, test_project=TESTS)
     pytester.makeini("[pytest]\npythonpath = .\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ds=project_settings")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=4)
 
 
 DOC_PROJECT_SETTINGS = (
