@@ -18,6 +18,7 @@ Registered in :data:`tests.faults.scenarios.SCENARIOS` (imported at the end of t
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import random
@@ -25,6 +26,7 @@ import re
 import signal
 import threading
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -95,10 +97,57 @@ def in_flight_duplicates(
 
 
 def failure(errors: Counter, exc: BaseException) -> None:
-    """Count ``send()``'s exception by type, with the Redis error under it (its cause)."""
+    """Count ``send()``'s exception by type, with the Redis error under it (its cause);
+    the first of each kind that is not an outbox exception printed with its traceback
+    (the driver's log)."""
+    from outbox.exceptions import OutboxError
+
     cause = exc.__cause__
     under = f" from {type(cause).__name__}: {str(cause)[:40]}" if cause is not None else ""
-    errors[f"{type(exc).__name__}{under}"] += 1
+    kind = f"{type(exc).__name__}{under}"
+    if not isinstance(exc, OutboxError) and not errors[kind]:
+        traceback.print_exception(exc)
+    errors[kind] += 1
+
+
+def send_all(messages: int, rate: float, acked: list[str], errors: Counter, sender: str = "send") -> None:
+    """Send ``messages`` to the hook at ``rate``/s from this thread: with ``outbox.send()``
+    one after another, or (``sender`` ``"asend"``) from an event loop run here, each an
+    ``outbox.asend()`` task of its own started at its paced time. ``acked``: the ids of
+    the calls that returned; ``errors``: the others' exceptions (:func:`failure`)."""
+    import outbox
+
+    if sender == "asend":
+        asyncio.run(_asend_all(messages, rate, acked, errors))
+        return
+    assert sender == "send", sender
+    for i in paced(messages, rate):
+        try:
+            acked.append(outbox.send("hook", {"n": i}).id)
+        except Exception as exc:
+            failure(errors, exc)
+
+
+async def _asend_all(messages: int, rate: float, acked: list[str], errors: Counter) -> None:
+    import outbox
+    from outbox.store.client.aconnection import aclose
+
+    async def one(i: int) -> None:
+        try:
+            acked.append((await outbox.asend("hook", {"n": i})).id)
+        except Exception as exc:
+            failure(errors, exc)
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks = []
+    for i in range(messages):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(i)))
+    await asyncio.gather(*tasks)
+    await aclose()
 
 
 class Mover:
@@ -224,6 +273,7 @@ def slots_moved(
     wait_timeout: float = 1.0,
     held: tuple[str, float, float] | None = None,
     slow: float = 0.0,
+    sender: str = "send",
 ) -> Result:
     """On a 3-primary cluster (16 partitions): workers SIGKILLed and partitions' slots moved while messages flow.
 
@@ -244,9 +294,11 @@ def slots_moved(
     ``held`` (tag, after s, for s): besides, one slot held half-moved for a long while
     (:meth:`Mover.hold_one`; ``cluster-hold``); ``slow``: seconds the receiver takes per
     request (attempts in flight when the hold begins).
-    """
-    import outbox
 
+    ``sender`` ``"asend"``: the sending thread runs an event loop, each message an
+    ``outbox.asend()`` task started at its paced time (on ``redis.asyncio``'s
+    ``RedisCluster``, through the same steps as ``send()``: issue 33); the same checks.
+    """
     result = Result(name)
     cluster: dict[str, Any] = {"primaries": 3}
     if mode == "atomic":
@@ -287,11 +339,7 @@ def slots_moved(
         for thread in threads:
             thread.start()
         try:
-            for i in paced(messages, rate):
-                try:
-                    acked.append(outbox.send("hook", {"n": i}).id)
-                except Exception as exc:
-                    failure(errors, exc)
+            send_all(messages, rate, acked, errors, sender)
             for thread in threads:
                 thread.join(max(kill_for, move_for, sum(held[1:]) if held else 0.0) + 60)
         finally:
@@ -349,7 +397,8 @@ def slots_moved(
             )
         result.notes.append(mover.describe())
         result.notes.append(
-            f"durability: {durability or 'off'}; send() exceptions: {dict(errors) or 'none'} (of {messages} calls)"
+            f"durability: {durability or 'off'}; sender: {sender}; "
+            f"exceptions: {dict(errors) or 'none'} (of {messages} calls)"
         )
         worker_notes(result, supervisor)
     return result

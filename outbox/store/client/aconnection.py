@@ -17,7 +17,8 @@ connection that breaks or times out fails the calls whose commands were written 
 (each gets its own copy of the error: each write's outcome is unknown), and no other.
 A caller's cancellation never interrupts a read (the connection's own task reads), so
 the replies stay in step with their commands (CVE-2023-28858). With a cluster, each
-call goes through ``redis.asyncio.cluster.RedisCluster`` by itself (its pool per node).
+call goes through ``redis.asyncio.cluster.RedisCluster`` by itself (its pool per node),
+at most its ``max_connections`` in flight per loop (:func:`_cluster_batch`).
 """
 
 from __future__ import annotations
@@ -235,6 +236,14 @@ async def arun_batch(
     held = _clients.get(asyncio.get_running_loop())
     if held is not None and held[1] is client and held[2] is not None:
         return await held[2].run(commands, on_sent)
+    if isinstance(client, AsyncRedisCluster):
+        return await _cluster_batch(client, commands, on_sent)
+    return await _direct_batch(client, commands, on_sent)
+
+
+async def _direct_batch(
+    client: AsyncClient, commands: Sequence[tuple[Any, ...]], on_sent: Callable[[], None] | None
+) -> list[Any]:
     if on_sent is not None:
         on_sent()
     if len(commands) == 1:
@@ -247,6 +256,41 @@ async def arun_batch(
         pipe.execute_command(*command)
     replies: list[Any] = await pipe.execute(raise_on_error=False)
     return replies
+
+
+#: Per cluster client: its calls in flight at most (:func:`_cluster_batch`).
+_cluster_gates: weakref.WeakKeyDictionary[AsyncRedisCluster, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+async def _cluster_batch(
+    client: AsyncRedisCluster, commands: Sequence[tuple[Any, ...]], on_sent: Callable[[], None] | None
+) -> list[Any]:
+    """A batch through ``redis.asyncio``'s ``RedisCluster``, with two guards its client
+    lacks under concurrency (seen in the ``cluster`` fault scenario run through ``asend``,
+    docs/faults.md):
+
+    * at most its ``max_connections`` calls in flight (each holds at most one connection
+      per node): past that a node's pool raises ``MaxConnectionsError`` (a
+      ``ConnectionError``), and redis-py answers a ``ConnectionError`` by disconnecting
+      the node's connections and reading the slot map again, under the other calls'
+      feet. The calls past the bound wait here, before anything is sent (a cancellation
+      while waiting is "nothing written").
+    * a call whose connection was disconnected under it by another call's error meets
+      ``AttributeError`` (its writer is gone) instead of a Redis error: raised as a
+      ``ConnectionError`` whose write may have run (the steps answer "outcome unknown",
+      as for a broken connection), never as an ``AttributeError`` out of ``asend``.
+    """
+    gate = _cluster_gates.get(client)
+    if gate is None:
+        most = int(client.nodes_manager.connection_kwargs.get("max_connections") or 100)
+        gate = _cluster_gates[client] = asyncio.Semaphore(max(1, most))
+    async with gate:
+        try:
+            return await _direct_batch(client, commands, on_sent)
+        except AttributeError as exc:
+            raise RedisConnectionError(
+                f"the cluster connection was closed during the write ({type(exc).__name__}: {exc})"
+            ) from exc
 
 
 class _Call:
