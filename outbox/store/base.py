@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -40,6 +41,16 @@ T = TypeVar("T")
 #: filtered scan's round trip, a partition's share of a merged scan. Bounded so one
 #: script call stays short (Redis serves nothing else meanwhile).
 IDS_PER_CALL = 1000
+
+#: Seconds after which a process adds a destination's name to the destinations set again
+#: with its next message (:meth:`RepositoryBase.register_destinations`; on one server
+#: ``lua/create.lua`` adds it in the same call). Adding it with every message cost
+#: ``send()`` a command per call (issue 30, item 10); adding it once per process for
+#: good would leave a name unlisted after Redis lost its data (a restart without
+#: persistence, ``FLUSHALL``) until the process restarts. This bounds that: the lists
+#: and counts over every destination, the release of every parked message and the
+#: gauges see a name again at most this long after its first message since.
+REGISTER_AGAIN = 10.0
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
 # redis-py's own types also allow str (``decode_responses=True``) and give one type to
@@ -127,8 +138,8 @@ class RepositoryBase:
         self.ordering_key_ttl = max(1, int(settings.ordering_key_ttl))
         self.wake_ttl_ms = max(1, int(settings.wake_ttl * 1000))
         self.scripts_loaded = False
-        #: destinations this process added to the destinations set (partitioned layout)
-        self.registered: set[str] = set()
+        #: destinations this process added to the destinations set -> when (monotonic)
+        self.registered: dict[str, float] = {}
         self._cluster_of: object = None
         self._cluster = False
 
@@ -167,19 +178,32 @@ class RepositoryBase:
             if admin in (b"paused", b"disabled") or breaker in (b"open", b"half_open")
         }
 
+    def unregistered(self, names: Iterable[str]) -> list[str]:
+        """Those of ``names`` this process has not added to the destinations set in the
+        last :data:`REGISTER_AGAIN` seconds, sorted (:meth:`register_destinations`)."""
+        now = time.monotonic()
+        return sorted(n for n in names if now - self.registered.get(n, -REGISTER_AGAIN) >= REGISTER_AGAIN)
+
+    def mark_registered(self, names: Iterable[str]) -> None:
+        """Note that ``names`` were just added to the destinations set."""
+        now = time.monotonic()
+        for n in names:
+            self.registered[n] = now
+
     def register_destinations(self, names: set[str]) -> None:
-        """Add ``names`` to the destinations set (``SADD``), each once per process: with more
-        than one partition the create script does not (the set is a key across the
-        deployment). A name is added before its first message is written, with the
-        partition count the first time (:attr:`~.keys.Keys.partitions_record`)."""
-        new = names - self.registered
+        """Add ``names`` to the destinations set (``SADD``), each at most once per
+        :data:`REGISTER_AGAIN` seconds per process: with more than one partition the create
+        script does not (the set is a key across the deployment). A name is added before
+        its first message is written, with the partition count the first time
+        (:attr:`~.keys.Keys.partitions_record`)."""
+        new = self.unregistered(names)
         if new:
             pipe = self.connection.pipeline(transaction=False)
-            pipe.sadd(self.keys.destinations, *sorted(new))
+            pipe.sadd(self.keys.destinations, *new)
             # the partition count this deployment's data is written with (outbox.E011)
             pipe.set(self.keys.partitions_record, self.keys.partitions, nx=True)
             pipe.execute()
-            self.registered |= new
+            self.mark_registered(new)
 
     def mget(self, keys: Sequence[str]) -> list[bytes | None]:
         """The values of ``keys`` (None for a missing key), in order: ``MGET``, or on a

@@ -16,7 +16,7 @@ the write and its wait on one connection (:mod:`.durability`, run as a
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,13 +51,17 @@ class MessageStore(Protocol):
 
     keys: Keys
     scripts_loaded: bool
-    registered: set[str]
+    registered: dict[str, float]
     idempotency_ttl: int
     wake_ttl_ms: int
     thread_clients: ThreadClients
     connection: Any
 
     def load_scripts(self) -> None: ...
+
+    def unregistered(self, names: Iterable[str]) -> list[str]: ...
+
+    def mark_registered(self, names: Iterable[str]) -> None: ...
 
     def create_args(
         self,
@@ -148,6 +152,11 @@ def create_steps(
     groups = create_groups(messages)
     args = store.create_args(messages, now, due_slack, repeat, groups)
     keys = store.create_keys(messages, groups)
+    # the script adds the destinations' names to their set when this process has not
+    # lately (REGISTER_AGAIN, .base): not a command per send()
+    register = store.unregistered({d for _, d, _ in groups})
+    if register:
+        keys.append(store.keys.destinations)
     if durability is not None and durability.waits:
         reply, acknowledged = yield Blocking(
             lambda: store.thread_clients.run(
@@ -156,9 +165,12 @@ def create_steps(
         )
         result = store.parse_create(messages, reply)
         result.acknowledged = acknowledged
-        return result
-    reply = yield from script_steps(store, "create", args, keys, cluster=cluster)
-    return store.parse_create(messages, reply)
+    else:
+        reply = yield from script_steps(store, "create", args, keys, cluster=cluster)
+        result = store.parse_create(messages, reply)
+    if register and not any(c.code == "conflict" for c in result.created):  # a conflict writes nothing
+        store.mark_registered(register)
+    return result
 
 
 def partitioned_steps(
@@ -442,11 +454,11 @@ def after_create_steps(
 def register_steps(store: MessageStore, names: set[str]) -> Steps[None]:
     """The steps of :meth:`~.base.RepositoryBase.register_destinations` (which states what
     they do)."""
-    new = names - store.registered
+    new = store.unregistered(names)
     if new:
         replies = yield Batch(
             (
-                ("SADD", store.keys.destinations, *sorted(new)),
+                ("SADD", store.keys.destinations, *new),
                 ("SET", store.keys.partitions_record, store.keys.partitions, "NX"),
             ),
             write=True,
@@ -454,7 +466,7 @@ def register_steps(store: MessageStore, names: set[str]) -> Steps[None]:
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-        store.registered |= new
+        store.mark_registered(new)
 
 
 def create_and_flag_steps(

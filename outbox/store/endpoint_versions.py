@@ -99,7 +99,7 @@ def forget_destination(repo: RepositoryBase, name: str, now: float | None = None
     pipe.zrem(keys.probes, name)
     pipe.srem(keys.destinations, name)
     pipe.execute()
-    repo.registered.discard(name)
+    repo.registered.pop(name, None)
 
 
 def write_limits(repo: RepositoryBase, name: str, limits: Sequence[float] | None) -> None:

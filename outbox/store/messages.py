@@ -381,19 +381,20 @@ class MessageStore(RepositoryBase):
     def create_keys(
         self, messages: Sequence[Message], groups: dict[tuple[str, str, str], int] | None = None
     ) -> list[str]:
-        """KEYS of ``lua/create.lua`` for ``messages``: the destinations set; then per
-        group of messages with one (status, destination, queue) (:func:`create_groups`),
-        its status index, due index, created index and wake-up flag, each once; then per
-        message its message and resend records, if it has one its idempotency key, and if
-        it has an ordering key that key's queue and state, its destination's ``waiting``
-        index and the key's log (see ``lua/lib/ordering.lua``).
-        (A key per message for the indexes it shares with the others of its group cost
-        send_many(100) a fifth of its speed: each argument costs Redis and the client.)"""
+        """KEYS of ``lua/create.lua`` for ``messages``: per group of messages with one
+        (status, destination, queue) (:func:`create_groups`), its status index, due index,
+        created index and wake-up flag, each once; then per message its message and resend
+        records, if it has one its idempotency key, and if it has an ordering key that
+        key's queue and state, its destination's ``waiting`` index and the key's log (see
+        ``lua/lib/ordering.lua``); then its events' payload records (:meth:`create` may
+        append the destinations set). (A key per message for the indexes it shares with
+        the others of its group cost send_many(100) a fifth of its speed: each argument
+        costs Redis and the client.)"""
         # every message of one call is in one partition (:meth:`create` splits a call);
         # with more than one, the keys across the deployment are left out (see create.lua)
         part = self.keys.of(messages[0].id) if messages else self.keys
         shared = not self.keys.partitioned
-        keys = [self.keys.destinations] if shared else []
+        keys: list[str] = []
         for status, destination, queue in create_groups(messages) if groups is None else groups:
             keys += [part.status(status, destination), part.due(queue), part.created(destination)]
             if shared:

@@ -4,17 +4,21 @@
 -- Atomic per call. Idempotent on the message id: a message whose record exists is
 -- left as it is (the on-commit fast path and the relay may both push it).
 --
--- KEYS[1] outbox:destinations; then per group of messages with one (status, destination,
---   queue), in order: its status index (outbox:status:<status>:dest:<d>), its queue's due
---   index, its destination's created index and its queue's wake-up flag (4 keys each,
---   once per group: send_many shares them); then per message, in order: its message
---   record, its resend record, when it has an idempotency key that key
+-- KEYS: per group of messages with one (status, destination, queue), in order: its
+--   status index (outbox:status:<status>:dest:<d>), its queue's due index, its
+--   destination's created index and its queue's wake-up flag (4 keys each, once per
+--   group: send_many shares them); then per message, in order: its message record, its
+--   resend record, when it has an idempotency key that key
 --   (outbox:idempotency:<n>:<d>:<key>), and when it has an ordering key that key's queue
---   and state, its destination's 'waiting' status index and the key's log (lib/ordering.lua: a message
---   with messages of its key ahead of it is written 'waiting', in no due index). With more than one partition (parts > 1: every
---   message of the call is in one partition, whose slot every key is in) there is no
---   outbox:destinations and no wake-up flag (3 keys per group): the caller registers
---   the destinations and sets the flags of the queues returned (lib/wakeup.lua).
+--   and state, its destination's 'waiting' status index and the key's log
+--   (lib/ordering.lua: a message with messages of its key ahead of it is written
+--   'waiting', in no due index). With more than one partition (parts > 1: every message
+--   of the call is in one partition, whose slot every key is in) there is no wake-up
+--   flag (3 keys per group): the caller sets the flags of the queues returned
+--   (lib/wakeup.lua). Last, after the payload records (below), on one server only:
+--   outbox:destinations when the call is to add its destinations' names to it (its
+--   process has not added them in the last REGISTER_AGAIN seconds, outbox/store/base.py;
+--   with more than one partition the caller adds them itself).
 -- ARGV, by position (create is send()'s one script, and every argument costs Redis and
 --   the client about 0.3 us: no names, no list of field names; the Python side names
 --   them in outbox.store.messages.CREATE_HEADER, CREATE_GROUP and CREATE_FIELDS):
@@ -69,14 +73,13 @@ local due_by = tonumber(now_s) + tonumber(ARGV[4])
 local check_exists = ARGV[5] == '1'
 local n = tonumber(ARGV[6])
 local n_groups = tonumber(ARGV[7])
-local shared = tonumber(ARGV[8]) <= 1  -- KEYS hold outbox:destinations and wake-up flags
+local shared = tonumber(ARGV[8]) <= 1  -- KEYS hold wake-up flags
 write_at_once(n == 1)
 wake_setup({parts = ARGV[8]})
-local first_group = shared and 2 or 1
 local width = shared and 4 or 3  -- keys per group
 local msgs = {}
 local conflict = false
-local k = first_group + width * n_groups  -- the next message's first key
+local k = 1 + width * n_groups  -- the next message's first key
 local pos = 9 + 3 * n_groups  -- the next message's first argument
 for i = 1, n do
   local ga = 9 + 3 * (tonumber(ARGV[pos + 2]) - 1)  -- its group's first argument
@@ -87,7 +90,7 @@ for i = 1, n do
     record = ARGV[pos + 5], status = ARGV[ga], dest = ARGV[ga + 1], queue = ARGV[ga + 2],
     rfirst = pos + 8, rlast = last, code = 'new', standing = ARGV[pos],
   }
-  local g = first_group + width * (tonumber(ARGV[pos + 2]) - 1)  -- its group's first key
+  local g = 1 + width * (tonumber(ARGV[pos + 2]) - 1)  -- its group's first key
   m.skey, m.dkey, m.ckey = KEYS[g], KEYS[g + 1], KEYS[g + 2]
   if shared then m.wkey = KEYS[g + 3] end
   m.mkey, m.rkey = KEYS[k], KEYS[k + 1]
@@ -138,7 +141,6 @@ if not check_exists and not conflict then
     end
   end
 end
-local dests = {}
 local others = {}
 for i, m in ipairs(msgs) do
   -- Second pass: write, unless a conflict refuses the whole call (nothing half-written).
@@ -172,10 +174,6 @@ for i, m in ipairs(msgs) do
     zadd_once(skey, score, id)
     if due then zadd_once(m.dkey, score, id) end
     zadd_once(m.ckey, m.created, id)
-    if shared and not dests[dest] then
-      dests[dest] = true
-      redis.call('SADD', KEYS[1], dest)
-    end
     if due and tonumber(score) <= due_by then wake_queue(m.wkey, queue, now_s, wake_ttl) end
   else
     if m.code == 'new' then m.code = 'refused' end
@@ -197,6 +195,11 @@ for _ = 1, n_payloads do
   end
   k = k + 1
   pos = pos + 3 + nrefs
+end
+if KEYS[k] and not conflict then  -- outbox:destinations: add the call's destinations
+  local names = {}
+  for g = 1, n_groups do names[g] = ARGV[10 + 3 * (g - 1)] end
+  redis.call('SADD', KEYS[k], unpack(names))
 end
 flush_writes()
 local reply = {#woken}
