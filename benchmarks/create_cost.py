@@ -1,0 +1,125 @@
+"""What each write of ``lua/create.lua`` costs Redis (issue 30, item 10): one ``send()``'s
+own KEYS and ARGV (captured from a real ``send()``), replayed against a private Redis
+with copies of the script that leave one write out each, interleaved round by round;
+``INFO commandstats`` ``usec_per_call`` of ``EVALSHA`` for each copy.
+
+    .venv/bin/python -m benchmarks.create_cost [--calls 2000] [--rounds 5]
+
+Each call gets a fresh message id (its records' keys and ARGV), as ``send()`` does. The
+wake-up flag is set by the first call and refused (``SET NX``) by the others while it
+lives, as between two worker wake-ups of a busy queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import uuid
+
+from benchmarks.common import body_200, private_redis, setup_django
+
+# (name, text to replace in create.lua, replacement): each removes one write
+VARIANTS = [
+    ("full", None, None),
+    (
+        "no SET NX record",
+        "if redis.call('SET', m.mkey, m.record, 'NX') then",
+        "if true then",
+    ),
+    (
+        "no HSET resend",
+        "redis.call('HSET', m.rkey, 'status', status, 'destination', dest, 'queue', queue,\n"
+        "      'next_attempt_at', score, 'updated_at', m.created, unpack(ARGV, m.rfirst, m.rlast))",
+        "local _ = m.rkey",
+    ),
+    ("no ZADD status", "zadd_once(skey, score, id)", "local _ = skey"),
+    ("no ZADD due", "if due then zadd_once(m.dkey, score, id) end", "local _ = due"),
+    ("no ZADD created", "zadd_once(m.ckey, m.created, id)", "local _ = m.ckey"),
+    (
+        "no wake SET NX PX",
+        "if due and tonumber(score) <= due_by then wake_queue(m.wkey, queue, now_s, wake_ttl) end",
+        "",
+    ),
+    ("return after the libraries", "local idem_ttl = tonumber(ARGV[1])", "do return {0} end\nlocal idem_ttl = tonumber(ARGV[1])"),
+    ("return after the first pass", "local guarded = nil", "do return {0} end\nlocal guarded = nil"),
+    ("Lua alone (redis.call a no-op)", None, "local redis = {call = function() return 1 end}"),
+    ("empty (same KEYS, ARGV)", None, "do return {0} end"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default="", help="variant names, separated by ;")
+    opts = parser.parse_args()
+    server = private_redis()
+    try:
+        setup_django()
+        import outbox
+        from outbox.store import get_repository
+        from outbox.store.client.connection import get_connection
+        from outbox.store.scripts import source
+
+        repo = get_repository()
+        captured: list = []
+        real = type(repo).run_script
+
+        def spy(self, name, args, client=None, *, keys=()):
+            if name == "create":
+                captured.append((list(args), list(keys)))
+            return real(self, name, args, client, keys=keys)
+
+        type(repo).run_script = spy
+        body = body_200()
+        outbox.send("noop", body)
+        outbox.send("noop", body)  # the second: as every send() after its process's first
+        type(repo).run_script = real
+        args, keys = captured[-1]
+        mid = str(args[8 + 3])  # the first message's id (CREATE_HEADER 8, one group of 3)
+        conn = get_connection()
+        text = source("create")
+        shas = {}
+        for name, old, new in VARIANTS:
+            if opts.only and name not in opts.only.split(";"):
+                continue
+            if old is None and new is None:
+                body_text = text
+            elif old is None:
+                body_text = new + "\n" + text
+            else:
+                assert old in text, name
+                body_text = text.replace(old, new)
+            shas[name] = conn.script_load(body_text)
+        per: dict[str, list[float]] = {name: [] for name in shas}
+        inner: dict[str, list[float]] = {}
+        for _ in range(opts.rounds):
+            for name, sha in shas.items():
+                conn.flushdb()
+                conn.config_resetstat()
+                for _ in range(opts.calls):
+                    new_id = str(uuid.uuid4())
+                    k = [x.replace(mid, new_id) for x in keys]
+                    a = [new_id if str(x) == mid else x for x in args]
+                    conn.evalsha(sha, len(k), *k, *a)
+                stats = conn.info("commandstats")
+                per[name].append(stats["cmdstat_evalsha"]["usec_per_call"])
+                if name == "full":
+                    for cmd, st in stats.items():
+                        if cmd != "cmdstat_evalsha" and st["calls"] >= opts.calls:
+                            inner.setdefault(cmd[8:], []).append(st["usec_per_call"])
+        full = statistics.median(per["full"]) if "full" in per else None
+        print(f"{len(keys)} KEYS, {len(args)} ARGV; µs per call (median of {opts.rounds} rounds, min-max)")
+        for name, values in per.items():
+            m = statistics.median(values)
+            delta = f"  {m - full:+.2f}" if full is not None else ""
+            print(f"{name:28s} {m:6.2f} ({min(values):.2f}-{max(values):.2f}){delta}")
+        print("inside the full script, each command's own µs per call (commandstats):")
+        for cmd, values in inner.items():
+            print(f"  {cmd:26s} {statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
