@@ -47,9 +47,10 @@ IDS_PER_CALL = 1000
 #: ``lua/create.lua`` adds it in the same call). Adding it with every message cost
 #: ``send()`` a command per call (issue 30, item 10); adding it once per process for
 #: good would leave a name unlisted after Redis lost its data (a restart without
-#: persistence, ``FLUSHALL``) until the process restarts. This bounds that: the lists
-#: and counts over every destination, the release of every parked message and the
-#: gauges see a name again at most this long after its first message since.
+#: persistence, ``FLUSHALL``) until the process restarts. This bounds that: what reads
+#: the set (lists and counts over every destination, retention, the index repair, the
+#: release of every parked message, the gauges; never the claim) sees a name again at
+#: most this long after its first message since.
 REGISTER_AGAIN = 10.0
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.
