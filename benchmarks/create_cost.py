@@ -40,7 +40,11 @@ VARIANTS = [
         "if due and tonumber(score) <= due_by then wake_queue(m.wkey, queue, now_s, wake_ttl) end",
         "",
     ),
-    ("return after the libraries", "local idem_ttl = tonumber(ARGV[1])", "do return {0} end\nlocal idem_ttl = tonumber(ARGV[1])"),
+    (
+        "return after the libraries",
+        "local idem_ttl = tonumber(ARGV[1])",
+        "do return {0} end\nlocal idem_ttl = tonumber(ARGV[1])",
+    ),
     ("return after the first pass", "local guarded = nil", "do return {0} end\nlocal guarded = nil"),
     ("Lua alone (redis.call a no-op)", None, "local redis = {call = function() return 1 end}"),
     ("empty (same KEYS, ARGV)", None, "do return {0} end"),
