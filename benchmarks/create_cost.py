@@ -61,24 +61,23 @@ def main() -> None:
     try:
         setup_django()
         import outbox
-        from outbox.store import get_repository
+        from outbox.store import creating
         from outbox.store.client.connection import get_connection
         from outbox.store.scripts import source
 
-        repo = get_repository()
         captured: list = []
-        real = type(repo).run_script
+        real = creating.evalsha
 
-        def spy(self, name, args, client=None, *, keys=()):
+        def spy(name, args, keys):
             if name == "create":
                 captured.append((list(args), list(keys)))
-            return real(self, name, args, client, keys=keys)
+            return real(name, args, keys)
 
-        type(repo).run_script = spy
+        creating.evalsha = spy
         body = body_200()
         outbox.send("noop", body)
         outbox.send("noop", body)  # the second: as every send() after its process's first
-        type(repo).run_script = real
+        creating.evalsha = real
         args, keys = captured[-1]
         mid = str(args[8 + 3])  # the first message's id (CREATE_HEADER 8, one group of 3)
         conn = get_connection()

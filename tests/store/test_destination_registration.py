@@ -36,6 +36,10 @@ def test_a_name_redis_lost_comes_back_after_register_again(repo, redis, monkeypa
 
 
 def test_a_conflict_registers_nothing(repo, redis):
+    """On one server (create.lua adds the names): a call with a conflict writes nothing.
+    With partitions the names are added before the calls, whatever they find."""
+    if repo.keys.partitioned:
+        pytest.skip("with partitions the names are added before the create calls")
     outbox.send("mem", {"n": 1}, idempotency_key="k")
     redis.srem(repo.keys.destinations, "mem")
     repo.registered.clear()
