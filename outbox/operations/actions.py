@@ -20,7 +20,7 @@ from itertools import islice
 
 from outbox.events import send_bulk_signal
 from outbox.records import CANCELLABLE_STATUSES, DELETABLE_STATUSES, REQUEUEABLE_STATUSES, Status
-from outbox.store import get_repository
+from outbox.store import BulkChange, get_repository
 from outbox.store.background import wakeups
 from outbox.store.base import IDS_PER_CALL
 
@@ -55,6 +55,11 @@ class ScoreClock:
 
 
 score_clock = ScoreClock()
+
+#: The changes of :func:`cancel` and :func:`cancel_dead_letters` (those of requeue and
+#: retry now set ``next_attempt_at`` to the chunk's time: built per chunk).
+CANCEL = BulkChange("cancelled", CANCELLABLE_STATUSES, Status.CANCELLED.value, unset=("next_attempt_at",))
+CANCEL_DEAD_LETTERS = BulkChange("cancelled", (Status.FAILED.value,), Status.CANCELLED.value)
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (acted so far, skipped so far)
@@ -173,16 +178,7 @@ def _run(
     return total
 
 
-def _writer(
-    ids: list[str],
-    *,
-    action: str,
-    from_statuses: tuple[str, ...],
-    to: str,
-    now: float,
-    set: dict[str, str] | None = None,
-    unset: tuple[str, ...] = (),
-) -> Execute:
+def _writer(ids: list[str], change: BulkChange, now: float) -> Execute:
     """The write of one chunk (``lua/bulk.lua``); the returned callable sends it, wakes
     the queues that got due messages, and returns the ids acted on (raises
     :class:`PartlyApplied` when a partition's call failed while others applied)."""
@@ -191,16 +187,7 @@ def _writer(
     repo = get_repository()
 
     def execute() -> list[str]:
-        result = repo.bulk_transition(
-            ids,
-            from_statuses=from_statuses,
-            to=to,
-            now=now,
-            action=action,
-            set=set,
-            unset=unset,
-            step=TIE_BREAK,
-        )
+        result = repo.bulk_transition(ids, change, now, step=TIE_BREAK)
         wakeups.enqueue_wakeups(result.woken)
         if result.errors:
             raise PartlyApplied(result.applied, next(iter(result.errors.values())))
@@ -259,28 +246,23 @@ def _prepare_retry_now(ids: list[str]) -> Execute:
 
 
 def _retry_now_writer(ids: list[str], now: float) -> Execute:
-    return _writer(
-        ids,
-        action="retried_now",
-        from_statuses=(Status.RETRYING.value,),
-        to=Status.RETRYING.value,
-        now=now,
-        set={"next_attempt_at": repr(now)},
+    change = BulkChange(
+        "retried_now", (Status.RETRYING.value,), Status.RETRYING.value, set={"next_attempt_at": repr(now)}
     )
+    return _writer(ids, change, now)
 
 
 def _prepare_requeue(ids: list[str]) -> Execute:
     now = score_clock.reserve(len(ids))
-    return _writer(
-        ids,
-        action="requeued",
-        from_statuses=REQUEUEABLE_STATUSES,
-        to=Status.PENDING.value,
-        now=now,
+    change = BulkChange(
+        "requeued",
+        REQUEUEABLE_STATUSES,
+        Status.PENDING.value,
         set={"next_attempt_at": repr(now)},
         # retry_count back to 0: a field at its default is left out of the record
         unset=("retry_count", "last_error", "last_error_class", "last_status_code", "lease"),
     )
+    return _writer(ids, change, now)
 
 
 def cancel(
@@ -291,14 +273,7 @@ def cancel(
 
 
 def _prepare_cancel(ids: list[str]) -> Execute:
-    return _writer(
-        ids,
-        action="cancelled",
-        from_statuses=CANCELLABLE_STATUSES,
-        to=Status.CANCELLED.value,
-        now=score_clock.reserve(len(ids)),
-        unset=("next_attempt_at",),
-    )
+    return _writer(ids, CANCEL, score_clock.reserve(len(ids)))
 
 
 def cancel_dead_letters(
@@ -311,13 +286,7 @@ def cancel_dead_letters(
 
 
 def _prepare_cancel_dead_letters(ids: list[str]) -> Execute:
-    return _writer(
-        ids,
-        action="cancelled",
-        from_statuses=(Status.FAILED.value,),
-        to=Status.CANCELLED.value,
-        now=score_clock.reserve(len(ids)),
-    )
+    return _writer(ids, CANCEL_DEAD_LETTERS, score_clock.reserve(len(ids)))
 
 
 def delete(

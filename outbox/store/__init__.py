@@ -28,6 +28,7 @@ pyproject.toml).
 from outbox.store.exchange import OTHERS, ExchangeReply, ExchangeRequest, PartitionAsk, cap_of
 from outbox.store.keys import Keys
 from outbox.store.repository import (
+    BulkChange,
     BulkResult,
     Change,
     ChangeResult,
@@ -40,6 +41,7 @@ from outbox.store.repository import (
 )
 
 __all__ = [
+    "BulkChange",
     "BulkResult",
     "Change",
     "ChangeResult",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -305,6 +305,25 @@ class Claim:
     def unavailable(self) -> bool:
         """True when the partition could not be claimed from now (see ``error``)."""
         return self.error is not None
+
+
+@dataclass(frozen=True)
+class BulkChange:
+    """The compare-and-set :meth:`MessageRepository.bulk_transition` applies to each of
+    its messages.
+
+    Attributes:
+        action: the event name, e.g. ``"requeued"``.
+        from_statuses: statuses a message must be in for the change to apply.
+        to: the status after the change.
+        set: other resend-record fields to write; unset: fields to delete.
+    """
+
+    action: str
+    from_statuses: Sequence[str]
+    to: str
+    set: Mapping[str, str] | None = None
+    unset: Sequence[str] = ()
 
 
 @dataclass
@@ -702,16 +721,7 @@ class MessageStore(RepositoryBase):
         return results
 
     def bulk_transition(
-        self,
-        ids: Sequence[str],
-        *,
-        from_statuses: Sequence[str],
-        to: str,
-        now: float,
-        action: str,
-        set: dict[str, str] | None = None,
-        unset: Sequence[str] = (),
-        step: float = 1e-6,
+        self, ids: Sequence[str], change: BulkChange, now: float, step: float = 1e-6
     ) -> BulkResult:
         """One compare-and-set applied to many messages (``lua/bulk.lua``, one call; one
         per partition the ids are in, in one round trip, with more than one).
@@ -723,11 +733,8 @@ class MessageStore(RepositoryBase):
 
         Args:
             ids: the messages.
-            from_statuses: statuses a message must be in for the change to apply.
-            to: the status after the change.
+            change: what to apply to each (statuses, fields, the event's name).
             now: epoch seconds (``updated_at``; the first index score).
-            action: the event name, e.g. ``"requeued"``.
-            set: other resend-record fields to write; unset: fields to delete.
             step: seconds between the index scores of successive messages (no ties).
 
         Returns:
@@ -744,18 +751,18 @@ class MessageStore(RepositoryBase):
             parts=self.keys.partitions,
             now=repr(now),
             channel=self.events_channel,
-            action=action,
-            to=to,
-            **{"from": ",".join(from_statuses)},
-            unset=",".join(unset),
+            action=change.action,
+            to=change.to,
+            **{"from": ",".join(change.from_statuses)},
+            unset=",".join(change.unset),
             score=repr(now),
             step=repr(step),
             wake_ttl_ms=self.wake_ttl_ms,
             okttl=self.ordering_key_ttl,
         )
-        set = set or {}
-        args.append(len(set))
-        for field_name, value in set.items():
+        fields = change.set or {}
+        args.append(len(fields))
+        for field_name, value in fields.items():
             args += [field_name, value]
         groups = self.by_partition(ids)  # one call per partition (one with one partition)
         calls: list[ScriptCall] = []

@@ -46,6 +46,7 @@ from outbox.store.maintenance import WORKER_HEARTBEAT_KEPT, Maintenance
 from outbox.store.messages import (
     CHANGE_FIELDS,
     CREATE_FIELDS,
+    BulkChange,
     BulkReply,
     BulkResult,
     Change,
@@ -72,6 +73,7 @@ __all__ = [
     "WORKER_HEARTBEAT_KEPT",
     "AlertWindow",
     "BlockedKeyRow",
+    "BulkChange",
     "BulkReply",
     "BulkResult",
     "Change",
