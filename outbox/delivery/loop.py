@@ -69,6 +69,7 @@ from outbox.store import (
     Change,
     ChangeResult,
     Claim,
+    ClaimOptions,
     ExchangeRequest,
     MessageRepository,
     PartitionAsk,
@@ -163,15 +164,10 @@ def claim(queue: str, now: float | None = None, limit: int | None = None) -> lis
     for partition in repo.keys.partition_numbers():  # in turn, until the limit is reached
         if left <= 0:
             break
-        messages = repo.claim(
-            queue,
-            now,
-            partition,
-            lease=lease,
-            deadline=now + outbox_settings.VISIBILITY_TIMEOUT,
-            limit=left,
-            due_slack=DUE_SLACK,
-        ).messages
+        options = ClaimOptions(
+            lease=lease, deadline=now + outbox_settings.VISIBILITY_TIMEOUT, limit=left, due_slack=DUE_SLACK
+        )
+        messages = repo.claim(queue, now, partition, options).messages
         claimed += messages
         left -= len(messages)
     return claimed

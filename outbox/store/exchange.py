@@ -53,7 +53,7 @@ from outbox.store.base import ScriptCall, first_of, queue_first
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.destination_state import DestinationState, health_args
 from outbox.store.keys import Keys
-from outbox.store.messages import Change, ChangeResult, Claim, MessageStore, with_holding
+from outbox.store.messages import Change, ChangeResult, Claim, ClaimOptions, MessageStore, with_holding
 from outbox.store.scripts import named
 
 logger = logging.getLogger("outbox")
@@ -249,9 +249,7 @@ class Exchange:
                 )
             )
         for ask in r.asks:
-            args = store.claim_args(
-                r.queue,
-                r.now,
+            options = ClaimOptions(
                 lease=r.lease,
                 deadline=r.deadline,
                 limit=ask.limit,
@@ -261,6 +259,7 @@ class Exchange:
                 limits=r.limits,
                 quarantine=r.quarantine,
             )
+            args = store.claim_args(r.queue, r.now, options)
             calls.append(("claim", args, store.claim_keys(r.queue, ask.partition)))
         replies = store.run_scripts(calls)
         first = len(calls) - len(r.asks)

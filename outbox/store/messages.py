@@ -308,6 +308,32 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class ClaimOptions:
+    """What :meth:`MessageRepository.claim` claims, beside its queue, time and partition.
+
+    Attributes:
+        lease: the claim's lease token.
+        deadline: epoch seconds when the lease ends (the score in the sending index).
+        limit: messages claimed at most.
+        caps: destination -> messages of it claimed at most (None: no caps).
+        due_slack: seconds ahead of now a message counts as due.
+        scan: due entries looked at (None: ``limit * 2 + 8``).
+        limits: JSON of the destinations' limits
+            (:func:`outbox.destinations.config.limits_json`).
+        quarantine: claim from the quarantine index (a suspect, alone).
+    """
+
+    lease: str
+    deadline: float
+    limit: int
+    caps: dict[str, int] | None = None
+    due_slack: float = 0.0
+    scan: int | None = None
+    limits: str = "{}"
+    quarantine: bool = False
+
+
+@dataclass(frozen=True)
 class BulkChange:
     """The compare-and-set :meth:`MessageRepository.bulk_transition` applies to each of
     its messages.
@@ -534,38 +560,25 @@ class MessageStore(RepositoryBase):
             created[index] = Created(messages[index].id, rest[at + 1].decode(), code)
         return CreateResult(created, woken)
 
-    def claim_args(
-        self,
-        queue: str,
-        now: float,
-        *,
-        lease: str,
-        deadline: float,
-        limit: int,
-        caps: dict[str, int] | None = None,
-        due_slack: float = 0.0,
-        scan: int | None = None,
-        limits: str = "{}",
-        quarantine: bool = False,
-    ) -> list[Any]:
+    def claim_args(self, queue: str, now: float, options: ClaimOptions) -> list[Any]:
         """ARGV of ``lua/claim.lua`` (see :meth:`claim`; its KEYS: :meth:`claim_keys`)."""
         # Entries looked at: a few per message wanted. Messages of a destination at its
         # cap are skipped (they stay due), so the scan stays short when one destination
         # holds the head of the queue.
-        scan = scan if scan is not None else limit * 2 + 8
+        o = options
         return named(
             prefix=self.keys.prefix,
             parts=self.keys.partitions,
             now=repr(now),
             queue=queue,
-            lease=lease,
-            deadline=repr(deadline),
-            limit=limit,
-            scan=scan,
-            caps=json.dumps(caps or {}, separators=(",", ":")),
-            slack=repr(due_slack),
-            limits=limits,
-            lane="q" if quarantine else "",
+            lease=o.lease,
+            deadline=repr(o.deadline),
+            limit=o.limit,
+            scan=o.scan if o.scan is not None else o.limit * 2 + 8,
+            caps=json.dumps(o.caps or {}, separators=(",", ":")),
+            slack=repr(o.due_slack),
+            limits=o.limits,
+            lane="q" if o.quarantine else "",
         )
 
     def claim_keys(self, queue: str, partition: int = 0) -> list[str]:
@@ -574,7 +587,7 @@ class MessageStore(RepositoryBase):
         part = self.keys.partition(partition)
         return [part.due(queue), part.quarantine(queue), self.keys.probes]
 
-    def claim(self, queue: str, now: float, partition: int = 0, **options: Any) -> Claim:
+    def claim(self, queue: str, now: float, partition: int, options: ClaimOptions) -> Claim:
         """Claim up to ``limit`` due messages of ``queue`` for delivery, in due order.
 
         ``pending``/``retrying`` -> ``sending`` with this claim's ``lease`` and the lease
@@ -591,12 +604,11 @@ class MessageStore(RepositoryBase):
         With more than one partition, this claims from ``partition``'s indexes only
         (``outcomes_and_claim`` claims from several in one round trip).
 
-        Keyword args: see :meth:`claim_args` (``lease``, ``deadline``, ``limit``,
-        ``caps``, ``due_slack``, ``scan``, ``limits``, ``quarantine``).
+        ``options``: the lease, its deadline, the limit and the rest (:class:`ClaimOptions`).
         """
         claim = self.parse_claim(
             self.run_script(
-                "claim", self.claim_args(queue, now, **options), keys=self.claim_keys(queue, partition)
+                "claim", self.claim_args(queue, now, options), keys=self.claim_keys(queue, partition)
             )
         )
         self.attach_payloads(claim.messages)

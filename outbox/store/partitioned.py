@@ -10,32 +10,30 @@ back in the same exchange.
 
 from __future__ import annotations
 
-from typing import Any
-
 from outbox.store.exchange import Exchange, ExchangeReply, ExchangeRequest, ExchangeStore, PartitionAsk
-from outbox.store.messages import Claim
+from outbox.store.messages import Claim, ClaimOptions
 
 
 class PartitionedMessageStore(ExchangeStore):
     """:class:`~outbox.store.messages.MessageStore` with the partitioned delivery round
     trip (see the module)."""
 
-    def claim(self, queue: str, now: float, partition: int = 0, **options: Any) -> Claim:
+    def claim(self, queue: str, now: float, partition: int, options: ClaimOptions) -> Claim:
         """See :meth:`~outbox.store.messages.MessageStore.claim`; with more than one partition, the steps of
         :meth:`outcomes_and_claim` without outcomes (a partition whose slot cannot be
         claimed from now answers a :class:`Claim` with its ``error``)."""
         if not self.keys.partitioned:
-            return super().claim(queue, now, partition, **options)
+            return super().claim(queue, now, partition, options)
         request = ExchangeRequest(
             queue,
             now,
-            options["lease"],
-            options["deadline"],
-            [PartitionAsk(partition, options["limit"], options.get("caps"))],
-            limits=options.get("limits") or "{}",
-            quarantine=bool(options.get("quarantine")),
-            slack=options.get("due_slack", 0.0),
-            scan=options.get("scan"),
+            options.lease,
+            options.deadline,
+            [PartitionAsk(partition, options.limit, options.caps)],
+            limits=options.limits or "{}",
+            quarantine=options.quarantine,
+            slack=options.due_slack,
+            scan=options.scan,
         )
         return self.outcomes_and_claim(request).claims[0]  # payloads attached there
 

@@ -10,7 +10,7 @@ import pytest
 
 import outbox
 from outbox.records import partition_of
-from outbox.store import get_repository
+from outbox.store import ClaimOptions, get_repository
 from tests.support.messages import with_destinations
 
 
@@ -89,10 +89,7 @@ def test_the_recovery_sweep_takes_back_a_lost_workers_messages(cluster_mode, hoo
         "outbox",
         later + 3600,
         partition_of(first.id),
-        lease="L",
-        deadline=later + 4000,
-        limit=1,
-        quarantine=True,
+        ClaimOptions(lease="L", deadline=later + 4000, limit=1, quarantine=True),
     )
     assert len(alone.messages) == 1 and alone.messages[0].status == "sending"
 
@@ -232,7 +229,7 @@ def test_an_outcome_declares_the_indexes_it_moves_so_a_half_moved_slot_writes_no
         worker(simple=True)  # a 500: retrying in 60 s, its attempts list written
     assert outbox.get(second.id).status == "retrying"
     later = time.time() + 61
-    claim = repo.claim("outbox", later, 3, lease="L", deadline=later + 60, limit=5)
+    claim = repo.claim("outbox", later, 3, ClaimOptions(lease="L", deadline=later + 60, limit=5))
     (claimed,) = [m for m in claim.messages if m.id == second.id]
     part = repo.keys.of(second.id)
     sending, succeeded = part.status("sending", "hook"), part.status("succeeded", "hook")
@@ -282,7 +279,9 @@ def test_an_ordered_heads_outcome_writes_nothing_while_its_next_message_is_on_a_
     assert outbox.get(nxt.id).status == "waiting"
     now = time.time()
     part = repo.keys.of(head.id)
-    claim = repo.claim("outbox", now, partition_of(head.id), lease="L", deadline=now + 60, limit=5)
+    claim = repo.claim(
+        "outbox", now, partition_of(head.id), ClaimOptions(lease="L", deadline=now + 60, limit=5)
+    )
     (claimed,) = [m for m in claim.messages if m.id == head.id]
     change = change_of(
         decide(Outcome(claimed, started_at=now, duration_ms=1.0, ok=True), now, rules_for(claimed))
@@ -393,12 +392,12 @@ def test_a_claim_reads_nothing_while_a_due_messages_record_has_moved(cluster_mod
         cluster_admin.migrate(node, target, [record], 5000)
         assert node.exists(part.due(m.queue), part.quarantine(m.queue)) == 2
         # the pick's TRYAGAIN is the partition's alone (issue 31, item 4): reported, not raised
-        refused = repo.claim(m.queue, now, partition, lease="L", deadline=now + 60, limit=5)
+        refused = repo.claim(m.queue, now, partition, ClaimOptions(lease="L", deadline=now + 60, limit=5))
         assert refused.unavailable and refused.messages == []
         assert isinstance(refused.error, CLUSTER_IN_FLUX)
         assert node.zscore(part.due(m.queue), m.id) is not None  # still due: nothing claimed
     finally:
         redis_cluster.finish_migration(slot)
-    claim = repo.claim(m.queue, now, partition, lease="L", deadline=now + 60, limit=5)
+    claim = repo.claim(m.queue, now, partition, ClaimOptions(lease="L", deadline=now + 60, limit=5))
     assert [c.id for c in claim.messages] == [m.id]
     assert outbox.get(m.id).status == "sending"

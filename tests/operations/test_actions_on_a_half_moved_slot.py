@@ -17,7 +17,7 @@ from redis.crc import key_slot
 
 import outbox
 from outbox.exceptions import MessageNotFound, OutboxUnavailable
-from outbox.store import get_repository
+from outbox.store import ClaimOptions, get_repository
 from outbox.store.client import cluster_admin
 from outbox.store.client.outages import CLUSTER_IN_FLUX
 from outbox.store.keys import partition_for
@@ -125,7 +125,7 @@ def test_a_release_writes_nothing_while_the_due_index_has_moved(cluster_mode, re
     ids = [outbox.send("hook", {"n": i}, idempotency_key=k).id for i, k in enumerate(keys_in_partition(2))]
     repo = get_repository()
     now = time.time()
-    claim = repo.claim("outbox", now, PARTITION, lease="L", deadline=now + 60, limit=5)
+    claim = repo.claim("outbox", now, PARTITION, ClaimOptions(lease="L", deadline=now + 60, limit=5))
     assert sorted(m.id for m in claim.messages) == sorted(ids)
     part = repo.keys.of(ids[0])
     assert cluster_mode.zcard(part.due("outbox")) == 0

@@ -9,7 +9,7 @@ import pytest
 import outbox
 from outbox.delivery import loop as delivery
 from outbox.records import STATUSES, Attempt, Message, partition_of
-from outbox.store import Change, ExchangeRequest, PartitionAsk
+from outbox.store import Change, ClaimOptions, ExchangeRequest, PartitionAsk
 from tests.support import assert_index_invariant, with_destinations
 
 
@@ -438,8 +438,8 @@ def test_release_gives_back_a_claim_whose_reply_was_lost_and_only_that_claim(rep
     a, b, c = make(repo, 3)
     now = time.time()
     part = partition_of(a.id)  # one send_many call: one partition (any, with partitions)
-    lost = repo.claim("outbox", now, part, lease="lost", deadline=now + 60, limit=2)
-    other = repo.claim("outbox", now, part, lease="other", deadline=now + 61, limit=1)
+    lost = repo.claim("outbox", now, part, ClaimOptions(lease="lost", deadline=now + 60, limit=2))
+    other = repo.claim("outbox", now, part, ClaimOptions(lease="other", deadline=now + 61, limit=1))
     assert len(lost.messages) == 2 and len(other.messages) == 1
     released = repo.release("other-token", now + 60, now)
     assert released.applied == []  # the lease must match too
@@ -546,7 +546,10 @@ def test_a_batch_writes_each_index_once_not_once_per_message(repo):
     claimed = []
     claim = lambda: claimed.extend(  # noqa: E731
         repo.claim(
-            messages[0].queue, now, partition_of(messages[0].id), lease="L", deadline=now + 30, limit=n
+            messages[0].queue,
+            now,
+            partition_of(messages[0].id),
+            ClaimOptions(lease="L", deadline=now + 30, limit=n),
         ).messages
     )
     # with partitions a claim takes four steps of one slot each (outbox/store/partitioned.py):
@@ -602,6 +605,6 @@ def test_a_claim_reads_older_hash_records_among_string_ones(repo):
     )
     now = time.time()
     claimed = repo.claim(
-        old.queue, now, partition_of(old.id), lease="L", deadline=now + 30, limit=10
+        old.queue, now, partition_of(old.id), ClaimOptions(lease="L", deadline=now + 30, limit=10)
     ).messages
     assert {m.id: m.body for m in claimed} == {m.id: m.body for m in messages}
