@@ -45,7 +45,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cache
@@ -62,7 +62,7 @@ from outbox.events import DESTINATION_EVENTS as EVENTS
 from outbox.events import DestinationEvent, destination_events, send_destination_events
 from outbox.exceptions import NotDurable
 from outbox.sending import intake
-from outbox.sending.validation import MAX_IDEMPOTENCY_KEY, build_message
+from outbox.sending.validation import MAX_IDEMPOTENCY_KEY, SendArguments, build_message
 from outbox.store import get_repository
 from outbox.store.alerts import Occurrences
 
@@ -358,11 +358,18 @@ def endpoint_label(destination: str) -> Any:
         return None
 
 
-def _send(channel: str, body: Any, key: str, **kwargs: Any) -> None:
+def _send(
+    channel: str,
+    body: Any,
+    key: str,
+    content_type: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> None:
     """Store the alert message in Redis now (validated as :func:`outbox.send` does,
     priority ``high``), also inside ``transaction.atomic``: the change it reports is in
     Redis already and is not rolled back with the caller's transaction."""
-    message = build_message(channel, body, idempotency_key=key, priority="high", **kwargs)
+    given = SendArguments(channel, body, content_type, headers, idempotency_key=key, priority="high")
+    message = build_message(given)
     try:
         (created,) = intake.store([message], repeat=False)
     except NotDurable as exc:  # written; a replica or the AOF did not confirm it in time

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import timedelta
 from typing import Any
 
@@ -32,9 +32,7 @@ from outbox.exceptions import (
 from outbox.operations import actions
 from outbox.records import Attempt, Message
 from outbox.sending import intake
-from outbox.sending.validation import (
-    build_message,
-)
+from outbox.sending.validation import SendArguments, build_message
 from outbox.store import Created, get_repository
 from outbox.store.asteps import adrive, aget_many, arepository
 from outbox.store.base import IDS_PER_CALL
@@ -42,20 +40,8 @@ from outbox.store.client.outages import may_have_run
 from outbox.store.keys import random_partition
 from outbox.store.steps import Blocking, Progress, Steps, drive
 
-SEND_ARGUMENTS = frozenset(
-    {
-        "destination",
-        "body",
-        "content_type",
-        "headers",
-        "idempotency_key",
-        "ordering_key",
-        "max_retries",
-        "retry",
-        "delay",
-        "priority",
-    }
-)
+#: The keys of a ``send_many`` item: :func:`send`'s arguments but ``using``.
+SEND_ARGUMENTS = frozenset(f.name for f in fields(SendArguments))
 
 
 def send(
@@ -131,19 +117,11 @@ def send(
             is the message this call would have returned. Inside a transaction never
             raised: the captured row stays until a push is acknowledged.
     """
-    message = build_message(
-        destination,
-        body,
-        content_type=content_type,
-        headers=headers,
-        idempotency_key=idempotency_key,
-        ordering_key=ordering_key,
-        max_retries=max_retries,
-        retry=retry,
-        delay=delay,
-        priority=priority,
-    )
-    return _submit([message], using)[0]
+    given = SendArguments(
+        destination, body, content_type, headers, idempotency_key, ordering_key,
+        max_retries, retry, delay, priority,
+    )  # fmt: skip
+    return _submit([build_message(given)], using)[0]
 
 
 def send_many(messages: Iterable[Mapping[str, Any]], *, using: str = DEFAULT_DB_ALIAS) -> list[Message]:
@@ -226,7 +204,7 @@ def _build_many(messages: Iterable[Mapping[str, Any]]) -> list[Message]:
                 field="messages",
             )
         try:
-            built.append(build_message(**item, now=now, partition=partition))
+            built.append(build_message(SendArguments(**item), now, partition))
         except InvalidMessage as exc:
             exc.args = (f"send_many item {index}: {exc}", *exc.args[1:])
             raise
@@ -524,19 +502,11 @@ async def asend(
         asyncio.CancelledError: the task was cancelled before the write was sent
             (nothing was stored).
     """
-    message = build_message(
-        destination,
-        body,
-        content_type=content_type,
-        headers=headers,
-        idempotency_key=idempotency_key,
-        ordering_key=ordering_key,
-        max_retries=max_retries,
-        retry=retry,
-        delay=delay,
-        priority=priority,
-    )
-    return (await _asubmit([message], using))[0]
+    given = SendArguments(
+        destination, body, content_type, headers, idempotency_key, ordering_key,
+        max_retries, retry, delay, priority,
+    )  # fmt: skip
+    return (await _asubmit([build_message(given)], using))[0]
 
 
 async def asend_many(

@@ -65,6 +65,7 @@ from outbox.models import Application, CapturedMessage, Endpoint, EventType, Ord
 from outbox.operations.operation import DELETE, Selection, execute
 from outbox.records import Message, new_message_id
 from outbox.sending.validation import (
+    SendArguments,
     build_message,
     clean_idempotency_key,
     clean_ordering_key,
@@ -780,7 +781,7 @@ def _deliveries(event: _Event, endpoints: Sequence[registry.Subscriber]) -> list
     now = time.time()
     partition = random_partition(outbox_settings.partitions)
     eid = event.id
-    first = build_message(
+    given = SendArguments(
         replace(endpoint_template(), name=endpoints[0].destination),
         event.data,
         content_type=event.content_type,
@@ -789,9 +790,8 @@ def _deliveries(event: _Event, endpoints: Sequence[registry.Subscriber]) -> list
         ordering_key=event.ordering_key,
         delay=event.delay,
         priority=event.priority,
-        now=now,
-        partition=partition,
     )
+    first = build_message(given, now, partition)
     messages = [first]
     keyed = first.ordering_key or first.idempotency_key
     for e in endpoints[1:]:

@@ -1,5 +1,6 @@
-"""Checks and conversions of ``send()`` arguments, done before anything is written, and
-:func:`build_message`, which turns them into a :class:`~outbox.records.Message`.
+"""Checks and conversions of ``send()`` arguments (:class:`SendArguments`), done before
+anything is written, and :func:`build_message`, which turns them into a
+:class:`~outbox.records.Message`.
 
 Every function raises :class:`~outbox.exceptions.InvalidMessage` (a ``ValueError``)
 with the argument's name in ``field``.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -190,39 +192,48 @@ def message_partition(destination: str, key: str | None, partition: int | None =
     return random_partition(partitions) if partition is None else partition
 
 
-def build_message(
-    destination: str | Destination,
-    body: Any,
-    *,
-    content_type: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    idempotency_key: str | None = None,
-    ordering_key: str | None = None,
-    max_retries: int | None = None,
-    retry: Mapping[str, Any] | Sequence[float] | None = None,
-    delay: float | timedelta | None = None,
-    priority: str | None = None,
-    now: float | None = None,
-    partition: int | None = None,
-) -> Message:
+# not frozen: on every send(), a frozen dataclass's __init__ (ten fields) costs about 0.6 µs
+# more (0.76 against 0.18, measured); nothing changes one after it is made
+@dataclass(slots=True)
+class SendArguments:
+    """The arguments of ``send()`` that make its message, as the caller gave them (not
+    yet validated: :func:`build_message` does that), in ``send()``'s order; see
+    :func:`outbox.send` for each. ``send_many`` items are dicts of these names.
+
+    ``destination`` may be a :class:`~outbox.destinations.Destination` already looked up
+    and checked by the caller (``outbox.publish``, for an endpoint): no lookup, and its
+    transport's ``check_message`` is the caller's to apply.
+    """
+
+    destination: str | Destination
+    body: Any
+    content_type: str | None = None
+    headers: Mapping[str, str] | None = None
+    idempotency_key: str | None = None
+    ordering_key: str | None = None
+    max_retries: int | None = None
+    retry: Mapping[str, Any] | Sequence[float] | None = None
+    delay: float | timedelta | None = None
+    priority: str | None = None
+
+
+def build_message(given: SendArguments, now: float | None = None, partition: int | None = None) -> Message:
     """Validate ``send()`` arguments and build the message, without writing it.
 
     With more than one partition (``OUTBOX["PARTITIONS"]``), the message's id names its
     partition: the one its destination and ordering key (else idempotency key) map to
     (:func:`~outbox.store.keys.partition_for`), else ``partition`` (``send_many`` gives
     the messages of a call without a key one partition, so they are written together),
-    else one at random.
-
-    ``destination`` may be a :class:`~outbox.destinations.Destination` already looked up
-    and checked by the caller (``outbox.publish``, for an endpoint): no lookup, and its
-    transport's ``check_message`` is the caller's to apply.
+    else one at random. ``now``: the message's creation time (None: the time now).
 
     Raises:
         InvalidMessage: any argument is invalid (see :func:`send`).
     """
+    destination = given.destination
     resolved = destination if isinstance(destination, Destination) else None
     dest = resolved or get_destination(clean_destination(destination))
-    data, ctype = encode_body(body, content_type)
+    data, ctype = encode_body(given.body, given.content_type)
+    max_retries = given.max_retries
     if max_retries is None:
         max_retries = dest.max_retries
     else:
@@ -231,16 +242,16 @@ def build_message(
         except ValueError as exc:
             raise InvalidMessage(str(exc), field="max_retries") from exc
     try:
-        policy = RetryPolicy.from_value(retry, default=dest.retry_policy)
+        policy = RetryPolicy.from_value(given.retry, default=dest.retry_policy)
     except ValueError as exc:
         raise InvalidMessage(f"retry: {exc}", field="retry") from exc
-    headers = clean_headers(headers)
+    headers = clean_headers(given.headers)
     if resolved is None:
         get_transport(dest.name).check_message(data, ctype, headers)
     now = time.time() if now is None else now
-    send_time = now + clean_delay(delay)
-    idempotency_key = clean_idempotency_key(idempotency_key)
-    ordering_key = clean_ordering_key(ordering_key)
+    send_time = now + clean_delay(given.delay)
+    idempotency_key = clean_idempotency_key(given.idempotency_key)
+    ordering_key = clean_ordering_key(given.ordering_key)
     return Message(
         id=new_message_id(now, message_partition(dest.name, ordering_key or idempotency_key, partition)),
         destination=dest.name,
@@ -256,6 +267,6 @@ def build_message(
         retry_policy=policy.to_dict(),
         send_time=send_time,
         next_attempt_at=send_time,
-        queue=clean_priority(priority),
+        queue=clean_priority(given.priority),
         updated_at=now,
     )

@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import outbox
-from outbox.api import build_message
 from outbox.destinations import controls
 from outbox.metrics import METRICS, OutboxCollector, register, unregister
 from outbox.metrics.collector import DESTINATION_STATES
 from outbox.sending import intake
+from outbox.sending.validation import SendArguments, build_message
 from tests.support import redis_down, settle, with_destinations
 from tests.support.console import blocked_key
 
@@ -49,7 +49,7 @@ def scrape(client, **headers) -> str:
 
 def send_overdue(destination: str, body, seconds: float) -> outbox.Message:
     """A message whose first attempt was due ``seconds`` ago (written as send() writes it)."""
-    message = build_message(destination, body, now=time.time() - seconds)
+    message = build_message(SendArguments(destination, body), time.time() - seconds)
     intake.store([message], repeat=False)
     return message
 

@@ -17,7 +17,7 @@ from django.db import transaction
 import outbox
 from outbox.exceptions import IdempotencyConflict, OutboxUnavailable
 from outbox.records import new_message_id, partition_of
-from outbox.sending.validation import build_message
+from outbox.sending.validation import SendArguments, build_message
 from outbox.store.keys import partition_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -94,7 +94,7 @@ def test_a_reservation_whose_create_never_ran_is_completed_by_the_next_send(spre
     and the create in the ordering key's partition never ran (a crash, an outage). The
     next send under the key stores the message under the reserved id, once."""
     k1, _ = apart()
-    message = build_message("mem", {"n": 1}, idempotency_key="order-1", ordering_key=k1)
+    message = build_message(SendArguments("mem", {"n": 1}, idempotency_key="order-1", ordering_key=k1))
     home = spread.keys.idempotency_home("mem", "order-1")
     spread.connection.set(home, f"{message.id}|{message.fingerprint()}")
     assert spread.get_many([message.id]) == [None]
@@ -108,7 +108,7 @@ def test_a_reservation_whose_create_never_ran_is_completed_by_the_next_send(spre
 def test_a_key_that_names_an_unstored_message_of_another_partition_refuses_and_stores_nothing(spread):
     k1, k2 = apart()
     elsewhere = new_message_id(partition=partition_for("mem", k2, PARTITIONS))
-    message = build_message("mem", {"n": 1}, idempotency_key="order-1", ordering_key=k1)
+    message = build_message(SendArguments("mem", {"n": 1}, idempotency_key="order-1", ordering_key=k1))
     home = spread.keys.idempotency_home("mem", "order-1")
     spread.connection.set(home, f"{elsewhere}|{message.fingerprint()}")
     with pytest.raises(OutboxUnavailable, match="not stored"):

@@ -1,5 +1,7 @@
 """send() and send_many(): validation at the boundary, one round trip, idempotency, transactions."""
 
+import dataclasses
+import inspect
 from datetime import date, timedelta
 
 import pytest
@@ -8,6 +10,7 @@ from django.db import transaction
 
 import outbox
 from outbox.exceptions import InvalidMessage, MessageTooLarge, UnknownDestination
+from outbox.sending.validation import SendArguments
 from tests.support import assert_index_invariant
 
 
@@ -223,3 +226,11 @@ def test_delay_schedules_the_first_attempt(repo):
     assert repo.connection.zscore(repo.keys.of(m.id).due("outbox"), m.id) == pytest.approx(m.created_at + 300)
     assert wake_due(now=m.created_at + 299) == [] and queue.count == 0
     assert wake_due(now=m.created_at + 301) == ["outbox"] and queue.count == 1
+
+
+def test_send_and_asend_list_the_fields_of_send_arguments_in_their_order():
+    """send() and asend() build :class:`SendArguments` by position (the fastest call, on
+    the hottest path): its fields must stay in the order of their parameters."""
+    names = [f.name for f in dataclasses.fields(SendArguments)]
+    for function in (outbox.send, outbox.asend):
+        assert list(inspect.signature(function).parameters) == [*names, "using"]

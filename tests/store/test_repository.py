@@ -61,15 +61,15 @@ def test_one_create_call_answers_each_message_by_its_position(repo):
     """create.lua answers only the messages it did not write as new, by position: a
     repeated push ("exists"), a key already used with the same body ("duplicate"), with
     another body ("conflict"), and the rest of a call that holds a conflict ("refused")."""
-    from outbox.api import build_message
+    from outbox.sending.validation import SendArguments, build_message
 
     first = outbox.send("mem", {"n": 1}, idempotency_key="k-dup")
     other = outbox.send("mem", {"n": 2}, idempotency_key="k-conflict")
-    pushed = build_message("mem", {"n": 3})
+    pushed = build_message(SendArguments("mem", {"n": 3}))
     assert [c.code for c in repo.create([pushed], time.time()).created] == ["new"]
 
-    fresh = build_message("mem", {"n": 4}, delay=30)
-    dup = build_message("mem", {"n": 1}, idempotency_key="k-dup")
+    fresh = build_message(SendArguments("mem", {"n": 4}, delay=30))
+    dup = build_message(SendArguments("mem", {"n": 1}, idempotency_key="k-dup"))
     result = repo.create([fresh, pushed, dup], time.time())
     assert [(c.id, c.standing_id, c.code) for c in result.created] == [
         (fresh.id, fresh.id, "new"),
@@ -80,8 +80,8 @@ def test_one_create_call_answers_each_message_by_its_position(repo):
 
     # With partitions a call is all-or-nothing within each partition only: the message
     # refused for its neighbour's conflict shares that neighbour's partition.
-    refused = build_message("mem", {"n": 5}, partition=partition_of(other.id))
-    clash = build_message("mem", {"n": 6}, idempotency_key="k-conflict")
+    refused = build_message(SendArguments("mem", {"n": 5}), partition=partition_of(other.id))
+    clash = build_message(SendArguments("mem", {"n": 6}, idempotency_key="k-conflict"))
     result = repo.create([refused, clash], time.time())
     assert [(c.standing_id, c.code) for c in result.created] == [
         (refused.id, "refused"),
@@ -119,9 +119,9 @@ def test_a_create_call_run_again_never_undoes_what_a_worker_did(repo, n):
     when the first run reached Redis and only its reply was lost. A send() whose create
     call ran twice must not put a message a worker already claimed or delivered back to
     pending: that would deliver it twice."""
-    from outbox.api import build_message
+    from outbox.sending.validation import SendArguments, build_message
 
-    messages = [build_message("mem", {"n": i}) for i in range(n)]
+    messages = [build_message(SendArguments("mem", {"n": i})) for i in range(n)]
     now = time.time()
     assert [c.code for c in repo.create(messages, now, repeat=False).created] == ["new"] * n
     repo.transition([claim_change(messages[0].id, "A")], now)
