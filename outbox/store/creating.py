@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import (
@@ -173,6 +173,34 @@ def create_steps(
     return result
 
 
+#: One script call of the create steps (a write): the script's name, its ARGV, its KEYS.
+WriteCall = tuple[str, Sequence[Any], Sequence[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The messages of :func:`partitioned_steps` after :func:`settle_steps`.
+
+    Attributes:
+        messages: as given.
+        work: as created (a message whose key names an id of its own partition under
+            that id).
+        settled: position -> its :class:`Created`, for those settled without a create.
+        substituted: the positions so created under another id.
+        parts: partition -> the positions of its create call, in order.
+    """
+
+    messages: Sequence[Message]
+    work: Sequence[Message]
+    settled: dict[int, Created]
+    substituted: set[int]
+    parts: dict[int, list[int]]
+
+    def chunk(self, positions: Sequence[int]) -> list[Message]:
+        """The messages of a create call (``positions``: one of :attr:`parts`)."""
+        return [self.work[i] for i in positions]
+
+
 def partitioned_steps(
     store: MessageStore,
     messages: Sequence[Message],
@@ -192,21 +220,10 @@ def partitioned_steps(
             parts.setdefault(partition_of(m.id), []).append(i)
     if not parts:
         return CreateResult([settled[i] for i in range(len(messages))], [])
+    plan = Plan(messages, work, settled, substituted, parts)
     woken_before: list[str] = []  # queues flagged with a create that did not run
-    calls: list[tuple[str, Sequence[Any], Sequence[str]]] = []
     yield from register_steps(store, {m.destination for m in messages})
-    for positions in parts.values():
-        chunk = [work[i] for i in positions]
-        groups = create_groups(chunk)
-        # a message sent under the id its key names may be stored already: check ids
-        again = repeat or any(i in substituted for i in positions)
-        calls.append(
-            (
-                "create",
-                store.create_args(chunk, now, due_slack, again, groups),
-                store.create_keys(chunk, groups),
-            )
-        )
+    calls = create_calls(store, plan, now, due_slack, repeat)
     acknowledged = None
     replies: list[Any]
     if durability is not None and durability.waits:
@@ -217,28 +234,81 @@ def partitioned_steps(
             )
         )
     elif len(calls) == 1:  # one partition (every send()): one round trip where it can be
-        name, args, keys = calls[0]
-        chunk = [work[i] for i in next(iter(parts.values()))]
-        due = due_queues(chunk, now + due_slack)
-        flagged = yield from create_and_flag_steps(store, name, args, keys, due, now, cluster=cluster)
-        if flagged is not None and not isinstance(flagged[0], Exception):
-            reply, set_flags = flagged
-            result = store.parse_create(chunk, reply)
-            # the flags of the queues made due were set with the create: a job for each
-            # one this call set (a duplicate's too: that job finds nothing, harmlessly)
-            rest = yield from wake_flag_steps(
-                store, [q for q in result.woken if q not in due], now, cluster=cluster
-            )
-            created = yield from after_create_steps(
-                store, messages, work, parts, [result], settled, substituted
-            )
-            return CreateResult(created, set_flags + rest, acknowledged)
-        if flagged is not None:  # the create did not run there: once more, as below
-            woken_before = flagged[1]
-        replies = [(yield from script_steps(store, name, args, keys, cluster=cluster))]
+        done = yield from one_partition_steps(store, plan, calls[0], now, due_slack, cluster=cluster)
+        if isinstance(done, CreateResult):
+            return done
+        woken_before, replies = done
     else:
         replies = yield from scripts_steps(store, calls, cluster=cluster)
-    # a write that may have run first: raised, it says the outcome is unknown
+    results, woken, errors = parse_replies(store, plan, replies)
+    created = yield from after_create_steps(store, plan, results)
+    woken_now = yield from wake_flag_steps(
+        store, [q for q in woken if q not in woken_before], now, cluster=cluster
+    )
+    return CreateResult(created, woken_before + woken_now, acknowledged, errors)
+
+
+def create_calls(
+    store: MessageStore, plan: Plan, now: float, due_slack: float, repeat: bool
+) -> list[WriteCall]:
+    """The ``lua/create.lua`` call of each partition of ``plan``, in its order."""
+    calls: list[WriteCall] = []
+    for positions in plan.parts.values():
+        chunk = plan.chunk(positions)
+        groups = create_groups(chunk)
+        # a message sent under the id its key names may be stored already: check ids
+        again = repeat or any(i in plan.substituted for i in positions)
+        calls.append(
+            (
+                "create",
+                store.create_args(chunk, now, due_slack, again, groups),
+                store.create_keys(chunk, groups),
+            )
+        )
+    return calls
+
+
+def one_partition_steps(
+    store: MessageStore, plan: Plan, call: WriteCall, now: float, due_slack: float, *, cluster: bool
+) -> Steps[CreateResult | tuple[list[str], list[Any]]]:
+    """The create of :func:`partitioned_steps` when its messages are in one partition
+    (every ``send()``): with the wake-up flags of the queues it makes due in one round
+    trip where they are on one server (:func:`create_and_flag_steps`).
+
+    Returns:
+        The :class:`CreateResult` when that create ran; else (the queues flagged by a
+        pipeline whose create did not run, the reply of the create sent once more by
+        itself), for :func:`partitioned_steps` to finish as with several calls.
+    """
+    name, args, keys = call
+    chunk = plan.chunk(next(iter(plan.parts.values())))
+    due = due_queues(chunk, now + due_slack)
+    flagged = yield from create_and_flag_steps(store, name, args, keys, due, now, cluster=cluster)
+    if flagged is not None and not isinstance(flagged[0], Exception):
+        reply, set_flags = flagged
+        result = store.parse_create(chunk, reply)
+        # the flags of the queues made due were set with the create: a job for each
+        # one this call set (a duplicate's too: that job finds nothing, harmlessly)
+        rest = yield from wake_flag_steps(
+            store, [q for q in result.woken if q not in due], now, cluster=cluster
+        )
+        created = yield from after_create_steps(store, plan, [result])
+        return CreateResult(created, set_flags + rest)
+    woken_before = [] if flagged is None else flagged[1]  # the create did not run there: once more
+    return woken_before, [(yield from script_steps(store, name, args, keys, cluster=cluster))]
+
+
+def parse_replies(
+    store: MessageStore, plan: Plan, replies: Sequence[Any]
+) -> tuple[list[CreateResult | Exception], list[str], dict[int, Exception]]:
+    """The create calls' replies (or errors), one per partition of ``plan``: each
+    partition's :class:`CreateResult` or error, the queues woken, the errors by partition.
+
+    Raises:
+        redis.exceptions.RedisError: a reply's error that is not an outage of its
+            partition, or every call failed (a write that may have run first: raised, it
+            says the outcome is unknown).
+    """
     failed = unknown_first(r for r in replies if isinstance(r, Exception))
     for reply in failed:
         if not isinstance(reply, PARTITION_UNAVAILABLE) or len(failed) == len(replies):
@@ -246,24 +316,18 @@ def partitioned_steps(
     results: list[CreateResult | Exception] = []
     woken: list[str] = []
     errors: dict[int, Exception] = {}
-    for (part, positions), reply in zip(parts.items(), replies, strict=True):
+    for (part, positions), reply in zip(plan.parts.items(), replies, strict=True):
         if isinstance(reply, Exception):
             errors[part] = reply
             results.append(reply)
             continue
-        parsed = store.parse_create([work[i] for i in positions], reply)
+        parsed = store.parse_create(plan.chunk(positions), reply)
         results.append(parsed)
         woken += [q for q in parsed.woken if q not in woken]
-    created = yield from after_create_steps(store, messages, work, parts, results, settled, substituted)
-    woken_now = yield from wake_flag_steps(
-        store, [q for q in woken if q not in woken_before], now, cluster=cluster
-    )
-    return CreateResult(created, woken_before + woken_now, acknowledged, errors)
+    return results, woken, errors
 
 
-def scripts_steps(
-    store: MessageStore, calls: Sequence[tuple[str, Sequence[Any], Sequence[str]]], *, cluster: bool
-) -> Steps[list[Any]]:
+def scripts_steps(store: MessageStore, calls: Sequence[WriteCall], *, cluster: bool) -> Steps[list[Any]]:
     """Several script calls (writes, one per partition), each reply or error in order, as
     :meth:`~.base.RepositoryBase.run_scripts` with ``errors=True``: one pipeline (on a
     cluster, one per primary, so that a primary that cannot be reached fails its own
@@ -403,22 +467,18 @@ def reserve_steps(store: MessageStore, messages: Sequence[Message]) -> Steps[Res
 
 
 def after_create_steps(
-    store: MessageStore,
-    messages: Sequence[Message],
-    work: Sequence[Message],
-    parts: dict[int, list[int]],
-    results: Sequence[CreateResult | Exception],
-    settled: dict[int, Created],
-    substituted: set[int],
+    store: MessageStore, plan: Plan, results: Sequence[CreateResult | Exception]
 ) -> Steps[list[Created]]:
     """One :class:`Created` per message of :func:`partitioned_steps`, in order: the
-    settled ones, the results of the create calls (``"unstored"`` where a call failed),
+    settled ones, the results of the create calls (one per partition of ``plan``;
+    ``"unstored"`` where a call failed),
     a substituted message as a ``"duplicate"`` of the id it was created under; and the
     home records of the messages whose create found an older version's record in
     their partition pointed at the message that stands (:func:`.idempotency.point_home`)."""
-    created = [settled.get(i, Created(m.id, m.id, "new")) for i, m in enumerate(messages)]
+    messages, work, substituted = plan.messages, plan.work, plan.substituted
+    created = [plan.settled.get(i, Created(m.id, m.id, "new")) for i, m in enumerate(messages)]
     repoint: list[tuple[Message, str]] = []
-    for positions, result in zip(parts.values(), results, strict=True):
+    for positions, result in zip(plan.parts.values(), results, strict=True):
         for n, i in enumerate(positions):
             c = (
                 Created(work[i].id, work[i].id, "unstored")
