@@ -18,7 +18,7 @@ outbox.W001    an outbox queue in ``RQ_QUEUES`` does not use ``USE_REDIS_CACHE``
                (``OUTBOX["CLUSTER"]``) RQ must have a plain Redis of its own, so that is
                expected; W001 then says when the outbox queues are not all on the same
                connection (an ``outbox_worker`` listens to its queues on one)
-outbox.W002    no destinations are configured
+outbox.W002    no destinations are configured, nor endpoints (``ENDPOINTS["SECRET_KEYS"]``)
 outbox.W003    a destination's attempt deadline (``Transport.longest_attempt()``, enforced
                by the transport) is longer than half the visibility timeout, or the
                transport has none, so its lease can run out mid-attempt (a duplicate
@@ -206,15 +206,26 @@ def _check() -> list[CheckMessage]:
     errors += _alert_checks()
     if "VISIBILITY_TIMEOUT" not in not_positive:
         errors += _lease_warnings()  # of the destinations that build, beside the others' errors
-    if not outbox_settings.DESTINATIONS:
+    if not outbox_settings.DESTINATIONS and not _endpoints_configured():
         errors.append(
-            Warning("OUTBOX['DESTINATIONS'] is empty: send() has nowhere to deliver", id="outbox.W002")
+            Warning(
+                "OUTBOX['DESTINATIONS'] is empty and OUTBOX['ENDPOINTS'] has no SECRET_KEYS: "
+                "send() and publish() have nowhere to deliver",
+                id="outbox.W002",
+            )
         )
     cluster, cluster_errors = _cluster_setting()
     errors += cluster_errors
     if cluster is not None:
         return errors + _cluster_queue_checks()
     return errors + _cache_errors() + _queue_checks()
+
+
+def _endpoints_configured() -> bool:
+    """Whether the project registers endpoints (``OUTBOX["ENDPOINTS"]["SECRET_KEYS"]``
+    set, as docs/webhooks.md's set-up says): then no settings destination is fine."""
+    endpoints = outbox_settings.ENDPOINTS
+    return isinstance(endpoints, dict) and bool(endpoints.get("SECRET_KEYS"))
 
 
 def _key_errors(user: dict[str, Any]) -> list[CheckMessage]:

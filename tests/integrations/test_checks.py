@@ -40,7 +40,8 @@ def test_the_test_settings_are_clean():
     ],
 )
 def test_bad_outbox_settings(settings, change, expected):
-    settings.OUTBOX = {**settings.OUTBOX, **change}
+    # without ENDPOINTS: a project of endpoints only is not warned of empty DESTINATIONS
+    settings.OUTBOX = {**{k: v for k, v in settings.OUTBOX.items() if k != "ENDPOINTS"}, **change}
     assert expected in ids()
 
 
