@@ -21,9 +21,15 @@ pytest_plugins = ["tests.support.time_limit"]
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``cluster`` every test that uses the real cluster (tests/support/cluster.py);
     when the whole suite runs on the cluster (OUTBOX_TEST_CLUSTER), skip the tests marked
-    ``single_server``, with their reason."""
+    ``single_server``, with their reason; on PostgreSQL (OUTBOX_TEST_DATABASE=postgres,
+    tests/settings.py) where none answers, skip every test, saying why."""
     on_cluster = bool(os.environ.get("OUTBOX_TEST_CLUSTER"))
+    from django.conf import settings
+
+    no_postgres = settings.TEST_DATABASE == "postgres" and settings.POSTGRES_MISSING
     for item in items:
+        if no_postgres:
+            item.add_marker(pytest.mark.skip(reason=f"OUTBOX_TEST_DATABASE=postgres: {no_postgres}"))
         if "redis_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
         mark = item.get_closest_marker("single_server")

@@ -110,6 +110,19 @@ if not POSTGRES_MISSING:
         "PORT": _pg.get("port", "5432"),
         "TEST": {"NAME": f"outbox_test_{os.getpid()}"},
     }
+
+#: OUTBOX_TEST_DATABASE=postgres: the ``default`` alias on that PostgreSQL too, so a run
+#: (``OUTBOX_TEST_DATABASE=postgres scripts/test tests/webhooks``) is on PostgreSQL
+#: instead of SQLite; when none answers every test skips with POSTGRES_MISSING
+#: (tests/conftest.py). Unset or "sqlite": SQLite in memory.
+TEST_DATABASE = os.environ.get("OUTBOX_TEST_DATABASE", "sqlite")
+if TEST_DATABASE not in ("sqlite", "postgres"):
+    raise ValueError(f"OUTBOX_TEST_DATABASE={TEST_DATABASE!r}: 'sqlite' or 'postgres'")
+if TEST_DATABASE == "postgres" and not POSTGRES_MISSING:
+    DATABASES["default"] = {
+        **DATABASES["postgres"],
+        "TEST": {"NAME": f"outbox_test_default_{os.getpid()}"},
+    }
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",

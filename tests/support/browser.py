@@ -81,7 +81,8 @@ def logged_in_page(
     """A page of a headless Chromium logged in as "ada" through the admin's form, on the
     outbox dashboard, and the list its JavaScript errors go to. Dialogs (``alert()``...)
     are recorded in ``dialogs`` (and dismissed) when it is given, from before the login.
-    The browser is closed on leaving."""
+    The browser is closed on leaving, and the database connections the caller's ORM
+    calls opened inside the block."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -103,6 +104,14 @@ def logged_in_page(
             yield page, errors
         finally:
             browser.close()
+            # Database connections opened by the test's ORM calls inside this block belong
+            # to Playwright's event loop context (Django keeps connections per context
+            # there), not to the thread's: pytest-django never closes them, and on
+            # PostgreSQL the open session kept the test database from being dropped
+            # ("being accessed by other users"). Close them here, in that context.
+            from django.db import connections
+
+            connections.close_all()
 
 
 def shot(page, directory: Path, name: str, *, full_page: bool = True) -> Path:
