@@ -29,7 +29,10 @@ Steps (each prints one line; any failure exits 1 with the reason):
    then the local substitutions (``CLUSTER_TAIL``: the cluster's node URLs, RQ's URL, no
    TLS or credentials keys; the doc's ``# ...`` merged with the README's ``OUTBOX``);
 8. ``check`` (no errors), ``CLUSTER_MESSAGES`` ``send()`` calls, ``outbox_worker --burst``:
-   every message ``succeeded``, and the receiver verified the signature of each, once.
+   every message ``succeeded``, and the receiver verified the signature of each, once;
+9. the webhooks check (scripts/webhooks_check.py) in the same virtualenv: a new project
+   from docs/webhooks.md, 3 applications x 5 endpoints, 1,000 events, each endpoint's
+   receiver verifying with its own secret, rotated secrets.
 """
 
 from __future__ import annotations
@@ -284,26 +287,45 @@ for _queue in RQ_QUEUES.values():
 """
 
 
+def install_wheel(tmp_path: Path) -> tuple[Path, str, dict[str, str]]:
+    """Build the wheel into ``tmp_path/dist`` (checking what it carries) and install it,
+    with its ``server`` extra and psycopg (docs/webhooks.md's pip line), into a new
+    virtualenv ``tmp_path/venv``. Returns its python, its site-packages and the
+    environment to run it in (no PYTHONPATH: the checkout is not on its path)."""
+    wheel, sdist = build(tmp_path / "dist")
+    step("built")
+    check_contents(wheel, sdist)
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    run(
+        [
+            str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+            f"{wheel}[server]", "psycopg[binary]",
+        ],
+        cwd=tmp_path,
+    )  # fmt: skip
+    site = run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    ).stdout.strip()
+    step(f"installed the wheel with its server extra and psycopg into a new virtualenv ({site})")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")
+    }
+    env.update(NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    return python, site, env
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="outbox-package-check-") as tmp:
         tmp_path = Path(tmp)
-        wheel, sdist = build(tmp_path / "dist")
-        step("built")
-        check_contents(wheel, sdist)
-        env_dir = tmp_path / "venv"
-        venv.EnvBuilder(with_pip=True).create(env_dir)
-        python = env_dir / "bin" / "python"
-        run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{wheel}[server]"],
-            cwd=tmp,
-        )
-        site = run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
-        ).stdout.strip()
-        step(f"installed the wheel with its server extra into a new virtualenv ({site})")
+        python, site, env = install_wheel(tmp_path)
+        django_admin = python.parent / "django-admin"
         project = tmp_path / "project"
         project.mkdir()
-        run([str(env_dir / "bin" / "django-admin"), "startproject", "site_check", str(project)], cwd=tmp)
+        run([str(django_admin), "startproject", "site_check", str(project)], cwd=tmp)
         (project / "myapp").mkdir()
         (project / "myapp" / "__init__.py").write_text("")
         (project / "myapp" / "audit.py").write_text("def record(message):\n    pass\n")
@@ -317,23 +339,17 @@ def main() -> None:
         step('wrote site_check/settings_cluster.py from docs/operations.md, "Running on a cluster"')
         driver = tmp_path / "driver.py"
         driver.write_text(textwrap.dedent(DRIVER))
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV")
-        }
-        env.update(
-            CHECK_SITE_PACKAGES=site,
-            CHECK_CLUSTER_MESSAGES=str(CLUSTER_MESSAGES),
-            NO_PROXY="127.0.0.1,localhost",
-            no_proxy="127.0.0.1,localhost",
-        )
+        driver_env = {**env, "CHECK_SITE_PACKAGES": site, "CHECK_CLUSTER_MESSAGES": str(CLUSTER_MESSAGES)}
         result = subprocess.run(
-            [str(python), str(driver)], cwd=project, env=env, text=True, capture_output=True
+            [str(python), str(driver)], cwd=project, env=driver_env, text=True, capture_output=True
         )
         sys.stdout.write(result.stdout)
         if result.returncode:
             fail(result.stderr[-4000:] or f"driver exited {result.returncode}")
+        # docs/webhooks.md's project, in the same virtualenv (scripts/webhooks_check.py)
+        import webhooks_check
+
+        webhooks_check.run_check(python, django_admin, site, tmp_path, env)
     step("ok")
 
 
