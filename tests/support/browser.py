@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -108,10 +109,12 @@ def logged_in_page(
             # to Playwright's event loop context (Django keeps connections per context
             # there), not to the thread's: pytest-django never closes them, and on
             # PostgreSQL the open session kept the test database from being dropped
-            # ("being accessed by other users"). Close them here, in that context.
+            # ("being accessed by other users"). Close them here, in that context (a close
+            # is safe there: Django's guard against the ORM in async code lifted for it).
             from django.db import connections
 
-            connections.close_all()
+            with mock.patch.dict(os.environ, {"DJANGO_ALLOW_ASYNC_UNSAFE": "true"}):
+                connections.close_all()
 
 
 def shot(page, directory: Path, name: str, *, full_page: bool = True) -> Path:
