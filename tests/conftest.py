@@ -46,6 +46,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 LONG_MARKERS = ("faults", "browser", "slow")
 
 
+@pytest.fixture(autouse=True)
+def _close_executor_connections() -> Iterator[None]:
+    """After each test, close the database connections opened in asgiref's executor
+    thread (``sync_to_async`` outside ``async_to_sync``: async tests, ``apublish``). No
+    request cycle closes them in tests, and on PostgreSQL an open one kept the test
+    database from being dropped at the session's end ("being accessed by other users")."""
+    yield
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result()
+
+
 @pytest.fixture
 def rq_redis():
     """RQ's Redis (a plain server; beside the cluster when the suite runs on one)."""

@@ -253,14 +253,8 @@ async def test_aget_reads_a_published_delivery_with_its_body():
     """``outbox.aget`` attaches the payload as ``get`` does (the body is not in the
     delivery's own records)."""
     from asgiref.sync import sync_to_async
-    from django.db import connections
 
-    try:
-        event = await sync_to_async(_publish_large)()
-    finally:
-        # the publish ran in asgiref's executor thread: its connection is closed there
-        # (on PostgreSQL an open one kept the test database from being dropped)
-        await sync_to_async(connections.close_all)()
+    event = await sync_to_async(_publish_large)()
     for d in event.deliveries:
         message = await outbox.aget(d.id)
         assert message.json() == LARGE
