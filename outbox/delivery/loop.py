@@ -305,6 +305,7 @@ class WorkerRun:
         # outcome once when an exchange is written again (lua/health.lua, "run", "seq")
         self.token = uuid.uuid4().hex[:16]
         self.decisions = 0
+        self.sent = 0  # the highest decision number an exchange carried (lua/health.lua's "sent")
         self.report = RunReport()
         self.next_due: float | None = None
         self.next_suspect: float | None = None  # when the queue's first suspect is due (quarantine index)
@@ -493,6 +494,7 @@ class WorkerRun:
         decided = self.pending_writes(time.time())
         changes = [change_of(d) for d in decided]
         outcomes = [[*health_outcome(d.outcome), d.seq] for d in decided if d.outcome is not None]
+        top = max((d.seq for d in decided), default=0)
         give_up_at = STOPPING.write_deadline(
             time.time() + (outbox_settings.VISIBILITY_TIMEOUT * LEASE_BUDGET if changes else 30.0)
         )
@@ -501,6 +503,7 @@ class WorkerRun:
             now = time.time()
             lease, deadline = uuid.uuid4().hex, now + outbox_settings.VISIBILITY_TIMEOUT
             asks = self.asks(want, caps, quarantine, changes, now)
+            sent, self.sent = self.sent, max(self.sent, top)  # sent before this call, then with it
             try:
                 reply = self.repo.outcomes_and_claim(
                     ExchangeRequest(
@@ -517,6 +520,7 @@ class WorkerRun:
                         slack=DUE_SLACK,
                         run=self.token,
                         horizon=outbox_settings.VISIBILITY_TIMEOUT,
+                        sent=sent,
                     )
                 )
                 results, claims = reply.results, reply.claims

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from outbox.store.base import Members, RepositoryBase, ScriptCall, first_of, queue_first
 from outbox.store.client.outages import PARTITION_UNAVAILABLE
@@ -47,14 +47,32 @@ BREAKER_FIELDS = (
 )
 
 
+class RunMark(NamedTuple):
+    """A worker run's part in ``lua/health.lua``: ``token`` ("" = none): with it, an
+    outcome whose ``seq`` the run's mark for its destination
+    (:meth:`~outbox.store.keys.Keys.counted`) already covers is not counted again (an
+    exchange written again after a lost reply or a failed later step); ``horizon``:
+    seconds that mark is kept (the lease: no exchange is retried longer); ``sent``: the
+    highest ``seq`` an earlier call of the run carried (None: unknown). A destination
+    whose outcomes are all numbered above ``sent`` cannot have been counted, so its mark
+    is not read (one GET less per destination and exchange)."""
+
+    token: str = ""
+    horizon: float = 0.0
+    sent: int | None = None
+
+
+#: No worker run: every outcome counted.
+NO_RUN = RunMark()
+
+
 def health_args(
     keys: Keys,
     channel: str,
     outcomes: Sequence[Sequence[Any]],
     config: str,
     now: float,
-    run: str = "",
-    horizon: float = 0.0,
+    run: RunMark = NO_RUN,
 ) -> list[Any]:
     """ARGV of ``lua/health.lua`` (its KEYS: ``[keys.probes]``).
 
@@ -69,11 +87,8 @@ def health_args(
         config: JSON destination -> breaker settings (:data:`BREAKER_FIELDS`,
             :func:`outbox.destinations.config.breaker_config_json`).
         now: epoch seconds.
-        run: the worker run's token ("" = none): with it, an outcome whose ``seq`` the
-            run's mark for its destination (:meth:`~outbox.store.keys.Keys.counted`)
-            already covers is not counted again (an exchange written again after a lost
-            reply or a failed later step).
-        horizon: seconds that mark is kept (the lease: no exchange is retried longer).
+        run: the worker run's token, its mark's horizon and the highest ``seq`` sent
+            before (:class:`RunMark`).
     """
     return named(
         prefix=keys.prefix,
@@ -84,9 +99,10 @@ def health_args(
         config_fields=field_names(BREAKER_FIELDS),
         outcomes=json.dumps(list(outcomes), separators=(",", ":")),
         outcome_fields=field_names(OUTCOME_FIELDS),
-        run=run,
-        horizon=repr(horizon),
+        run=run.token,
+        horizon=repr(run.horizon),
         buckets=LATENCY_BUCKETS,
+        **({} if run.sent is None else {"sent": run.sent}),
     )
 
 
@@ -118,10 +134,10 @@ class DestinationState(RepositoryBase):
     """The destination-state part of :class:`~outbox.store.repository.MessageRepository`."""
 
     def health_args(
-        self, outcomes: Sequence[Sequence[Any]], config: str, now: float, run: str = "", horizon: float = 0.0
+        self, outcomes: Sequence[Sequence[Any]], config: str, now: float, run: RunMark = NO_RUN
     ) -> list[Any]:
         """ARGV of ``lua/health.lua`` for this repository (see :func:`health_args`)."""
-        return health_args(self.keys, self.events_channel, outcomes, config, now, run, horizon)
+        return health_args(self.keys, self.events_channel, outcomes, config, now, run)
 
     def record_outcomes(self, outcomes: Sequence[Sequence[Any]], config: str, now: float) -> list[str]:
         """Record attempt outcomes in destination health alone (``lua/health.lua``);
@@ -137,18 +153,18 @@ class DestinationState(RepositoryBase):
         return events
 
     def record_outcomes_by_destination(
-        self, outcomes: Sequence[Sequence[Any]], config: str, now: float, run: str = "", horizon: float = 0.0
+        self, outcomes: Sequence[Sequence[Any]], config: str, now: float, run: RunMark = NO_RUN
     ) -> tuple[list[str], set[str]]:
         """With more than one partition: ``lua/health.lua`` once per destination (its home
         slot, every key it may touch declared: :func:`health_keys`), in one round trip;
         the probe times it returns written to
         ``outbox:{g}:probes``. Returns (the destination events, the destinations that hold
-        their messages now). ``run``, ``horizon``: as :func:`health_args`.
+        their messages now). ``run``: as :func:`health_args`.
 
         Raises:
             redis.exceptions.RedisError: a destination's call failed (see
                 :meth:`record_health` for one that reports it instead)."""
-        events, holding, failed = self.record_health(outcomes, config, now, run, horizon)
+        events, holding, failed = self.record_health(outcomes, config, now, run)
         for exc in failed.values():
             raise exc
         return events, holding
@@ -158,8 +174,7 @@ class DestinationState(RepositoryBase):
         outcomes: Sequence[Sequence[Any]],
         config: str,
         now: float,
-        run: str = "",
-        horizon: float = 0.0,
+        run: RunMark = NO_RUN,
     ) -> tuple[list[str], set[str], dict[str, Exception]]:
         """:meth:`record_outcomes_by_destination`, with the destinations whose call met an
         outage (:data:`~outbox.store.client.outages.PARTITION_UNAVAILABLE`: their home slot
@@ -176,8 +191,8 @@ class DestinationState(RepositoryBase):
         calls: list[ScriptCall] = [
             (
                 "health",
-                self.health_args(by_dest[d], config, now, run, horizon),
-                health_keys(self.keys, d, config, now, run),
+                self.health_args(by_dest[d], config, now, run),
+                health_keys(self.keys, d, config, now, run.token),
             )
             for d in names
         ]

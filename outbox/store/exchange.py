@@ -51,7 +51,7 @@ from typing import Any
 
 from outbox.store.base import ScriptCall, first_of, queue_first
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run
-from outbox.store.destination_state import DestinationState, health_args
+from outbox.store.destination_state import DestinationState, RunMark, health_args
 from outbox.store.keys import Keys
 from outbox.store.messages import Change, ChangeResult, Claim, ClaimOptions, MessageStore, with_holding
 from outbox.store.scripts import named
@@ -109,7 +109,9 @@ class ExchangeRequest:
         slack: seconds ahead of now a message counts as due.
         scan: due entries a claim looks at (None: ``limit * 2 + 8``).
         run: the worker run's token; ``horizon``: its lease (seconds): health counts an
-            outcome written again once.
+            outcome written again once; ``sent``: the highest outcome number an earlier
+            exchange of the run carried, None if unknown
+            (:class:`~outbox.store.destination_state.RunMark`).
     """
 
     queue: str
@@ -126,10 +128,16 @@ class ExchangeRequest:
     scan: int | None = None
     run: str = ""
     horizon: float = 0.0
+    sent: int | None = None
 
     def __post_init__(self) -> None:
         if not self.asks:
             raise ValueError("an exchange asks at least one partition (limit 0: its due times only)")
+
+    @property
+    def run_mark(self) -> RunMark:
+        """The run's part in ``lua/health.lua``."""
+        return RunMark(self.run, self.horizon, self.sent)
 
     @property
     def lane(self) -> str:
@@ -236,9 +244,7 @@ class Exchange:
         r, store = self.request, self.store
         calls: list[ScriptCall] = []
         if r.outcomes:
-            args = health_args(
-                self.keys, store.events_channel, r.outcomes, r.breaker_config, r.now, r.run, r.horizon
-            )
+            args = health_args(self.keys, store.events_channel, r.outcomes, r.breaker_config, r.now, r.run_mark)
             calls.append(("health", args, [self.keys.probes]))
         if r.changes:
             calls.append(
@@ -299,7 +305,7 @@ class Exchange:
         unhealthy: dict[str, Exception] = {}
         if r.outcomes:
             self.events, self.holding, unhealthy = self.store.record_health(
-                r.outcomes, r.breaker_config, r.now, r.run, r.horizon
+                r.outcomes, r.breaker_config, r.now, r.run_mark
             )
         sent = []
         for i, change in enumerate(r.changes):

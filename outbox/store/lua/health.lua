@@ -60,7 +60,9 @@ local hour = math.floor(now / 3600)
 local NB = tonumber(opts.buckets)  -- buckets 0..NB-1: latency <= 2^i ms; bucket NB: above (LATENCY_BUCKETS)
 local FAILING_AFTER = 3   -- consecutive failures before destination.failing
 local FIELDS = {'admin', 'breaker', 'consecutive', 'failing_since', 'failing_notified', 'cooldown',
-                'probe_id', 'blocked_until', 'next_probe_at'}
+                'probe_id', 'blocked_until', 'next_probe_at', 'lat_sum', 't_s', 't_r', 't_p'}
+local TOTALS = #FIELDS - 2  -- t_s, t_r, t_p: then lb0 .. lb<NB> (the state hash's totals, read here and
+for i = 0, NB do FIELDS[#FIELDS + 1] = 'lb' .. i end  -- written back by the one HSET: no HINCRBY each)
 
 local events = {}
 -- When the wake check must look at a destination (outbox:probes). With more than one
@@ -98,6 +100,16 @@ local function human(seconds)
   return string.format('%g s', seconds)
 end
 
+-- sent: the highest outcome number this run gave an earlier call (0 = none): the mark
+-- (the highest one counted) is no higher, so a destination whose outcomes are all numbered
+-- above it has none counted yet and its mark need not be read (absent: always read).
+local sent = tonumber(opts.sent or '') or math.huge
+local fresh = {}  -- destination -> the lowest number of its outcomes in this call
+for _, values in ipairs(outcomes) do
+  local o = named_list(values, OUTCOME_FIELDS)
+  local seq = tonumber(o.seq or '0') or 0
+  if fresh[o.destination] == nil or seq < fresh[o.destination] then fresh[o.destination] = seq end
+end
 local states, order = {}, {}
 local function state(dest)
   local st = states[dest]
@@ -106,10 +118,15 @@ local function state(dest)
   st = {admin = v[1] or 'active', breaker = v[2] or 'closed', consecutive = tonumber(v[3] or '0'),
         failing_since = v[4] and tonumber(v[4]) or nil, failing_notified = v[5] == '1',
         cooldown = tonumber(v[6] or '0'), probe_id = v[7] or '', blocked_until = tonumber(v[8] or '0'),
-        next_probe_at = tonumber(v[9] or '0'),
+        next_probe_at = tonumber(v[9] or '0'), lat_sum = tonumber(v[10] or '0'), totals = {},
         set = {}, del = {}, agg = {s = 0, r = 0, p = 0, sum = 0, b = {}}, errors = {}, failed = false}
+  for i = TOTALS, #FIELDS do st.totals[FIELDS[i]] = tonumber(v[i] or '0') end
   st.counted = 0
-  if run ~= '' then st.counted = tonumber(redis.call('GET', K.counted(prefix, dest, run)) or '0') end
+  -- the run's mark is read only when one of this destination's outcomes may be at or below
+  -- it: one numbered at or below "sent" (the highest number of an earlier call of the run)
+  if run ~= '' and (fresh[dest] or 0) <= sent then
+    st.counted = tonumber(redis.call('GET', K.counted(prefix, dest, run)) or '0')
+  end
   st.top = st.counted
   states[dest] = st
   order[#order + 1] = dest
@@ -265,18 +282,25 @@ for _, dest in ipairs(order) do
   local agg = st.agg
   local hkey = K.health(prefix, dest, minute)
   local dkey = K.dest(prefix, dest)
+  -- This minute's counts; the state hash's totals go in its HSET below. The minute's hash
+  -- is given its time to live when it is new: then every field written is new, so each
+  -- HINCRBY answers its own increment (kept 2 h after the minute's end, as long as the
+  -- EXPIRE 7200 of every call made it).
+  local new = false
   for _, k in ipairs({'s', 'r', 'p'}) do
     if agg[k] > 0 then
-      redis.call('HINCRBY', hkey, k, agg[k])
-      redis.call('HINCRBY', dkey, 't_' .. k, agg[k])
+      if redis.call('HINCRBY', hkey, k, agg[k]) == agg[k] then new = true end
+      put(st, 't_' .. k, st.totals['t_' .. k] + agg[k])
     end
   end
   for i, n in pairs(agg.b) do
     redis.call('HINCRBY', hkey, 'b' .. i, n)
-    redis.call('HINCRBY', dkey, 'lb' .. i, n)
+    put(st, 'lb' .. i, st.totals['lb' .. i] + n)
   end
-  redis.call('HINCRBYFLOAT', dkey, 'lat_sum', agg.sum / 1000)
-  redis.call('EXPIRE', hkey, 7200)
+  if agg.s + agg.r + agg.p > 0 then
+    put(st, 'lat_sum', string.format('%.17g', st.lat_sum + agg.sum / 1000))
+  end
+  if new then redis.call('EXPIRE', hkey, 7260) end
   if next(st.errors) then
     local ekey = K.errors(prefix, dest, hour)
     for g, v in pairs(st.errors) do
