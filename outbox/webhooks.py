@@ -818,10 +818,13 @@ def _fan_out(event: _Event, endpoints: Sequence[registry.Subscriber], using: str
 
 
 def _delivery_messages(event: _Event, endpoints: Sequence[registry.Subscriber]) -> list[Message]:
-    """The deliveries of ``event`` (:func:`_deliveries`), each referring to the payload."""
+    """The deliveries of ``event`` (:func:`_deliveries`), each referring to the payload
+    when there are several."""
     messages = _deliveries(event, endpoints)
-    for m in messages if event.data else ():  # the payload once per partition, a reference each
-        m.payload_ref = event.id  # (an empty payload stays inline: a reference without a body means purged)
+    # the payload once per partition, a reference each; inline (one copy either way) when
+    # empty (a reference without a body means purged) or to one endpoint (2 commands fewer)
+    for m in messages if event.data and len(messages) > 1 else ():
+        m.payload_ref = event.id
     return messages
 
 

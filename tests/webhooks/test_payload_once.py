@@ -134,9 +134,10 @@ def test_the_retention_purge_deletes_the_payload_with_the_last_delivery(settings
 
 
 def test_a_requeue_of_a_delivery_whose_payload_is_gone_is_refused_clearly(caplog):
-    _app(1)
+    _app(2)  # (an event to one endpoint keeps its payload inline: below)
     event = outbox.publish("order.paid", SMALL, application="acme")
-    (d,) = event.deliveries
+    d = event.deliveries[0]
+    outbox.delete(event.deliveries[1].id)
     outbox.cancel(d.id)
     repo = get_repository()
     repo.connection.delete(_payload_key(event, d.id))  # as an erasure outside the outbox would
@@ -224,6 +225,17 @@ def test_eager_mode_delivers_the_body(settings):
     assert event.deliveries[0].message.json() == SMALL
 
 
+def test_an_event_to_one_endpoint_keeps_its_payload_inline():
+    """One delivery: no payload record (one copy either way), as ``send()`` stores a body."""
+    _app(1)
+    repo = get_repository()
+    (d,) = outbox.publish("order.paid", SMALL, application="acme").deliveries
+    assert repo.connection.get(repo.keys.message(d.id)).endswith(d.message.body) and d.message.body
+    assert "payload" not in {k.decode() for k in repo.connection.hkeys(repo.keys.resend(d.id))}
+    assert _refs() == {}
+    assert outbox.get(d.id).body == d.message.body
+
+
 def test_send_keeps_its_body_inline():
     repo = get_repository()
     message = outbox.send("hook", {"a": 1})
@@ -239,8 +251,10 @@ def test_a_delivery_whose_payload_is_gone_fails_instead_of_sending_an_empty_body
     webhooks.create_application("acme")
     with receiving() as rx:
         webhooks.create_endpoint("acme", rx.url)
+        webhooks.create_endpoint("acme", rx.url + "/b")  # two deliveries: a reference (one: inline)
         event = outbox.publish("order.paid", SMALL, application="acme")
-        (d,) = event.deliveries
+        d, other = event.deliveries
+        outbox.delete(other.id)
         get_repository().connection.delete(_payload_key(event, d.id))  # as an erasure outside the outbox
         run_worker(simple=True)
     assert rx.requests == []
