@@ -40,7 +40,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -782,18 +782,22 @@ def _deliveries(event: _Event, endpoints: Sequence[registry.Subscriber]) -> list
     partition = random_partition(outbox_settings.partitions)
     eid = event.id
     given = SendArguments(
-        replace(endpoint_template(), name=endpoints[0].destination),
+        endpoint_template(),  # named and numbered below, as the copies (no replace() per call)
         event.data,
         content_type=event.content_type,
-        headers={EVENT_ID_HEADER: eid, EVENT_TYPE_HEADER: event.event_type},
         idempotency_key=None if event.key is None else f"evt:{eid}",
         ordering_key=event.ordering_key,
         delay=event.delay,
         priority=event.priority,
     )
     first = build_message(given, now, partition)
-    messages = [first]
+    # the event's headers, not checked again: a constant name each, the event id and a type
+    # name clean_event_type_name passed (letters, digits, "._-:") are valid header values
+    first.headers = {EVENT_ID_HEADER: eid, EVENT_TYPE_HEADER: event.event_type}
     keyed = first.ordering_key or first.idempotency_key
+    first.destination = endpoints[0].destination
+    first.id = new_message_id(now, message_partition(first.destination, keyed, partition))
+    messages = [first]
     for e in endpoints[1:]:
         m = copy.copy(first)
         m.id = new_message_id(now, message_partition(e.destination, keyed, partition))
