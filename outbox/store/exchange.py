@@ -244,7 +244,9 @@ class Exchange:
         r, store = self.request, self.store
         calls: list[ScriptCall] = []
         if r.outcomes:
-            args = health_args(self.keys, store.events_channel, r.outcomes, r.breaker_config, r.now, r.run_mark)
+            args = health_args(
+                self.keys, store.events_channel, r.outcomes, r.breaker_config, r.now, r.run_mark
+            )
             calls.append(("health", args, [self.keys.probes]))
         if r.changes:
             calls.append(

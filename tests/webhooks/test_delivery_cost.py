@@ -14,17 +14,16 @@ again) from silently coming back."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import time
+from collections import Counter
 
 import pytest
 
 import outbox
 from outbox import webhooks
-from outbox.destinations.config import get_destination
 from outbox.conf import outbox_settings
 from outbox.delivery import loop as delivery
+from outbox.destinations.config import get_destination
 from tests.delivery.test_claim_cost import server_calls
 from tests.support import assert_index_invariant, hook_settings
 
