@@ -34,7 +34,7 @@ from typing import Any
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from .harness import Result, Run, counts, environment, paced, statuses, worker_notes
+from .harness import Result, Run, counts, environment, in_flight_duplicates, paced, statuses, worker_notes
 from .scenarios import HOOK_MAX_DELAY, faults_settings, killer, register, settle, wait_workers
 
 PARTITIONS = 16
@@ -69,31 +69,6 @@ def log_counts(run: Run) -> Counter[str]:
         for kind, pattern in LOG_PATTERNS.items():
             found[kind] += len(pattern.findall(text))
     return found
-
-
-def in_flight_duplicates(
-    run: Run, ids: list[str], kills: list[float], visibility_timeout: float
-) -> tuple[int, list[str]]:
-    """(duplicated messages, those not explained by a crash): a message may be delivered
-    again only for an attempt in flight when a worker was SIGKILLed, which the recovery
-    sweep records as ``lost``: each delivery beyond the first needs a ``lost`` attempt
-    that started before a kill (``kills``: epoch seconds) and within
-    ``visibility_timeout`` (+ 1 s) of it."""
-    import outbox
-
-    delivered = run.delivered()
-    again = [i for i in ids if delivered[i] > 1]
-    beyond = []
-    for message_id in again:
-        lost_at_kill = [
-            a
-            for a in outbox.attempts(message_id)
-            if a.outcome == "lost"
-            and any(a.started_at - 1 <= k <= a.started_at + visibility_timeout + 1 for k in kills)
-        ]
-        if delivered[message_id] > 1 + len(lost_at_kill):
-            beyond.append(message_id)
-    return len(again), beyond
 
 
 def failure(errors: Counter, exc: BaseException) -> None:

@@ -771,3 +771,28 @@ def table(results: Sequence[Result]) -> str:
 
 def json_dump(result: Result, path: Path) -> None:
     path.write_text(json.dumps(result.to_dict(), indent=1))
+
+
+def in_flight_duplicates(
+    run: Run, ids: list[str], kills: list[float], visibility_timeout: float
+) -> tuple[int, list[str]]:
+    """(duplicated messages, those not explained by a crash): a message may be delivered
+    again only for an attempt in flight when a worker was SIGKILLed, which the recovery
+    sweep records as ``lost``: each delivery beyond the first needs a ``lost`` attempt
+    that started before a kill (``kills``: epoch seconds) and within
+    ``visibility_timeout`` (+ 1 s) of it."""
+    import outbox
+
+    delivered = run.delivered()
+    again = [i for i in ids if delivered[i] > 1]
+    beyond = []
+    for message_id in again:
+        lost_at_kill = [
+            a
+            for a in outbox.attempts(message_id)
+            if a.outcome == "lost"
+            and any(a.started_at - 1 <= k <= a.started_at + visibility_timeout + 1 for k in kills)
+        ]
+        if delivered[message_id] > 1 + len(lost_at_kill):
+            beyond.append(message_id)
+    return len(again), beyond

@@ -32,8 +32,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cluster_scenarios import in_flight_duplicates
-from .harness import Result, Run, counts, environment, paced, statuses, wait_until, worker_notes
+from .harness import (
+    Result,
+    Run,
+    counts,
+    environment,
+    in_flight_duplicates,
+    paced,
+    statuses,
+    wait_until,
+    worker_notes,
+)
 from .scenarios import faults_settings, killer, register, send_errors, settle, wait_workers
 
 #: Redis of the ordering scenarios: restarted with SIGTERM, so it must reload what it had.

@@ -23,8 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from .cluster_scenarios import in_flight_duplicates
-from .harness import ReceiverProcess, Result, environment, paced, worker_notes
+from .harness import ReceiverProcess, Result, environment, in_flight_duplicates, paced, worker_notes
 from .scenarios import faults_settings, killer, register, send_errors, settle, wait_workers
 
 EVENT_TYPES = ("order.paid", "order.refunded", "user.created", "invoice.sent")
