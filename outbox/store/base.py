@@ -118,6 +118,22 @@ class RepositorySettings:
     ordering_key_ttl: int = 7 * 24 * 3600
 
 
+def wake_flags_unavailable(queues: Sequence[str], exc: BaseException) -> list[str]:
+    """What a write does when the wake-up flags' node cannot be reached after its messages
+    were written (``exc``, one of :data:`.outages.PARTITION_UNAVAILABLE`): log a warning
+    and wake no queue (returns ``[]``); the workers' wake-up check (``wake_due``, every
+    housekeeping pass) finds the due messages instead. Shared by
+    :meth:`RepositoryBase.raise_wake_flags` and its steps (``creating.wake_flag_steps``)."""
+    logger.warning(
+        "outbox: messages written, but the wake-up flags of %s could not be set (%s: %s); "
+        "the workers' wake-up check will find them",
+        ", ".join(queues),
+        type(exc).__name__,
+        exc,
+    )
+    return []
+
+
 class RepositoryBase:
     """Messages in Redis under one key prefix: the connection, key names and settings
     every part of the repository shares, and the running of scripts. Arguments: see
@@ -260,14 +276,7 @@ class RepositoryBase:
                     pipe.set(self.keys.wake(queue), repr(now), nx=True, px=self.wake_ttl_ms)
                 replies = pipe.execute()
         except PARTITION_UNAVAILABLE as exc:
-            logger.warning(
-                "outbox: messages written, but the wake-up flags of %s could not be set (%s: %s); "
-                "the workers' wake-up check will find them",
-                ", ".join(queues),
-                type(exc).__name__,
-                exc,
-            )
-            return []
+            return wake_flags_unavailable(queues, exc)
         return [q for q, was_set in zip(queues, replies, strict=True) if was_set]
 
     def load_scripts(self) -> None:

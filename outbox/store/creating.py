@@ -33,6 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from outbox.exceptions import OutboxUnavailable
 from outbox.records import Message, partition_of
+from outbox.store.base import wake_flags_unavailable
 from outbox.store.client.durability import Durability, commands_then_wait, write_then_wait
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, unknown_first
 from outbox.store.created import Created, CreateResult, create_groups, due_queues
@@ -614,12 +615,5 @@ def wake_flag_steps(
             if isinstance(reply, Exception):
                 raise reply
     except PARTITION_UNAVAILABLE as exc:
-        logger.warning(
-            "outbox: messages written, but the wake-up flags of %s could not be set (%s: %s); "
-            "the workers' wake-up check will find them",
-            ", ".join(queues),
-            type(exc).__name__,
-            exc,
-        )
-        return []
+        return wake_flags_unavailable(queues, exc)
     return [q for q, was_set in zip(queues, replies, strict=True) if was_set]
