@@ -90,6 +90,15 @@ async def aperform(
     return await sync_to_async(op.call, thread_sensitive=op.thread_sensitive)()
 
 
+def as_hash(reply: Any) -> dict[bytes, bytes]:
+    """An ``HGETALL`` reply as a dict: redis-py parses it into one (its response callback),
+    but a reply read without the callback (redis-py 5.0's asyncio client for a command
+    given by name) is the flat list ``[field, value, ...]`` RESP2 sends."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
 async def aget_many(repository: RepositoryBase, ids: Sequence[str]) -> list[Message | None]:
     """:meth:`~outbox.store.messages.MessageStore.get_many` on this loop's asyncio client:
     one round trip (``GET`` and ``HGETALL`` per id), and one more for the bodies of a
@@ -117,7 +126,7 @@ async def aget_many(repository: RepositoryBase, ids: Sequence[str]) -> list[Mess
         )(ids)
         return found
     out = [
-        message_from_redis(record, resend, ids[i]) if record and resend else None
+        message_from_redis(record, as_hash(resend), ids[i]) if record and resend else None
         for i, (record, resend) in enumerate(zip(replies[::2], replies[1::2], strict=True))
     ]
     wanted = payloads_wanted(repository.keys, out)  # a published event's deliveries

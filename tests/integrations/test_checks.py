@@ -78,6 +78,7 @@ def test_redis_alias_must_be_django_redis(settings):
     assert "outbox.E004" in ids()
 
 
+@pytest.mark.django_db  # Django 6.1's check runs the model checks on every database: JSONField's reads SQLite's features
 def test_manage_py_check_runs_them(settings):
     from django.core.management import call_command
     from django.core.management.base import SystemCheckError
@@ -134,6 +135,7 @@ def test_a_private_webhook_that_opts_in_or_a_public_one_does_not_warn(settings):
     assert address_warnings(settings, "http://localhost:8000/h") == []
 
 
+@pytest.mark.django_db  # Django 6.1's check runs the model checks on every database: JSONField's reads SQLite's features
 def test_manage_py_check_shows_the_private_address_warning(settings, capsys):
     from django.core.management import call_command
 

@@ -34,6 +34,7 @@ def rq_beside(cluster_outbox, settings):
 # -- E008: the alias on a cluster node ----------------------------------------------------
 
 
+@pytest.mark.django_db  # Django 6.1's check runs the model checks on every database: JSONField's reads SQLite's features
 def test_the_alias_on_a_cluster_node_is_an_error_naming_the_cluster_setting(settings, redis_cluster):
     settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": redis_cluster.url}}
     (error,) = [m for m in check_redis_safety() if m.id == "outbox.E008"]
@@ -58,6 +59,7 @@ def test_rq_on_its_own_plain_redis_is_clean(rq_beside):
     assert "outbox.E009" not in ids(check_redis_safety())
 
 
+@pytest.mark.django_db  # Django 6.1's check runs the model checks on every database: JSONField's reads SQLite's features
 def test_rq_queues_on_a_cluster_node_are_an_error_naming_the_fix(cluster_outbox, redis_cluster, settings):
     settings.RQ_QUEUES = rq_on(redis_cluster.url)
     (error,) = [m for m in check_redis_safety() if m.id == "outbox.E009"]

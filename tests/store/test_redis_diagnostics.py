@@ -117,6 +117,7 @@ def test_a_dedicated_alias_is_not_shared(settings):
     assert ids(found) == ["outbox.W005"] and "'default'" in found[0].msg
 
 
+@pytest.mark.django_db  # Django 6.1's check runs the model checks on every database: JSONField's reads SQLite's features
 def test_the_system_check_fails_an_evicting_redis(settings, server_with):
     conn = server_with(appendonly=True, maxmemory="8mb", maxmemory_policy="allkeys-lru")
     port = conn.connection_pool.connection_kwargs["port"]
