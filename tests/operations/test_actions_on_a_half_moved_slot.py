@@ -22,7 +22,7 @@ from outbox.store.client import cluster_admin
 from outbox.store.client.outages import CLUSTER_IN_FLUX
 from outbox.store.keys import partition_for
 from outbox.testing.cluster_server import ClusterServer
-from tests.support.messages import hook_settings
+from tests.support.messages import hook_settings, settle
 
 REFUSED = (OutboxUnavailable, *CLUSTER_IN_FLUX)
 PARTITION = 3
@@ -59,7 +59,9 @@ def test_a_bulk_requeue_writes_nothing_while_the_index_it_moves_to_has_moved(
     k1, k2, k3 = keys_in_partition(3)
     with hook_settings(receiver.url, RETRY=[60]):
         dead = [outbox.send("hook", {"n": i}, idempotency_key=k) for i, k in enumerate((k1, k2))]
-        worker(simple=True)
+        # until both are dead letters: one burst pass claimed nothing in some matrix runs
+        # (order-dependent, not reproduced alone; see the closing note of issue 32)
+        settle(worker, [m.id for m in dead])
         later = outbox.send("hook", {"n": 3}, idempotency_key=k3, delay=3600)  # a pending index
     assert {outbox.get(m.id).status for m in dead} == {"failed"}  # dead letters
     repo = get_repository()
