@@ -42,15 +42,15 @@ T = TypeVar("T")
 #: script call stays short (Redis serves nothing else meanwhile).
 IDS_PER_CALL = 1000
 
-#: Seconds after which a process adds a destination's name to the destinations set again
-#: with its next message (:meth:`RepositoryBase.register_destinations`; on one server
-#: ``lua/create.lua`` adds it in the same call). Adding it with every message cost
-#: ``send()`` a command per call (issue 30, item 10); adding it once per process for
-#: good would leave a name unlisted after Redis lost its data (a restart without
-#: persistence, ``FLUSHALL``) until the process restarts. This bounds that: what reads
-#: the set (lists and counts over every destination, retention, the index repair, the
-#: release of every parked message, the gauges; never the claim) sees a name again at
-#: most this long after its first message since.
+#: With more than one partition: seconds after which a process adds a destination's
+#: name to the destinations set again with its next message
+#: (:meth:`RepositoryBase.register_destinations`, a command of its own: the set is a key
+#: of its own slot). Adding it once per process for good would leave a name unlisted
+#: after Redis lost its data (a restart without persistence, ``FLUSHALL``) until the
+#: process restarts; this bounds that: what reads the set (lists and counts over every
+#: destination, retention, the index repair, the release of every parked message, the
+#: gauges; never the claim) sees a name again at most this long after its first message
+#: since. On one server ``lua/create.lua`` adds the names with every call (about 0.2 µs).
 REGISTER_AGAIN = 10.0
 
 # Replies as this repository's connection returns them (``decode_responses=False``): bytes.

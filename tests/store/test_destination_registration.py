@@ -1,6 +1,10 @@
-"""The destinations set (``outbox:destinations``): a sending process adds a name with its
-messages at most once per ``REGISTER_AGAIN`` seconds, not with every one (issue 30,
-item 10), and again after that, so a name Redis lost comes back."""
+"""The destinations set (``outbox:destinations``), which lists, counts, retention and the
+index repair read. On one server the create script adds a call's names with every call
+(an ``SADD`` of a member already there: about 0.2 µs), so a name Redis lost (a restart
+without persistence, a failover to an empty replica) is listed and counted again from the
+next message on. With more than one partition the set is a key of its own slot, added by
+a command of its own: a process adds a name at most once per ``REGISTER_AGAIN`` seconds,
+and again after that, so a name Redis lost comes back within those seconds."""
 
 import pytest
 
@@ -13,7 +17,18 @@ def sadds(redis) -> int:
     return int(redis.info("commandstats").get("cmdstat_sadd", {}).get("calls", 0))
 
 
-def test_a_name_is_added_once_then_not_with_every_message(repo, redis):
+def test_on_one_server_a_name_redis_lost_is_counted_again_from_the_next_message(repo, redis):
+    if repo.keys.partitioned:
+        pytest.skip("with partitions the names are added once per REGISTER_AGAIN (the next test)")
+    outbox.send("mem", {"n": 1})
+    redis.srem(repo.keys.destinations, "mem")  # as after Redis lost its data
+    outbox.send("mem", {"n": 2})
+    assert repo.destinations() == ["mem"]
+    assert repo.count("pending", "mem") == 2 and repo.count("pending") == 2
+
+
+def test_with_partitions_a_name_is_added_once_then_not_with_every_message(partitioned, redis):
+    repo = partitioned
     outbox.send("mem", {"n": 1})
     assert repo.destinations() == ["mem"]
     redis.config_resetstat()
@@ -23,7 +38,8 @@ def test_a_name_is_added_once_then_not_with_every_message(repo, redis):
     assert repo.count("pending", "mem") == 3
 
 
-def test_a_name_redis_lost_comes_back_after_register_again(repo, redis, monkeypatch):
+def test_a_name_redis_lost_comes_back_after_register_again(partitioned, redis, monkeypatch):
+    repo = partitioned
     outbox.send("mem", {"n": 1})
     redis.srem(repo.keys.destinations, "mem")  # as after Redis lost its data
     outbox.send("mem", {"n": 2})

@@ -16,9 +16,9 @@
 --   of the call is in one partition, whose slot every key is in) there is no wake-up
 --   flag (3 keys per group): the caller sets the flags of the queues returned
 --   (lib/wakeup.lua). Last, after the payload records (below), on one server only:
---   outbox:destinations when the call is to add its destinations' names to it (its
---   process has not added them in the last REGISTER_AGAIN seconds, outbox/store/base.py;
---   with more than one partition the caller adds them itself).
+--   outbox:destinations, to which the call adds its destinations' names (every call, so a
+--   name Redis lost is listed again from the next message; with more than one partition
+--   the caller adds them itself, outbox/store/base.py REGISTER_AGAIN).
 -- ARGV, by position (create is send()'s one script, and every argument costs Redis and
 --   the client about 0.3 us: no names, no list of field names; the Python side names
 --   them in outbox.store.messages.CREATE_HEADER, CREATE_GROUP and CREATE_FIELDS):
