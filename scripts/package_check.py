@@ -353,5 +353,16 @@ def main() -> None:
     step("ok")
 
 
+def webhooks_only() -> None:
+    """``--webhooks-only`` (scripts/webhooks-check): the wheel in a new virtualenv, then only
+    the webhooks check (scripts/webhooks_check.py) on it."""
+    import webhooks_check  # beside this file (scripts/ is on the path of a script run)
+
+    with tempfile.TemporaryDirectory(prefix="outbox-webhooks-check-") as tmp:
+        tmp_path = Path(tmp)
+        python, site, env = install_wheel(tmp_path)
+        webhooks_check.run_check(python, python.parent / "django-admin", site, tmp_path, env)
+
+
 if __name__ == "__main__":
-    main()
+    webhooks_only() if sys.argv[1:] == ["--webhooks-only"] else main()

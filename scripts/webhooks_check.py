@@ -41,7 +41,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -423,15 +422,7 @@ def run_check(python: Path, django_admin: Path, site: str, tmp_path: Path, env: 
     step(f"ok ({time.monotonic() - t0:.1f} s)")
 
 
-def main() -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import package_check
-
-    with tempfile.TemporaryDirectory(prefix="outbox-webhooks-check-") as tmp:
-        tmp_path = Path(tmp)
-        python, site, env = package_check.install_wheel(tmp_path)
-        run_check(python, python.parent / "django-admin", site, tmp_path, env)
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(
+        "run it through scripts/webhooks-check (scripts/package_check.py --webhooks-only builds the wheel first)"
+    )
