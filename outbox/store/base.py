@@ -44,7 +44,7 @@ IDS_PER_CALL = 1000
 
 #: With more than one partition: seconds after which a process adds a destination's
 #: name to the destinations set again with its next message
-#: (:meth:`RepositoryBase.register_destinations`, a command of its own: the set is a key
+#: (``creating.register_steps``, a command of its own: the set is a key
 #: of its own slot). Adding it once per process for good would leave a name unlisted
 #: after Redis lost its data (a restart without persistence, ``FLUSHALL``) until the
 #: process restarts; this bounds that: what reads the set (lists and counts over every
@@ -197,7 +197,7 @@ class RepositoryBase:
 
     def unregistered(self, names: Iterable[str]) -> list[str]:
         """Those of ``names`` this process has not added to the destinations set in the
-        last :data:`REGISTER_AGAIN` seconds, sorted (:meth:`register_destinations`)."""
+        last :data:`REGISTER_AGAIN` seconds, sorted (``creating.register_steps``)."""
         now = time.monotonic()
         return sorted(n for n in names if now - self.registered.get(n, -REGISTER_AGAIN) >= REGISTER_AGAIN)
 
@@ -206,21 +206,6 @@ class RepositoryBase:
         now = time.monotonic()
         for n in names:
             self.registered[n] = now
-
-    def register_destinations(self, names: set[str]) -> None:
-        """Add ``names`` to the destinations set (``SADD``), each at most once per
-        :data:`REGISTER_AGAIN` seconds per process: with more than one partition the create
-        script does not (the set is a key across the deployment). A name is added before
-        its first message is written, with the partition count the first time
-        (:attr:`~.keys.Keys.partitions_record`)."""
-        new = self.unregistered(names)
-        if new:
-            pipe = self.connection.pipeline(transaction=False)
-            pipe.sadd(self.keys.destinations, *new)
-            # the partition count this deployment's data is written with (outbox.E011)
-            pipe.set(self.keys.partitions_record, self.keys.partitions, nx=True)
-            pipe.execute()
-            self.mark_registered(new)
 
     def mget(self, keys: Sequence[str]) -> list[bytes | None]:
         """The values of ``keys`` (None for a missing key), in order: ``MGET``, or on a

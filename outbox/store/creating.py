@@ -514,8 +514,10 @@ def after_create_steps(
 
 
 def register_steps(store: MessageStore, names: set[str]) -> Steps[None]:
-    """The steps of :meth:`~.base.RepositoryBase.register_destinations` (which states what
-    they do)."""
+    """With more than one partition: add ``names`` to the destinations set (``SADD``, a key
+    of its own slot), each at most once per :data:`~.base.REGISTER_AGAIN` seconds per
+    process, before their first messages are written, with the partition count the first
+    time (:attr:`~.keys.Keys.partitions_record`, for check outbox.E011)."""
     new = store.unregistered(names)
     if new:
         replies = yield Batch(
