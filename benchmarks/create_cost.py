@@ -1,7 +1,8 @@
 """What each write of ``lua/create.lua`` costs Redis (issue 30, item 10): one ``send()``'s
-own KEYS and ARGV (captured from a real ``send()``), replayed against a private Redis
-with copies of the script that leave one write out each, interleaved round by round;
-``INFO commandstats`` ``usec_per_call`` of ``EVALSHA`` for each copy.
+message (captured from a real ``send()``, which calls ``lua/create_one.lua``), replayed
+against a private Redis through ``create_one.lua`` and through ``create.lua`` with copies
+of it that leave one write out each, interleaved round by round; ``INFO commandstats``
+``usec_per_call`` of ``EVALSHA`` for each.
 
     .venv/bin/python -m benchmarks.create_cost [--calls 2000] [--rounds 5]
 
@@ -61,7 +62,7 @@ def main() -> None:
     try:
         setup_django()
         import outbox
-        from outbox.store import creating
+        from outbox.store import creating, get_repository
         from outbox.store.client.connection import get_connection
         from outbox.store.scripts import source
 
@@ -69,8 +70,7 @@ def main() -> None:
         real = creating.evalsha
 
         def spy(name, args, keys):
-            if name == "create":
-                captured.append((list(args), list(keys)))
+            captured.append((name, list(args), list(keys)))
             return real(name, args, keys)
 
         creating.evalsha = spy
@@ -78,11 +78,19 @@ def main() -> None:
         outbox.send("noop", body)
         outbox.send("noop", body)  # the second: as every send() after its process's first
         creating.evalsha = real
-        args, keys = captured[-1]
-        mid = str(args[8 + 3])  # the first message's id (CREATE_HEADER 8, one group of 3)
+        name, one_args, one_keys = captured[-1]
+        assert name == "create_one", name
+        mid = str(one_args[3])  # the message's id (CREATE_ONE: status, dest, queue, id)
+        repo = get_repository()
+        message = repo.get(mid)
+        # the same message as lua/create.lua takes it (every call but a plain send()'s)
+        args = repo.create_args([message], float(one_args[7]), 0.5, False)
+        keys = [*repo.create_keys([message]), repo.keys.destinations]
         conn = get_connection()
         text = source("create")
-        shas = {}
+        calls = {
+            "create_one.lua (send()'s script)": (conn.script_load(source("create_one")), one_args, one_keys)
+        }
         for name, old, new in VARIANTS:
             if opts.only and name not in opts.only.split(";"):
                 continue
@@ -93,17 +101,19 @@ def main() -> None:
             else:
                 assert old in text, name
                 body_text = text.replace(old, new)
-            shas[name] = conn.script_load(body_text)
+            calls[name] = (conn.script_load(body_text), args, keys)
+        shas = {name: sha for name, (sha, _, _) in calls.items()}
         per: dict[str, list[float]] = {name: [] for name in shas}
         inner: dict[str, list[float]] = {}
         for _ in range(opts.rounds):
             for name, sha in shas.items():
                 conn.flushdb()
                 conn.config_resetstat()
+                _, args_of, keys_of = calls[name]
                 for _ in range(opts.calls):
                     new_id = str(uuid.uuid4())
-                    k = [x.replace(mid, new_id) for x in keys]
-                    a = [new_id if str(x) == mid else x for x in args]
+                    k = [x.replace(mid, new_id) for x in keys_of]
+                    a = [new_id if str(x) == mid else x for x in args_of]
                     conn.evalsha(sha, len(k), *k, *a)
                 stats = conn.info("commandstats")
                 per[name].append(stats["cmdstat_evalsha"]["usec_per_call"])
@@ -112,7 +122,10 @@ def main() -> None:
                         if cmd != "cmdstat_evalsha" and st["calls"] >= opts.calls:
                             inner.setdefault(cmd[8:], []).append(st["usec_per_call"])
         full = statistics.median(per["full"]) if "full" in per else None
-        print(f"{len(keys)} KEYS, {len(args)} ARGV; µs per call (median of {opts.rounds} rounds, min-max)")
+        print(
+            f"create.lua: {len(keys)} KEYS, {len(args)} ARGV; create_one.lua: {len(one_keys)} KEYS, "
+            f"{len(one_args)} ARGV; µs per call (median of {opts.rounds} rounds, min-max)"
+        )
         for name, values in per.items():
             m = statistics.median(values)
             delta = f"  {m - full:+.2f}" if full is not None else ""

@@ -64,18 +64,14 @@ class MessageStore(Protocol):
 
     def mark_registered(self, names: Iterable[str]) -> None: ...
 
-    def create_args(
+    def create_call(
         self,
         messages: Sequence[Message],
         now: float,
         due_slack: float,
         repeat: bool = True,
         groups: dict[tuple[str, str, str], int] | None = None,
-    ) -> list[Any]: ...
-
-    def create_keys(
-        self, messages: Sequence[Message], groups: dict[tuple[str, str, str], int] | None = None
-    ) -> list[str]: ...
+    ) -> tuple[str, list[Any], list[str]]: ...
 
     def parse_create(self, messages: Sequence[Message], reply: Any) -> CreateResult: ...
 
@@ -151,8 +147,7 @@ def create_steps(
         )
         return result
     groups = create_groups(messages)
-    args = store.create_args(messages, now, due_slack, repeat, groups)
-    keys = store.create_keys(messages, groups)
+    name, args, keys = store.create_call(messages, now, due_slack, repeat, groups)
     # the script adds the destinations' names to their set with every call (an SADD of a
     # member already there, about 0.2 µs): a name Redis lost (a restart without
     # persistence, a failover to an empty replica) is listed, counted and purged again
@@ -162,13 +157,13 @@ def create_steps(
     if durability is not None and durability.waits:
         reply, acknowledged = yield Blocking(
             lambda: store.thread_clients.run(
-                lambda client: write_then_wait(store, client, "create", args, keys, durability)
+                lambda client: write_then_wait(store, client, name, args, keys, durability)
             )
         )
         result = store.parse_create(messages, reply)
         result.acknowledged = acknowledged
     else:
-        reply = yield from script_steps(store, "create", args, keys, cluster=cluster)
+        reply = yield from script_steps(store, name, args, keys, cluster=cluster)
         result = store.parse_create(messages, reply)
     if register and not any(c.code == "conflict" for c in result.created):  # a conflict writes nothing
         store.mark_registered(register)
@@ -260,13 +255,7 @@ def create_calls(
         groups = create_groups(chunk)
         # a message sent under the id its key names may be stored already: check ids
         again = repeat or any(i in plan.substituted for i in positions)
-        calls.append(
-            (
-                "create",
-                store.create_args(chunk, now, due_slack, again, groups),
-                store.create_keys(chunk, groups),
-            )
-        )
+        calls.append(store.create_call(chunk, now, due_slack, again, groups))
     return calls
 
 

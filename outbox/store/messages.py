@@ -61,8 +61,29 @@ CREATE_GROUP = ("status", "dest", "queue")
 CREATE_FIELDS = ("id", "fp", "group", "score", "created", "record", "ordered", "n_resend")
 #: Resend fields that ``lua/create.lua`` writes from the arguments before them.
 _CREATE_WRITES = ("status", "destination", "queue", "next_attempt_at")
+#: ``lua/create_one.lua``'s arguments, by position, before the resend pairs
+#: (:meth:`MessageStore.create_call` sends them).
+CREATE_ONE = ("status", "dest", "queue", "id", "score", "created", "record", "wake", "wake_ttl_ms")
 
 logger = logging.getLogger(__name__)
+
+
+def create_scores(m: Message) -> tuple[str, str]:
+    """A new message's status score (its ``next_attempt_at``, else its ``created_at``) and
+    its ``created_at``, as the create scripts get them (``repr``: every digit)."""
+    return repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at), repr(m.created_at)
+
+
+def resend_rest(m: Message, created: str) -> list[str]:
+    """The resend record's field/value pairs, flat, that the create scripts do not write
+    themselves from their other arguments (status, destination, queue, next_attempt_at;
+    updated_at when it is ``created``)."""
+    rfields = resend_fields(m)
+    for name in _CREATE_WRITES:
+        rfields.pop(name, None)
+    if rfields.get("updated_at") == created:  # the script writes created_at there
+        del rfields["updated_at"]
+    return [x for pair in rfields.items() for x in pair]
 
 
 def payloads_of(messages: Sequence[Message]) -> dict[str, list[int]]:
@@ -402,13 +423,8 @@ class MessageStore(RepositoryBase):
         for group in groups:  # (status, destination, queue): CREATE_GROUP
             args += group
         for m in messages:
-            score = repr(m.next_attempt_at if m.next_attempt_at is not None else m.created_at)
-            created = repr(m.created_at)
-            rfields = resend_fields(m)
-            for name in _CREATE_WRITES:
-                rfields.pop(name, None)
-            if rfields.get("updated_at") == created:  # the script writes created_at there
-                del rfields["updated_at"]
+            score, created = create_scores(m)
+            rest = resend_rest(m, created)
             args += (
                 m.id,
                 m.fingerprint() if m.idempotency_key else "",
@@ -417,11 +433,66 @@ class MessageStore(RepositoryBase):
                 created,
                 message_value(m),
                 "1" if m.ordering_key else "",
-                len(rfields),
+                len(rest) // 2,
+                *rest,
             )
-            for pair in rfields.items():
-                args += pair
         return args + payload_args(messages)
+
+    def create_call(
+        self,
+        messages: Sequence[Message],
+        now: float,
+        due_slack: float,
+        repeat: bool = True,
+        groups: dict[tuple[str, str, str], int] | None = None,
+    ) -> tuple[str, list[Any], list[str]]:
+        """The script call that creates ``messages`` (one partition's; see :meth:`create`):
+        ``(script name, ARGV, KEYS)``. One message without an idempotency key, an ordering
+        key or a published event's payload (every plain ``send()``) goes to
+        ``lua/create_one.lua``, which writes it as ``lua/create.lua`` would with a third
+        fewer arguments and none of the Lua that other calls need; any other call to
+        ``lua/create.lua`` (:meth:`create_args`, :meth:`create_keys`). ``repeat`` does not
+        matter to the first: its ``SET NX`` of the record is the existence check."""
+        if len(messages) == 1:
+            m = messages[0]
+            if not (m.idempotency_key or m.ordering_key or m.payload_ref):
+                return "create_one", *self.create_one(m, now, due_slack)
+        groups = create_groups(messages) if groups is None else groups
+        return (
+            "create",
+            self.create_args(messages, now, due_slack, repeat, groups),
+            self.create_keys(messages, groups),
+        )
+
+    def create_one(self, m: Message, now: float, due_slack: float) -> tuple[list[Any], list[str]]:
+        """ARGV (:data:`CREATE_ONE`, then the resend pairs) and KEYS of
+        ``lua/create_one.lua`` for the plain message ``m`` (see :meth:`create_call`)."""
+        score, created = create_scores(m)
+        due = float(score) <= now + due_slack  # as create.lua's score <= now + slack
+        shared = not self.keys.partitioned
+        part = self.keys.of(m.id)
+        keys = [
+            self.keys.message(m.id),
+            self.keys.resend(m.id),
+            part.status(m.status, m.destination),
+            part.due(m.queue),
+            part.created(m.destination),
+        ]
+        if shared:
+            keys.append(self.keys.wake(m.queue))
+        args = [
+            m.status,
+            m.destination,
+            m.queue,
+            m.id,
+            score,
+            created,
+            message_value(m),
+            repr(now) if due else "",
+            self.wake_ttl_ms if shared else "",
+            *resend_rest(m, created),
+        ]
+        return args, keys
 
     def create_keys(
         self, messages: Sequence[Message], groups: dict[tuple[str, str, str], int] | None = None

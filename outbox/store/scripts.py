@@ -14,9 +14,10 @@ it before them.
 
 Scripts take their keys in ``KEYS`` (built by :mod:`outbox.store.keys`) and their other
 inputs by name where they have more than three (:func:`named`, read by
-``lua/lib/args.lua``), except ``lua/create.lua``: ``send()``'s one script takes its
-inputs by position (named on the Python side, ``outbox.store.messages.CREATE_HEADER``,
-``CREATE_GROUP``, ``CREATE_FIELDS``), since every argument costs the client and Redis
+``lua/lib/args.lua``), except ``send()``'s scripts, ``lua/create.lua`` and
+``lua/create_one.lua`` (one plain message), which take their inputs by position (named
+on the Python side, ``outbox.store.messages.CREATE_HEADER``, ``CREATE_GROUP``,
+``CREATE_FIELDS``, ``CREATE_ONE``), since every argument costs the client and Redis
 about 0.3 µs and the names and their parsing were a third of its arguments and about
 3 µs of its server time (issue 30, item 10).
 

@@ -1,6 +1,7 @@
 -- Create messages: message record, resend record, the destination's status and creation
--- indexes, the queue's due index,
--- idempotency key, and the wake-up flag of each queue that has work due now.
+-- indexes, the queue's due index, idempotency key, and the wake-up flag of each queue that
+-- has work due now. (One plain message, send()'s common call, goes to lua/create_one.lua,
+-- which makes the same writes.)
 -- Atomic per call. Idempotent on the message id: a message whose record exists is
 -- left as it is (the on-commit fast path and the relay may both push it).
 --
@@ -19,7 +20,7 @@
 --   outbox:destinations, to which the call adds its destinations' names (every call, so a
 --   name Redis lost is listed again from the next message; with more than one partition
 --   the caller adds them itself, outbox/store/base.py REGISTER_AGAIN).
--- ARGV, by position (create is send()'s one script, and every argument costs Redis and
+-- ARGV, by position (create is send()'s script, and every argument costs Redis and
 --   the client about 0.3 us: no names, no list of field names; the Python side names
 --   them in outbox.store.messages.CREATE_HEADER, CREATE_GROUP and CREATE_FIELDS):
 --   1 idem_ttl (seconds; 0 = keep for ever), 2 wake_ttl_ms (wake flag TTL), 3 now (epoch
