@@ -36,7 +36,7 @@ from outbox.records import Message, partition_of
 from outbox.store.base import wake_flags_unavailable
 from outbox.store.client.durability import Durability, commands_then_wait, write_then_wait
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, unknown_first
-from outbox.store.created import Created, CreateResult, create_groups, due_queues
+from outbox.store.created import Created, CreateResult, due_queues
 from outbox.store.idempotency import Held, Reservations, away_from_home
 from outbox.store.scripts import sha
 from outbox.store.steps import Batch, Blocking, LoadScripts, Primaries, Steps
@@ -65,12 +65,7 @@ class MessageStore(Protocol):
     def mark_registered(self, names: Iterable[str]) -> None: ...
 
     def create_call(
-        self,
-        messages: Sequence[Message],
-        now: float,
-        due_slack: float,
-        repeat: bool = True,
-        groups: dict[tuple[str, str, str], int] | None = None,
+        self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool = True
     ) -> tuple[str, list[Any], list[str]]: ...
 
     def parse_create(self, messages: Sequence[Message], reply: Any) -> CreateResult: ...
@@ -146,13 +141,12 @@ def create_steps(
             store, messages, now, due_slack, repeat, durability, cluster=cluster
         )
         return result
-    groups = create_groups(messages)
-    name, args, keys = store.create_call(messages, now, due_slack, repeat, groups)
+    name, args, keys = store.create_call(messages, now, due_slack, repeat)
     # the script adds the destinations' names to their set with every call (an SADD of a
     # member already there, about 0.2 µs): a name Redis lost (a restart without
     # persistence, a failover to an empty replica) is listed, counted and purged again
     # from the next message on, not REGISTER_AGAIN seconds later (.base)
-    register = sorted({d for _, d, _ in groups})
+    register = sorted({m.destination for m in messages})
     keys.append(store.keys.destinations)
     if durability is not None and durability.waits:
         reply, acknowledged = yield Blocking(
@@ -252,10 +246,9 @@ def create_calls(
     calls: list[WriteCall] = []
     for positions in plan.parts.values():
         chunk = plan.chunk(positions)
-        groups = create_groups(chunk)
         # a message sent under the id its key names may be stored already: check ids
         again = repeat or any(i in plan.substituted for i in positions)
-        calls.append(store.create_call(chunk, now, due_slack, again, groups))
+        calls.append(store.create_call(chunk, now, due_slack, again))
     return calls
 
 

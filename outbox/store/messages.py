@@ -439,12 +439,7 @@ class MessageStore(RepositoryBase):
         return args + payload_args(messages)
 
     def create_call(
-        self,
-        messages: Sequence[Message],
-        now: float,
-        due_slack: float,
-        repeat: bool = True,
-        groups: dict[tuple[str, str, str], int] | None = None,
+        self, messages: Sequence[Message], now: float, due_slack: float, repeat: bool = True
     ) -> tuple[str, list[Any], list[str]]:
         """The script call that creates ``messages`` (one partition's; see :meth:`create`):
         ``(script name, ARGV, KEYS)``. One message without an idempotency key, an ordering
@@ -457,7 +452,7 @@ class MessageStore(RepositoryBase):
             m = messages[0]
             if not (m.idempotency_key or m.ordering_key or m.payload_ref):
                 return "create_one", *self.create_one(m, now, due_slack)
-        groups = create_groups(messages) if groups is None else groups
+        groups = create_groups(messages)
         return (
             "create",
             self.create_args(messages, now, due_slack, repeat, groups),
