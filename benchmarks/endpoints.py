@@ -40,6 +40,7 @@ CALL_BLOCK = 100  # calls per block of publish() / send()
 CALL_BLOCKS = 5  # blocks of each
 FAN_OUT_CALLS = 10  # publishes of one event to 1,000 endpoints
 MEMORY_EVENTS = 3  # events (of 1,000 deliveries each) per payload size
+SWEEP_INTERVAL = 30  # s: RECOVERY_INTERVAL as the benchmark runs it (the default)
 
 
 def verifying_receiver(secrets: dict[str, str], delay: float) -> tuple[ThreadingHTTPServer, str]:
@@ -122,21 +123,48 @@ def register(base: str) -> tuple[dict[str, str], float]:
     return paths, time.perf_counter() - t0
 
 
+def sweep() -> int:
+    """One recovery sweep (:func:`outbox.delivery.recovery.recover`: leases, purge, the
+    destination summary) made here under the sweep's lock, as the worker process that
+    takes it in an interval makes it; the lock stays held (0.9 ``RECOVERY_INTERVAL``), so
+    the drain's worker, started within the interval, does not sweep again, as a worker
+    started in the middle of an interval does not. Returns its Redis commands (INFO
+    commandstats), reported apart and amortised at its interval (:func:`endpoints_run`)."""
+    import uuid
+
+    from benchmarks.common import commandstats, stats_delta
+    from outbox.conf import outbox_settings
+    from outbox.delivery.recovery import recover
+    from outbox.store import get_repository
+    from outbox.store.client.connection import get_connection
+
+    conn = get_connection()
+    before = commandstats(conn)
+    held = get_repository().acquire_lock(
+        "recovery", uuid.uuid4().hex, outbox_settings.RECOVERY_INTERVAL * 0.9
+    )
+    assert held, "another process holds the recovery lock"
+    recover()
+    return sum(stats_delta(before, commandstats(conn)).values())
+
+
 def drain(n: int, receiver: Any) -> dict[str, float]:
     """One burst worker delivers the n due messages: the receiver's rate and the Redis
-    commands per delivery during the run."""
+    commands per delivery during the run; the recovery sweep, made just before (:func:`sweep`),
+    counted apart (commands per sweep)."""
     from benchmarks.common import commandstats, outbox_burst, receiver_rate, stats_delta
     from outbox.store import get_repository
     from outbox.store.client.connection import get_connection
 
     conn = get_connection()
     receiver.answered.clear()
+    swept = sweep()
     before = commandstats(conn)
     outbox_burst(n)
     commands = sum(stats_delta(before, commandstats(conn)).values())
     counts = get_repository().counts()
     assert counts["succeeded"] >= n and not counts["pending"], counts
-    return {"per_s": receiver_rate(receiver), "cmds": commands / n}
+    return {"per_s": receiver_rate(receiver), "cmds": commands / n, "sweep": swept}
 
 
 def delivery_pair(n: int, receiver: Any, endpoints_first: bool) -> dict[str, float]:
@@ -152,13 +180,13 @@ def delivery_pair(n: int, receiver: Any, endpoints_first: bool) -> dict[str, flo
         for _ in range(n // PER_APPLICATION):
             outbox.publish("order.paid", body, application="app-0")
         r = drain(n // PER_APPLICATION * PER_APPLICATION, receiver)
-        out["endpoints_per_s"], out["endpoints_cmds_per_msg"] = r["per_s"], r["cmds"]
+        out.update(endpoints_per_s=r["per_s"], endpoints_cmds_per_msg=r["cmds"], endpoints_sweep=r["sweep"])
 
     def to_hook() -> None:
         for i in range(0, n, 100):
             outbox.send_many([{"destination": "hook", "body": body}] * min(100, n - i))
         r = drain(n, receiver)
-        out["hook_per_s"], out["hook_cmds_per_msg"] = r["per_s"], r["cmds"]
+        out.update(hook_per_s=r["per_s"], hook_cmds_per_msg=r["cmds"], hook_sweep=r["sweep"])
 
     for step in (to_endpoints, to_hook) if endpoints_first else (to_hook, to_endpoints):
         get_connection().flushdb()
@@ -286,6 +314,9 @@ def endpoints_run(rounds: int, n: int, out: str) -> None:
     def m(key: str) -> float:
         return statistics.median(vals(key))
 
+    def amortised(side: str) -> float:
+        return m(f"{side}_sweep") / (m(f"{side}_per_s") * SWEEP_INTERVAL)
+
     rate = m("endpoints_per_s") / m("hook_per_s")
     cmds = m("endpoints_cmds_per_msg") / m("hook_cmds_per_msg")
     calls = m("publish_per_s") / m("send_per_s")
@@ -309,10 +340,15 @@ def endpoints_run(rounds: int, n: int, out: str) -> None:
             f"{n:,} to one settings destination",
         ),
         _ratio_row(
-            "Redis commands per delivered message (INFO commandstats, during the drain)",
+            "Redis commands per delivered message (INFO commandstats, during the drain; the sweep apart)",
             vals("endpoints_cmds_per_msg"), vals("hook_cmds_per_msg"), "within 10 %", abs(cmds - 1) <= 0.10,
             "settings destination",
         ),
+        f"| recovery sweep (leases, purge, destination summary), once per RECOVERY_INTERVAL across the "
+        f"workers, made just before each drain: commands per sweep | {med(vals('endpoints_sweep'))} | "
+        f"settings destination: {med(vals('hook_sweep'))} | | (apart) | |",
+        f"| the sweep amortised over a {SWEEP_INTERVAL} s interval at the measured rate (commands per "
+        f"delivery) | {amortised('endpoints'):.2f} | settings destination: {amortised('hook'):.2f} | | | |",
         _ratio_row(
             "`publish()` to an application with one endpoint (calls/s, blocks of "
             f"{CALL_BLOCK})", vals("publish_per_s"), vals("send_per_s"), "≥ 0.8×", calls >= 0.8, "`send()`",
