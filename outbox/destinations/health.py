@@ -6,7 +6,9 @@ Workers record every attempt's outcome in Redis as they write it (``lua/health.l
 in the same round trip as the status change): per destination a hash
 ``outbox:dest:<name>`` (admin state, breaker, consecutive failures, last success,
 failing since, cumulative totals and latency histogram), per minute a hash
-``outbox:health:<name>:<minute>`` (attempts by outcome, latency buckets; kept 2 h) and
+``outbox:health:<name>:<minute>`` (attempts by outcome, latency buckets; kept 2 h; on one
+partition the latest minute with outcomes is carried in the destination's hash until a
+later minute's outcomes move it there, and read from either) and
 per hour ``outbox:errors:<name>:<hour>`` (failures by status code and error class; kept
 25 h). Reading one destination's health is a fixed number of small reads in one round
 trip, whatever the traffic (:func:`get_health`).

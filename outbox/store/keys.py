@@ -305,6 +305,12 @@ class Keys:
         (``lua/health.lua``)."""
         return f"{self.home(destination)}:counted:{destination}:{run}"
 
+    def counted_run(self, run: str) -> str:
+        """On one partition, the highest outcome sequence number of one worker run that
+        health has counted, for every destination at once (``lua/health.lua``: one call
+        counts all of an exchange's destinations; :meth:`counted` with more partitions)."""
+        return f"{self.shared}:counted:{run}"
+
     def inflight(self, destination: str) -> str:
         """With more than one partition, ``destination``'s attempts in flight (a sorted set:
         "<lease>|<message id>" -> lease deadline) that its gate granted (``lua/gate.lua``): its

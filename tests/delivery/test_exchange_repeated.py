@@ -83,3 +83,29 @@ def test_failures_written_again_are_counted_once(deployment, receiver, worker, r
     state = deployment.connection.hmget(deployment.keys.dest("hook"), "consecutive", "breaker")
     # one failure of a breaker that opens at two: still closed
     assert (int(state[0]), (state[1] or b"closed").decode()) == (1, "closed")
+
+
+def test_an_exchange_of_several_destinations_written_again_counts_each_once(
+    deployment, receiver, worker, reply_lost_once
+):
+    # One partition: one health.lua call counts every destination of the exchange at
+    # once, so the run keeps one mark (outbox:counted:<run>), not one per destination
+    # and exchange (a SET each: one per endpoint delivery when deliveries spread over
+    # endpoints); with more partitions each destination's call keeps its own.
+    from outbox import webhooks
+
+    receiver.respond(200)
+    webhooks.create_event_type("order.paid")
+    webhooks.create_application("acme")
+    for i in range(3):
+        webhooks.create_endpoint("acme", f"{receiver.base}/ep/{i}")
+    event = outbox.publish("order.paid", {"n": 1}, application="acme")
+    worker(simple=True)
+    assert reply_lost_once, "no reply was lost: the test did not test anything"
+    names = [d.message.destination for d in event.deliveries]
+    assert [outbox.get(d.id).status for d in event.deliveries] == ["succeeded"] * 3
+    assert len(receiver.requests) == 3
+    assert [counts(deployment, name) for name in names] == [(1, 0, 0)] * 3
+    if deployment.keys.partitions == 1:
+        marks = deployment.connection.keys(f"{deployment.keys.prefix}:counted:*")
+        assert len(marks) == 1, marks

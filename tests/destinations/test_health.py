@@ -297,6 +297,46 @@ def test_health_window_latency_errors_timeline_and_bounded_reads(receiver, worke
     assert _commands_for(repo, lambda: health.get_health("hook")) == commands <= 7 + repo.keys.partitions
 
 
+def test_the_latest_minute_rides_in_the_state_hash_and_moves_to_its_minute_hash_later(repo):
+    # On one partition a minute's counts are carried in the destination's state hash
+    # (written by the HSET health.lua makes anyway) instead of 2 HINCRBY and an EXPIRE of
+    # a minute hash per destination and exchange; a later minute's outcomes move them to
+    # their minute's hash. The reads see the same either way.
+    minute = int(time.time() // 60) - 3
+
+    def outcomes(kinds: str, first: int) -> list[list]:
+        return [
+            ["hook", k, 3.0, 503 if k != "s" else 200, "http", "", 0, f"m{first + i}"]
+            for i, k in enumerate(kinds)
+        ]
+
+    def hincrbys() -> int:
+        return int(repo.connection.info("commandstats").get("cmdstat_hincrby", {}).get("calls", 0))
+
+    before = hincrbys()
+    repo.record_outcomes(outcomes("ssr", 0), "{}", minute * 60 + 10)
+    repo.record_outcomes(outcomes("s", 3), "{}", minute * 60 + 50)
+    if not repo.keys.partitioned:
+        assert hincrbys() == before + 1  # the hour's error count of the "r"; the minute's: none
+        assert not repo.connection.exists(repo.keys.health("hook", minute))
+    repo.record_outcomes(outcomes("ss", 4), "{}", (minute + 1) * 60 + 5)
+    repo.record_outcomes(outcomes("p", 6), "{}", (minute + 3) * 60 + 5)
+    now = (minute + 3) * 60 + 30
+    h = health.get_health("hook", now)
+    chart = health.timeline("hook", minutes=5, now=now)
+    assert (h.window.succeeded, h.window.retryable, h.window.permanent) == (5, 1, 1)
+    assert [(m.succeeded, m.retryable, m.permanent) for m in chart] == [
+        (0, 0, 0), (3, 1, 0), (2, 0, 0), (0, 0, 0), (0, 0, 1)
+    ]  # fmt: skip
+    assert h.window.p50_ms is not None and sum(n for _, n in h.latency_buckets[-1:]) == 7
+    moved = {k.decode(): int(v) for k, v in repo.connection.hgetall(repo.keys.health("hook", minute)).items()}
+    assert (moved["s"], moved["r"], moved.get("p", 0)) == (3, 1, 0)  # its hash has it now
+    assert 7200 - 300 < repo.connection.ttl(repo.keys.health("hook", minute)) <= 7200 + 60
+    if not repo.keys.partitioned:
+        state = dest_hash(repo)
+        assert (state["cm"], state["cp"], "cs" in state) == (str(minute + 3), "1", False)
+
+
 def _commands_for(repo, action) -> int:
     """Commands the server ran for ``action`` (INFO commandstats, the INFO calls excluded)."""
 

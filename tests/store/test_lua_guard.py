@@ -94,11 +94,14 @@ UNGUARDED: dict[str, tuple[str, set[str]]] = {
     "health": (
         "runs in one destination's home slot; it builds again the keys the caller declares "
         "(destination_state.health_keys: state, in-flight, health of the minute and of the "
-        "breaker's window, errors of the hour, the run's counted mark)",
+        "breaker's window, errors of the hour, the run's counted mark); the run's one mark "
+        "(K.counted_run) and a carried minute's hash (flush_carried's hkey) only with one "
+        "partition (one server: no slot moves)",
         {
             "K.dest(prefix, dest)",
             "K.inflight(prefix, dest)",
             "K.counted(prefix, dest, run)",
+            "K.counted_run(prefix, run)",
             "K.health(prefix, dest, m)",
             "hkey",
             "dkey",

@@ -73,6 +73,7 @@ SHARED: dict[str, list[tuple[object, ...]]] = {
     "gcra": [(d,) for d in DESTINATIONS],
     "inflight": [(d,) for d in DESTINATIONS],
     "counted": [(d, r) for d in DESTINATIONS for r in ("0f3a9c1d2b4e5f60", "r")],
+    "counted_run": [(r,) for r in ("0f3a9c1d2b4e5f60", "r")],
 }
 #: Names that are not keys but that both sides build: (Lua name, arguments), no prefix.
 MEMBERS: dict[str, list[tuple[str, ...]]] = {

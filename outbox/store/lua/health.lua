@@ -25,11 +25,17 @@
 --     the grant lease|id ends; may be absent), seq (the outcome's number in its worker
 --     run, from 1, in the order decided; may be absent or 0)
 --   run: the worker run's token ("" or absent: none), horizon: seconds its counted
---     mark (K.counted) is kept, at least 60. An exchange is written again after a lost
+--     mark is kept, at least 60. An exchange is written again after a lost
 --     reply or a failed later step (its outcomes and their numbers the same, the run's
 --     outcomes decided since numbered higher): an outcome numbered at or below its
 --     destination's mark for the run was counted and is skipped, so health, failure
---     runs and the breaker count each attempt once (docs/architecture.md).
+--     runs and the breaker count each attempt once (docs/architecture.md). The mark:
+--     with more than one partition, one per destination (K.counted: its call is its
+--     own, and its outcomes may be held back alone while its home slot moves); with
+--     one, one for the run (K.counted_run): a call counts every destination's outcomes
+--     at once, and a run writes a call again before any later one
+--     (outbox/delivery/loop.py, write_and_claim), so the highest number counted covers
+--     every destination (one SET per call, not one per destination).
 --   buckets: the latency histogram's bucket count N (LATENCY_BUCKETS,
 --     outbox/store/destination_state.py): a minute's field b<i> counts attempts <= 2^i ms
 -- With more than one partition, returns {events, probe times (flat: destination, epoch s),
@@ -63,6 +69,11 @@ local FIELDS = {'admin', 'breaker', 'consecutive', 'failing_since', 'failing_not
                 'probe_id', 'blocked_until', 'next_probe_at', 'lat_sum', 't_s', 't_r', 't_p'}
 local TOTALS = #FIELDS - 2  -- t_s, t_r, t_p: then lb0 .. lb<NB> (the state hash's totals, read here and
 for i = 0, NB do FIELDS[#FIELDS + 1] = 'lb' .. i end  -- written back by the one HSET: no HINCRBY each)
+-- The carried minute (see carry below): cm, its number, then its counts cs, cr, cp, cb0 .. cb<NB>
+local CARRIED = #FIELDS + 1
+FIELDS[CARRIED] = 'cm'
+for _, k in ipairs({'s', 'r', 'p'}) do FIELDS[#FIELDS + 1] = 'c' .. k end
+for i = 0, NB do FIELDS[#FIELDS + 1] = 'cb' .. i end
 
 local events = {}
 -- When the wake check must look at a destination (outbox:probes). With more than one
@@ -110,6 +121,12 @@ for _, values in ipairs(outcomes) do
   local seq = tonumber(o.seq or '0') or 0
   if fresh[o.destination] == nil or seq < fresh[o.destination] then fresh[o.destination] = seq end
 end
+local run_mark  -- one partition: the run's mark, read at most once per call
+local function counted_mark(dest)
+  if K.parts > 1 then return tonumber(redis.call('GET', K.counted(prefix, dest, run)) or '0') end
+  if run_mark == nil then run_mark = tonumber(redis.call('GET', K.counted_run(prefix, run)) or '0') end
+  return run_mark
+end
 local states, order = {}, {}
 local function state(dest)
   local st = states[dest]
@@ -120,12 +137,14 @@ local function state(dest)
         cooldown = tonumber(v[6] or '0'), probe_id = v[7] or '', blocked_until = tonumber(v[8] or '0'),
         next_probe_at = tonumber(v[9] or '0'), lat_sum = tonumber(v[10] or '0'), totals = {},
         set = {}, del = {}, agg = {s = 0, r = 0, p = 0, sum = 0, b = {}}, errors = {}, failed = false}
-  for i = TOTALS, #FIELDS do st.totals[FIELDS[i]] = tonumber(v[i] or '0') end
+  for i = TOTALS, CARRIED - 1 do st.totals[FIELDS[i]] = tonumber(v[i] or '0') end
+  st.cm, st.carried = tonumber(v[CARRIED] or ''), {}
+  for i = CARRIED + 1, #FIELDS do st.carried[FIELDS[i]] = tonumber(v[i] or '0') end
   st.counted = 0
   -- the run's mark is read only when one of this destination's outcomes may be at or below
   -- it: one numbered at or below "sent" (the highest number of an earlier call of the run)
   if run ~= '' and (fresh[dest] or 0) <= sent then
-    st.counted = tonumber(redis.call('GET', K.counted(prefix, dest, run)) or '0')
+    st.counted = counted_mark(dest)
   end
   st.top = st.counted
   states[dest] = st
@@ -277,30 +296,79 @@ for _, values in ipairs(outcomes) do
   end
 end
 
-for _, dest in ipairs(order) do
-  local st = states[dest]
-  local agg = st.agg
+-- This minute's counts, with more than one partition: in the minute's hash at once. It is
+-- given its time to live when it is new: then every field written is new, so each
+-- HINCRBY answers its own increment (kept 2 h after the minute's end).
+local function to_minute_hash(dest, agg)
   local hkey = K.health(prefix, dest, minute)
-  local dkey = K.dest(prefix, dest)
-  -- This minute's counts; the state hash's totals go in its HSET below. The minute's hash
-  -- is given its time to live when it is new: then every field written is new, so each
-  -- HINCRBY answers its own increment (kept 2 h after the minute's end, as long as the
-  -- EXPIRE 7200 of every call made it).
   local new = false
   for _, k in ipairs({'s', 'r', 'p'}) do
+    if agg[k] > 0 and redis.call('HINCRBY', hkey, k, agg[k]) == agg[k] then new = true end
+  end
+  for i, n in pairs(agg.b) do redis.call('HINCRBY', hkey, 'b' .. i, n) end
+  if new then redis.call('EXPIRE', hkey, 7260) end
+end
+
+-- A carried minute that has passed goes to its minute's hash (HINCRBY: added to what a
+-- worker of an earlier version may have written there), kept 2 h after the minute's end
+-- (nothing written when that is past); its fields are emptied.
+local function flush_carried(dest, st)
+  if not st.cm then return end
+  local keep, hkey = (st.cm + 1) * 60 + 7200, K.health(prefix, dest, st.cm)
+  local wrote = false
+  for f, n in pairs(st.carried) do  -- f: cs, cr, cp, cb<i>; the minute hash's field without the c
+    if n > 0 then
+      if keep > now then
+        redis.call('HINCRBY', hkey, string.sub(f, 2), n)
+        wrote = true
+      end
+      st.carried[f] = 0
+      drop(st, f)
+    end
+  end
+  if wrote then redis.call('EXPIREAT', hkey, math.ceil(keep)) end
+end
+
+-- This minute's counts, on one partition: carried in the state hash (cm, cs, cr, cp, cb<i>),
+-- read by its HMGET and written by its HSET, so an exchange adds no command of its own
+-- for them (a minute's hash of its own was 2 HINCRBY and an EXPIRE per destination and
+-- exchange); the carried minute goes to its minute's hash when a later minute's outcomes
+-- come. Readers add the carried minute to the minute hashes
+-- (outbox/store/reads/destination_reads.py). With more than one partition the carried
+-- minute's hash, known only here, could not be declared in KEYS: to_minute_hash.
+local function carry(dest, st, agg)
+  if st.cm ~= minute then
+    flush_carried(dest, st)
+    st.cm = minute
+    put(st, 'cm', minute)
+  end
+  local c = st.carried
+  for _, k in ipairs({'s', 'r', 'p'}) do
     if agg[k] > 0 then
-      if redis.call('HINCRBY', hkey, k, agg[k]) == agg[k] then new = true end
-      put(st, 't_' .. k, st.totals['t_' .. k] + agg[k])
+      c['c' .. k] = c['c' .. k] + agg[k]
+      put(st, 'c' .. k, c['c' .. k])
     end
   end
   for i, n in pairs(agg.b) do
-    redis.call('HINCRBY', hkey, 'b' .. i, n)
-    put(st, 'lb' .. i, st.totals['lb' .. i] + n)
+    c['cb' .. i] = c['cb' .. i] + n
+    put(st, 'cb' .. i, c['cb' .. i])
   end
+end
+
+local run_top = 0  -- one partition: the highest outcome number this call counted
+for _, dest in ipairs(order) do
+  local st = states[dest]
+  local agg = st.agg
+  local dkey = K.dest(prefix, dest)
+  -- This minute's counts (carry, to_minute_hash); the state hash's totals go in its HSET below.
+  for _, k in ipairs({'s', 'r', 'p'}) do
+    if agg[k] > 0 then put(st, 't_' .. k, st.totals['t_' .. k] + agg[k]) end
+  end
+  for i, n in pairs(agg.b) do put(st, 'lb' .. i, st.totals['lb' .. i] + n) end
   if agg.s + agg.r + agg.p > 0 then
     put(st, 'lat_sum', string.format('%.17g', st.lat_sum + agg.sum / 1000))
+    if K.parts <= 1 then carry(dest, st, agg) else to_minute_hash(dest, agg) end
   end
-  if new then redis.call('EXPIRE', hkey, 7260) end
   if next(st.errors) then
     local ekey = K.errors(prefix, dest, hour)
     for g, v in pairs(st.errors) do
@@ -318,12 +386,20 @@ for _, dest in ipairs(order) do
       local s, r, p = tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')
       n, failed = n + s + r + p, failed + r + p
     end
+    if st.cm == minute then  -- this minute's carried counts (carry)
+      local c = st.carried
+      n, failed = n + c.cs + c.cr + c.cp, failed + c.cr + c.cp
+    end
     if n >= cfg.min_attempts and failed / n > cfg.failure_rate then
       open(dest, st, cfg, 'failure rate', {consecutive_failures = st.consecutive, failure_rate = failed / n, attempts = n})
     end
   end
   if st.top > st.counted then
-    redis.call('SET', K.counted(prefix, dest, run), st.top, 'EX', math.max(60, math.ceil(horizon)))
+    if K.parts > 1 then
+      redis.call('SET', K.counted(prefix, dest, run), st.top, 'EX', math.max(60, math.ceil(horizon)))
+    elseif st.top > run_top then
+      run_top = st.top
+    end
   end
   local fields = {}
   for f, v in pairs(st.set) do
@@ -334,6 +410,9 @@ for _, dest in ipairs(order) do
   local gone = {}
   for f in pairs(st.del) do gone[#gone + 1] = f end
   if #gone > 0 then redis.call('HDEL', dkey, unpack(gone)) end
+end
+if run_top > 0 then  -- one partition: the run's one mark (the highest number counted)
+  redis.call('SET', K.counted_run(prefix, run), run_top, 'EX', math.max(60, math.ceil(horizon)))
 end
 if K.parts <= 1 then return events end
 -- With more than one partition: also the probe times to write (above) and the

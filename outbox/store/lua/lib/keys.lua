@@ -65,5 +65,6 @@ function K.inflight(prefix, dest) return K.home(prefix, dest) .. ':inflight:' ..
 -- a member of K.inflight (Keys.inflight_member): not a key, but a name both sides build
 function K.inflight_member(lease, id) return lease .. '|' .. id end
 function K.counted(prefix, dest, run) return K.home(prefix, dest) .. ':counted:' .. dest .. ':' .. run end
+function K.counted_run(prefix, run) return K.shared(prefix) .. ':counted:' .. run end
 -- across the deployment: prefix is the deployment's
 function K.wake(prefix, queue) return K.shared(prefix) .. ':wake:' .. queue end
