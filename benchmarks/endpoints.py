@@ -125,11 +125,15 @@ def register(base: str) -> tuple[dict[str, str], float]:
 
 def sweep() -> int:
     """One recovery sweep (:func:`outbox.delivery.recovery.recover`: leases, purge, the
-    destination summary) made here under the sweep's lock, as the worker process that
-    takes it in an interval makes it; the lock stays held (0.9 ``RECOVERY_INTERVAL``), so
-    the drain's worker, started within the interval, does not sweep again, as a worker
-    started in the middle of an interval does not. Returns its Redis commands (INFO
-    commandstats), reported apart and amortised at its interval (:func:`endpoints_run`)."""
+    destination summary) made here under the sweep's lock, as the one worker process that
+    takes the lock in an interval makes it. Returns its Redis commands (INFO
+    commandstats), reported apart and amortised at its interval (:func:`endpoints_run`).
+
+    The drain's ``--burst`` worker still runs its once-only housekeeping, which sweeps
+    without the lock: its summary is skipped (the one made here is fresh), its lease and
+    purge scans are not (a ZRANGEBYSCORE per destination with messages and index:
+    ``sending``, ``succeeded``, ``cancelled``) and stay in the drain's count, which a
+    long-running worker, sweeping only under the lock, would not pay."""
     import uuid
 
     from benchmarks.common import commandstats, stats_delta
