@@ -564,16 +564,20 @@ def reencrypt_secrets(*, using: str = DEFAULT_DB_ALIAS) -> int:
 # -- publishing --------------------------------------------------------------------------
 
 
+#: Byte -> a character of the base32 alphabet (RFC 4648, lower case): 256 is a multiple of
+#: 32, so a uniform random byte gives a uniform character (5 random bits).
+_BASE32_OF_BYTE = bytes(b"abcdefghijklmnopqrstuvwxyz234567"[i % 32] for i in range(256))
+
+
 def event_id(application: Application, idempotency_key: str | None) -> str:
-    """An event id, ``evt_`` + 26 base32 characters: derived from (application,
-    idempotency key) when there is a key (the same on every publish with it), random
-    otherwise."""
-    raw = (
-        hashlib.sha256(f"{application.pk}\x00{idempotency_key}".encode()).digest()
-        if idempotency_key is not None
-        else os.urandom(20)
-    )
-    return "evt_" + base64.b32encode(raw).decode().lower()[:26]
+    """An event id, ``evt_`` + 26 base32 characters (130 bits): derived from (application,
+    idempotency key) when there is a key (the same on every publish with it: the base32
+    of its SHA-256, by every version), random otherwise (26 random bytes mapped to the
+    alphabet in C: ``base64.b32encode`` is Python code, about 2 µs of every publish)."""
+    if idempotency_key is not None:
+        raw = hashlib.sha256(f"{application.pk}\x00{idempotency_key}".encode()).digest()
+        return "evt_" + base64.b32encode(raw).decode().lower()[:26]
+    return "evt_" + os.urandom(26).translate(_BASE32_OF_BYTE).decode()
 
 
 def publish(

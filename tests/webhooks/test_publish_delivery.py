@@ -206,3 +206,23 @@ def test_deleting_an_endpoint_deletes_its_deliveries_and_its_state():
         outbox.get(event.deliveries[0].id)
     assert name not in repo.destinations()
     assert not repo.connection.exists(repo.keys.dest(name))
+
+
+def test_event_ids_are_base32_random_without_a_key_and_derived_as_before_with_one():
+    """Without a key: ``evt_`` + 26 characters of the base32 alphabet, every one different.
+    With a key: the base32 of SHA-256(application pk, NUL, key), as every earlier version
+    derived it, so processes of two versions running side by side during an upgrade
+    give a repeated publish the same event id."""
+    import base64
+    import hashlib
+    import string
+
+    app = webhooks.create_application("ids")
+    alphabet = set(string.ascii_lowercase + "234567")
+    ids = {webhooks.event_id(app, None) for _ in range(2000)}
+    assert len(ids) == 2000
+    assert all(i.startswith("evt_") and len(i) == 30 and set(i[4:]) <= alphabet for i in ids)
+    # every character of the alphabet turns up in every position (uniform bytes, not hex)
+    assert all({i[4 + pos] for i in ids} == alphabet for pos in range(26))
+    digest = hashlib.sha256(f"{app.pk}\x00order-7".encode()).digest()
+    assert webhooks.event_id(app, "order-7") == "evt_" + base64.b32encode(digest).decode().lower()[:26]
