@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from asgiref.sync import AsyncToSync, sync_to_async
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import tracing
@@ -533,7 +533,7 @@ async def _acapture_or_store(messages: list[Message], using: str, repeat: bool) 
     if not messages:
         return []
     if not outbox_settings.EAGER:
-        if transaction.get_connection(using).in_atomic_block:
+        if atomic_block_here(using):
             # an atomic block on this very thread (DJANGO_ALLOW_ASYNC_UNSAFE): capture here
             return _capture_or_store(messages, using, repeat)
         if await _callers_atomic_block(using):
@@ -556,6 +556,16 @@ async def _acapture_or_store(messages: list[Message], using: str, repeat: bool) 
             f"asend_again), which stores them under their ids ({_first_ids(messages)}) once.",
             unknown=messages,
         ) from exc
+
+
+def atomic_block_here(using: str) -> bool:
+    """Whether database ``using``'s connection of this context is inside
+    ``transaction.atomic`` (async code entered it with ``DJANGO_ALLOW_ASYNC_UNSAFE``),
+    without making that connection: Django keeps one per asyncio task (contextvars), and
+    ``transaction.get_connection`` in a task that never used the database builds a
+    ``DatabaseWrapper`` (with its cycles of a dozen objects, garbage for the collector
+    once the task ends) only to answer no."""
+    return any(c.alias == using and c.in_atomic_block for c in connections.all(initialized_only=True))
 
 
 async def _callers_atomic_block(using: str) -> bool:

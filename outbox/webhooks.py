@@ -686,7 +686,7 @@ async def apublish(
     request = _Publish(
         event_type, payload, application, channels, idempotency_key, ordering_key, delay, priority, using
     )
-    if transaction.get_connection(using).in_atomic_block:  # on this very thread (DJANGO_ALLOW_ASYNC_UNSAFE)
+    if api.atomic_block_here(using):  # on this very thread (DJANGO_ALLOW_ASYNC_UNSAFE)
         event, endpoints = _resolve(request)
     else:
         event, endpoints = await sync_to_async(_resolve, thread_sensitive=True)(request)
