@@ -15,6 +15,10 @@ class OutboxConfig(AppConfig):
 
         connect()  # OUTBOX["MODEL_EVENTS"]' receivers; raises ImproperlyConfigured
 
+        from outbox import tracing  # app loading: OpenTelemetry imported now, not in the first send
+
+        tracing.preload()
+
         if outbox_settings.METRICS_REGISTER:  # for django-prometheus's /metrics (needs the metrics extra)
             from outbox.metrics import register  # optional: the metrics extra
 

@@ -3,6 +3,10 @@ in-memory exporter, and the trace context a real receiver gets with each webhook
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -205,3 +209,15 @@ async def test_asend_has_the_send_span_with_its_name_and_attributes(spans, hook)
     assert many.attributes["messaging.batch.message_count"] == 3
     assert {(await outbox.aget(b.id)).headers["traceparent"] for b in batch} == {traceparent(many)}
     await aclose()
+
+
+def test_the_opentelemetry_api_is_imported_when_the_app_loads_not_in_the_first_send():
+    """The import (propagators, their regular expressions) ran inside the first send: on
+    the event loop, for an ``asend`` (issue 33's loop-blocking target)."""
+    code = (
+        "import sys, django; django.setup(); from outbox import tracing; "
+        "print(tracing._api is not None and 'opentelemetry.propagate' in sys.modules)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "True", done.stderr
