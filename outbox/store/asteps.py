@@ -5,7 +5,7 @@ that ``outbox.asend()`` runs, and the asynchronous read of ``outbox.aget()``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -67,13 +67,20 @@ async def adrive(repository: RepositoryBase, steps: Steps[T], progress: Progress
         steps.close()
 
 
-async def aperform(
+def aperform(
     repository: RepositoryBase, client: AsyncClient, op: Op, on_sent: Callable[[], None] | None = None
-) -> Any:
-    """One operation (:mod:`.steps`) on the asyncio client ``client`` (``on_sent``: called
-    when a :class:`.steps.Batch` is written, see :func:`.aconnection.arun_batch`)."""
+) -> Awaitable[Any]:
+    """One operation (:mod:`.steps`) on the asyncio client ``client``, to await
+    (``on_sent``: called when a :class:`.steps.Batch` is written, see
+    :func:`.aconnection.arun_batch`): a batch's awaitable as it is (on one server the
+    call's future: no coroutine around it), the other operations' coroutine."""
     if isinstance(op, Batch):
-        return await arun_batch(client, op.commands, on_sent)
+        return arun_batch(client, op.commands, on_sent)
+    return _aperform_other(repository, client, op)
+
+
+async def _aperform_other(repository: RepositoryBase, client: AsyncClient, op: Op) -> Any:
+    """:func:`aperform` of an operation other than a :class:`.steps.Batch`."""
     if isinstance(op, LoadScripts):  # rare (a restarted Redis): the synchronous loader, in a thread
         await sync_to_async(repository.load_scripts, thread_sensitive=False)()
         return None

@@ -8,6 +8,7 @@ import asyncio
 import contextvars
 
 import pytest
+import redis
 from django.db import connections, transaction
 
 import outbox
@@ -50,4 +51,34 @@ async def test_asend_inside_an_atomic_block_of_the_loop_thread_is_captured(monke
     with pytest.raises(outbox.MessageNotFound):
         await outbox.aget(message.id)
     connections.close_all()
+    await aclose()
+
+
+@pytest.mark.single_server("the round trips shared by concurrent asends (the Multiplexer) are of one server")
+@pytest.mark.skipif(
+    tuple(int(p) for p in redis.__version__.split(".")[:2]) < (8, 1),
+    reason="redis-py before 8.1 makes a timer for every read (timeout=math.inf is its 'no timeout' since 8.1)",
+)
+@pytest.mark.asyncio
+async def test_the_replies_of_one_write_are_read_under_one_timer():
+    """redis-py times each reply it reads: a timer made and cancelled per ``asend`` (in
+    asyncio's debug mode a stack extracted for each, the longest part of the loop's
+    slowest callbacks). The replies of one pipelined write share one deadline."""
+    await outbox.asend("mem", "warm")  # the loop's client and connections made
+    loop = asyncio.get_running_loop()
+    call_at = loop.call_at
+    timers = 0
+
+    def counted(*args, **kwargs):
+        nonlocal timers
+        timers += 1
+        return call_at(*args, **kwargs)
+
+    loop.call_at = counted  # type: ignore[method-assign]
+    try:
+        sent = await asyncio.gather(*(outbox.asend("mem", {"i": i}) for i in range(200)))
+    finally:
+        del loop.call_at
+    assert len({m.id for m in sent}) == 200
+    assert timers < 100, f"{timers} timers for 200 asends"
     await aclose()

@@ -27,9 +27,11 @@ import asyncio
 import contextlib
 import copy
 import inspect
+import math
+import sys
 import weakref
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from functools import cache
 from typing import Any, TypeVar, cast
 
@@ -43,6 +45,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from outbox.conf import outbox_settings
 from outbox.store.client.connection import get_connection
@@ -52,6 +55,11 @@ try:  # redis[hiredis] is a dependency; its C packer, else redis-py's own
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover
     _hiredis_pack = None
+
+if sys.version_info >= (3, 11, 3):  # as redis-py: asyncio.timeout before 3.11.3 mishandled a cancellation
+    from asyncio import timeout as _deadline
+else:  # pragma: no cover  (redis-py requires async-timeout there)
+    from async_timeout import timeout as _deadline
 
 T = TypeVar("T")
 
@@ -217,17 +225,19 @@ async def aclose() -> None:
         await held[1].aclose()
 
 
-async def arun_batch(
+def arun_batch(
     client: AsyncClient,
     commands: Sequence[tuple[Any, ...]],
     on_sent: Callable[[], None] | None = None,
-) -> list[Any]:
-    """``commands`` on ``client``: one command as itself, several in a pipeline without
-    ``MULTI`` (a cluster client's routes each command by its keys and follows
-    redirects); a ``ResponseError`` is that command's reply. On one server, through this
-    loop's :class:`Multiplexer` (the round trip shared with concurrent calls).
-    ``on_sent`` is called once the commands are (about to be) written: a cancellation
-    before it means they never were.
+) -> Awaitable[list[Any]]:
+    """``commands`` on ``client`` (await the result): one command as itself, several in
+    a pipeline without ``MULTI`` (a cluster client's routes each command by its keys and
+    follows redirects); a ``ResponseError`` is that command's reply. On one server,
+    through this loop's :class:`Multiplexer` (the round trip shared with concurrent
+    calls): then the awaitable is the call's future itself, no coroutine around it (each
+    layer of one is an object for the collector and, in asyncio's debug mode, a frame of
+    every stack extracted below it). ``on_sent`` is called once the commands are (about
+    to be) written: a cancellation before it means they never were.
 
     Raises:
         redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: as redis-py
@@ -235,10 +245,10 @@ async def arun_batch(
     """
     held = _clients.get(asyncio.get_running_loop())
     if held is not None and held[1] is client and held[2] is not None:
-        return await held[2].run(commands, on_sent)
+        return held[2].submit(commands, on_sent)
     if isinstance(client, AsyncRedisCluster):
-        return await _cluster_batch(client, commands, on_sent)
-    return await _direct_batch(client, commands, on_sent)
+        return _cluster_batch(client, commands, on_sent)
+    return _direct_batch(client, commands, on_sent)
 
 
 async def _direct_batch(
@@ -332,13 +342,16 @@ class Multiplexer:
         self.tasks: set[asyncio.Task[None]] = set()
         self.busy = 0  # tasks in a round trip (the others are about to take from the queue)
 
-    async def run(self, commands: Sequence[tuple[Any, ...]], on_sent: Callable[[], None] | None) -> list[Any]:
-        """Queue ``commands`` and wait for their replies (see :func:`arun_batch`)."""
+    def submit(
+        self, commands: Sequence[tuple[Any, ...]], on_sent: Callable[[], None] | None
+    ) -> asyncio.Future[list[Any]]:
+        """Queue ``commands``; the future of their replies (see :func:`arun_batch`). A
+        cancellation of its awaiter cancels the future: a task that has not taken the
+        call yet skips it."""
         call = _Call(commands, asyncio.get_running_loop().create_future(), on_sent)
         self.queue.append(call)
         self._spawn()
-        # a cancellation cancels the future: a task that has not taken the call skips it
-        return await call.future
+        return call.future
 
     def _spawn(self) -> None:
         """A new connection's task when calls are queued, no task is about to take them
@@ -415,17 +428,7 @@ class Multiplexer:
         """Write ``calls`` as one pipeline on ``connection`` and give each its replies."""
         try:
             await connection.send_packed_command(self._pack(calls), check_health=False)
-            for number, call in enumerate(calls, 1):
-                if number % ANSWERED_PER_STEP == 0:
-                    await asyncio.sleep(0)  # let the answered callers run: a step stays short
-                replies: list[Any] = []
-                for _ in call.commands:
-                    try:
-                        replies.append(await connection.read_response())
-                    except ResponseError as exc:  # this command's reply
-                        replies.append(exc)
-                if not call.future.done():
-                    call.future.set_result(replies)
+            await _read_replies(connection, calls)
         except asyncio.CancelledError:  # the loop is ending: the written calls' outcome is unknown
             await connection.disconnect(nowait=True)
             self._fail(calls, RedisConnectionError("the outbox's connection task was cancelled"))
@@ -441,6 +444,35 @@ class Multiplexer:
         for task in list(self.tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def _read_replies(connection: Any, calls: list[_Call]) -> None:
+    """Read the replies of ``calls`` (written as one pipeline on ``connection``) in
+    order, giving each call its own, under one deadline of the connection's socket
+    timeout for them all: redis-py times each reply (a timer made and cancelled per
+    reply, and in asyncio's debug mode a stack extracted for each), so its reads are
+    asked for without one (``timeout=math.inf``: redis-py 8.1's "no timeout"; an older
+    redis-py makes a timer that never fires). A deadline passed is redis-py's
+    ``TimeoutError`` (the calls' outcome is unknown); the connection is then
+    disconnected by redis-py's guard around the read."""
+    timeout = connection.socket_timeout
+    try:
+        async with _deadline(timeout if timeout else None):
+            for number, call in enumerate(calls, 1):
+                if number % ANSWERED_PER_STEP == 0:
+                    await asyncio.sleep(0)  # let the answered callers run: a step stays short
+                replies: list[Any] = []
+                for _ in call.commands:
+                    try:
+                        replies.append(await connection.read_response(timeout=math.inf))
+                    except ResponseError as exc:  # this command's reply
+                        replies.append(exc)
+                if not call.future.done():
+                    call.future.set_result(replies)
+    except asyncio.TimeoutError as exc:
+        raise RedisTimeoutError(
+            f"Timeout reading the replies of {len(calls)} call(s) written together ({timeout} s socket timeout)"
+        ) from exc
 
 
 async def _get_connection(pool: Any) -> Any:
