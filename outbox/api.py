@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from datetime import timedelta
 from typing import Any
@@ -523,9 +523,10 @@ async def asend_again(messages: Iterable[Message], *, using: str = DEFAULT_DB_AL
 
 
 @tracing.atraced_send  # the same "send" span as _submit's
-async def _asubmit(messages: list[Message], using: str) -> list[Message]:
-    """:func:`_submit` on an event loop: new messages captured or written (see :func:`asend`)."""
-    return await _acapture_or_store(messages, using, repeat=False)
+def _asubmit(messages: list[Message], using: str) -> Awaitable[list[Message]]:
+    """:func:`_submit` on an event loop, to await: new messages captured or written (see
+    :func:`asend`); the coroutine of :func:`_acapture_or_store` itself, no layer around it."""
+    return _acapture_or_store(messages, using, repeat=False)
 
 
 async def _acapture_or_store(messages: list[Message], using: str, repeat: bool) -> list[Message]:

@@ -167,17 +167,29 @@ def atraced_send(
     """Decorate ``api._asubmit(messages, using)`` (``asend``, ``asend_many``,
     ``apublish``) with the same ``send`` span as :func:`traced_send`: its name,
     attributes, links and the context written into the headers; the span is the
-    current one of the task while the write is awaited (contextvars)."""
+    current one of the task while the write is awaited (contextvars). Without spans
+    the wrapper returns ``submit``'s awaitable as it is: no coroutine layer around it
+    (an object for the collector per call and, in asyncio's debug mode, a frame of every
+    stack extracted below it)."""
 
     @functools.wraps(submit)
-    async def wrapper(messages: list[Message], using: str) -> list[Message]:
+    def wrapper(messages: list[Message], using: str) -> Awaitable[list[Message]]:
         api = _otel()
         if api is None or not messages:
-            return await submit(messages, using)
-        with _send_span(api, messages):
-            return await submit(messages, using)
+            return submit(messages, using)
+        return _atraced(api, submit, messages, using)
 
     return wrapper
+
+
+async def _atraced(
+    api: _OTel,
+    submit: Callable[[list[Message], str], Awaitable[list[Message]]],
+    messages: list[Message],
+    using: str,
+) -> list[Message]:
+    with _send_span(api, messages):
+        return await submit(messages, using)
 
 
 @contextlib.contextmanager
