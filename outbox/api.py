@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from asgiref.sync import AsyncToSync, sync_to_async
@@ -315,14 +316,24 @@ def _store_steps(messages: list[Message], repeat: bool) -> Steps[list[Message]]:
     # every message as its attempt left it (succeeded, retrying, failed).
     reread = standing if outbox_settings.EAGER else [c.standing_id for c in created if c.code == "duplicate"]
     result = messages
-    if reread:
-        read = yield Blocking(lambda: get_repository().get_many(reread))
-        found = {m.id: m for m in read if m is not None}
-        result = [found.get(i, m) for m, i in zip(messages, standing, strict=True)]
+    if reread:  # in a generator of its own: its names would be cells made at every call of this one
+        result = yield from _read_back_steps(messages, standing, reread)
     if not_durable is not None:
         not_durable.messages = result
         raise not_durable
     return result
+
+
+def _read_back_steps(messages: list[Message], standing: list[str], reread: list[str]) -> Steps[list[Message]]:
+    """``messages`` with those whose id (``standing``: the id each stands under) is in
+    ``reread`` as Redis has them now (read in a thread: a :class:`Blocking` step)."""
+    read = yield Blocking(partial(_get_many, reread))
+    found = {m.id: m for m in read if m is not None}
+    return [found.get(i, m) for m, i in zip(messages, standing, strict=True)]
+
+
+def _get_many(ids: list[str]) -> list[Message | None]:
+    return get_repository().get_many(ids)
 
 
 def _not_stored(exc: Exception, messages: Sequence[Message]) -> OutboxUnavailable:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 
 from django.utils.module_loading import import_string
 
@@ -78,15 +79,15 @@ def store_steps(
     wait = durability.configured()
     repository = get_repository()
     result = yield from _create_steps(repository, messages, time.time() if now is None else now, repeat, wait)
+    # partial, not lambdas: a lambda's names are cells made at every call of this
+    # generator (objects for the collector), whichever branch runs
     if outbox_settings.EAGER:
-        queues = {m.queue for m in messages}
         # the worker's code, with the ORM and signals: Django's one thread for sync code
-        yield Blocking(lambda: deliver_now(queues), thread_sensitive=True)
+        yield Blocking(partial(deliver_now, {m.queue for m in messages}), thread_sensitive=True)
     elif result.woken:
-        woken = result.woken
-        yield Blocking(lambda: wakeups.enqueue_wakeups(woken))
+        yield Blocking(partial(wakeups.enqueue_wakeups, result.woken))
     if wait.waits:
-        yield Blocking(lambda: durability.confirm(repository, wait, result.created, result.acknowledged))
+        yield Blocking(partial(durability.confirm, repository, wait, result.created, result.acknowledged))
     return result.created
 
 
@@ -111,20 +112,47 @@ def _create_steps(
     """
     cluster = repository.cluster  # one check per connection, not per call
     movable = not repeat and cluster
-
-    def create(batch: Sequence[Message]) -> Steps[CreateResult]:
-        return create_steps(repository, batch, now, wakeups.DUE_SLACK, repeat, wait, cluster=cluster)
-
     try:
-        result = yield from create(messages)
+        result = yield from create_steps(
+            repository, messages, now, wakeups.DUE_SLACK, repeat, wait, cluster=cluster
+        )
     except PARTITION_UNAVAILABLE as exc:
         # a write that may have run is never moved: that would store the message twice
         if not movable or may_have_run(exc) or all(m.idempotency_key or m.ordering_key for m in messages):
             raise
-        unstored = [Created(m.id, m.id, "unstored") for m in messages]
-        result = CreateResult(unstored, [], errors={partition_of(m.id): exc for m in messages})
+        result = _unstored(messages, exc)
     if not result.errors:  # every partition written (always so on one server)
         return result
+    # the rest in its own generator: the names its comprehensions read would be cells
+    # made at every call of this one (objects for the collector, per send)
+    return (yield from _fall_over_steps(repository, messages, now, repeat, wait, result, movable))
+
+
+def _unstored(messages: Sequence[Message], exc: Exception) -> CreateResult:
+    """The result of a create that no partition took (``exc``)."""
+    unstored = [Created(m.id, m.id, "unstored") for m in messages]
+    return CreateResult(unstored, [], errors={partition_of(m.id): exc for m in messages})
+
+
+def _fall_over_steps(
+    repository: MessageRepository,
+    messages: Sequence[Message],
+    now: float,
+    repeat: bool,
+    wait: durability.Durability,
+    result: CreateResult,
+    movable: bool,
+) -> Steps[CreateResult]:
+    """After a create that left partitions unwritten (``result.errors``): the fresh
+    messages without a key moved to other partitions (``movable``, up to
+    :data:`REPICKS` times), then each message still unstored whose write may have run
+    marked unknown (see :func:`store`)."""
+
+    def create(batch: Sequence[Message]) -> Steps[CreateResult]:
+        return create_steps(
+            repository, batch, now, wakeups.DUE_SLACK, repeat, wait, cluster=repository.cluster
+        )
+
     for _ in range(REPICKS if movable else 0):
         stuck = [
             i

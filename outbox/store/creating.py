@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.exceptions import (
@@ -149,11 +150,7 @@ def create_steps(
     register = sorted({m.destination for m in messages})
     keys.append(store.keys.destinations)
     if durability is not None and durability.waits:
-        reply, acknowledged = yield Blocking(
-            lambda: store.thread_clients.run(
-                lambda client: write_then_wait(store, client, name, args, keys, durability)
-            )
-        )
+        reply, acknowledged = yield Blocking(partial(_create_then_wait, store, name, args, keys, durability))
         result = store.parse_create(messages, reply)
         result.acknowledged = acknowledged
     else:
@@ -162,6 +159,17 @@ def create_steps(
     if register and not any(c.code == "conflict" for c in result.created):  # a conflict writes nothing
         store.mark_registered(register)
     return result
+
+
+def _create_then_wait(
+    store: MessageStore, name: str, args: Sequence[Any], keys: Sequence[str], durability: Durability
+) -> tuple[Any, Any]:
+    """The create script's call (``lua/<name>.lua``) and the ``DURABILITY`` wait, on this thread's connection
+    (a function of its own: as a lambda in :func:`create_steps`, its names were cells
+    made at every call of the steps, objects for the collector, per send)."""
+    return store.thread_clients.run(
+        lambda client: write_then_wait(store, client, name, args, keys, durability)
+    )
 
 
 #: One script call of the create steps (a write): the script's name, its ARGV, its KEYS.

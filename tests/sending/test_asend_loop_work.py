@@ -82,3 +82,25 @@ async def test_the_replies_of_one_write_are_read_under_one_timer():
     assert len({m.id for m in sent}) == 200
     assert timers < 100, f"{timers} timers for 200 asends"
     await aclose()
+
+
+def test_the_write_steps_make_no_closure_cells_per_call():
+    """A name a nested function or comprehension reads is a cell made at every call of
+    its function, whichever branch runs: an object for the collector per send. The
+    write path's functions keep such names in functions of their own (the rare paths:
+    the cluster's fall-over, the read-back, the durability wait)."""
+    from outbox import api
+    from outbox.sending import intake
+    from outbox.store import asteps, creating
+
+    hot = [
+        api.asend,
+        api._acapture_or_store,
+        api._store_steps,
+        intake.store_steps,
+        intake._create_steps,
+        creating.create_steps,
+        creating.script_steps,
+        asteps.adrive,
+    ]
+    assert {f.__qualname__: f.__code__.co_cellvars for f in hot if f.__code__.co_cellvars} == {}
