@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import signal
 
 import pytest
 import redis
 from django.db import connections, transaction
 
 import outbox
+from outbox.store import get_repository
 from outbox.store.client.aconnection import aclose
+from outbox.testing import RedisServer
+from tests.support import redis_at
 
 
 @pytest.mark.asyncio
@@ -104,3 +108,28 @@ def test_the_write_steps_make_no_closure_cells_per_call():
         asteps.adrive,
     ]
     assert {f.__qualname__: f.__code__.co_cellvars for f in hot if f.__code__.co_cellvars} == {}
+
+
+@pytest.mark.single_server("a private plain server is stopped with SIGSTOP")
+@pytest.mark.asyncio
+async def test_a_connection_whose_handshake_times_out_stores_nothing_and_says_so():
+    """A stopped Redis still accepts TCP connections (the kernel's backlog): a new
+    connection of this loop is made and its handshake's reply (``CLIENT SETINFO``)
+    times out. The write was never sent: ``OutboxUnavailable``, not an unknown outcome
+    (it was ``SendOutcomeUnknown``, seen in the benchmark under load, when the
+    Multiplexer opened a connection)."""
+    with RedisServer() as server, redis_at(server.url):
+        get_repository.cache_clear()
+        try:
+            outbox.send("mem", "warm")  # the scripts loaded, by the synchronous client
+            server.process.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(outbox.OutboxUnavailable) as raised:
+                    await outbox.asend("mem", "never written")
+            finally:
+                server.process.send_signal(signal.SIGCONT)
+            assert not isinstance(raised.value, outbox.SendOutcomeUnknown), raised.value
+            assert get_repository().count() == 1
+            await aclose()
+        finally:
+            get_repository.cache_clear()

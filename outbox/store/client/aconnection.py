@@ -418,7 +418,7 @@ class Multiplexer:
         except Exception as exc:  # could not connect: nothing of the queued calls was written
             calls = [call for call in self.queue if not call.future.done()]
             self.queue.clear()
-            self._fail(calls, exc)
+            self._fail(calls, _not_connected(exc))
         finally:
             self.tasks.discard(me)  # type: ignore[arg-type]
             if connection is not None:
@@ -473,6 +473,19 @@ async def _read_replies(connection: Any, calls: list[_Call]) -> None:
         raise RedisTimeoutError(
             f"Timeout reading the replies of {len(calls)} call(s) written together ({timeout} s socket timeout)"
         ) from exc
+
+
+def _not_connected(exc: Exception) -> Exception:
+    """``exc``, raised while a connection was made ready for a write (its connect, or a
+    reply of its handshake timing out: "Timeout reading from ..."), as the "connecting
+    to" error that :func:`.outages.may_have_run` reads as "did not run": none of the
+    queued calls was written. As it was, a handshake's timeout made each of them an
+    unknown outcome."""
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)) and "connecting to" not in str(exc).lower():
+        return RedisConnectionError(
+            f"Error connecting to Redis before the write ({type(exc).__name__}: {exc})"
+        )
+    return exc
 
 
 async def _get_connection(pool: Any) -> Any:
