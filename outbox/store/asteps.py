@@ -5,6 +5,7 @@ that ``outbox.asend()`` runs, and the asynchronous read of ``outbox.aget()``."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -26,10 +27,37 @@ T = TypeVar("T")
 async def arepository() -> MessageRepository:
     """The process-wide repository (:func:`.connection.get_repository`): its key names
     and settings drive the steps. Built in a thread the first time (a cluster client
-    asks for its slot map when it is made)."""
+    asks for its slot map when it is made), once for all the calls of a loop that ask
+    meanwhile: each of the first view's concurrent ``asend``s started its own build, in
+    a thread of its own (the executor growing by a thread for each, ``Thread.start``
+    waiting on the loop), and the threads' builds held the GIL the loop needed."""
     if get_repository.cache_info().currsize:
         return get_repository()
+    loop = asyncio.get_running_loop()
+    building = _building.get(loop)
+    if building is None:
+        building = _building[loop] = loop.create_task(_build_repository())
+        building.add_done_callback(_built)
+    # shielded: a caller's cancellation leaves the build to the others
+    return await asyncio.shield(building)
+
+
+#: Per event loop: the repository's build in progress (:func:`arepository`).
+_building: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[MessageRepository]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _build_repository() -> MessageRepository:
     return await sync_to_async(get_repository, thread_sensitive=False)()
+
+
+def _built(task: asyncio.Task[MessageRepository]) -> None:
+    """A build is done: the next call builds again if it failed (its error is each
+    waiting caller's; read here too, so that none waiting is no "never retrieved")."""
+    _building.pop(task.get_loop(), None)
+    if not task.cancelled():
+        task.exception()
 
 
 async def adrive(repository: RepositoryBase, steps: Steps[T], progress: Progress | None = None) -> T:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import signal
+import threading
+import time
 
 import pytest
 import redis
@@ -133,3 +135,29 @@ async def test_a_connection_whose_handshake_times_out_stores_nothing_and_says_so
             await aclose()
         finally:
             get_repository.cache_clear()
+
+
+@pytest.mark.asyncio
+async def test_concurrent_first_asends_build_the_repository_once(monkeypatch):
+    """The first view's concurrent ``asend``s each built the repository in a thread of
+    their own (50 threads started from the loop, their builds holding the GIL the loop
+    needed: the longest loop iteration of the uvicorn run). One build serves them all."""
+    from outbox.store import asteps
+
+    real = asteps.get_repository
+    loop_thread = threading.current_thread()
+    in_threads: list[threading.Thread] = []
+
+    def counted():
+        if threading.current_thread() is not loop_thread:
+            in_threads.append(threading.current_thread())
+            time.sleep(0.05)  # a build that takes a while (a cluster's slot map, a loaded machine)
+        return real()
+
+    counted.cache_info = real.cache_info  # type: ignore[attr-defined]
+    monkeypatch.setattr(asteps, "get_repository", counted)
+    real.cache_clear()
+    sent = await asyncio.gather(*(outbox.asend("mem", {"i": i}) for i in range(50)))
+    assert len({m.id for m in sent}) == 50
+    assert len(in_threads) == 1, f"built {len(in_threads)} times"
+    await aclose()
