@@ -50,8 +50,9 @@ def free_port() -> int:
 
 
 def run(server: Any, *, n: int = 1000, chunk: int = 50, pause: float = 0.1, hang_at: float = 0.5,
-        hang: float = 2.0, socket_timeout: float = 1.0) -> Run:  # fmt: skip
-    """The scenario on ``server`` (a started :class:`outbox.testing.RedisServer`)."""
+        hang: float = 2.0, socket_timeout: float = 1.0, gc_freeze: bool = False) -> Run:  # fmt: skip
+    """The scenario on ``server`` (a started :class:`outbox.testing.RedisServer`);
+    ``gc_freeze``: the app calls ``gc.freeze()`` once loaded (the benchmark's tuned row)."""
     port = free_port()
     env = {
         **os.environ,
@@ -59,6 +60,7 @@ def run(server: Any, *, n: int = 1000, chunk: int = 50, pause: float = 0.1, hang
         "OUTBOX_TEST_REDIS_URL": server.url,
         "OUTBOX_TEST_SERVERS_FOR": os.environ.get("PYTEST_XDIST_WORKER", ""),
         "OUTBOX_TEST_SOCKET_TIMEOUT": str(socket_timeout),
+        "OUTBOX_TEST_GC_FREEZE": "1" if gc_freeze else "",
     }
     env.pop("OUTBOX_TEST_CLUSTER", None)
     app = subprocess.Popen(
