@@ -56,10 +56,12 @@ try:  # redis[hiredis] is a dependency; its C packer, else redis-py's own
 except ImportError:  # pragma: no cover
     _hiredis_pack = None
 
-if sys.version_info >= (3, 11, 3):  # as redis-py: asyncio.timeout before 3.11.3 mishandled a cancellation
-    from asyncio import timeout as _deadline
-else:  # pragma: no cover  (redis-py requires async-timeout there)
-    from async_timeout import timeout as _deadline
+# The deadline redis-py itself uses: asyncio.timeout from Python 3.11.3 (before, it
+# mishandled a cancellation), else the async-timeout package redis-py depends on there.
+if sys.version_info >= (3, 11, 3):
+    from asyncio import timeout as _deadline  # type: ignore[attr-defined,unused-ignore]
+else:  # pragma: no cover
+    from async_timeout import timeout as _deadline  # type: ignore[import-not-found,no-redef,unused-ignore]
 
 T = TypeVar("T")
 
