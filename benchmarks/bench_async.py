@@ -180,10 +180,14 @@ async def hang(server_pid: int, seconds: float) -> tuple[list[float], int]:
     def probe() -> None:
         while not stop.is_set():
             started = time.perf_counter()
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-                while s.recv(100):
-                    pass
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                    while s.recv(100):
+                        pass
+            except OSError:  # no answer within 5 s (counted, as that long) or the server closed
+                if stop.is_set():
+                    break
             latencies.append(time.perf_counter() - started)
             time.sleep(0.01)
 
