@@ -267,7 +267,9 @@ def test_a_dripping_receiver_cannot_hold_an_attempt_past_its_deadline(where):
             transport.deliver(message())
         elapsed = time.monotonic() - started
         transport.close()
-    assert elapsed < 2.5, f"the attempt took {elapsed:.2f} s with a 2 s deadline"
+    # the receiver would hold it 15 s; the deadline ends it at 2 s plus a drip's 0.3 s and
+    # the scheduling of a loaded machine (2.50 s seen with the suite and a benchmark on 2 cores)
+    assert elapsed < 3.5, f"the attempt took {elapsed:.2f} s with a 2 s deadline"
 
 
 def test_the_default_deadline_covers_connect_headers_and_body():

@@ -97,5 +97,6 @@ def test_endpoint_deliveries_cost_about_the_commands_of_one_settings_destination
     # destination and exchange (about one per endpoint delivery before) ...
     assert used["set"] <= used["incrby"] + 2, detail
     # ... read only for an exchange written again (none here); the few GETs left are the
-    # endpoint cache's version checks
-    assert used["get"] <= N // 10, detail
+    # endpoint cache's version checks, one per VERSION_CHECK (1 s) of the run, so a slower
+    # machine makes more (21 in a run at load 8)
+    assert used["get"] <= N // 10 + 2 * used["run seconds"], detail
