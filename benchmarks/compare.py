@@ -1134,6 +1134,37 @@ def count_client_commands() -> dict[str, int]:
     return counts
 
 
+def profile_threads(prefix: str | None):
+    """Diagnostics (``BENCH_CPROFILE=PREFIX``, burst worker only): cProfile every thread of
+    this process (the main one and each thread started from now on: the attempt threads,
+    the housekeeper), timed by each thread's own CPU clock (``time.thread_time``: not the
+    time a thread waits for the GIL, a socket or a lock), each to ``PREFIX.<thread id>.prof``;
+    merge them with ``pstats.Stats(*glob(PREFIX + ".*.prof"))``. Returns the function that stops the main
+    thread's profiler and writes its file, or None without the variable."""
+    if not prefix:
+        return None
+    import cProfile
+
+    def dump(profiler: cProfile.Profile) -> None:
+        profiler.disable()
+        profiler.dump_stats(f"{prefix}.{threading.get_ident()}.prof")
+
+    run = threading.Thread.run
+
+    def profiled_run(self: threading.Thread) -> None:
+        profiler = cProfile.Profile(time.thread_time)
+        profiler.enable()
+        try:
+            run(self)
+        finally:
+            dump(profiler)
+
+    threading.Thread.run = profiled_run  # type: ignore[method-assign]
+    main = cProfile.Profile(time.thread_time)
+    main.enable()
+    return lambda: dump(main)
+
+
 def outbox_worker(burst: bool) -> None:
     setup_django()
     from django.core import checks
@@ -1146,10 +1177,13 @@ def outbox_worker(burst: bool) -> None:
     checks.run_checks()
 
     if burst:
+        profiling = profile_threads(os.environ.get("BENCH_CPROFILE"))
         counts = count_client_commands()
         t0, cpu0 = time.perf_counter(), time.process_time()
         run_worker(OUTBOX_QUEUES, WorkerOptions(burst=True, logging_level="WARNING", relay=False))
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        if profiling is not None:
+            profiling()
         print(json.dumps({"t0": t0, "elapsed": elapsed, "cpu": cpu, **counts}))
         return
     peers.write_json(os.environ["BENCH_READY"], {"t0": time.perf_counter()})
