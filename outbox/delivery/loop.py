@@ -288,6 +288,7 @@ class WorkerRun:
         self.claim_until = self.started + min(budget, lease_budget)
         self.in_flight: dict[Future[Outcome], Message] = {}
         self.give_up_at: dict[Future[Outcome], tuple[float, float, float]] = {}  # (when, deadline, started)
+        # attempts in flight per destination (only destinations with one: see collect())
         self.per_destination: Counter[str] = Counter()
         self.decided: list[Decision] = []
         # Outcomes a partition (or their destination's home slot) could not take now (a
@@ -782,6 +783,10 @@ class WorkerRun:
             self.give_up_at.pop(future, None)
             self.started_at.pop(future, None)
             self.per_destination[message.destination] -= 1
+            if not self.per_destination[message.destination]:
+                # none in flight: no entry, so caps() walks only the destinations with
+                # attempts in flight, not every endpoint this run has met
+                del self.per_destination[message.destination]
             if outcome.ok and outcome.duration_ms <= LEND_LATENCY * 1000:
                 self.streak[message.destination] += 1
             else:

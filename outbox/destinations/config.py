@@ -45,7 +45,6 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
@@ -478,10 +477,45 @@ def endpoint_as_destination(config: Any) -> Destination:
     """The :class:`Destination` of an endpoint's configuration
     (:class:`outbox.destinations.endpoints.EndpointConfig`): the global retry budget and
     policy (or ``OUTBOX["ENDPOINTS"]``'s), breaker, disable-after and ordering policy,
-    ``MAX_IN_FLIGHT`` per worker as a share, its own rate and concurrency limits.
+    ``MAX_IN_FLIGHT`` per worker as a share (all of these from :func:`endpoint_template`,
+    read from the settings once, not per endpoint), its own rate and concurrency limits.
 
     Raises:
         ImproperlyConfigured: a setting, or the endpoint's stored options, are invalid.
+    """
+    template = endpoint_template()
+    try:
+        rate_limit = RateLimit.parse(config.rate_limit or None, f"endpoint {config.name!r} rate_limit")
+        max_concurrency = parse_max_concurrency(
+            config.max_concurrency, f"endpoint {config.name!r} max_concurrency"
+        )
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    return Destination(
+        config.name,
+        ENDPOINT_TRANSPORT,
+        config.options,
+        template.max_retries,
+        template.retry_policy,
+        template.max_in_flight,
+        template.breaker,
+        rate_limit,
+        max_concurrency,
+        template.disable_after,
+        template.max_in_flight_default,
+        template.ordering,
+    )
+
+
+@cache
+def endpoint_template() -> Destination:
+    """The :class:`Destination` every endpoint's is built from (:func:`endpoint_as_destination`
+    replaces its name, options and limits): the settings' retry budget and policy,
+    breaker, disable-after, ordering policy and ``MAX_IN_FLIGHT`` share, built once per
+    settings (:func:`clear_cache` on a change).
+
+    Raises:
+        ImproperlyConfigured: a setting is invalid.
     """
     try:
         max_retries = endpoint_setting("MAX_RETRIES")
@@ -491,39 +525,22 @@ def endpoint_as_destination(config: Any) -> Destination:
         )
         policy = RetryPolicy.from_value(endpoint_setting("RETRY"), default=outbox_settings.retry_policy)
         breaker, disable_after = _endpoint_protection()
-        rate_limit = RateLimit.parse(config.rate_limit or None, f"endpoint {config.name!r} rate_limit")
-        max_concurrency = parse_max_concurrency(
-            config.max_concurrency, f"endpoint {config.name!r} max_concurrency"
-        )
         ordering = parse_ordering(outbox_settings.ORDERING, "OUTBOX['ORDERING']")
     except ValueError as exc:
         raise ImproperlyConfigured(str(exc)) from exc
     return Destination(
-        config.name,
+        ENDPOINT_PREFIX,
         ENDPOINT_TRANSPORT,
-        config.options,
+        {},
         max_retries,
         policy,
         int(outbox_settings.MAX_IN_FLIGHT),
         breaker,
-        rate_limit,
-        max_concurrency,
+        None,
+        None,
         disable_after,
         "MAX_IN_FLIGHT" not in outbox_settings.user_settings,
         ordering,
-    )
-
-
-@cache
-def endpoint_template() -> Destination:
-    """The :class:`Destination` every endpoint's delivery is built with (its name
-    replaced): :func:`endpoint_as_destination` of no limits, built once per settings.
-
-    Raises:
-        ImproperlyConfigured: as :func:`endpoint_as_destination`.
-    """
-    return endpoint_as_destination(
-        SimpleNamespace(name=ENDPOINT_PREFIX, rate_limit="", max_concurrency=None, options={})
     )
 
 
