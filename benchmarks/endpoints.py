@@ -23,12 +23,14 @@ with its own private Redis and SQLite file:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -257,18 +259,22 @@ def memory() -> dict[str, float]:
     return out
 
 
-def case_endpoints(n: int, round_no: int = 1) -> dict:
-    """Every figure of the table, in one process (see the module docstring)."""
+@contextlib.contextmanager
+def registered(prefix: str) -> Iterator[tuple[Any, dict[str, str], float, str]]:
+    """One round's set-up (:func:`case_endpoints`, ``benchmarks.profile_endpoints``): the
+    tuned profile, a SQLite file in a new temporary folder (named ``prefix...``), the
+    verifying receiver (the settings destination ``hook`` signed with a secret of its
+    own), a private Redis, Django migrated and the endpoints registered (:func:`register`).
+    Yields (receiver, path -> secret, seconds the registration took, the folder)."""
     from benchmarks.common import private_redis, setup_django, use_profile
     from outbox.destinations.secrets import generate_secret
 
     use_profile("tuned")  # the hook may use the worker's CONCURRENCY, as an endpoint may
-    tmp = tempfile.mkdtemp(prefix="bench-endpoints-")
+    tmp = tempfile.mkdtemp(prefix=prefix)
     os.environ["BENCH_DB"] = str(Path(tmp) / "db.sqlite3")
     hook_secret = generate_secret()
     os.environ["BENCH_HOOK_SECRET"] = hook_secret
-    secrets: dict[str, str] = {"/hook": hook_secret}
-    receiver, base = verifying_receiver(secrets, RECEIVER_DELAY)
+    receiver, base = verifying_receiver({"/hook": hook_secret}, RECEIVER_DELAY)
     os.environ["BENCH_HOOK_URL"] = base + "/hook"
     server = private_redis()
     try:
@@ -277,17 +283,22 @@ def case_endpoints(n: int, round_no: int = 1) -> dict:
 
         call_command("migrate", verbosity=0, interactive=False)
         paths, setup_s = register(base)
-        secrets.update(paths)
         add_secrets(receiver, paths)
+        yield receiver, paths, setup_s, tmp
+    finally:
+        server.stop()
+        receiver.shutdown()
+
+
+def case_endpoints(n: int, round_no: int = 1) -> dict:
+    """Every figure of the table, in one process (see the module docstring)."""
+    with registered("bench-endpoints-") as (receiver, paths, setup_s, _):
         out: dict[str, Any] = {"setup_s": setup_s, "endpoints": len(paths)}
         out.update(delivery_pair(n, receiver, endpoints_first=round_no % 2 == 1))
         out.update(calls(receiver))
         out.update(memory())
         out["bad_signatures"] = receiver.bad[0]  # type: ignore[attr-defined]
         return out
-    finally:
-        server.stop()
-        receiver.shutdown()
 
 
 def add_secrets(receiver: Any, secrets: dict[str, str]) -> None:

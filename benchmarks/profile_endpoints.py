@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import glob
-import os
 import pstats
-import tempfile
 from pathlib import Path
 
 
@@ -69,27 +67,11 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--top", type=int, default=40)
     a = p.parse_args()
-    from benchmarks.common import private_redis, setup_django, use_profile
-    from benchmarks.endpoints import RECEIVER_DELAY, add_secrets, register, verifying_receiver
-    from outbox.destinations.secrets import generate_secret
+    from benchmarks.endpoints import registered
 
-    use_profile("tuned")
-    tmp = tempfile.mkdtemp(prefix="bench-profile-")
-    out = Path(a.out or tmp)
-    out.mkdir(parents=True, exist_ok=True)
-    os.environ["BENCH_DB"] = str(Path(tmp) / "db.sqlite3")
-    hook_secret = generate_secret()
-    os.environ["BENCH_HOOK_SECRET"] = hook_secret
-    receiver, base = verifying_receiver({"/hook": hook_secret}, RECEIVER_DELAY)
-    os.environ["BENCH_HOOK_URL"] = base + "/hook"
-    server = private_redis()
-    try:
-        setup_django()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0, interactive=False)
-        paths, _ = register(base)
-        add_secrets(receiver, paths)
+    with registered("bench-profile-") as (receiver, _, _, tmp):
+        out = Path(a.out or tmp)
+        out.mkdir(parents=True, exist_ok=True)
         plain = {}
         for side in ("endpoints", "hook"):
             _fill(side, a.n)
@@ -100,9 +82,6 @@ def main() -> None:
             _drain(a.n, receiver, str(out / side))
             profiled[side] = _stats(str(out / side))
         assert receiver.bad[0] == 0, f"{receiver.bad[0]} bad signatures"
-    finally:
-        server.stop()
-        receiver.shutdown()
     for side, r in plain.items():
         print(f"{side}: {r['cpu_ms']:.3f} ms CPU per delivery (unprofiled), {r['per_s']:.0f} msg/s")
     for side in profiled:
