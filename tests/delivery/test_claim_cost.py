@@ -70,9 +70,12 @@ def test_a_destination_at_its_cap_is_not_read_again_while_other_destinations_hav
     with with_destinations("callable", single={"OPTIONS": {"path": f"{__name__}.noop"}, "MAX_IN_FLIGHT": 1}):
         assert get_destination("single").max_in_flight == 1
         used = drain(repo, "single")
-    # one read per claimed message, and a full look per IDLE_POLL of the run's time (the
-    # old loop read some 40 per delivered message: 12,000 here)
-    assert used["hgetall"] <= N + LOOK * full_looks(used["run seconds"] + 1), used.most_common(8)
+    # one read per claimed message, and about a full look per IDLE_POLL of the run's time
+    # (the old loop read some 40 per delivered message: 12,000 here); a loaded machine
+    # made 1,160 in a run counted as 1 s (some 21 looks: its attempts' ends and the
+    # IDLE_POLL timer fall together less evenly), on this code and on the code before
+    # it, so the bound allows two looks per IDLE_POLL: still a sixth of the old loop's
+    assert used["hgetall"] <= N + 2 * LOOK * full_looks(used["run seconds"] + 1), used.most_common(8)
 
 
 def test_out_of_the_box_a_callable_destination_costs_at_most_ten_commands_per_message(repo):
