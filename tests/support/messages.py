@@ -162,11 +162,18 @@ def settle(worker, ids, *, passes: int = 20) -> None:
         AssertionError: still unsettled after ``passes`` passes.
     """
     import outbox
+    from outbox.conf import outbox_settings
+    from outbox.store.background.wakeups import enqueue_wakeups
 
     for _ in range(passes):
         worker(simple=True)
         if all(outbox.get(i).status in ("succeeded", "failed") for i in ids):
             return
+        # a wake-up job for the next pass, as wake_due enqueues one once a flag is older
+        # than WAKE_STALE_AFTER (5 s): in some matrix runs the job of a flag set by an
+        # earlier pass was not there to take (order-dependent), and the passes ended
+        # inside those 5 s with the messages still pending
+        enqueue_wakeups(outbox_settings.queue_names)
         time.sleep(0.1)
     raise AssertionError(f"not settled: {[outbox.get(i).status for i in ids]}")
 
