@@ -146,8 +146,8 @@ def create_steps(
     # the script adds the destinations' names to their set with every call (an SADD of a
     # member already there, about 0.2 µs): a name Redis lost (a restart without
     # persistence, a failover to an empty replica) is listed, counted and purged again
-    # from the next message on, not REGISTER_AGAIN seconds later (.base)
-    register = sorted({m.destination for m in messages})
+    # from the next message on, not REGISTER_AGAIN seconds later (.base); so nothing is
+    # marked registered here (only the partitioned steps read the marks)
     keys.append(store.keys.destinations)
     if durability is not None and durability.waits:
         reply, acknowledged = yield Blocking(partial(_create_then_wait, store, name, args, keys, durability))
@@ -156,8 +156,6 @@ def create_steps(
     else:
         reply = yield from script_steps(store, name, args, keys, cluster=cluster)
         result = store.parse_create(messages, reply)
-    if register and not any(c.code == "conflict" for c in result.created):  # a conflict writes nothing
-        store.mark_registered(register)
     return result
 
 
