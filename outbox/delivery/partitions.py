@@ -63,18 +63,23 @@ class PartitionPlan:
     def due(self, now: float, slack: float, touched: Iterable[int] = ()) -> list[int]:
         """The partitions worth asking now, earliest due first (rotating among the rest).
         ``touched``: partitions where this round trip writes outcomes, before the claims
-        (a retry due at once is due again there)."""
+        (a retry due at once is due again there).
+
+        A partition known to hold due work keeps its place by that due time even when
+        what was learnt of it is older than :data:`REPOLL` (it is asked again in any
+        case): on a loaded machine the claim after a run's first one can come later than
+        that, and the rotation then gave the first share to a partition with newer work."""
         if self.partitions == 1:
             return [0]
         touched = set(touched)
         known, unknown = [], []
         for k in self._rotation():
             at = self.next_due.get(k)
-            if k in touched or k not in self.asked_at or now - self.asked_at[k] >= REPOLL:
-                unknown.append(k)
-            elif at is not None and at <= now + slack:
+            if at is not None and at <= now + slack and k in self.asked_at:
                 known.append((at, k))
-        known.sort()
+            elif k in touched or k not in self.asked_at or now - self.asked_at[k] >= REPOLL:
+                unknown.append(k)
+        known.sort(key=lambda pair: pair[0])  # stable: ties keep the rotation's order
         return [k for _, k in known] + unknown
 
     def _rotation(self) -> list[int]:

@@ -45,6 +45,22 @@ def test_the_partitions_with_the_oldest_due_work_get_the_shares():
     assert [(x.partition, x.limit) for x in asks] == [(9, 1), (3, 0)]
 
 
+def test_the_oldest_due_work_goes_first_when_what_was_learnt_is_stale():
+    """Partitions last asked more than REPOLL seconds ago are asked again (new work may
+    have come), but those known to hold due work still go oldest first: on a loaded
+    machine the claim after a run's first one came 0.1 s late, the partitions were asked
+    in rotation order and the oldest message of the queue was not the first delivered."""
+    from outbox.delivery.partitions import REPOLL
+
+    plan = PartitionPlan(16)
+    now = time.time()
+    known(plan, now, {k: (now - 20 + k if k in (4, 13) else None) for k in range(16)})
+    plan.turn = 2  # the rotation would start at partition 3
+    asks = plan.asks(1, {"a": 1}, now + 2 * REPOLL, 0.5)
+    assert [(x.partition, x.limit) for x in asks][:2] == [(4, 1), (13, 0)]
+    assert sorted(x.partition for x in asks) == list(range(16))  # the others asked again
+
+
 def test_partitions_beyond_what_the_run_wants_are_asked_for_none():
     """A run wanting fewer messages than there are partitions to ask asks the others for
     none: their claims report when their earliest message is due."""
