@@ -508,9 +508,9 @@ class Exchange:
             p = ask.partition
             if p in self.applied:
                 reply = self.applied[p]
-                claim = self.store.parse_claim(reply[:5])
+                claim = self.store.parse_claim(reply[:6])
                 claim.capped += sorted(self.picked[p].capped - set(claim.capped))
-                for mid in reply[5]:
+                for mid in reply[6]:
                     self.unused[destination_of[mid.decode()]].append(mid.decode())
             elif p in self.picked:
                 picked = self.picked[p]

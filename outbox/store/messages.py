@@ -43,7 +43,7 @@ CreateReply = list[Any]
 #: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
 #: rescheduled; destinations skipped at their cap; next due score of the quarantine index or None).
-ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None]
+ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None, list[bytes | None]]
 #: transition.lua, per change: (applied 0|1, status after, queue of the key's next message
 #: promoted to its head or b""[, message record, resend HGETALL]).
 TransitionRow = tuple[int, bytes, bytes] | tuple[int, bytes, bytes, list[Any], list[bytes]]
@@ -672,19 +672,21 @@ class MessageStore(RepositoryBase):
 
         ``options``: the lease, its deadline, the limit and the rest (:class:`ClaimOptions`).
         """
-        claim = self.parse_claim(
+        return self.parse_claim(
             self.run_script(
                 "claim", self.claim_args(queue, now, options), keys=self.claim_keys(queue, partition)
             )
         )
-        self.attach_payloads(claim.messages)
-        return claim
 
-    @staticmethod
-    def parse_claim(reply: ClaimReply) -> Claim:
-        """Turn ``lua/claim.lua``'s raw reply into a :class:`Claim`."""
-        flat, next_due, rescheduled, capped, next_suspect = reply
+    def parse_claim(self, reply: ClaimReply) -> Claim:
+        """Turn ``lua/claim.lua``'s (or ``lua/claim_apply.lua``'s first six) raw reply into
+        a :class:`Claim`, each delivery of a published event given its body from the
+        payload records the reply carries (:meth:`attach_payloads`: a record that is gone
+        is logged, its messages' body left b""; one the script could not read, on a slot
+        half-moved by a legacy migration, is read in a round trip of its own)."""
+        flat, next_due, rescheduled, capped, next_suspect, payloads = reply
         messages = [message_from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+        self.attach_payloads(messages, {payloads[i].decode(): payloads[i + 1] for i in range(0, len(payloads), 2)})
         return Claim(
             messages,
             float(next_due) if next_due else None,
@@ -1072,16 +1074,25 @@ class MessageStore(RepositoryBase):
         self.attach_payloads(out)
         return out
 
-    def attach_payloads(self, messages: Sequence[Message | None]) -> None:
+    def attach_payloads(
+        self, messages: Sequence[Message | None], known: dict[str, bytes | None] | None = None
+    ) -> None:
         """Give each delivery of a published event read from Redis (``payload_ref`` set,
-        no body) its body, from its payload record: one ``HGET`` per distinct record
-        (event and partition), all in one round trip, none when no message needs one. A
-        record that is gone (purged; the invariant says it outlives its deliveries) leaves
-        the body b"" and is logged (:func:`payloads_wanted`, :func:`set_payloads`; ``aget``
-        reads them with the same two)."""
+        no body) its body, from its payload record: ``known`` (record key -> body, None:
+        gone) as a claim's reply carries them, the others read with one ``HGET`` per
+        distinct record (event and partition), all in one round trip, none when no
+        message needs one. A record that is gone (purged; the invariant says it outlives
+        its deliveries) leaves the body b"" and is logged (:func:`payloads_wanted`,
+        :func:`set_payloads`; ``aget`` reads them with the same two)."""
         wanted = payloads_wanted(self.keys, messages)
         if not wanted:
             return
+        if known:
+            given = {key: found for key, found in wanted.items() if key in known}
+            set_payloads(given, [known[key] for key in given])
+            wanted = {key: found for key, found in wanted.items() if key not in known}
+            if not wanted:
+                return
         pipe = self.connection.pipeline(transaction=False)
         for key in wanted:
             pipe.hget(key, "body")

@@ -35,7 +35,7 @@ class PartitionedMessageStore(ExchangeStore):
             slack=options.due_slack,
             scan=options.scan,
         )
-        return self.outcomes_and_claim(request).claims[0]  # payloads attached there
+        return self.outcomes_and_claim(request).claims[0]
 
     def outcomes_and_claim(self, request: ExchangeRequest) -> ExchangeReply:
         """Record a run's outcomes in destination health, write them, and claim its next
@@ -50,6 +50,4 @@ class PartitionedMessageStore(ExchangeStore):
             redis.exceptions.RedisError: with one partition, the round trip failed; with
                 more, a step failed for a reason other than an outage of its slot (see
                 :mod:`outbox.store.exchange`)."""
-        reply = Exchange(self, request).run()
-        self.attach_payloads([m for claim in reply.claims for m in claim.messages])
-        return reply
+        return Exchange(self, request).run()  # payloads came with each claim (parse_claim)

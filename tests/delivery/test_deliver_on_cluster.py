@@ -401,3 +401,94 @@ def test_a_claim_reads_nothing_while_a_due_messages_record_has_moved(cluster_mod
     claim = repo.claim(m.queue, now, partition, ClaimOptions(lease="L", deadline=now + 60, limit=5))
     assert [c.id for c in claim.messages] == [m.id]
     assert outbox.get(m.id).status == "sending"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_takes_deliveries_whose_payload_record_has_moved(cluster_mode, redis_cluster):
+    """The claim returns the bodies of the payload records its deliveries reference
+    (lib/claimed.lua), read after its writes. With the partition's slot held half-moved
+    by a legacy migration and only the payload record moved, that read is a non-local key:
+    the script reads it with pcall and leaves it out (an error there would abort the
+    script after its writes, the deliveries claimed and nobody told), and the caller
+    reads it itself (redirected by the cluster client): the deliveries come with their
+    bodies."""
+    from redis.crc import key_slot
+
+    from outbox import webhooks
+    from outbox.store.client import cluster_admin
+
+    webhooks.create_event_type("order.paid")
+    webhooks.create_application("acme")
+    for n in range(3):
+        webhooks.create_endpoint("acme", f"http://127.0.0.1:9/{n}")
+    body = {"pad": "x" * 300}
+    event = outbox.publish("order.paid", body, application="acme")
+    repo = get_repository()
+    first = event.deliveries[0].id
+    assert {repo.keys.of(d.id).prefix for d in event.deliveries} == {repo.keys.of(first).prefix}
+    queue = outbox.get(first).queue
+    part = repo.keys.of(first)
+    # Every key the claim declares present at the source (a missing one answers TRYAGAIN
+    # before the script runs, which is not what this test is about): placeholders in the
+    # quarantine index and in each endpoint's indexes of this partition that are empty.
+    far = time.time() + 3600
+    cluster_mode.zadd(part.quarantine(queue), {"msg_suspect_placeholder": far})
+    for d in event.deliveries:
+        destination = outbox.get(d.id).destination
+        for key in (part.status("retrying", destination), part.status("sending", destination), part.parked(destination)):
+            cluster_mode.zadd(key, {"msg_placeholder": far})
+    payload = part.payload(event.id).encode()
+    assert cluster_mode.exists(payload)
+    slot = key_slot(payload)
+    source = redis_cluster.slot_owner(slot)
+    target = next(n for n in redis_cluster.nodes if n != source)
+    node = redis_cluster.node_client(source)
+    now = time.time()
+    redis_cluster.begin_migration(slot, target)
+    try:
+        cluster_admin.migrate(node, target, [payload], 5000)
+        assert node.exists(repo.keys.resend(first)) == 1  # (the payload record: ASK, moved)
+        claim = repo.claim(queue, now, partition_of(first), ClaimOptions(lease="L", deadline=now + 60, limit=5))
+    finally:
+        redis_cluster.finish_migration(slot)
+    assert not claim.unavailable, claim.error
+    assert sorted(m.id for m in claim.messages) == sorted(d.id for d in event.deliveries), claim
+    assert all(m.json() == body for m in claim.messages)
+    assert {outbox.get(d.id).status for d in event.deliveries} == {"sending"}
+
+
+def test_a_claim_that_empties_its_due_index_on_a_half_moved_slot_is_answered(
+    cluster_mode, redis_cluster, monkeypatch
+):
+    """A claim taking the last due entries of its partition while the partition's slot is
+    held half-moved by a legacy migration (every key it declares still at the source, so
+    it runs there): the due index it emptied is gone, and reading its first score for the
+    reply was a non-local key. The script aborted after its writes: the messages were
+    ``sending`` under a lease the worker never learnt of (a ``ResponseError`` it does not
+    treat as a cluster in flux), delivered only once the lease ran out. The reply says
+    the index is empty and the claim has its messages."""
+    from redis.crc import key_slot
+
+    partition = 3
+    monkeypatch.setattr("outbox.api.random_partition", lambda p: partition)
+    sent = outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(2)])
+    assert {partition_of(m.id) for m in sent} == {partition}
+    repo = get_repository()
+    part = repo.keys.of(sent[0].id)
+    queue = sent[0].queue
+    far = time.time() + 3600
+    cluster_mode.zadd(part.quarantine(queue), {"msg_suspect_placeholder": far})
+    for key in (part.status("retrying", "hook"), part.status("sending", "hook"), part.parked("hook")):
+        cluster_mode.zadd(key, {"msg_placeholder": far})
+    slot = key_slot(part.due(queue).encode())
+    target = next(n for n in redis_cluster.nodes if n != redis_cluster.slot_owner(slot))
+    now = time.time()
+    redis_cluster.begin_migration(slot, target)
+    try:
+        claim = repo.claim(queue, now, partition, ClaimOptions(lease="L", deadline=now + 60, limit=5))
+    finally:
+        redis_cluster.finish_migration(slot)
+    assert not claim.unavailable, claim.error
+    assert sorted(m.id for m in claim.messages) == sorted(m.id for m in sent)
+    assert claim.next_due is None
+    assert {outbox.get(m.id).status for m in sent} == {"sending"}

@@ -66,13 +66,16 @@ UNGUARDED: dict[str, tuple[str, set[str]]] = {
             "K.dest(GATE.prefix, dest)",
             "K.gcra(GATE.prefix, dest)",
             "K.resend(C.prefix, id)",
+            "pkey",
         },
     ),
     "claim_apply": (
         "the caller declares every key it may touch after its two: the records, status and "
         "parked indexes of each message its pick saw (PartitionedMessageStore."
-        "claim_apply_keys), the index writes (lib/writes.lua) name those",
-        {"key", "unpack(args, first, last)", "rkey", "unpack(mkeys)", "K.resend(C.prefix, id)"},
+        "claim_apply_keys), the index writes (lib/writes.lua) name those; the payload "
+        "records of the deliveries it took (pkey, lib/claimed.lua) are read last, with "
+        "pcall: one the script cannot read is left out of the reply and read by the caller",
+        {"key", "unpack(args, first, last)", "rkey", "unpack(mkeys)", "K.resend(C.prefix, id)", "pkey"},
     ),
     "create": (
         "every key it touches is declared (a group of KEYS per message, named in the "

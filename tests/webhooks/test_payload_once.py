@@ -108,6 +108,60 @@ def test_a_worker_delivers_the_body_it_reads_through_the_reference():
     assert all(outbox.get(d.id).status == "succeeded" for d in event.deliveries)
 
 
+def payload_reads(monkeypatch) -> list[str]:
+    """Record each payload record the client reads with a command of its own (``HGET``,
+    alone or in a pipeline), as the worker did after each claim before the claim script
+    returned the bodies."""
+    import redis.client
+    import redis.cluster
+
+    seen: list[str] = []
+
+    def note(args) -> None:
+        if args and str(args[0]).upper() == "HGET" and ":payload:" in str(args[1]):
+            seen.append(str(args[1]))
+
+    for cls in (redis.client.Pipeline, redis.cluster.ClusterPipeline):
+        real_execute = cls.execute
+
+        def execute(self, *a, _real=real_execute, **kw):
+            for command in self.command_stack:
+                note(command.args if hasattr(command, "args") else command[0])
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(cls, "execute", execute)
+    for cls in (redis.client.Redis, redis.cluster.RedisCluster):
+        real_command = cls.execute_command
+
+        def execute_command(self, *args, _real=real_command, **kw):
+            note(args)
+            return _real(self, *args, **kw)
+
+        monkeypatch.setattr(cls, "execute_command", execute_command)
+    return seen
+
+
+def test_the_claim_brings_the_payload_body_with_it(monkeypatch):
+    """The worker's claim returns the bodies of the payload records its deliveries
+    reference (``lua/lib/claimed.lua``): no round trip of its own per claim to read them
+    (issue 34: the rate of a worker delivering to endpoints)."""
+    from tests.support.http import receiving
+
+    webhooks.create_event_type("order.paid")
+    webhooks.create_application("acme")
+    with receiving() as rx:
+        for n in range(4):
+            webhooks.create_endpoint("acme", f"{rx.base}/{n}")
+        event = outbox.publish("order.paid", LARGE, application="acme")
+        assert all(outbox.get(d.id).payload_ref == event.id for d in event.deliveries)
+        reads = payload_reads(monkeypatch)
+        run_worker(simple=True)
+    assert sorted(r.path for r in rx.requests) == ["/0", "/1", "/2", "/3"]
+    assert all(json.loads(r.body) == LARGE for r in rx.requests)
+    assert reads == []
+    assert all(outbox.get(d.id).status == "succeeded" for d in event.deliveries)
+
+
 def test_deleting_the_last_delivery_deletes_the_payload():
     _app(3)
     event = outbox.publish("order.paid", SMALL, application="acme")

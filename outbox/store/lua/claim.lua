@@ -60,8 +60,8 @@
 --     Otherwise a suspect (its resend record has 'suspect': taken back from a lost
 --     worker, docs/architecture.md) met in the due index is moved to the quarantine
 --     index at the same score, not claimed: it is attempted alone, never in a batch.
--- Returns {claimed, next_due, held, capped}: claimed is a flat list of the message record
--- ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's
+-- Returns {claimed, next_due, held, capped, next_suspect, payloads}: claimed is a flat
+-- list of the message record ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's
 -- own fields appended: later pairs win) per claimed message; next_due is the score of
 -- the earliest entry left in the due index (a string), or false when it is empty; held
 -- counts messages rescheduled by a limit (the caller may wait for them rather than end
@@ -69,10 +69,13 @@
 -- (caps), each once: until an attempt of one of them finishes, a claim of the same
 -- head of the queue would read the same entries again and take nothing (the caller
 -- waits instead: outbox/delivery.py); next_suspect is the score of the earliest entry of
--- the quarantine index (a string), or false.
+-- the quarantine index (a string), or false; payloads is flat: per payload record the
+-- claimed deliveries of published events reference (lib/keys.lua K.payload, in this
+-- partition), its key and its body (false: the record is gone), so the caller reads no
+-- payload in a round trip of its own.
 -- Index writes and the message reads are made once per index for the whole call
 -- (lib/writes.lua, MGET): a claim of N messages costs two commands per message (the
--- resend record's HGETALL and HSET) and a few per call.
+-- resend record's HGETALL and HSET), one HGET per payload record, and a few per call.
 --! include args
 --! include keys
 --! include message

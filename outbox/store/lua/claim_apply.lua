@@ -9,7 +9,8 @@
 -- KEYS[1] the queue's due index in the partition  KEYS[2] its quarantine index
 -- ARGV: named (lib/args.lua): prefix, parts, now, lease, deadline, lane; then per
 --   message: id, action, at ("" unless later)
--- Returns {claimed, next_due, held, capped, next_suspect, unused}: as claim.lua's, and
+-- Returns {claimed, next_due, held, capped, next_suspect, payloads, unused}: as
+--   claim.lua's, and
 --   unused: the ids granted (take, probe) that could not be claimed (their gate's grant
 --   is given back by the caller).
 --! include args
@@ -50,5 +51,5 @@ for i = pos, #ARGV, 3 do
   end
 end
 local reply = claim_reply()
-reply[6] = unused
+reply[7] = unused
 return reply

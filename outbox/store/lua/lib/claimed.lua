@@ -6,8 +6,9 @@
 --
 -- claim_setup(prefix, now_s, lease, deadline, queue_due_key, quarantine_key, lane): the
 --   call's inputs; lane 'q' claims from the quarantine index.
--- C.out is the claimed records (flat: record, resend pairs), C.held and C.capped counts.
-local C = {out = {}, taken_ids = {}, taken = 0, held = 0, capped = {}, capped_seen = {}}
+-- C.out is the claimed records (flat: record, resend pairs), C.held and C.capped counts;
+-- C.payloads the payload records the claimed deliveries of published events reference.
+local C = {out = {}, taken_ids = {}, taken = 0, held = 0, capped = {}, capped_seen = {}, payloads = {}, payload_seen = {}}
 
 local function claim_setup(prefix, now_s, lease, deadline, queue_due_key, quarantine_key, lane)
   C.prefix, C.now_s, C.lease, C.deadline = prefix, now_s, lease, deadline
@@ -72,18 +73,38 @@ local function take(id, rkey, record, status, dest)
   C.taken_ids[#C.taken_ids + 1] = #out
   -- The resend record as read before the HSET, with the claim's fields appended: a later
   -- pair wins when the caller makes the flat list a mapping (one HGETALL fewer).
+  for i = 1, #record, 2 do
+    if record[i] == 'payload' then  -- a delivery of a published event: its body is there
+      local pkey = K.payload(pp, record[i + 1])
+      if not C.payload_seen[pkey] then
+        C.payload_seen[pkey] = true
+        C.payloads[#C.payloads + 1] = pkey
+      end
+      break
+    end
+  end
   for _, v in ipairs(claimed) do record[#record + 1] = v end
   out[#out + 1] = record
   C.taken = C.taken + 1
 end
 
+-- The score of the first entry of `key` (a declared index), or false when it is empty.
+-- pcall: on a slot half-moved by a legacy migration, an index this call emptied (its last
+-- entries claimed) no longer exists here, and a read of a missing key of a migrating slot
+-- is a non-local key: the script aborted there, after its writes (the messages claimed,
+-- the caller told of an error). The key existed here when the call began (a missing
+-- declared key answers TRYAGAIN before the script runs), so it is empty: false.
 local function first_score(key)
-  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local first = redis.pcall('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first.err then return false end
   return first[2] or false
 end
 
 -- Flush the index writes, read the claimed messages' records (one MGET per chunk) and
--- return the reply: {claimed, next_due, held, capped, next_suspect}.
+-- the bodies of the payload records they reference (one HGET per record: the caller
+-- needs no round trip of its own for them), and return the reply: {claimed, next_due,
+-- held, capped, next_suspect, payloads}, payloads flat: record key, body (false: gone;
+-- a record the script could not read is left out).
 local function claim_reply()
   flush_writes()
   local out, taken_ids, prefix = C.out, C.taken_ids, C.prefix
@@ -98,5 +119,16 @@ local function claim_reply()
       if raw then out[pos] = {out[pos], raw} else out[pos] = message_record(K.message(prefix, out[pos]), out[pos]) end
     end
   end
-  return {out, first_score(C.queue_due_key), C.held, C.capped, first_score(C.quarantine_key)}
+  local payloads = {}
+  for _, pkey in ipairs(C.payloads) do
+    -- pcall: on a slot half-moved by a legacy migration the record may be on the other
+    -- node already (a non-local key): left out, the caller reads it itself (after the
+    -- claim's writes, a read that fails must not abort the script)
+    local body = redis.pcall('HGET', pkey, 'body')
+    if type(body) ~= 'table' then
+      payloads[#payloads + 1] = pkey
+      payloads[#payloads + 1] = body
+    end
+  end
+  return {out, first_score(C.queue_due_key), C.held, C.capped, first_score(C.quarantine_key), payloads}
 end
