@@ -73,38 +73,51 @@ end
 if #doomed == 0 then return out end
 local refused = keys_here(KEYS[1], keys) or heirs_here(prefix, KEYS[1], leaving)
 if refused then return refused end
+-- First the ordered messages leave their keys, in call order: the next message of a
+-- deleted head becomes the head (lib/ordering.lua), into the pending and due indexes;
+-- then the messages leave their indexes. In that order no index this call empties (a
+-- deleted head the only pending message of its destination, or the only due entry of its
+-- queue) is written again after: on a slot held half-moved by a legacy migration, a key
+-- that no longer exists is a non-local key, and creating it again aborted the script
+-- after its writes (the head's records deleted, the next message 'pending' in no due
+-- index). The index removals are gathered (lib/writes.lua: one ZREM per index, and one of
+-- an index an earlier removal of this call emptied removes nothing).
 for _, d in ipairs(doomed) do
   local id, pp, cur = d.id, d.pp, d.cur
-  local dest, queue = cur[2], cur[3] or ''
   -- An earlier message of this call may have promoted this one, if it is ordered (a
   -- deleted key head's next message goes from 'waiting' to 'pending', lib/ordering.lua):
   -- its gathered index writes land first, and it is removed from the index of its status
   -- now, not the one it was read in (else its pending and due entries would outlive it).
-  local status = cur[1]
+  d.status = cur[1]
   if cur[4] then
     flush_writes()
-    status = redis.call('HGET', d.rkey, 'status')
+    d.status = redis.call('HGET', d.rkey, 'status')
+    if d.status and allowed[d.status] then
+      order_leave(prefix, pp, cur[2], cur[4], id, nil, tonumber(opts.okttl or '604800'), opts.now or '0')
+    end
   end
+end
+flush_writes()
+for _, d in ipairs(doomed) do
+  local id, pp, cur, status = d.id, d.pp, d.cur, d.status
+  local dest, queue = cur[2], cur[3] or ''
   if status and allowed[status] then
     if d.idem then
       local ikey = K.idempotency(pp, dest, d.idem)
       local held = redis.call('GET', ikey)
       if held and string.sub(held, 1, string.len(id) + 1) == id .. '|' then redis.call('DEL', ikey) end
     end
-    redis.call('ZREM', K.due(pp, queue), id)
-    redis.call('ZREM', K.quarantine(pp, queue), id)
-    redis.call('ZREM', K.parked(pp, dest), id)
-    redis.call('ZREM', K.status(pp, status, dest), id)
-    redis.call('ZREM', K.created(pp, dest), id)
+    zrem_later(K.due(pp, queue), id)
+    zrem_later(K.quarantine(pp, queue), id)
+    zrem_later(K.parked(pp, dest), id)
+    zrem_later(K.status(pp, status, dest), id)
+    zrem_later(K.created(pp, dest), id)
     redis.call('DEL', d.rkey, d.mkey, d.akey)
     if cur[5] then
       local pkey = K.payload(pp, cur[5])
       if redis.call('HINCRBY', pkey, 'refs', -1) <= 0 then redis.call('DEL', pkey) end
     end
-    if cur[4] then
-      redis.call('ZREM', K.order_log(pp, dest, cur[4]), id)
-      order_leave(prefix, pp, dest, cur[4], id, nil, tonumber(opts.okttl or '604800'), opts.now or '0')
-    end
+    if cur[4] then zrem_later(K.order_log(pp, dest, cur[4]), id) end
   else
     out[d.at] = 0
   end

@@ -26,9 +26,15 @@ local opts, pos = named_args()
 local prefix, dest, now_s = K.setup(opts), opts.destination, opts.now
 local now = tonumber(now_s)
 local inflight = KEYS[3]
+-- The grants whose lease has not ended are counted (ZCOUNT) and the others dropped last,
+-- after this call's grants are added: dropped first, they could empty the set (every
+-- grant lapsed), and on a slot held half-moved by a legacy migration a key that no
+-- longer exists is a non-local key: counting it, or adding a grant (creating it again),
+-- aborted the script (the exchange raised it as a bug).
+local lapsed = false
 local function count_sending()
-  redis.call('ZREMRANGEBYSCORE', inflight, '-inf', '(' .. now_s)
-  return redis.call('ZCARD', inflight)
+  lapsed = true
+  return redis.call('ZCOUNT', inflight, now_s, '+inf')
 end
 local caps = {}
 if opts.cap ~= '' then caps[dest] = tonumber(opts.cap) end
@@ -45,4 +51,5 @@ for i = pos, #ARGV, 2 do
   out[#out + 1] = at and string.format('%.6f', at) or ''
 end
 gate_flush()
+if lapsed then redis.call('ZREMRANGEBYSCORE', inflight, '-inf', '(' .. now_s) end
 return out

@@ -273,6 +273,11 @@ local function count(o, st)
   end
 end
 
+-- The grants the outcomes end, per destination, removed in one ZREM after the loop: one
+-- per outcome, a grant already gone (lapsed and dropped, or given back) after the one
+-- that emptied the set was a ZREM of a key that no longer exists, on a slot held
+-- half-moved by a legacy migration a non-local key: the script aborted after its writes.
+local ended, ended_order = {}, {}
 for _, values in ipairs(outcomes) do
   local o = named_list(values, OUTCOME_FIELDS)
   local dest, id = o.destination, o.id
@@ -280,7 +285,11 @@ for _, values in ipairs(outcomes) do
   if K.parts > 1 and id and id ~= '' and o.lease and o.lease ~= '' then
     -- its gate's grant ends (gate.lua: K.inflight_member, so that another claim's
     -- grant of the same message, given back, cannot end this one)
-    redis.call('ZREM', K.inflight(prefix, dest), K.inflight_member(o.lease, id))
+    if not ended[dest] then
+      ended[dest] = {}
+      ended_order[#ended_order + 1] = dest
+    end
+    table.insert(ended[dest], K.inflight_member(o.lease, id))
   end
   local seq = tonumber(o.seq or '0') or 0
   if run ~= '' and seq > 0 and seq <= st.counted then
@@ -294,6 +303,9 @@ for _, values in ipairs(outcomes) do
     if seq > st.top then st.top = seq end
     count(o, st)
   end
+end
+for _, dest in ipairs(ended_order) do
+  redis.call('ZREM', K.inflight(prefix, dest), unpack(ended[dest]))
 end
 
 -- This minute's counts, with more than one partition: in the minute's hash at once. It is

@@ -40,9 +40,16 @@ end
 local function probe_add(at)
   if K.parts > 1 then probe_op = {'add', string.format('%.6f', at)} else redis.call('ZADD', probes, at, dest) end
 end
+-- The entries of each parked set, counted before any is taken and kept up to date as the
+-- loop below takes them, so that no set is read again once this call has emptied it: on
+-- a slot held half-moved by a legacy migration a key that no longer exists is a non-local
+-- key, and reading it (for more rows, or to count what is left) aborted the script after
+-- its writes (the messages due again, the caller told of an error).
+local in_set = {}
+for i = first_parked, #KEYS do in_set[i] = redis.call('ZCARD', KEYS[i]) end
 local function parked_left()
   local left = 0
-  for i = first_parked, #KEYS do left = left + redis.call('ZCARD', KEYS[i]) end
+  for i = first_parked, #KEYS do left = left + in_set[i] end
   return left
 end
 local admin, breaker = v[1] or 'active', v[2] or 'closed'
@@ -81,12 +88,13 @@ local looked = 0
 local part = first_parked
 while moved < want and looked < batch and part <= #KEYS do
   local pkey = KEYS[part]
-  local rows = redis.call('ZRANGE', pkey, 0, want - moved - 1, 'WITHSCORES')
+  local rows = {}
+  if in_set[part] > 0 then rows = redis.call('ZRANGE', pkey, 0, want - moved - 1, 'WITHSCORES') end
   if #rows == 0 then part = part + 1 end
   for i = 1, #rows, 2 do
     local id, score = rows[i], rows[i + 1]
     looked = looked + 1
-    redis.call('ZREM', pkey, id)
+    in_set[part] = in_set[part] - redis.call('ZREM', pkey, id)
     local cur = redis.call('HMGET', K.resend(prefix, id), 'status', 'destination', 'queue')
     if (cur[1] == 'pending' or cur[1] == 'retrying') and cur[2] == dest and cur[3] then
       redis.call('ZADD', K.due(K.part(prefix, id), cur[3]), score, id)

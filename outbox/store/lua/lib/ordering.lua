@@ -22,12 +22,18 @@
 -- lib/writes.lua, lib/move.lua, lib/guard.lua and lib/join.lua (order_join) included
 -- before this file.
 
--- The message after the head `id` of a key, when `id` is the head (else nil, false).
+-- The message after the head `id` of a key, when `id` is the head (else nil, false), and
+-- how many messages the key's queue holds, counted up to 2.
 local function order_next(q, id)
   local first = redis.call('ZRANGE', q, 0, 1)
-  if first[1] ~= id then return nil, false end
-  return first[2], true
+  if first[1] ~= id then return nil, false, #first end
+  return first[2], true, #first
 end
+
+-- The key queues this call emptied (order_leave): deleted, so not touched again. On a slot
+-- held half-moved by a legacy migration a key missing from it is a non-local key, and
+-- any access (a read, or a write creating it again) aborted the script after its writes.
+local order_emptied = {}
 
 -- Message `nxt` (waiting behind the head that left) becomes the head: pending, in its
 -- queue's due index at its own due time (an older message is due at once), told the
@@ -51,7 +57,9 @@ end
 -- Returns the new head's queue when one became due (the caller may wake it), else nil.
 local function order_leave(prefix, pp, dest, key, id, delivered, ttl, now_s)
   local q, st = K.order(pp, dest, key), K.order_state(pp, dest, key)
-  local nxt, was_head = order_next(q, id)
+  local gone = order_emptied[q]  -- an earlier message of this call emptied it: not in it
+  local nxt, was_head, seen = nil, false, 0
+  if not gone then nxt, was_head, seen = order_next(q, id) end
   local blocked = redis.call('HGET', st, 'blocked')
   local queue = nil
   if delivered then redis.call('HSET', st, 'last', delivered) end
@@ -59,10 +67,13 @@ local function order_leave(prefix, pp, dest, key, id, delivered, ttl, now_s)
     redis.call('HDEL', st, 'blocked')
     redis.call('ZREM', K.blocked(pp, dest), key)
   end
-  redis.call('ZREM', q, id)
+  if not gone then redis.call('ZREM', q, id) end
   if was_head and nxt then
     queue = order_promote(prefix, pp, dest, st, nxt, now_s)
-  elseif redis.call('EXISTS', q) == 0 then
+  elseif not gone and (seen == 0 or (seen == 1 and was_head)) then
+    -- the queue is empty now (`id` was all of it; read before the ZREM, not after: a
+    -- key emptied on a half-moved slot is a non-local key, see order_emptied)
+    order_emptied[q] = true
     redis.call('EXPIRE', st, ttl)
   end
   return queue

@@ -20,16 +20,46 @@ local WRITE_CHUNK = 2000   -- arguments per call: well under unpack's limit (LUA
 
 local function write_at_once(yes) at_once = yes end
 
+-- ZREM of `members` (args[first..last]) from `key`, a key that existed when the script
+-- began (declared in KEYS, or checked by lib/guard.lua) and that an earlier write of this
+-- call may have emptied (its last member removed: the key is deleted). On a slot held
+-- half-moved by a legacy migration, a key missing from the migrating slot is a non-local
+-- key: any access to it fails ("Script attempted to access a non local key") and the
+-- script aborted there, after its writes. That error here means the key is empty: there
+-- is nothing to remove. Any other error is raised.
+local function zrem_emptied(key, args, first, last)
+  local r = redis.pcall('ZREM', key, unpack(args, first, last))
+  if type(r) == 'table' and r.err then
+    if not string.find(r.err, 'non local key', 1, true) then error(r) end
+    return 0
+  end
+  return r
+end
+
+-- The gathered writes, each (command, key) once: first every ZADD and MSET, then every
+-- ZREM. Within one flush a member has one kind of write per key (gather() flushes before
+-- a member changes kind), so their order does not change what is written; but a ZREM
+-- that took an index's last members before a ZADD of new ones would have deleted the key
+-- and the ZADD created it again, and creating a key of a slot held half-moved by a legacy
+-- migration is a non-local key too: the script aborted after its writes (a claim's
+-- message 'sending' and the next one in no index, a promoted ordered message 'pending'
+-- in no due index).
 local function flush_writes()
-  for _, g in ipairs(gathered_order) do
-    local cmd, key = g[1], g[2]
-    local args = gathered[cmd][key]
-    for first = 1, #args, WRITE_CHUNK do
-      local last = math.min(first + WRITE_CHUNK - 1, #args)
-      if key ~= '' then
-        redis.call(cmd, key, unpack(args, first, last))
-      else
-        redis.call(cmd, unpack(args, first, last))
+  for pass = 1, 2 do
+    for _, g in ipairs(gathered_order) do
+      local cmd, key = g[1], g[2]
+      if (cmd == 'ZREM') == (pass == 2) then
+        local args = gathered[cmd][key]
+        for first = 1, #args, WRITE_CHUNK do
+          local last = math.min(first + WRITE_CHUNK - 1, #args)
+          if cmd == 'ZREM' then
+            zrem_emptied(key, args, first, last)
+          elseif key ~= '' then
+            redis.call(cmd, key, unpack(args, first, last))
+          else
+            redis.call(cmd, unpack(args, first, last))
+          end
+        end
       end
     end
   end
@@ -99,7 +129,7 @@ local function zadd_later(key, score, member)
   if at_once then redis.call('ZADD', key, score, member) else gather('ZADD', key, member, score) end
 end
 local function zrem_later(key, member)
-  if at_once then redis.call('ZREM', key, member) else gather('ZREM', key, member) end
+  if at_once then zrem_emptied(key, {member}, 1, 1) else gather('ZREM', key, member) end
 end
 local function mset_later(key, value)
   if at_once then redis.call('SET', key, value) else gather('MSET', '', key, value) end
