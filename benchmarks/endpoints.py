@@ -125,19 +125,14 @@ def register(base: str) -> tuple[dict[str, str], float]:
     return paths, time.perf_counter() - t0
 
 
-def sweep() -> tuple[int, int]:
+def sweep() -> int:
     """One recovery sweep (:func:`outbox.delivery.recovery.recover`: leases, purge, the
     destination summary) made here under the sweep's lock, as the one worker process that
     takes the lock in an interval makes it; its Redis commands (INFO commandstats),
-    reported apart and amortised at its interval (:func:`endpoints_run`).
-
-    The drain's ``--burst`` worker still runs its once-only housekeeping, which sweeps
-    without the lock: its summary is skipped (the one made here is fresh), its lease and
-    purge scans are not (a ZRANGEBYSCORE per destination with messages and index:
-    ``sending``, ``succeeded``, ``cancelled``) and stay in the drain's count, which a
-    long-running worker, sweeping only under the lock, would not pay. That pass is made
-    once more here, alone, to say how much (the same commands: one per destination and
-    index, whatever each holds). Returns (the sweep's commands, that pass's)."""
+    reported apart and amortised at its interval (:func:`endpoints_run`). The lock is
+    kept for its interval: the drain's ``--burst`` worker finds it held and skips its own
+    sweep, as it does behind a long-running worker's (``run_housekeeping_once``).
+    Returns the sweep's commands."""
     import uuid
 
     from benchmarks.common import commandstats, stats_delta
@@ -153,22 +148,20 @@ def sweep() -> tuple[int, int]:
     )
     assert held, "another process holds the recovery lock"
     recover()
-    middle = commandstats(conn)
-    recover()  # what the burst worker's housekeeping runs: the summary is fresh
-    return sum(stats_delta(before, middle).values()), sum(stats_delta(middle, commandstats(conn)).values())
+    return sum(stats_delta(before, commandstats(conn)).values())
 
 
 def drain(n: int, receiver: Any) -> dict[str, float]:
     """One burst worker delivers the n due messages: the receiver's rate and the Redis
     commands per delivery during the run; the recovery sweep, made just before (:func:`sweep`),
-    counted apart (commands per sweep), and the burst worker's own sweep pass, per delivery."""
+    counted apart (commands per sweep)."""
     from benchmarks.common import commandstats, outbox_burst, receiver_rate, stats_delta
     from outbox.store import get_repository
     from outbox.store.client.connection import get_connection
 
     conn = get_connection()
     receiver.answered.clear()
-    swept, burst_pass = sweep()
+    swept = sweep()
     before = commandstats(conn)
     outbox_burst(n)
     commands = sum(stats_delta(before, commandstats(conn)).values())
@@ -178,7 +171,6 @@ def drain(n: int, receiver: Any) -> dict[str, float]:
         "per_s": receiver_rate(receiver),
         "cmds_per_msg": commands / n,
         "sweep": swept,
-        "burst": burst_pass / n,
     }
 
 
@@ -339,9 +331,6 @@ def endpoints_run(rounds: int, n: int, out: str) -> None:
     def m(key: str) -> float:
         return statistics.median(vals(key))
 
-    def less_burst(side: str) -> list[float]:
-        return [c - b for c, b in zip(vals(f"{side}_cmds_per_msg"), vals(f"{side}_burst"), strict=True)]
-
     def amortised(side: str) -> float:
         return m(f"{side}_sweep") / (m(f"{side}_per_s") * SWEEP_INTERVAL)
 
@@ -371,11 +360,6 @@ def endpoints_run(rounds: int, n: int, out: str) -> None:
             "Redis commands per delivered message (INFO commandstats, during the drain; the sweep apart)",
             vals("endpoints_cmds_per_msg"), vals("hook_cmds_per_msg"), "within 10 %", abs(cmds - 1) <= 0.10,
             "settings destination",
-        ),
-        _ratio_row(
-            "the same less the burst worker's own lockless sweep pass (measured alone just before, per "
-            "delivery: endpoints " + med(vals("endpoints_burst")) + f", settings destination {med(vals('hook_burst'))})",
-            less_burst("endpoints"), less_burst("hook"), "(not the target's figure)", None, "settings destination",
         ),
         f"| recovery sweep (leases, purge, destination summary), once per RECOVERY_INTERVAL across the "
         f"workers, made just before each drain: commands per sweep | {med(vals('endpoints_sweep'))} | "

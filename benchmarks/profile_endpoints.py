@@ -28,7 +28,7 @@ def _drain(n: int, receiver, prefix: str | None) -> dict[str, float]:
     from benchmarks.endpoints import sweep
 
     receiver.answered.clear()
-    sweep()  # as benchmarks.endpoints.drain: the destination summary fresh, the burst's skips it
+    sweep()  # as benchmarks.endpoints.drain: under the lock, so the burst worker skips its own
     env = {"BENCH_CPROFILE": prefix} if prefix else {}
     result = outbox_burst(n, env=env)
     return {"cpu_ms": result["cpu"] * 1000 / n, "per_s": receiver_rate(receiver)}

@@ -203,6 +203,18 @@ class Housekeeper(threading.Thread):
         self._stop_event.set()
 
 
+def _sweep_once() -> None:
+    """The recovery sweep of :func:`run_housekeeping_once`, under the sweeps' lock (see there)."""
+    repo, token = get_repository(), uuid.uuid4().hex
+    if not repo.acquire_lock("recovery", token, float(outbox_settings.RECOVERY_INTERVAL) * 0.9):
+        logger.info("outbox: recovery sweep skipped: another process swept within RECOVERY_INTERVAL")
+        return
+    try:
+        recover()
+    finally:
+        repo.release_lock("recovery", token)
+
+
 def heartbeat_ttl(recovery_interval: float) -> float:
     """Seconds the housekeeping heartbeat lives: two sweeps and a margin."""
     return 2 * recovery_interval + 5.0
@@ -622,13 +634,18 @@ def _redis_back(queues: Sequence[str]) -> bool:
 
 
 def run_housekeeping_once(*, relay: bool = True) -> None:
-    """One relay, recovery, alerts and wake pass, each step's errors logged (``--burst``, tests)."""
+    """One relay, recovery, alerts and wake pass, each step's errors logged (``--burst``, tests).
+
+    The recovery sweep takes the lock a long-running worker's sweep takes
+    (:meth:`Housekeeper._sweep`), and is skipped while another process holds it (that
+    process swept within its interval, or is sweeping now); this one lets go of it when
+    done, so the next ``--burst`` worker sweeps again."""
 
     def beat_now() -> None:
         beat(float(outbox_settings.RECOVERY_INTERVAL))
 
     steps: list[tuple[str, Callable[[], object]]] = [("relay", _relay)] if relay else []
-    steps += [("recovery", recover), ("alerts", _flush_alerts), ("wake", _wake), ("heartbeat", beat_now)]
+    steps += [("recovery", _sweep_once), ("alerts", _flush_alerts), ("wake", _wake), ("heartbeat", beat_now)]
     for label, action in steps:
         try:
             action()

@@ -113,6 +113,24 @@ class Maintenance(RepositoryBase):
         """Take a short lock (``SET NX PX``); True if this caller holds it now."""
         return bool(self.connection.set(self.keys.lock(name), token, nx=True, px=max(1, int(ttl * 1000))))
 
+    def release_lock(self, name: str, token: str) -> bool:
+        """Let go of a lock taken with :meth:`acquire_lock` under ``token``, only if this
+        caller still holds it (compare and delete in one script: redis-py's
+        :class:`redis.lock.Lock` release, the pattern of https://redis.io/docs/latest/commands/set/).
+        Returns False when it lapsed or another caller holds it now.
+
+        Raises:
+            redis.exceptions.RedisError: Redis could not be reached."""
+        from redis.exceptions import LockNotOwnedError
+
+        lock = self.connection.lock(self.keys.lock(name), thread_local=False)
+        lock.local.token = token.encode()
+        try:
+            lock.release()
+        except LockNotOwnedError:
+            return False
+        return True
+
     def beat(self, member: str, ttl: float, now: float) -> None:
         """Say that the ``outbox_worker`` ``member`` (``host:pid``) runs its housekeeping,
         for ``ttl`` seconds from ``now`` (epoch seconds): the shared heartbeat
