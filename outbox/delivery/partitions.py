@@ -105,12 +105,14 @@ class PartitionPlan:
         n = len(order)
         asks = []
         shares: list[dict[str, int]] = [{} for _ in order]
-        for d, c in (caps or {}).items():
+        for d, c in (caps or {}).items() if n > 1 else ():  # one partition asked: all of each cap
             # the partitions that last skipped this destination's messages at their share first
             first = [i for i, k in enumerate(order) if d in self.capped.get(k, ())]
             ranked = [*first, *(i for i in range(n) if i not in first)] if first else range(n)
             for rank, i in enumerate(ranked):
                 shares[i][d] = _share(c, n, rank)
+        if n == 1:
+            shares[0] = dict(caps or {})
         for i, k in enumerate(order):
             asks.append(Ask(k, _share(want, n, i), None if caps is None else shares[i]))
         return asks + [Ask(k, 0, None) for k in probes]

@@ -469,6 +469,10 @@ def limits_json() -> str:
 ENDPOINT_TRANSPORT = "outbox.transports.endpoint.EndpointTransport"
 #: Most endpoint configurations one process keeps (the oldest loaded is dropped first).
 ENDPOINT_CACHE_SIZE = 20_000
+#: Most endpoints of the applications a claim met loaded with the claim's own
+#: (:meth:`EndpointCache.preload`): an application's endpoints together, once per
+#: ``CACHE_TTL``, instead of a query for the few each claim names.
+SIBLINGS_MOST = 1_000
 #: Reason of the pause of an endpoint whose secrets cannot be decrypted.
 UNREADABLE_REASON = "secret cannot be decrypted (OUTBOX['ENDPOINTS']['SECRET_KEYS'])"
 
@@ -570,6 +574,8 @@ class EndpointCache:
         self._views: dict[Hashable, tuple[float, Any]] = {}
         self._tagged: dict[str, set[Hashable]] = {}
         self._generation = 0  # moved by every forgetting: a read that spans one is not kept
+        # applications whose endpoints preload() loaded together: uid -> when (monotonic)
+        self._applications: dict[str, float] = {}
 
     def clear(self) -> None:
         """Forget every copy (and the counter: the next lookup reads it)."""
@@ -577,6 +583,7 @@ class EndpointCache:
             self._entries.clear()
             self._views.clear()
             self._tagged.clear()
+            self._applications.clear()
             self._generation += 1
             self._version = 0
             self._checked = 0.0
@@ -682,32 +689,52 @@ class EndpointCache:
         """Load the copies of the endpoints among ``names`` that this process lacks (or
         whose copy expired) together: their rows in one query, their states in Redis
         read in one round trip (a worker's claim names many endpoints; one by one, each
-        cost a query and a round trip in the run's loop). Best effort: what fails here
-        is loaded by :meth:`get` as before, one at a time."""
+        cost a query and a round trip in the run's loop). With them, the other enabled
+        endpoints of their applications that this process has not loaded in the last
+        ``CACHE_TTL`` seconds, up to :data:`SIBLINGS_MOST` (one query more, once per
+        application and ``CACHE_TTL``): a published event's deliveries fan out to an
+        application's endpoints, and the claims after this one meet them. Best effort:
+        what fails here is loaded by :meth:`get` as before, one at a time."""
         now = time.monotonic()
         self._check_version(now)
         ttl = float(endpoint_setting("CACHE_TTL"))
-        wanted = []
-        for name in dict.fromkeys(names):
-            entry = self._entries.get(name)
-            if is_endpoint(name) and (entry is None or now - entry[0] >= ttl):
-                wanted.append(name)
-        if len(wanted) < 2:
+        wanted = [name for name in dict.fromkeys(names) if is_endpoint(name) and not self._fresh(name, now, ttl)]
+        if not wanted:
             return
         from django.db import DatabaseError  # Django's database layer: only when endpoints are loaded
 
         from outbox.destinations import endpoints  # Django models (see _load)
 
         try:
-            configs = endpoints.load_many(wanted)
+            configs: dict[str, Any] = endpoints.load_many(wanted)
+            applications = {
+                c.application
+                for c in configs.values()
+                if isinstance(c, endpoints.EndpointConfig)
+                and now - self._applications.get(c.application, float("-inf")) >= ttl
+            }
+            if applications:
+                for name, config in endpoints.load_siblings(applications, SIBLINGS_MOST, wanted).items():
+                    if name not in configs and not self._fresh(name, now, ttl):
+                        configs[name] = config
+                if len(self._applications) >= ENDPOINT_CACHE_SIZE:
+                    self._applications.clear()
+                for uid in applications:
+                    self._applications[uid] = now
         except DatabaseError:
             return
+        asked = set(wanted)
+        loaded = [*wanted, *(name for name in configs if name not in asked)]
         try:
-            states = endpoint_versions.admin_states(get_repository(), wanted)
+            states = endpoint_versions.admin_states(get_repository(), loaded)
         except (RedisError, RedisClusterException):
             states = {}
-        for name in wanted:
+        for name in loaded:
             self._keep(name, configs.get(name), now, states.get(name))
+
+    def _fresh(self, name: str, now: float, ttl: float) -> bool:
+        entry = self._entries.get(name)
+        return entry is not None and now - entry[0] < ttl
 
     def _keep(
         self, name: str, config: Any, now: float, state: tuple[str, str, str | None] | None = None

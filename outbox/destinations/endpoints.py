@@ -24,7 +24,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -623,15 +623,50 @@ def load_many(
     :class:`~outbox.destinations.secrets.SecretUnreadable` its secrets raised; a name
     with no such endpoint is left out."""
     ids = {pk: name for name in names if (pk := endpoint_id(name)) is not None}
-    found: dict[str, EndpointConfig | secret_store.SecretUnreadable] = {}
     keys = list(ids)
     rows = [
         row
         for i in range(0, len(keys), 500)  # within every database's limit of query parameters
-        for row in Endpoint.objects.using(using).filter(pk__in=keys[i : i + 500]).values_list(*_CONFIG_FIELDS)
+        for row in _config_rows(using).filter(pk__in=keys[i : i + 500])
     ]
+    return _configs_of(rows, ids)
+
+
+def load_siblings(
+    applications: Collection[str], most: int, besides: Sequence[str] = (), using: str = DEFAULT_DB_ALIAS
+) -> dict[str, EndpointConfig | secret_store.SecretUnreadable]:
+    """The enabled endpoints of the applications whose uids are ``applications``, but
+    those named in ``besides`` (destination names, loaded already), at most ``most`` of
+    them, in one query (as :func:`load_many` gives them): a worker that meets an endpoint
+    of an application loads the others with it, since the deliveries of one published
+    event fan out to an application's endpoints and its claims meet them one after
+    another (each claim's load of the few it names was a query of its own)."""
+    if not applications or most <= 0:
+        return {}
+    known = [pk for name in besides[:500] if (pk := endpoint_id(name)) is not None]
+    rows = (
+        _config_rows(using)
+        .filter(application__uid__in=list(applications)[:500], disabled=False)
+        .exclude(pk__in=known)[:most]
+    )
+    return _configs_of(rows, {})
+
+
+def _config_rows(using: str) -> Any:
+    """Endpoint rows as :data:`_CONFIG_FIELDS` tuples, in no order (the model's ordering
+    left out: an ``ORDER BY`` the reader does not need)."""
+    return Endpoint.objects.using(using).order_by().values_list(*_CONFIG_FIELDS)
+
+
+def _configs_of(
+    rows: Iterable[tuple[Any, ...]], names: Mapping[Any, str]
+) -> dict[str, EndpointConfig | secret_store.SecretUnreadable]:
+    """Name -> the configuration of each row (``names``: pk -> destination name, where
+    known), or the :class:`~outbox.destinations.secrets.SecretUnreadable` its secrets
+    raised."""
+    found: dict[str, EndpointConfig | secret_store.SecretUnreadable] = {}
     for row in rows:
-        name = ids.get(row[0]) or endpoint_destination(row[0])
+        name = names.get(row[0]) or endpoint_destination(row[0])
         try:
             found[name] = _config_of(name, row)
         except secret_store.SecretUnreadable as exc:
