@@ -698,7 +698,9 @@ class EndpointCache:
         now = time.monotonic()
         self._check_version(now)
         ttl = float(endpoint_setting("CACHE_TTL"))
-        wanted = [name for name in dict.fromkeys(names) if is_endpoint(name) and not self._fresh(name, now, ttl)]
+        wanted = [
+            name for name in dict.fromkeys(names) if is_endpoint(name) and not self._fresh(name, now, ttl)
+        ]
         if not wanted:
             return
         from django.db import DatabaseError  # Django's database layer: only when endpoints are loaded

@@ -43,7 +43,7 @@ CreateReply = list[Any]
 #: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
 #: rescheduled; destinations skipped at their cap; next due score of the quarantine index or None).
-ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None, list[bytes | None]]
+ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None, list[Any]]
 #: transition.lua, per change: (applied 0|1, status after, queue of the key's next message
 #: promoted to its head or b""[, message record, resend HGETALL]).
 TransitionRow = tuple[int, bytes, bytes] | tuple[int, bytes, bytes, list[Any], list[bytes]]
@@ -686,7 +686,9 @@ class MessageStore(RepositoryBase):
         half-moved by a legacy migration, is read in a round trip of its own)."""
         flat, next_due, rescheduled, capped, next_suspect, payloads = reply
         messages = [message_from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-        self.attach_payloads(messages, {payloads[i].decode(): payloads[i + 1] for i in range(0, len(payloads), 2)})
+        self.attach_payloads(
+            messages, {payloads[i].decode(): payloads[i + 1] for i in range(0, len(payloads), 2)}
+        )
         return Claim(
             messages,
             float(next_due) if next_due else None,

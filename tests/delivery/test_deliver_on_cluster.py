@@ -435,7 +435,11 @@ def test_a_claim_takes_deliveries_whose_payload_record_has_moved(cluster_mode, r
     cluster_mode.zadd(part.quarantine(queue), {"msg_suspect_placeholder": far})
     for d in event.deliveries:
         destination = outbox.get(d.id).destination
-        for key in (part.status("retrying", destination), part.status("sending", destination), part.parked(destination)):
+        for key in (
+            part.status("retrying", destination),
+            part.status("sending", destination),
+            part.parked(destination),
+        ):
             cluster_mode.zadd(key, {"msg_placeholder": far})
     payload = part.payload(event.id).encode()
     assert cluster_mode.exists(payload)
@@ -448,7 +452,9 @@ def test_a_claim_takes_deliveries_whose_payload_record_has_moved(cluster_mode, r
     try:
         cluster_admin.migrate(node, target, [payload], 5000)
         assert node.exists(repo.keys.resend(first)) == 1  # (the payload record: ASK, moved)
-        claim = repo.claim(queue, now, partition_of(first), ClaimOptions(lease="L", deadline=now + 60, limit=5))
+        claim = repo.claim(
+            queue, now, partition_of(first), ClaimOptions(lease="L", deadline=now + 60, limit=5)
+        )
     finally:
         redis_cluster.finish_migration(slot)
     assert not claim.unavailable, claim.error

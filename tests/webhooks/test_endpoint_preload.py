@@ -59,7 +59,9 @@ def test_an_application_s_endpoints_are_loaded_with_the_first_a_claim_names(
         endpoint_cache.preload([live[0].destination])
     with django_assert_num_queries(0):
         for i in range(1, 8, 2):  # the next claims, two endpoints each
-            endpoint_cache.preload([live[i].destination, live[i + 1].destination] if i + 1 < 8 else [live[i].destination])
+            endpoint_cache.preload(
+                [live[i].destination, live[i + 1].destination] if i + 1 < 8 else [live[i].destination]
+            )
         for e in live:
             assert get_transport(e.destination).url == e.url  # type: ignore[attr-defined]
     assert not kept(off.destination)  # disabled: loaded when a delivery of it is met
@@ -71,4 +73,3 @@ def test_an_application_s_endpoints_are_loaded_with_the_first_a_claim_names(
     monkeypatch.setattr(config, "SIBLINGS_MOST", 3)
     endpoint_cache.preload([live[0].destination])
     assert kept(live[0].destination) and sum(kept(e.destination) for e in live) == 1 + 3
-
