@@ -4,14 +4,39 @@ wake-up jobs on the plain Redis beside the cluster; signed webhooks arrive."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import pytest
+from redis import Redis
 
 import outbox
 from outbox.records import partition_of
 from outbox.store import ClaimOptions, get_repository
 from tests.support.messages import with_destinations
+
+
+@contextlib.contextmanager
+def half_moved(redis_cluster, key: bytes, *, moved: bool = True) -> Iterator[Redis]:
+    """The slot of ``key`` held half-moved by a legacy migration to another primary, with
+    ``key`` moved already (``moved``), until the block ends (then the migration finishes).
+    Yields a client of the slot's source node."""
+    from redis.crc import key_slot
+
+    from outbox.store.client import cluster_admin
+
+    slot = key_slot(key)
+    source = redis_cluster.slot_owner(slot)
+    target = next(n for n in redis_cluster.nodes if n != source)
+    node = redis_cluster.node_client(source)
+    redis_cluster.begin_migration(slot, target)
+    try:
+        if moved:
+            cluster_admin.migrate(node, target, [key], 5000)
+        yield node
+    finally:
+        redis_cluster.finish_migration(slot)
 
 
 def test_a_worker_delivers_messages_of_every_partition(cluster_mode, hook, worker):
@@ -369,9 +394,7 @@ def test_a_claim_reads_nothing_while_a_due_messages_record_has_moved(cluster_mod
     (lib/guard.lua) and answers TRYAGAIN, a cluster in flux: the claim of that partition
     is reported unavailable (the worker asks it again later). Once the
     slot is handed over, the same claim takes the message."""
-    from redis.crc import key_slot
 
-    from outbox.store.client import cluster_admin
     from outbox.store.client.outages import CLUSTER_IN_FLUX
 
     m = outbox.send("hook", {"n": 1})
@@ -381,23 +404,14 @@ def test_a_claim_reads_nothing_while_a_due_messages_record_has_moved(cluster_mod
     # Both declared keys present at the source (a missing one answers TRYAGAIN before the
     # script runs, which is not what this test is about): a suspect's quarantine index.
     cluster_mode.zadd(part.quarantine(m.queue), {"msg_suspect_placeholder": time.time() + 3600})
-    record = repo.keys.resend(m.id).encode()
-    slot = key_slot(record)
-    source = redis_cluster.slot_owner(slot)
-    target = next(n for n in redis_cluster.nodes if n != source)
-    node = redis_cluster.node_client(source)
     now = time.time()
-    redis_cluster.begin_migration(slot, target)
-    try:
-        cluster_admin.migrate(node, target, [record], 5000)
+    with half_moved(redis_cluster, repo.keys.resend(m.id).encode()) as node:
         assert node.exists(part.due(m.queue), part.quarantine(m.queue)) == 2
         # the pick's TRYAGAIN is the partition's alone (issue 31, item 4): reported, not raised
         refused = repo.claim(m.queue, now, partition, ClaimOptions(lease="L", deadline=now + 60, limit=5))
         assert refused.unavailable and refused.messages == []
         assert isinstance(refused.error, CLUSTER_IN_FLUX)
         assert node.zscore(part.due(m.queue), m.id) is not None  # still due: nothing claimed
-    finally:
-        redis_cluster.finish_migration(slot)
     claim = repo.claim(m.queue, now, partition, ClaimOptions(lease="L", deadline=now + 60, limit=5))
     assert [c.id for c in claim.messages] == [m.id]
     assert outbox.get(m.id).status == "sending"
@@ -412,10 +426,7 @@ def test_a_claim_takes_deliveries_whose_payload_record_has_moved(cluster_mode, r
     script after its writes, the deliveries claimed and nobody told), and the caller
     reads it itself (redirected by the cluster client): the deliveries come with their
     bodies."""
-    from redis.crc import key_slot
-
     from outbox import webhooks
-    from outbox.store.client import cluster_admin
 
     webhooks.create_event_type("order.paid")
     webhooks.create_application("acme")
@@ -443,20 +454,12 @@ def test_a_claim_takes_deliveries_whose_payload_record_has_moved(cluster_mode, r
             cluster_mode.zadd(key, {"msg_placeholder": far})
     payload = part.payload(event.id).encode()
     assert cluster_mode.exists(payload)
-    slot = key_slot(payload)
-    source = redis_cluster.slot_owner(slot)
-    target = next(n for n in redis_cluster.nodes if n != source)
-    node = redis_cluster.node_client(source)
     now = time.time()
-    redis_cluster.begin_migration(slot, target)
-    try:
-        cluster_admin.migrate(node, target, [payload], 5000)
+    with half_moved(redis_cluster, payload) as node:
         assert node.exists(repo.keys.resend(first)) == 1  # (the payload record: ASK, moved)
         claim = repo.claim(
             queue, now, partition_of(first), ClaimOptions(lease="L", deadline=now + 60, limit=5)
         )
-    finally:
-        redis_cluster.finish_migration(slot)
     assert not claim.unavailable, claim.error
     assert sorted(m.id for m in claim.messages) == sorted(d.id for d in event.deliveries), claim
     assert all(m.json() == body for m in claim.messages)
@@ -473,8 +476,6 @@ def test_a_claim_that_empties_its_due_index_on_a_half_moved_slot_is_answered(
     ``sending`` under a lease the worker never learnt of (a ``ResponseError`` it does not
     treat as a cluster in flux), delivered only once the lease ran out. The reply says
     the index is empty and the claim has its messages."""
-    from redis.crc import key_slot
-
     partition = 3
     monkeypatch.setattr("outbox.api.random_partition", lambda p: partition)
     sent = outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(2)])
@@ -486,14 +487,9 @@ def test_a_claim_that_empties_its_due_index_on_a_half_moved_slot_is_answered(
     cluster_mode.zadd(part.quarantine(queue), {"msg_suspect_placeholder": far})
     for key in (part.status("retrying", "hook"), part.status("sending", "hook"), part.parked("hook")):
         cluster_mode.zadd(key, {"msg_placeholder": far})
-    slot = key_slot(part.due(queue).encode())
-    target = next(n for n in redis_cluster.nodes if n != redis_cluster.slot_owner(slot))
     now = time.time()
-    redis_cluster.begin_migration(slot, target)
-    try:
+    with half_moved(redis_cluster, part.due(queue).encode(), moved=False):
         claim = repo.claim(queue, now, partition, ClaimOptions(lease="L", deadline=now + 60, limit=5))
-    finally:
-        redis_cluster.finish_migration(slot)
     assert not claim.unavailable, claim.error
     assert sorted(m.id for m in claim.messages) == sorted(m.id for m in sent)
     assert claim.next_due is None
