@@ -609,11 +609,10 @@ def load(name: str, using: str = DEFAULT_DB_ALIAS) -> EndpointConfig | None:
     Raises:
         SecretUnreadable: its secrets cannot be decrypted (a wrong key).
     """
-    pk = endpoint_id(name)
-    if pk is None:
-        return None
-    row = Endpoint.objects.using(using).filter(pk=str(pk)).values_list(*_CONFIG_FIELDS).first()
-    return None if row is None else _config_of(name, row)
+    found = load_many([name], using).get(name)
+    if isinstance(found, secret_store.SecretUnreadable):
+        raise found
+    return found
 
 
 def load_many(
