@@ -29,6 +29,10 @@ _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 #: created_at (:func:`message_value`).
 _header_heads: dict[tuple[str, str], bytes] = {}
 
+#: The header line of the last message record written with headers or an idempotency key,
+#: after its destination: (its content type, created_at, headers, idempotency key) and
+#: those fields' JSON (:func:`message_value`).
+_last_tail: tuple[tuple[Any, ...], bytes] | None = None
 #: Resend-record fields of a success kept inline (:func:`inline_fields`).
 INLINE_ATTEMPT_FIELDS = ("ok_at", "ok_ms", "ok_worker", "ok_code", "ok_retry", "ok_detail", "ok_host")
 INLINE_VALUE_LIMIT = 64  # bytes: Redis's default hash-max-listpack-value
@@ -68,16 +72,24 @@ def message_value(message: Message) -> bytes:
             if len(_header_heads) < 1024:
                 _header_heads[(message.destination, message.content_type)] = head
         return head + repr(created).encode() + b"}\n" + body
-    header: dict[str, Any] = {
-        "destination": message.destination,
-        "content_type": message.content_type,
-        "created_at": created,
-    }
-    if message.headers:
-        header["headers"] = message.headers
-    if message.idempotency_key:
-        header["idempotency_key"] = message.idempotency_key
-    return _COMPACT_JSON.encode(header).encode() + b"\n" + body
+    # The header after its destination, encoded once for the deliveries of one published
+    # event (a fan-out writes a thousand that differ only in destination and id): the
+    # last one is kept, keyed by what it holds. A JSON object's fields are written in
+    # order, so the line is the destination's then the rest's.
+    # (Read once into `last`: another thread may replace it meanwhile; the key holds a
+    # copy of the headers, so a caller's dict changed later cannot match a stale line.)
+    global _last_tail
+    rest = (message.content_type, created, message.headers or {}, message.idempotency_key)
+    last = _last_tail
+    if last is None or last[0] != rest:
+        tail: dict[str, Any] = {"content_type": message.content_type, "created_at": created}
+        if message.headers:
+            tail["headers"] = message.headers
+        if message.idempotency_key:
+            tail["idempotency_key"] = message.idempotency_key
+        key = (message.content_type, created, dict(message.headers or {}), message.idempotency_key)
+        last = _last_tail = (key, b"," + _COMPACT_JSON.encode(tail).encode()[1:] + b"\n")
+    return b'{"destination":' + _COMPACT_JSON.encode(message.destination).encode() + last[1] + body
 
 
 def resend_fields(message: Message) -> dict[str, str]:
