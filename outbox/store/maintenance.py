@@ -9,6 +9,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import cast
 
+from redis.exceptions import LockNotOwnedError
+
 from outbox.records import STATUSES, partition_of
 from outbox.store.base import RepositoryBase, ScoredMembers
 from outbox.store.scripts import named
@@ -121,8 +123,6 @@ class Maintenance(RepositoryBase):
 
         Raises:
             redis.exceptions.RedisError: Redis could not be reached."""
-        from redis.exceptions import LockNotOwnedError
-
         lock = self.connection.lock(self.keys.lock(name), thread_local=False)
         lock.local.token = token.encode()
         try:
