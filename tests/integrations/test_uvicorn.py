@@ -23,14 +23,30 @@ from tests.integrations import uvicorn_run
 SOCKET_TIMEOUT = 1.0
 
 
+#: Runs of the scenario at most, until the hang meets a send whose outcome is unknown.
+RUNS = 3
+
+
 @pytest.mark.single_server("a private plain server is stopped with SIGSTOP")
 def test_a_view_sends_1000_with_asend_once_each_while_health_answers_through_a_redis_hang():
-    with RedisServer() as server:
-        run = uvicorn_run.run(server, n=1000, hang=2.0, socket_timeout=SOCKET_TIMEOUT)
-        stored = redis.Redis.from_url(server.url).keys("*:message:*")
-    assert run.status == 200
-    assert len(run.ids) == len(set(run.ids)) == 1000
-    assert run.again > 0, "the hang did not meet a send: nothing tested asend_again"
-    assert len(stored) == 1000  # stored exactly once: no message twice, none lost
-    assert len(run.during_hang) >= 10, f"health answered {len(run.during_hang)} times during the 2 s hang"
-    assert max(run.latencies) < SOCKET_TIMEOUT, f"the loop was blocked: slowest {max(run.latencies):.3f} s"
+    """Every run must store each message once and keep the health endpoint answering.
+    The hang must also meet a send whose outcome it makes unknown (else ``asend_again``
+    went untested): on a loaded machine it once met only sends that had not been written
+    (``OutboxUnavailable``, sent again as new: ``again`` 0, CI), so the scenario runs
+    again, at most :data:`RUNS` times, until one does."""
+    agains = []
+    for _ in range(RUNS):
+        with RedisServer() as server:
+            run = uvicorn_run.run(server, n=1000, hang=2.0, socket_timeout=SOCKET_TIMEOUT)
+            stored = redis.Redis.from_url(server.url).keys("*:message:*")
+        assert run.status == 200
+        assert len(run.ids) == len(set(run.ids)) == 1000
+        assert len(stored) == 1000  # stored exactly once: no message twice, none lost
+        assert len(run.during_hang) >= 10, f"health answered {len(run.during_hang)} times during the 2 s hang"
+        assert max(run.latencies) < SOCKET_TIMEOUT, (
+            f"the loop was blocked: slowest {max(run.latencies):.3f} s"
+        )
+        agains.append(run.again)
+        if run.again:
+            break
+    assert agains[-1] > 0, f"the hang did not meet a send in {RUNS} runs: nothing tested asend_again"
