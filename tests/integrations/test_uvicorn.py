@@ -31,9 +31,9 @@ RUNS = 3
 def test_a_view_sends_1000_with_asend_once_each_while_health_answers_through_a_redis_hang():
     """Every run must store each message once and keep the health endpoint answering.
     The hang must also meet a send whose outcome it makes unknown (else ``asend_again``
-    went untested): on a loaded machine it once met only sends that had not been written
-    (``OutboxUnavailable``, sent again as new: ``again`` 0, CI), so the scenario runs
-    again, at most :data:`RUNS` times, until one does."""
+    went untested). In one loaded CI run it met none (``again`` 0; why was not found:
+    perhaps only sends not yet written, which ``OutboxUnavailable`` has the view send
+    again as new), so the scenario runs again, at most :data:`RUNS` times, until one does."""
     agains = []
     for _ in range(RUNS):
         with RedisServer() as server:
