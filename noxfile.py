@@ -68,7 +68,9 @@ def _run(
     session: nox.Session, django: str, rq: str, redis: str, extra: list[str], pytest: list[str] = PYTEST
 ) -> None:
     # the docs extra too: a test checks the docs' settings reference with Sphinx's docutils
-    session.install("-e", ".[test,server,docs]", django, rq, redis, *extra)
+    # compiled at install: uv does not by default, and where PYTHONDONTWRITEBYTECODE is set
+    # every process of the suite then compiled Django and the rest from source again
+    session.install("-e", ".[test,server,docs]", django, rq, redis, *extra, env={"UV_COMPILE_BYTECODE": "1"})
     session.run(
         "python",
         "-c",
