@@ -284,3 +284,29 @@ def test_ctrl_c_stops_everything_scripts_demo_started_even_through_tee(tmp_path)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shell.wait(10)
+
+
+def test_the_demo_receiver_starts_on_another_port_when_its_port_was_taken(tmp_path):
+    """``outbox_demo`` picks a free port for its receiver, then the receiver's process binds
+    it; another process may take the port in between (seen in CI: the demo exited with
+    "That port is already in use"). The receiver then starts on another free port."""
+    import socket
+
+    from demo_site.shop.management.commands.outbox_demo import Children, start_receiver
+
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("DEMO_")}
+    env.update(DJANGO_SETTINGS_MODULE="demo_site.settings", DEMO_DATA_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    children = Children(tmp_path / "logs")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            url, totals = start_receiver([sys.executable, str(ROOT / "manage.py")], env, children, port=port)
+            assert f":{port}/" not in url, url
+            assert env["DEMO_RECEIVER_URL"] == url
+            assert "failure_rate" in totals
+            assert [c.name for c in children.children] == ["receiver"]  # the one that exited is let go
+            assert children.children[0].process.poll() is None
+        finally:
+            children.stop_all()

@@ -167,6 +167,40 @@ def wait_for_receiver(url: str, timeout: float, child: Child | None = None) -> d
     raise StartError(f"the receiver at {url} did not answer within {timeout:.0f} s ({last_error})")
 
 
+#: Ports the receiver is started on before the demo gives up: a free port is picked, then
+#: bound by the receiver's process, and another process may take it in between.
+RECEIVER_PORT_TRIES = 5
+
+
+def start_receiver(
+    manage: Sequence[str], env: dict[str, str], children: Children, port: int | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Start ``manage.py demo_serve`` on ``port`` (default: a free one) and wait until it
+    answers; when it exits because its port was taken meanwhile ("That port is already in
+    use"), again on another free port, at most :data:`RECEIVER_PORT_TRIES` ports in all.
+    Sets ``env["DEMO_RECEIVER_URL"]``. Returns the receiver's URL and its totals.
+
+    Raises:
+        StartError: it did not answer within ``START_TIMEOUT`` seconds, exited for another
+            reason, or found every port taken.
+        OSError: its process could not be started.
+    """
+    for attempt in range(1, RECEIVER_PORT_TRIES + 1):
+        port = port if attempt == 1 and port is not None else free_port()
+        receiver_url = f"http://127.0.0.1:{port}/receiver/orders"
+        env["DEMO_RECEIVER_URL"] = receiver_url
+        child = children.start("receiver", [*manage, "demo_serve", f"127.0.0.1:{port}", "--noreload"], env)
+        try:
+            return receiver_url, wait_for_receiver(receiver_url, START_TIMEOUT, child)
+        except StartError:
+            if child.process.poll() is None or "port is already in use" not in child.log_tail():
+                raise
+            children.children.remove(child)
+            if attempt == RECEIVER_PORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
 def wait_for_workers(redis_url: str, names: Sequence[str], children: Children, timeout: float) -> None:
     """Wait until RQ lists every worker in ``names`` as registered.
 
@@ -437,19 +471,14 @@ class Command(BaseCommand):
             old_log.unlink(missing_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
         receiver_url = options["receiver_url"]
-        receiver = None
-        if receiver_url is None:
-            port = free_port()
-            receiver_url = f"http://127.0.0.1:{port}/receiver/orders"
-            env["DEMO_RECEIVER_URL"] = receiver_url
-            receiver = children.start(
-                "receiver", [*manage, "demo_serve", f"127.0.0.1:{port}", "--noreload"], env
-            )
+        ours = receiver_url is None
+        if ours:
+            receiver_url, totals = start_receiver(manage, env, children)
             started.append("the receiver")
         else:
             env["DEMO_RECEIVER_URL"] = receiver_url
-        totals = wait_for_receiver(receiver_url, START_TIMEOUT, receiver)
-        if receiver is not None:
+            totals = wait_for_receiver(receiver_url, START_TIMEOUT)
+        if ours:
             self.say(
                 f"outbox_demo: receiver at {receiver_url} (failure rate {totals['failure_rate']:.2f}, "
                 f"slow rate {totals['slow_rate']:.2f}; the shop and /admin/ are served there too)"
