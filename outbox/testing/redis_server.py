@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -66,14 +67,45 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1 that are free right now: all are held at
-    once while they are picked, so none is handed out twice (a port closed and picked
-    again may be the same one)."""
-    sockets = [socket.socket() for _ in range(count)]
+#: The lowest port :func:`free_ports` picks from (below the kernel's ephemeral range).
+LOWEST_PICKED_PORT = 10_000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ephemeral ports, ``(low, high)`` inclusive: the local ports it
+    gives outgoing connections and ``bind(port 0)``
+    (``/proc/sys/net/ipv4/ip_local_port_range``; Linux's default 32768-60999, which is
+    returned where the file cannot be read)."""
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that are free right now, picked at random
+    below the kernel's ephemeral range (:func:`ephemeral_range`) where it leaves room: a
+    port bound with port 0 is an ephemeral one, which the kernel also gives the local end
+    of every outgoing connection, so a suite making many connections took such a port
+    between its pick and its server's bind. All are held at once while they are picked,
+    so none is handed out twice; another process may still take one before it is bound
+    again (the servers here then start on others)."""
+    low, _ = ephemeral_range()
+    span = range(LOWEST_PICKED_PORT, low) if low - LOWEST_PICKED_PORT >= 1000 else range(0)
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            sockets.append(s)
+            for port in random.sample(span, min(50, len(span))):
+                try:
+                    s.bind(("127.0.0.1", port))
+                    break
+                except OSError:
+                    continue
+            else:
+                s.bind(("127.0.0.1", 0))
         return [int(s.getsockname()[1]) for s in sockets]
     finally:
         for s in sockets:
