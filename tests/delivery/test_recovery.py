@@ -172,25 +172,27 @@ def test_a_job_timeout_mid_batch_keeps_decided_outcomes_and_charges_only_the_att
         from django.conf import settings
 
         with override_settings(OUTBOX={**settings.OUTBOX, "VISIBILITY_TIMEOUT": 2}):
-            first, hung, third = outbox.send_many(
-                [{"destination": "hook", "body": i, "max_retries": 0} for i in range(3)]
-            )
+            sent = outbox.send_many([{"destination": "hook", "body": i, "max_retries": 0} for i in range(3)])
             worker(simple=True)  # the job is killed mid-attempt of the second message
-            assert outbox.get(first.id).status == "succeeded"  # written before the second started
-            assert outbox.get(hung.id).status == "sending"  # in flight: the lease decides
-            assert outbox.attempts(hung.id) == []
-            assert outbox.get(third.id).status in ("pending", "succeeded")  # never charged
-            time.sleep(max(0.0, outbox.get(hung.id).last_attempt_at + 2.05 - time.time()))
+            # The roles by the order the receiver got them: on one server that is the
+            # send order; in 16 partitions (the cluster) the claims' order of partitions
+            first, hung = (r.headers["webhook-id"] for r in receiver.requests[:2])
+            (third,) = {m.id for m in sent} - {first, hung}
+            assert outbox.get(first).status == "succeeded"  # written before the second started
+            assert outbox.get(hung).status == "sending"  # in flight: the lease decides
+            assert outbox.attempts(hung) == []
+            assert outbox.get(third).status in ("pending", "succeeded")  # never charged
+            time.sleep(max(0.0, outbox.get(hung).last_attempt_at + 2.05 - time.time()))
             assert recover().lost == 1
             worker(simple=True)
-    assert [a.outcome for a in outbox.attempts(first.id)] == ["succeeded"]
+    assert [a.outcome for a in outbox.attempts(first)] == ["succeeded"]
     # lost from an ordinary claim with no retry left: not charged, attempted alone once
     # more (issue 20, item 12), and delivered this time
-    assert [a.outcome for a in outbox.attempts(hung.id)] == ["succeeded", "lost"]
-    assert outbox.get(hung.id).retry_count == 0
-    assert [a.outcome for a in outbox.attempts(third.id)] == ["succeeded"]
+    assert [a.outcome for a in outbox.attempts(hung)] == ["succeeded", "lost"]
+    assert outbox.get(hung).retry_count == 0
+    assert [a.outcome for a in outbox.attempts(third)] == ["succeeded"]
     delivered = [r.headers["webhook-id"] for r in receiver.requests]
-    assert delivered.count(first.id) == 1 and delivered.count(third.id) == 1
+    assert delivered.count(first) == 1 and delivered.count(third) == 1
     assert_index_invariant(repo)
 
 
@@ -212,8 +214,20 @@ def test_a_redis_error_in_the_loop_still_writes_decided_outcomes(hook, repo, mon
     monkeypatch.setattr(MessageRepository, "outcomes_and_claim", flaky)
     with pytest.raises(RuntimeError):
         delivery.run("outbox")
-    assert {outbox.get(m.id).status for m in sent} == {"succeeded"}
-    assert all(len(outbox.attempts(m.id)) == 1 for m in sent)
+    # What the receiver got was decided: each such message is succeeded with its one
+    # attempt. On one server the first claim takes all three; in 16 partitions (the
+    # cluster) a partition the first claim did not ask keeps its message pending, never
+    # claimed (CI on the cluster: 2 delivered, 1 pending), which is not what this tests.
+    delivered = {r.json() for r in hook.requests}
+    assert delivered, "the run delivered nothing before the write that failed"
+    for i, m in enumerate(sent):
+        if i in delivered:
+            assert outbox.get(m.id).status == "succeeded"
+            assert len(outbox.attempts(m.id)) == 1
+        else:
+            assert outbox.get(m.id).status == "pending" and not outbox.attempts(m.id)
+    if repo.keys.partitions == 1:
+        assert delivered == {0, 1, 2}
 
 
 def test_a_message_with_an_unusable_retry_policy_is_failed_and_recovery_goes_on(hook, repo, settings):
