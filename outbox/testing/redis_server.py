@@ -69,6 +69,9 @@ def free_port() -> int:
 
 #: The lowest port :func:`free_ports` picks from (below the kernel's ephemeral range).
 LOWEST_PICKED_PORT = 10_000
+#: Draws from the OS, not the ``random`` module's state: a forked process (an RQ work
+#: horse) or a test that seeds ``random`` would otherwise draw the same ports as another.
+_draw = random.SystemRandom()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -98,7 +101,7 @@ def free_ports(count: int) -> list[int]:
         for _ in range(count):
             s = socket.socket()
             sockets.append(s)
-            for port in random.sample(span, min(50, len(span))):
+            for port in _draw.sample(span, min(50, len(span))):
                 try:
                     s.bind(("127.0.0.1", port))
                     break
