@@ -37,7 +37,8 @@ def overloadable(room: int):
 
 def blocked_then_backlog(repo, receiver: Receiver, **destination) -> float:
     """One message answered 429 Retry-After: 1 (the destination is blocked for a second),
-    then HELD more sent while blocked; runs until all are delivered or 30 s passed.
+    then HELD more sent while blocked; runs until all are delivered or 45 s passed (30 s
+    ran out once in CI's oldest matrix session under load: 40 of 41 delivered).
     Returns when the block ended (epoch seconds)."""
     queue = outbox_settings.queue_name(None)
     with hook_settings(receiver.url, **destination):
@@ -46,7 +47,7 @@ def blocked_then_backlog(repo, receiver: Receiver, **destination) -> float:
         assert receiver.statuses == [429]
         blocked_until = float(repo.connection.hget(repo.keys.dest("hook"), "blocked_until"))
         outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(HELD)])
-        deadline = time.time() + 30
+        deadline = time.time() + 45
         while repo.count("succeeded") < HELD + 1 and time.time() < deadline:
             delivery.run(queue)
             time.sleep(0.01)
@@ -97,7 +98,7 @@ def test_a_run_that_wakes_late_after_the_block_does_not_take_the_passed_release_
         blocked_until = float(repo.connection.hget(repo.keys.dest("hook"), "blocked_until"))
         outbox.send_many([{"destination": "hook", "body": {"n": i}} for i in range(HELD)])
         time.sleep(max(0.0, blocked_until + 2.5 - time.time()))
-        deadline = time.time() + 30
+        deadline = time.time() + 45
         while repo.count("succeeded") < HELD + 1 and time.time() < deadline:
             delivery.run(queue)
             time.sleep(0.01)
