@@ -154,6 +154,11 @@ def perform(repository: RepositoryBase, op: Op) -> Any:
             if op.key is not None:
                 return run_batch(connection.get_redis_connection(primary_of(connection, op.key)), op.commands)
             return run_batch(connection, op.commands, cluster=True)
+        if len(op.commands) == 1:  # every send(): no client wrapper (see thread_client)
+            try:
+                return [repository.thread_clients.execute(op.commands[0])]
+            except ResponseError as exc:  # that command's reply, as run_batch gives it
+                return [exc]
         return repository.thread_clients.run(lambda client: run_batch(client, op.commands))
     if isinstance(op, LoadScripts):
         repository.load_scripts()

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import subprocess
+import sys
 import threading
 import weakref
 
+import pytest
 from redis import BlockingConnectionPool, ConnectionPool, Redis
+from redis.exceptions import ResponseError
 
 import outbox
 from outbox.store.client.thread_client import ThreadClients
@@ -113,3 +117,95 @@ def repo_url():
 
     kwargs = get_connection().connection_pool.connection_kwargs
     return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
+
+
+def test_execute_answers_as_the_client_does(redis):
+    """ThreadClients.execute (send()'s write, without redis-py's per-command wrapper) gives
+    each kind of reply as ``Redis.execute_command`` gives it, and an error reply as the
+    same exception, on the held connection it keeps."""
+    clients = ThreadClients(Redis.from_url(repo_url()))
+    plain = Redis.from_url(repo_url())
+    held = clients.get()
+    assert held is not clients.client
+    commands = [
+        ("SET", "t:k", "v"),  # a reply redis-py parses (True)
+        ("GET", "t:k"),
+        ("GET", "t:missing"),
+        ("HSET", "t:h", "a", 1, "b", 2.5),
+        ("HGETALL", "t:h"),  # parsed into a dict
+        ("RPUSH", "t:l", "a", 2, 3.5, b"\x00bytes"),
+        ("LRANGE", "t:l", 0, -1),
+        ("EVAL", "return {1, 'two', {3}}", 0),
+    ]
+
+    def on(prefix, command):  # each side on keys of its own
+        return tuple(w.replace("t:", prefix) if isinstance(w, str) else w for w in command)
+
+    for command in commands:
+        assert clients.execute(on("o:", command)) == plain.execute_command(*on("p:", command)), command
+    assert clients.execute(("LRANGE", "o:l", 0, -1)) == [b"a", b"2", b"3.5", b"\x00bytes"]
+    for bad in [("EVALSHA", "0" * 40, 0), ("INCR", "o:l"), ("NOSUCHCOMMAND",)]:  # o:l holds a list
+        with pytest.raises(ResponseError) as ours_error:
+            clients.execute(bad)
+        with pytest.raises(ResponseError) as theirs_error:
+            plain.execute_command(*bad)
+        assert type(ours_error.value) is type(theirs_error.value), bad
+    assert clients.get() is held and held.connection is not None  # an error reply keeps the connection
+    assert clients.execute(("GET", "o:k")) == b"v"
+    plain.delete(*(p + k for p in ("o:", "p:") for k in ("k", "h", "l")))
+
+
+def test_execute_after_the_server_closed_a_held_connection_runs_once_more(redis):
+    clients = ThreadClients(Redis.from_url(repo_url()))
+    plain = Redis.from_url(repo_url())
+    assert clients.execute(("SET", "t:once", "1")) is True or clients.execute(("GET", "t:once")) == b"1"
+    old_id = clients.get().client_id()
+    assert plain.client_kill_filter(_id=old_id) == 1
+    assert clients.execute(("INCR", "t:once")) == 2  # ran once: on a new connection
+    assert clients.get().client_id() != old_id
+    plain.delete("t:once")
+
+
+_METRICS_CHILD = """
+import sys
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from redis import Redis
+from redis.observability.config import MetricGroup, OTelConfig
+from redis.observability.providers import get_observability_instance
+
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+get_observability_instance().init(OTelConfig(metric_groups=[MetricGroup.COMMAND]))
+
+from outbox.store.client.thread_client import ThreadClients
+
+clients = ThreadClients(Redis.from_url(sys.argv[1]))
+assert clients.get() is not clients.client
+for _ in range(3):
+    clients.execute(("SET", "t:metrics", "v"))
+Redis.from_url(sys.argv[1]).execute_command("SET", "t:other", "v")  # redis-py's own path: counted apart
+points = [
+    point
+    for resource in reader.get_metrics_data().resource_metrics
+    for scope in resource.scope_metrics
+    for metric in scope.metrics
+    if metric.name == "db.client.operation.duration"
+    for point in metric.data.data_points
+    if point.attributes.get("db.operation.name") == "SET"
+]
+print(sum(point.count for point in points), [dict(point.attributes) for point in points])
+"""
+
+
+def test_execute_records_redis_py_client_metrics_when_they_are_configured(redis):
+    """redis-py's own client metrics (its OpenTelemetry observability, when a project
+    turns it on) count the writes that execute makes without its wrapper."""
+    pytest.importorskip("redis.observability.recorder", reason="redis-py 7+ has client metrics")
+    pytest.importorskip("opentelemetry.sdk.metrics", reason="the otel extra is not installed")
+    done = subprocess.run(
+        [sys.executable, "-c", _METRICS_CHILD, repo_url()], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[0] == "4", done.stdout  # 3 by execute, 1 by execute_command

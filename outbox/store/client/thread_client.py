@@ -27,18 +27,47 @@ them are held at once; threads beyond that, and every thread of a pool of anothe
 (a ``BlockingConnectionPool`` would make others wait for a connection parked here), use
 the pooled client. This is the model of Django's own database connections: one per
 thread, kept between requests.
+
+:meth:`ThreadClients.execute` runs one command on a held connection without
+``Redis.execute_command``'s wrapper. redis-py 8.1's wrapper makes, per command, two
+closures, a metrics record and a ``monotonic`` pair (its observability), looks for its
+``HIMPORT SET`` form and filters the arguments again: about 25 to 35 µs a command on this
+project's 2-core benchmark machine, an eighth of a whole ``send()``
+(``benchmarks.compare --send``; docs/benchmarks.md, "The send path"). What it keeps of
+redis-py: the connection, its socket and reply parser (``send_packed_command``,
+``read_response``: a timeout or a broken socket disconnects it and raises redis-py's
+errors), the connection's ``Retry`` (what the pool was configured with: none by
+default), its health check, its reconnection after a maintenance notice, and its
+metrics record (a no-op unless redis-py's observability is configured).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from redis import ConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+_pack_words: Callable[[tuple[Any, ...]], bytes] | None
+try:  # redis[hiredis] is a dependency; its C packer, else the connection's own
+    from hiredis import pack_command as _pack_words
+except ImportError:  # pragma: no cover
+    _pack_words = None
+_record: Callable[..., None] | None
+try:  # redis-py 7+: its client metrics (a no-op unless its observability is configured)
+    from redis.observability.recorder import record_operation_duration as _record
+
+    # without the wrapper that warns of a deprecated argument this call does not pass
+    # (``batch_size``): that wrapper inspects the call's arguments, about 1 to 5 µs
+    _record = getattr(_record, "__wrapped__", _record)
+except ImportError:  # redis-py 5 and 6
+    _record = None
 
 T = TypeVar("T")
 
@@ -115,6 +144,28 @@ class ThreadClients:
             # redis-py disconnected it on the error; the next command connects again.
             return command(client)
 
+    def execute(self, command: tuple[Any, ...]) -> Any:
+        """``command`` (its words: ``("EVALSHA", sha, ...)``) on this thread's client, its
+        reply, as ``client.execute_command(*command)`` returns it (decoded as the
+        client's ``decode_responses`` says, through its response callbacks), in one
+        round trip on a held connection without the client's per-command wrapper (see
+        the module docstring); once more on a new connection when a held one turns out
+        to be closed, as :meth:`run`. ``command`` must be safe to run twice.
+
+        Raises:
+            redis.exceptions.ResponseError: the command's error reply (``NoScriptError``
+                ...), as ``execute_command`` raises it.
+            redis.exceptions.RedisError: the connection failed or timed out (a write
+                that may have run: :func:`outbox.store.client.outages.may_have_run`).
+        """
+        client = self.get()
+        if client is self.client:
+            return client.execute_command(*command)  # type: ignore[no-untyped-call]
+        try:
+            return _round_trip(client, command)
+        except RedisConnectionError:
+            return _round_trip(client, command)  # the connection was disconnected on the error
+
     def forget(self) -> None:
         """Drop every thread's client without closing its connection (in a child after
         ``fork()``: the sockets are the parent's)."""
@@ -123,3 +174,47 @@ class ThreadClients:
         self.held = weakref.WeakSet()
         self.local = threading.local()
         self.lock = threading.Lock()
+
+
+_NO_LOCK = contextlib.nullcontext()
+
+
+def _round_trip(client: Redis, command: tuple[Any, ...]) -> Any:
+    """``command`` written and its reply read on ``client``'s own connection (a client
+    made with ``single_connection_client=True``), under the connection's ``Retry`` as
+    ``Redis.execute_command`` runs it (a failure disconnects the connection; a
+    reconnection asked by a maintenance notice is made after the reply)."""
+    connection: Any = client.connection
+    packed = None
+    if _pack_words is not None:
+        with contextlib.suppress(TypeError):  # an argument hiredis does not take: redis-py's encoder
+            packed = [_pack_words(command)]
+    if packed is None:
+        packed = connection.pack_command(*command)
+    started = time.monotonic()
+
+    def write_and_read() -> Any:
+        connection.send_packed_command(packed)
+        return connection.read_response()
+
+    lock = getattr(client, "single_connection_lock", None) or _NO_LOCK  # redis-py 5 has none
+    with lock:
+        try:
+            reply = connection.retry.call_with_retry(write_and_read, lambda _error: connection.disconnect())
+        finally:
+            if getattr(connection, "should_reconnect", None) is not None and connection.should_reconnect():
+                connection.disconnect()
+                connection.connect()
+    callbacks: Any = client.response_callbacks
+    callback = callbacks.get(command[0])  # as Redis.parse_response
+    if callback is not None:
+        reply = callback(reply)
+    if _record is not None:
+        _record(
+            command_name=command[0],
+            duration_seconds=time.monotonic() - started,
+            server_address=getattr(connection, "host", None),
+            server_port=getattr(connection, "port", None),
+            db_namespace=str(connection.db),
+        )
+    return reply
