@@ -58,6 +58,18 @@ _id_lock = threading.Lock()
 _id_state = [0, 0]  # last millisecond, sequence within it
 
 
+def _new_id_lock_in_child() -> None:
+    # A fork() copies the lock as it was: held, when another thread was making an id
+    # then, by a thread the child does not have, so the child's first id would wait for
+    # good. The sequence state is kept: the child's ids differ from the parent's by
+    # their random part (new_message_id).
+    global _id_lock
+    _id_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_id_lock_in_child)
+
+
 #: The end of a message id of a partitioned deployment (``PARTITIONS`` > 1): ``_p`` and
 #: the partition's number, e.g. ``msg_0196f0c1a2b300014f60b163a9e2_p17``.
 PARTITION_SUFFIX = re.compile(r"_p(\d+)$")

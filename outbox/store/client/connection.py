@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import ipaddress
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -63,6 +64,17 @@ def is_cluster(client: object) -> bool:
 
 
 _cluster_lock = threading.Lock()
+
+
+def _new_cluster_lock_in_child() -> None:
+    # A fork() copies the lock as it was: held while another thread builds the cluster
+    # client (a slot map asked of a node: seconds when one is down), by a thread the
+    # child does not have; the child's first send would wait for good.
+    global _cluster_lock
+    _cluster_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_cluster_lock_in_child)
 #: The process-wide cluster client and the settings it was built from, once built.
 _cluster: list[tuple[ClusterConfig, RedisCluster]] = []
 
