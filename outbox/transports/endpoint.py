@@ -43,6 +43,16 @@ _lock = threading.Lock()
 _pools: dict[tuple[int, bool, float, float], tuple[httpx.Client, GuardedTransport]] = {}
 
 
+def _new_lock_in_child() -> None:
+    # A fork() copies the lock as it was: held while another thread makes a pool, by a
+    # thread the child does not have (the child makes its own pool: see shared_pool).
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def shared_pool(
     block_private: bool, timeout: float, connect_timeout: float
 ) -> tuple[httpx.Client, GuardedTransport]:

@@ -66,15 +66,17 @@ def _child_takes(getter, queue) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["records._id_lock", "connection._cluster_lock", "config.endpoint_cache._lock"],
+    ["records._id_lock", "connection._cluster_lock", "config.endpoint_cache._lock", "endpoint._lock"],
 )
 def test_a_lock_of_the_send_path_held_at_fork_is_free_in_the_child(name):
-    """Each process-wide lock that send() or publish() takes is free in a child forked
-    while another thread held it."""
+    """Each process-wide lock that send() or publish() takes (and the endpoint
+    transport's pool lock, which an eager delivery takes) is free in a child forked while
+    another thread held it."""
     from outbox.destinations import config
     from outbox.store.client import connection
+    from outbox.transports import endpoint
 
-    owners = {"records": records, "connection": connection, "config": config}
+    owners = {"records": records, "connection": connection, "config": config, "endpoint": endpoint}
     first, *rest = name.split(".")
 
     def getter():
