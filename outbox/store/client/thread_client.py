@@ -53,6 +53,9 @@ from typing import Any, TypeVar
 
 from redis import ConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from outbox.store.client.outages import may_have_run
 
 _pack_words: Callable[[tuple[Any, ...]], bytes] | None
 try:  # redis[hiredis] is a dependency; its C packer, else the connection's own
@@ -133,16 +136,17 @@ class ThreadClients:
 
         Raises:
             redis.exceptions.RedisError: what ``command`` raised (the second time, for a
-                held connection).
+                held connection, unless the first may have run and the second did not:
+                then the first, see :func:`_once_more`).
         """
         client = self.get()
         try:
             return command(client)
-        except RedisConnectionError:
+        except RedisConnectionError as first:
             if client is self.client:
                 raise
             # redis-py disconnected it on the error; the next command connects again.
-            return command(client)
+            return _once_more(first, lambda: command(client))
 
     def execute(self, command: tuple[Any, ...]) -> Any:
         """``command`` (its words: ``("EVALSHA", sha, ...)``) on this thread's client, its
@@ -163,8 +167,8 @@ class ThreadClients:
             return client.execute_command(*command)  # type: ignore[no-untyped-call]
         try:
             return _round_trip(client, command)
-        except RedisConnectionError:
-            return _round_trip(client, command)  # the connection was disconnected on the error
+        except RedisConnectionError as first:  # the connection was disconnected on the error
+            return _once_more(first, lambda: _round_trip(client, command))
 
     def forget(self) -> None:
         """Drop every thread's client without closing its connection (in a child after
@@ -177,6 +181,28 @@ class ThreadClients:
 
 
 _NO_LOCK = contextlib.nullcontext()
+
+
+def _once_more(first: RedisConnectionError, call: Callable[[], T]) -> T:
+    """``call()``, the second run of a command whose first run on a held connection failed
+    with ``first``. When that run may have reached Redis (the connection broke after the
+    write: :func:`.outages.may_have_run`) and the second cannot have (it could not
+    connect, or the server was still loading), the second's error says nothing of the
+    first write, which may have landed: ``first`` is raised instead (the second as its
+    cause), so the caller hears "outcome unknown", never "nothing was stored" of a write
+    that ran. An error reply of the second run (``NOSCRIPT`` after a restart ...) is
+    raised as it is: the steps answer it (load the scripts, run once more), and that
+    run's answer is the outcome.
+
+    Raises:
+        redis.exceptions.RedisError: as said above.
+    """
+    try:
+        return call()
+    except (RedisConnectionError, RedisTimeoutError) as second:
+        if may_have_run(first) and not may_have_run(second):
+            raise first from second
+        raise
 
 
 def _round_trip(client: Redis, command: tuple[Any, ...]) -> Any:
