@@ -117,3 +117,47 @@ def test_a_send_after_a_restart_on_a_held_connection_is_stored():
                 assert get_repository().get(message.id).body == b'{"after":"restart"}'
         finally:
             get_repository.cache_clear()
+
+
+def test_the_same_under_a_retry_configured_on_the_pool():
+    """A deployment that gives its pool a redis-py ``Retry`` (django-redis's
+    ``CONNECTION_POOL_KWARGS``): redis-py runs the cut write again itself, and its last
+    failure ("Error 111 connecting to ...") still says nothing of the first write."""
+    from django.conf import settings
+    from django.test import override_settings
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from outbox.store import get_repository
+
+    with RedisServer() as server:
+        proxy = CuttingProxy(("127.0.0.1", server.port))
+        caches = {
+            **settings.CACHES,
+            "default": {
+                "BACKEND": "django_redis.cache.RedisCache",
+                "LOCATION": f"redis://127.0.0.1:{proxy.port}/0",
+                "OPTIONS": {
+                    "SOCKET_CONNECT_TIMEOUT": 0.5,
+                    "SOCKET_TIMEOUT": 1,
+                    "CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 2)},
+                },
+            },
+        }
+        try:
+            with redis_at(server.url), override_settings(CACHES=caches):
+                get_repository.cache_clear()
+                outbox.send("mem", {"warm": True})
+                assert get_repository().thread_clients.get().connection.retry.get_retries() == 2
+                proxy.cut()
+                with pytest.raises(outbox.OutboxUnavailable) as raised:
+                    outbox.send("mem", {"order": 1})
+            stored = {
+                k.decode().rsplit(":", 1)[1] for k in Redis.from_url(server.url).keys("outbox:message:*")
+            }
+            assert len(stored) == 2
+            exc = raised.value
+            assert isinstance(exc, outbox.SendOutcomeUnknown), f"{type(exc).__name__}: {exc}"
+            assert exc.unknown[0].id in stored
+        finally:
+            get_repository.cache_clear()

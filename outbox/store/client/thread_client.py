@@ -209,7 +209,9 @@ def _round_trip(client: Redis, command: tuple[Any, ...]) -> Any:
     """``command`` written and its reply read on ``client``'s own connection (a client
     made with ``single_connection_client=True``), under the connection's ``Retry`` as
     ``Redis.execute_command`` runs it (a failure disconnects the connection; a
-    reconnection asked by a maintenance notice is made after the reply)."""
+    reconnection asked by a maintenance notice is made after the reply). When that
+    ``Retry`` ran the write more than once, an earlier run's error that may have run is
+    raised rather than a last one that cannot have (see :func:`_once_more`)."""
     connection: Any = client.connection
     packed = None
     if _pack_words is not None:
@@ -223,10 +225,23 @@ def _round_trip(client: Redis, command: tuple[Any, ...]) -> Any:
         connection.send_packed_command(packed)
         return connection.read_response()
 
+    ran: list[Exception] = []  # the first error of this call's runs whose write may have run
+
+    def failed(error: Exception) -> None:
+        if not ran and may_have_run(error):
+            ran.append(error)
+        connection.disconnect()
+
     lock = getattr(client, "single_connection_lock", None) or _NO_LOCK  # redis-py 5 has none
     with lock:
         try:
-            reply = connection.retry.call_with_retry(write_and_read, lambda _error: connection.disconnect())
+            reply = connection.retry.call_with_retry(write_and_read, failed)
+        except (RedisConnectionError, RedisTimeoutError) as last:
+            # a Retry configured on the pool ran the write again: its last failure (could
+            # not connect) says nothing of an earlier run's write (as _once_more)
+            if ran and not may_have_run(last):
+                raise ran[0] from last
+            raise
         finally:
             if getattr(connection, "should_reconnect", None) is not None and connection.should_reconnect():
                 connection.disconnect()
