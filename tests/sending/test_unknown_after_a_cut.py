@@ -148,7 +148,9 @@ def test_the_same_under_a_retry_configured_on_the_pool():
             with redis_at(server.url), override_settings(CACHES=caches):
                 get_repository.cache_clear()
                 outbox.send("mem", {"warm": True})
-                assert get_repository().thread_clients.get().connection.retry.get_retries() == 2
+                assert (
+                    get_repository().thread_clients.get().connection.retry._retries == 2
+                )  # redis-py 5 has no get_retries()
                 proxy.cut()
                 with pytest.raises(outbox.OutboxUnavailable) as raised:
                     outbox.send("mem", {"order": 1})
