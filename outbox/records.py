@@ -13,11 +13,14 @@ import hashlib
 import json
 import os
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from outbox.forks import renew_lock_after_fork
 
 
 class Status(str, Enum):
@@ -57,17 +60,9 @@ _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 _id_lock = threading.Lock()
 _id_state = [0, 0]  # last millisecond, sequence within it
 
-
-def _new_id_lock_in_child() -> None:
-    # A fork() copies the lock as it was: held, when another thread was making an id
-    # then, by a thread the child does not have, so the child's first id would wait for
-    # good. The sequence state is kept: the child's ids differ from the parent's by
-    # their random part (new_message_id).
-    global _id_lock
-    _id_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_id_lock_in_child)
+# (a forked child keeps the sequence state: its ids differ from the parent's by their
+# random part, new_message_id)
+renew_lock_after_fork(sys.modules[__name__], "_id_lock")
 
 
 #: The end of a message id of a partitioned deployment (``PARTITIONS`` > 1): ``_p`` and

@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -60,6 +59,7 @@ from outbox.destinations.limits import BreakerConfig, RateLimit, parse_disable_a
 from outbox.destinations.secrets import SecretUnreadable
 from outbox.endpoint_names import ENDPOINT_PREFIX, is_endpoint
 from outbox.exceptions import EndpointUnavailable, UnknownDestination
+from outbox.forks import renew_lock_after_fork
 from outbox.retry import RetryPolicy
 from outbox.store import endpoint_versions, get_repository
 from outbox.store.background import wakeups
@@ -735,11 +735,6 @@ class EndpointCache:
         for name in loaded:
             self._keep(name, configs.get(name), now, states.get(name))
 
-    def new_lock(self) -> None:
-        """A free lock (in a child after ``fork()``: the lock was copied as it was, held
-        when another thread was loading then, by a thread the child does not have)."""
-        self._lock = threading.Lock()
-
     def _fresh(self, name: str, now: float, ttl: float) -> bool:
         entry = self._entries.get(name)
         return entry is not None and now - entry[0] < ttl
@@ -825,7 +820,7 @@ def _unpark(name: str) -> None:
 
 #: This process's endpoint configurations.
 endpoint_cache = EndpointCache()
-os.register_at_fork(after_in_child=endpoint_cache.new_lock)
+renew_lock_after_fork(endpoint_cache, "_lock")
 redaction.register_options_source(endpoint_cache.options)
 kept.register(endpoint_cache)  # reached by outbox.destinations.endpoints, which this module imports
 

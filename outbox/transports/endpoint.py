@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from typing import Any
 
 import httpx
 
+from outbox.forks import renew_lock_after_fork
 from outbox.records import Message
 from outbox.transports.ssrf import GuardedTransport
 from outbox.transports.webhook import WebhookTransport
@@ -42,15 +44,7 @@ MAX_CONNECTIONS = 1024
 _lock = threading.Lock()
 _pools: dict[tuple[int, bool, float, float], tuple[httpx.Client, GuardedTransport]] = {}
 
-
-def _new_lock_in_child() -> None:
-    # A fork() copies the lock as it was: held while another thread makes a pool, by a
-    # thread the child does not have (the child makes its own pool: see shared_pool).
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock_in_child)
+renew_lock_after_fork(sys.modules[__name__], "_lock")  # the child makes its own pool: see shared_pool
 
 
 def shared_pool(

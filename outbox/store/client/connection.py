@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import ipaddress
-import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
 from outbox.conf import ClusterConfig, outbox_settings
+from outbox.forks import renew_lock_after_fork
 
 
 def get_connection() -> Redis:
@@ -65,16 +66,9 @@ def is_cluster(client: object) -> bool:
 
 _cluster_lock = threading.Lock()
 
-
-def _new_cluster_lock_in_child() -> None:
-    # A fork() copies the lock as it was: held while another thread builds the cluster
-    # client (a slot map asked of a node: seconds when one is down), by a thread the
-    # child does not have; the child's first send would wait for good.
-    global _cluster_lock
-    _cluster_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_cluster_lock_in_child)
+# held while another thread builds the cluster client (a slot map asked of a node:
+# seconds when one is down)
+renew_lock_after_fork(sys.modules[__name__], "_cluster_lock")
 #: The process-wide cluster client and the settings it was built from, once built.
 _cluster: list[tuple[ClusterConfig, RedisCluster]] = []
 
