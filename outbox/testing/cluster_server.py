@@ -381,6 +381,28 @@ class ClusterServer:
         for node in self.primaries():
             cluster_admin.flush(self.node_client(node))
 
+    def settle(self, timeout: float = 10.0) -> list[int]:
+        """Finish every legacy migration a caller left open (:attr:`migrations`, e.g. a
+        test's helper thread that had not finished it yet), then wait until every node
+        says the cluster is ok (:meth:`wait_until_ok`). Fixtures call it before a test, so
+        no test starts on a slot another test left half moved.
+
+        Returns:
+            The slots whose migration this call finished.
+
+        Raises:
+            RuntimeError: the cluster was not ok within ``timeout`` seconds.
+            redis.exceptions.RedisError: a node refused a step.
+        """
+        finished = sorted(self.migrations)
+        for slot in finished:
+            try:
+                self.finish_migration(slot)
+            except KeyError:  # a helper thread finished it meanwhile
+                pass
+        self.wait_until_ok(timeout)
+        return finished
+
     # -- slots --------------------------------------------------------------------------
 
     def node_id(self, node: Node) -> str:

@@ -10,6 +10,7 @@ counted ``t_s = 2``, and a failure run counted twice opened a breaker early."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -61,22 +62,43 @@ def counts(repo, destination: str) -> tuple[int, int, int]:
     return tuple(int(v or 0) for v in values)  # type: ignore[return-value]
 
 
-def deliver(worker, *ids: str, runs: int = 5) -> None:
-    """Run burst workers until none of ``ids`` waits to be attempted (at most ``runs``):
-    on the cluster a burst's claims may not reach a message sent into a partition it
-    visits last (the wake-up job ends with the burst; a running worker claims again), and
-    then no exchange, so no lost reply, was made (CI failed so once)."""
-    for _ in range(runs):
+def deliver(worker, *ids: str, within: float = 30.0) -> None:
+    """Run burst workers until none of ``ids`` waits to be attempted, for at most
+    ``within`` seconds: on the cluster a burst's claims may not reach a message sent into
+    a partition it visits last (the wake-up job ends with the burst; a running worker
+    claims again), and then no exchange, so no lost reply, was made (CI failed so twice,
+    once after five bursts in a row: a count of bursts is no bound on a loaded machine)."""
+    deadline = time.monotonic() + within
+    while True:
         worker(simple=True)
         if all(outbox.get(i).status not in ("pending", "retrying") for i in ids):
             return
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+
+
+def where_it_waits(repo, message_id: str) -> str:
+    """Where a message still waiting is held: the due index of each partition that has it
+    (its due time against now), and its queue's wake-up flag (for a failure's message)."""
+    found = []
+    queue = outbox.get(message_id).queue
+    for k in repo.keys.partition_numbers():
+        score = repo.connection.zscore(repo.keys.partition(k).due(queue), message_id)
+        if score is not None:
+            found.append(f"partition {k} due in {score - time.time():+.2f} s")
+    flag = repo.connection.get(repo.keys.wake(queue))
+    return f"{', '.join(found) or 'in no due index'}; wake-up flag {flag!r}"
 
 
 def test_a_success_written_again_is_counted_once(deployment, hook, worker, reply_lost_once):
     sent = outbox.send("hook", {"n": 1})
     deliver(worker, sent.id)
     status = outbox.get(sent.id).status
-    assert reply_lost_once, f"no reply was lost (the message is {status}): the test did not test anything"
+    assert reply_lost_once, (
+        f"no reply was lost (the message is {status}, {where_it_waits(deployment, sent.id)}): "
+        "the test did not test anything"
+    )
     assert status == "succeeded"
     assert len(hook.requests) == 1
     assert counts(deployment, "hook") == (1, 0, 0)
