@@ -35,6 +35,7 @@ can be crashed (``servers[i].halt(signal.SIGKILL)``) and its replica promoted
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -396,10 +397,8 @@ class ClusterServer:
         """
         finished = sorted(self.migrations)
         for slot in finished:
-            try:
+            with contextlib.suppress(KeyError):  # a helper thread finished it meanwhile
                 self.finish_migration(slot)
-            except KeyError:  # a helper thread finished it meanwhile
-                pass
         self.wait_until_ok(timeout)
         return finished
 

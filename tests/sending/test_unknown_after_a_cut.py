@@ -10,6 +10,7 @@ reply, and stops listening (the retry is refused)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -53,9 +54,11 @@ class CuttingProxy:
             server.sendall(data)
             if self.cutting.is_set():
                 self.written.set()
-                self.listener.shutdown(socket.SHUT_RDWR)  # the retry finds nothing listening
+                with contextlib.suppress(OSError):  # closed already, by another client's thread
+                    self.listener.shutdown(socket.SHUT_RDWR)  # the retry finds nothing listening
                 self.listener.close()
-                client.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    client.shutdown(socket.SHUT_RDWR)
                 client.close()
                 return
 
