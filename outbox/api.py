@@ -6,7 +6,6 @@ Everything here validates its input first and raises
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
@@ -35,7 +34,7 @@ from outbox.records import Attempt, Message
 from outbox.sending import intake
 from outbox.sending.validation import SendArguments, build_message
 from outbox.store import Created, get_repository
-from outbox.store.asteps import adrive, aget_many, arepository
+from outbox.store.asteps import adrive, aget_many, arepository, built_repository
 from outbox.store.base import IDS_PER_CALL
 from outbox.store.client.outages import may_have_run
 from outbox.store.keys import random_partition
@@ -230,19 +229,25 @@ def _again(items: Iterable[Message]) -> list[Message]:
 
 
 @tracing.traced_send  # OpenTelemetry "send" span; trace context into the headers
-def _submit(messages: list[Message], using: str) -> list[Message]:
-    """Capture new messages in the current transaction, or write them to Redis now."""
-    return _capture_or_store(messages, using, repeat=False)
+def _submit(messages: list[Message], using: str, atomic: bool | None = None) -> list[Message]:
+    """Capture new messages in the current transaction, or write them to Redis now
+    (``atomic``: whether a transaction is open on ``using``, when the caller has just
+    looked; None: look)."""
+    return _capture_or_store(messages, using, repeat=False, atomic=atomic)
 
 
-def _capture_or_store(messages: list[Message], using: str, repeat: bool) -> list[Message]:
+def _capture_or_store(
+    messages: list[Message], using: str, repeat: bool, atomic: bool | None = None
+) -> list[Message]:
     """Capture messages in the current transaction, or write them to Redis now.
 
     ``repeat``: the messages may have been stored before (:func:`send_again`), so the
     write checks each id first (``intake.store``)."""
     if not messages:
         return []
-    if transaction.get_connection(using).in_atomic_block and not outbox_settings.EAGER:
+    if atomic is None:
+        atomic = transaction.get_connection(using).in_atomic_block
+    if atomic and not outbox_settings.EAGER:
         from outbox.sending.capture import (
             capture,  # capture imports Django models: `import outbox.api` must not
         )
@@ -540,8 +545,25 @@ def _asubmit(messages: list[Message], using: str) -> Awaitable[list[Message]]:
     return _acapture_or_store(messages, using, repeat=False)
 
 
-async def _acapture_or_store(messages: list[Message], using: str, repeat: bool) -> list[Message]:
-    """:func:`_capture_or_store` on an event loop (see :func:`asend`)."""
+def _acapture_or_store(messages: list[Message], using: str, repeat: bool) -> Awaitable[list[Message]]:
+    """:func:`_capture_or_store` on an event loop (see :func:`asend`), to await. On the
+    common path (no transaction to join, the repository and this loop's client made)
+    the drive's coroutine itself (:func:`~outbox.store.asteps.adrive`, which turns a
+    cancellation after the write into :class:`SendCancelled`): the awaiting task holds one
+    coroutine less per ``asend`` (in asyncio's debug mode each one made keeps a stack of
+    ten frames for the collector, and the collector's passes were what ran over 1 ms)."""
+    repository = built_repository()
+    if (
+        not messages
+        or repository is None
+        or (not outbox_settings.EAGER and (atomic_block_here(using) or _has_sync_caller()))
+    ):
+        return _acapture_or_store_fully(messages, using, repeat)
+    return adrive(repository, _store_steps(messages, repeat), Progress(), partial(_send_cancelled, messages))
+
+
+async def _acapture_or_store_fully(messages: list[Message], using: str, repeat: bool) -> list[Message]:
+    """:func:`_acapture_or_store` on every path: a transaction to join, the repository to make."""
     if not messages:
         return []
     if not outbox_settings.EAGER:
@@ -556,18 +578,19 @@ async def _acapture_or_store(messages: list[Message], using: str, repeat: bool) 
         repository = await arepository()
     except (RedisError, RedisClusterException) as exc:
         raise _unreachable(messages, exc) from exc
-    progress = Progress()
-    try:
-        return await adrive(repository, _store_steps(messages, repeat), progress)
-    except asyncio.CancelledError as exc:
-        if not progress.wrote:
-            raise  # before the write was sent: nothing was stored
-        raise SendCancelled(
-            f"the task sending {len(messages)} message(s) was cancelled after their write was sent: the "
-            "outcome is unknown, Redis may have stored them. Call outbox.send_again(exc.unknown) (or "
-            f"asend_again), which stores them under their ids ({_first_ids(messages)}) once.",
-            unknown=messages,
-        ) from exc
+    return await adrive(
+        repository, _store_steps(messages, repeat), Progress(), partial(_send_cancelled, messages)
+    )
+
+
+def _send_cancelled(messages: list[Message]) -> SendCancelled:
+    """The error of a task cancelled after the write of ``messages`` was sent."""
+    return SendCancelled(
+        f"the task sending {len(messages)} message(s) was cancelled after their write was sent: the "
+        "outcome is unknown, Redis may have stored them. Call outbox.send_again(exc.unknown) (or "
+        f"asend_again), which stores them under their ids ({_first_ids(messages)}) once.",
+        unknown=messages,
+    )
 
 
 def atomic_block_here(using: str) -> bool:
@@ -588,12 +611,18 @@ def atomic_block_here(using: str) -> bool:
     return connection is not None and bool(connection.in_atomic_block)
 
 
+def _has_sync_caller() -> bool:
+    """Whether this coroutine runs for a synchronous caller (``async_to_sync``): asgiref
+    sets the executor of the thread waiting for it."""
+    return getattr(AsyncToSync.executors, "current", None) is not None
+
+
 async def _callers_atomic_block(using: str) -> bool:
     """Whether this coroutine runs for a synchronous caller (``async_to_sync``) whose
     thread is inside ``transaction.atomic`` on database ``using``. Only such a call pays
     for the question (one hop to that thread); a coroutine of an ASGI server's loop has
     no synchronous caller."""
-    if getattr(AsyncToSync.executors, "current", None) is None:
+    if not _has_sync_caller():
         return False
 
     def in_atomic() -> bool:

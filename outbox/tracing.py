@@ -147,16 +147,19 @@ def creation_context(headers: dict[str, str]) -> Any:
 
 
 # -- send -------------------------------------------------------------------------------
-def traced_send(submit: Callable[[list[Message], str], list[Message]]) -> Callable[..., list[Message]]:
-    """Decorate ``api._submit(messages, using)`` with the ``send`` span (see the module docstring)."""
+def traced_send(
+    submit: Callable[[list[Message], str, bool | None], list[Message]],
+) -> Callable[..., list[Message]]:
+    """Decorate ``api._submit(messages, using, atomic=None)`` with the ``send`` span (see
+    the module docstring)."""
 
     @functools.wraps(submit)
-    def wrapper(messages: list[Message], using: str) -> list[Message]:
+    def wrapper(messages: list[Message], using: str, atomic: bool | None = None) -> list[Message]:
         api = _otel()
         if api is None or not messages:
-            return submit(messages, using)
+            return submit(messages, using, atomic)
         with _send_span(api, messages):
-            return submit(messages, using)
+            return submit(messages, using, atomic)
 
     return wrapper
 

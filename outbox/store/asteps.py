@@ -15,7 +15,7 @@ from redis.exceptions import ResponseError
 
 from outbox.records import Message
 from outbox.store.base import RepositoryBase
-from outbox.store.client.aconnection import AsyncClient, arun_batch, async_connection_for_loop
+from outbox.store.client.aconnection import AsyncClient, arun_batch, async_connection_for_loop, loop_client
 from outbox.store.codec import message_from_redis
 from outbox.store.messages import payloads_wanted, set_payloads
 from outbox.store.repository import MessageRepository, get_repository
@@ -60,18 +60,35 @@ def _built(task: asyncio.Task[MessageRepository]) -> None:
         task.exception()
 
 
-async def adrive(repository: RepositoryBase, steps: Steps[T], progress: Progress | None = None) -> T:
+def built_repository() -> MessageRepository | None:
+    """The process-wide repository when it is made already (else None: await
+    :func:`arepository`): callers on the common path ask this first, and so make no
+    coroutine to learn it."""
+    return get_repository() if get_repository.cache_info().currsize else None
+
+
+async def adrive(
+    repository: RepositoryBase,
+    steps: Steps[T],
+    progress: Progress | None = None,
+    cancelled: Callable[[], BaseException] | None = None,
+) -> T:
     """Run ``steps`` (:mod:`.steps`) on this event loop's asyncio client and return their
     result: the asynchronous twin of :func:`.steps.drive`.
 
     A cancellation (``asyncio.CancelledError``) is not thrown into the steps: it ends the
     drive at once (the steps are closed), and ``progress.wrote`` says whether a write
-    had been sent.
+    had been sent. With ``cancelled`` (and ``progress``), a cancellation after a write
+    was sent raises ``cancelled()`` instead, from the ``CancelledError`` (the caller's
+    "outcome unknown"; a subclass of ``CancelledError`` keeps the task cancelled): the
+    caller then awaits this coroutine itself, with no coroutine of its own around it.
 
     Raises:
-        Whatever the steps raise.
+        Whatever the steps raise; ``cancelled()`` as said.
     """
-    client = await async_connection_for_loop()
+    client = loop_client()
+    if client is None:
+        client = await async_connection_for_loop()
     reply: Any = None
     error: BaseException | None = None
     try:
@@ -91,6 +108,10 @@ async def adrive(repository: RepositoryBase, steps: Steps[T], progress: Progress
                 reply = await aperform(repository, client, op, on_sent)
             except Exception as exc:  # thrown into the steps, which decide
                 error = exc
+    except asyncio.CancelledError as exc:
+        if cancelled is None or progress is None or not progress.wrote:
+            raise
+        raise cancelled() from exc
     finally:
         steps.close()
 

@@ -176,6 +176,21 @@ def build_async_client() -> tuple[object, AsyncClient]:
     return pool, aredis.Redis(connection_pool=async_pool)
 
 
+def loop_client() -> AsyncClient | None:
+    """This event loop's asyncio client when it is made and was checked against the
+    current settings, else None (then await :func:`async_connection_for_loop`): the
+    common path, without a coroutine of its own.
+
+    Raises:
+        RuntimeError: no event loop runs in this thread.
+    """
+    loop = asyncio.get_running_loop()
+    held = _clients.get(loop)
+    if held is not None and _checked.get(loop) == _settings_version[0]:
+        return held[1]
+    return None
+
+
 async def async_connection_for_loop() -> AsyncClient:
     """This event loop's asyncio client of the outbox's Redis (built on first use in the
     loop, and again after the settings changed). A cluster client reads the slot map
