@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -33,31 +34,47 @@ async def arepository() -> MessageRepository:
     waiting on the loop), and the threads' builds held the GIL the loop needed."""
     if get_repository.cache_info().currsize:
         return get_repository()
-    loop = asyncio.get_running_loop()
-    building = _building.get(loop)
-    if building is None:
-        building = _building[loop] = loop.create_task(_build_repository())
-        building.add_done_callback(_built)
-    # shielded: a caller's cancellation leaves the build to the others
-    return await asyncio.shield(building)
+    return await _one_per_loop(_building, _build_repository)
 
 
 #: Per event loop: the repository's build in progress (:func:`arepository`).
-_building: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[MessageRepository]] = (
+_building: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
+    weakref.WeakKeyDictionary()
+)
+#: Per event loop: the load of the scripts in progress (:func:`_load_scripts_once`).
+_loading: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-async def _build_repository() -> MessageRepository:
-    return await sync_to_async(get_repository, thread_sensitive=False)()
+def _one_per_loop(
+    running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]],
+    make: Callable[[], Awaitable[T]],
+) -> Awaitable[T]:
+    """The task of ``make()`` this loop runs now (kept in ``running``), or a new one: one
+    run for all the calls that ask meanwhile, each awaiting it shielded (a caller's
+    cancellation leaves it to the others); its error is each waiting call's. Once it
+    ends, the next call runs ``make()`` again."""
+    loop = asyncio.get_running_loop()
+    task = running.get(loop)
+    if task is None:
+        task = running[loop] = loop.create_task(make())  # type: ignore[arg-type]
+        task.add_done_callback(partial(_ended, running))
+    return asyncio.shield(task)
 
 
-def _built(task: asyncio.Task[MessageRepository]) -> None:
-    """A build is done: the next call builds again if it failed (its error is each
-    waiting caller's; read here too, so that none waiting is no "never retrieved")."""
-    _building.pop(task.get_loop(), None)
+def _ended(
+    running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]], task: asyncio.Task[Any]
+) -> None:
+    """``task`` of :func:`_one_per_loop` ended: forget it (its error read here too, so that
+    none waiting is no "never retrieved")."""
+    running.pop(task.get_loop(), None)
     if not task.cancelled():
         task.exception()
+
+
+async def _build_repository() -> MessageRepository:
+    return await sync_to_async(get_repository, thread_sensitive=False)()
 
 
 def built_repository() -> MessageRepository | None:
@@ -131,7 +148,7 @@ def aperform(
 async def _aperform_other(repository: RepositoryBase, client: AsyncClient, op: Op) -> Any:
     """:func:`aperform` of an operation other than a :class:`.steps.Batch`."""
     if isinstance(op, LoadScripts):  # rare (a restarted Redis): the synchronous loader, in a thread
-        await sync_to_async(repository.load_scripts, thread_sensitive=False)()
+        await _load_scripts_once(repository)
         return None
     if isinstance(op, Pause):
         await asyncio.sleep(op.seconds)
@@ -144,6 +161,15 @@ async def _aperform_other(repository: RepositoryBase, client: AsyncClient, op: O
         return repository.partition_elsewhere(set(op.avoid))
     assert isinstance(op, Blocking)
     return await sync_to_async(op.call, thread_sensitive=op.thread_sensitive)()
+
+
+def _load_scripts_once(repository: RepositoryBase) -> Awaitable[None]:
+    """Load the scripts (:meth:`RepositoryBase.load_scripts`, in a thread), once for all
+    the calls of this loop that met ``NOSCRIPT`` meanwhile (:func:`_one_per_loop`): after
+    Redis lost its script cache, each concurrent ``asend`` of a view loaded every script
+    in a thread of its own (fifty threads holding the GIL the loop needed). A call that
+    meets ``NOSCRIPT`` after a load ended starts another (Redis may have lost them again)."""
+    return _one_per_loop(_loading, sync_to_async(repository.load_scripts, thread_sensitive=False))
 
 
 def as_hash(reply: Any) -> dict[bytes, bytes]:

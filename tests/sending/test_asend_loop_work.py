@@ -161,3 +161,30 @@ async def test_concurrent_first_asends_build_the_repository_once(monkeypatch):
     assert len({m.id for m in sent}) == 50
     assert len(in_threads) == 1, f"built {len(in_threads)} times"
     await aclose()
+
+
+@pytest.mark.asyncio
+async def test_concurrent_asends_that_meet_noscript_load_the_scripts_once(monkeypatch):
+    """After Redis lost its script cache (a restart, ``SCRIPT FLUSH``), every ``asend``
+    of a view's first chunk met ``NOSCRIPT`` and loaded every script in a thread of its
+    own: 50 threads each sending some twenty ``SCRIPT LOAD``s, holding the GIL the loop
+    needed (the slowest ``/health`` answers of the uvicorn run came in its first 100 ms).
+    One load, awaited by all of them, serves them all."""
+    from outbox.store.base import RepositoryBase
+
+    outbox.send("mem", "warm")  # the repository made, its scripts loaded
+    get_repository().connection.script_flush()
+    real = RepositoryBase.load_scripts
+    loads: list[str] = []
+
+    def counted(self):  # the real load, counted, taking a while (a loaded machine)
+        loads.append(threading.current_thread().name)
+        time.sleep(0.05)
+        return real(self)
+
+    monkeypatch.setattr(RepositoryBase, "load_scripts", counted)
+    sent = await asyncio.gather(*(outbox.asend("mem", {"i": i}) for i in range(50)))
+    assert len({m.id for m in sent}) == 50
+    assert len(loads) == 1, f"loaded {len(loads)} times"
+    assert get_repository().count() == 51
+    await aclose()
