@@ -31,6 +31,7 @@ from outbox.store.client.outages import PARTITION_UNAVAILABLE
 from outbox.store.client.routing import by_primary, primary_of
 from outbox.store.client.thread_client import ThreadClients
 from outbox.store.keys import Keys
+from outbox.store.payload_bodies import PayloadBodies
 from outbox.store.scripts import names, sha, source
 
 logger = logging.getLogger("outbox")
@@ -157,6 +158,8 @@ class RepositoryBase:
         self.scripts_loaded = False
         #: destinations this process added to the destinations set -> when (monotonic)
         self.registered: dict[str, float] = {}
+        #: published events' payload bodies this process's claims read lately
+        self.payload_bodies = PayloadBodies()
         self._cluster_of: object = None
         self._cluster = False
 

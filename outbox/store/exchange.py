@@ -267,7 +267,7 @@ class Exchange:
                 limits=r.limits,
                 quarantine=r.quarantine,
             )
-            args = store.claim_args(r.queue, r.now, options)
+            args = store.claim_args(r.queue, r.now, options, ask.partition)
             calls.append(("claim", args, store.claim_keys(r.queue, ask.partition)))
         replies = store.run_scripts(calls)
         first = len(calls) - len(r.asks)
@@ -464,6 +464,7 @@ class Exchange:
                 lease=r.lease,
                 deadline=repr(r.deadline),
                 lane=r.lane,
+                **self.store.payloads_held(partition),
             )
             calls.append(
                 (

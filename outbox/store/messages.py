@@ -626,13 +626,14 @@ class MessageStore(RepositoryBase):
             created[index] = Created(messages[index].id, rest[at + 1].decode(), code)
         return CreateResult(created, woken)
 
-    def claim_args(self, queue: str, now: float, options: ClaimOptions) -> list[Any]:
-        """ARGV of ``lua/claim.lua`` (see :meth:`claim`; its KEYS: :meth:`claim_keys`)."""
+    def claim_args(self, queue: str, now: float, options: ClaimOptions, partition: int = 0) -> list[Any]:
+        """ARGV of ``lua/claim.lua`` (see :meth:`claim`; its KEYS: :meth:`claim_keys`) in
+        ``partition``."""
         # Entries looked at: a few per message wanted. Messages of a destination at its
         # cap are skipped (they stay due), so the scan stays short when one destination
         # holds the head of the queue.
         o = options
-        return named(
+        args = named(
             prefix=self.keys.prefix,
             parts=self.keys.partitions,
             now=repr(now),
@@ -645,7 +646,15 @@ class MessageStore(RepositoryBase):
             slack=repr(o.due_slack),
             limits=o.limits,
             lane="q" if o.quarantine else "",
+            **self.payloads_held(partition),
         )
+        return args
+
+    def payloads_held(self, partition: int) -> dict[str, str]:
+        """A claim's ``have`` input in ``partition``: the events whose payload bodies this
+        process holds (:class:`~outbox.store.payload_bodies.PayloadBodies`), or nothing."""
+        held = self.payload_bodies.held(self.keys.partition(partition).payload(""))
+        return {"have": held} if held else {}
 
     def claim_keys(self, queue: str, partition: int = 0) -> list[str]:
         """KEYS of ``lua/claim.lua``: the queue's due and quarantine indexes in
@@ -674,7 +683,9 @@ class MessageStore(RepositoryBase):
         """
         return self.parse_claim(
             self.run_script(
-                "claim", self.claim_args(queue, now, options), keys=self.claim_keys(queue, partition)
+                "claim",
+                self.claim_args(queue, now, options, partition),
+                keys=self.claim_keys(queue, partition),
             )
         )
 
@@ -687,7 +698,9 @@ class MessageStore(RepositoryBase):
         flat, next_due, rescheduled, capped, next_suspect, payloads = reply
         messages = [message_from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         self.attach_payloads(
-            messages, {payloads[i].decode(): payloads[i + 1] for i in range(0, len(payloads), 2)}
+            messages,
+            {payloads[i].decode(): payloads[i + 1] for i in range(0, len(payloads), 2)},
+            remember=True,
         )
         return Claim(
             messages,
@@ -1077,28 +1090,43 @@ class MessageStore(RepositoryBase):
         return out
 
     def attach_payloads(
-        self, messages: Sequence[Message | None], known: dict[str, bytes | None] | None = None
+        self,
+        messages: Sequence[Message | None],
+        known: dict[str, bytes | None] | None = None,
+        *,
+        remember: bool = False,
     ) -> None:
         """Give each delivery of a published event read from Redis (``payload_ref`` set,
         no body) its body, from its payload record: ``known`` (record key -> body, None:
-        gone) as a claim's reply carries them, the others read with one ``HGET`` per
-        distinct record (event and partition), all in one round trip, none when no
-        message needs one. A record that is gone (purged; the invariant says it outlives
-        its deliveries) leaves the body b"" and is logged (:func:`payloads_wanted`,
+        gone) as a claim's reply carries them, then the bodies this process holds
+        (:attr:`payload_bodies`: a claim is told of them and returns none), the others read
+        with one ``HGET`` per distinct record (event and partition), all in one round
+        trip, none when no message needs one. ``remember`` (a claim's): keep the bodies
+        read. A record that is gone (purged; the invariant says it outlives its
+        deliveries) leaves the body b"" and is logged (:func:`payloads_wanted`,
         :func:`set_payloads`; ``aget`` reads them with the same two)."""
         wanted = payloads_wanted(self.keys, messages)
         if not wanted:
             return
-        if known:
-            given = {key: found for key, found in wanted.items() if key in known}
-            set_payloads(given, [known[key] for key in given])
-            wanted = {key: found for key, found in wanted.items() if key not in known}
-            if not wanted:
-                return
-        pipe = self.connection.pipeline(transaction=False)
+        held = self.payload_bodies
+        found: dict[str, bytes | None] = {}
         for key in wanted:
-            pipe.hget(key, "body")
-        set_payloads(wanted, pipe.execute())  # HGET per record
+            body = known.get(key) if known and key in known else held.get(key)
+            if body is not None or (known and key in known):
+                found[key] = body
+        set_payloads({key: wanted[key] for key in found}, list(found.values()))
+        rest = {key: refs for key, refs in wanted.items() if key not in found}
+        if rest:
+            pipe = self.connection.pipeline(transaction=False)
+            for key in rest:
+                pipe.hget(key, "body")
+            bodies = pipe.execute()  # HGET per record
+            set_payloads(rest, bodies)
+            found.update(zip(rest, bodies, strict=True))
+        if remember:
+            for key, body in found.items():
+                if body is not None:
+                    held.put(key, body)
 
     def resolve_older_records(
         self, ids: Sequence[str], replies: Sequence[Any], read: Callable[[str, Any], Any]

@@ -60,6 +60,8 @@
 --     Otherwise a suspect (its resend record has 'suspect': taken back from a lost
 --     worker, docs/architecture.md) met in the due index is moved to the quarantine
 --     index at the same score, not claimed: it is attempted alone, never in a batch.
+--   have (optional): ids of the events whose payload bodies the caller holds,
+--     comma-separated: their records are not read again (lib/claimed.lua)
 -- Returns {claimed, next_due, held, capped, next_suspect, payloads}: claimed is a flat
 -- list of the message record ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's
 -- own fields appended: later pairs win) per claimed message; next_due is the score of
@@ -87,7 +89,7 @@ local prefix, now_s, deadline = K.setup(opts), opts.now, opts.deadline
 local now = tonumber(now_s)
 local limit, scan = tonumber(opts.limit), tonumber(opts.scan)
 local probes_key = KEYS[3]
-claim_setup(prefix, now_s, opts.lease, deadline, KEYS[1], KEYS[2], opts.lane)
+claim_setup(prefix, now_s, opts.lease, deadline, KEYS[1], KEYS[2], opts.lane, opts.have)
 
 -- MAX_CONCURRENCY counts the leases held in every partition's sending index
 local function count_sending(dest)

@@ -7,7 +7,8 @@
 -- (the entry of a message that moved on or is gone: removed).
 --
 -- KEYS[1] the queue's due index in the partition  KEYS[2] its quarantine index
--- ARGV: named (lib/args.lua): prefix, parts, now, lease, deadline, lane; then per
+-- ARGV: named (lib/args.lua): prefix, parts, now, lease, deadline, lane, have (as
+--   claim.lua's); then per
 --   message: id, action, at ("" unless later)
 -- Returns {claimed, next_due, held, capped, next_suspect, payloads, unused}: as
 --   claim.lua's, and
@@ -20,7 +21,7 @@
 --! include claimed
 local opts, pos = named_args()
 local prefix, now_s = K.setup(opts), opts.now
-claim_setup(prefix, now_s, opts.lease, opts.deadline, KEYS[1], KEYS[2], opts.lane)
+claim_setup(prefix, now_s, opts.lease, opts.deadline, KEYS[1], KEYS[2], opts.lane, opts.have)
 local unused = {}
 write_at_once(#ARGV - pos + 1 <= 3)
 for i = pos, #ARGV, 3 do

@@ -4,17 +4,21 @@
 -- the gate decided in the destination's home slot, gate.lua). Needs lib/keys.lua,
 -- lib/writes.lua and lib/message.lua included before it.
 --
--- claim_setup(prefix, now_s, lease, deadline, queue_due_key, quarantine_key, lane): the
---   call's inputs; lane 'q' claims from the quarantine index.
+-- claim_setup(prefix, now_s, lease, deadline, queue_due_key, quarantine_key, lane, have):
+--   the call's inputs; lane 'q' claims from the quarantine index; have: the ids of the
+--   events whose payload bodies the caller holds, comma-separated (their records are
+--   not read: outbox/store/payload_bodies.py).
 -- C.out is the claimed records (flat: record, resend pairs), C.held and C.capped counts;
--- C.payloads the payload records the claimed deliveries of published events reference.
-local C = {out = {}, taken_ids = {}, taken = 0, held = 0, capped = {}, capped_seen = {}, payloads = {}, payload_seen = {}}
+-- C.payloads the payload records the claimed deliveries of published events reference
+-- and the caller does not hold.
+local C = {out = {}, taken_ids = {}, taken = 0, held = 0, capped = {}, capped_seen = {}, payloads = {}, payload_seen = {}, have = {}}
 
-local function claim_setup(prefix, now_s, lease, deadline, queue_due_key, quarantine_key, lane)
+local function claim_setup(prefix, now_s, lease, deadline, queue_due_key, quarantine_key, lane, have)
   C.prefix, C.now_s, C.lease, C.deadline = prefix, now_s, lease, deadline
   C.queue_due_key, C.quarantine_key = queue_due_key, quarantine_key
   C.in_quarantine = lane == 'q'
   C.due_key = C.in_quarantine and quarantine_key or queue_due_key
+  for event_id in string.gmatch(have or '', '[^,]+') do C.have[event_id] = true end
 end
 
 -- status, destination and suspect mark from a flat HGETALL reply
@@ -78,7 +82,7 @@ local function take(id, rkey, record, status, dest)
       local pkey = K.payload(pp, record[i + 1])
       if not C.payload_seen[pkey] then
         C.payload_seen[pkey] = true
-        C.payloads[#C.payloads + 1] = pkey
+        if not C.have[record[i + 1]] then C.payloads[#C.payloads + 1] = pkey end
       end
       break
     end
