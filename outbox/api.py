@@ -35,7 +35,7 @@ from outbox.sending import intake
 from outbox.sending.validation import SendArguments, build_message
 from outbox.store import Created, get_repository
 from outbox.store.asteps import adrive, aget_many, arepository, built_repository
-from outbox.store.base import IDS_PER_CALL
+from outbox.store.base import IDS_PER_CALL, RepositoryBase
 from outbox.store.client.outages import may_have_run
 from outbox.store.keys import random_partition
 from outbox.store.steps import Blocking, Progress, Steps, drive
@@ -559,7 +559,7 @@ def _acapture_or_store(messages: list[Message], using: str, repeat: bool) -> Awa
         or (not outbox_settings.EAGER and (atomic_block_here(using) or _has_sync_caller()))
     ):
         return _acapture_or_store_fully(messages, using, repeat)
-    return adrive(repository, _store_steps(messages, repeat), Progress(), partial(_send_cancelled, messages))
+    return _astore(repository, messages, repeat)
 
 
 async def _acapture_or_store_fully(messages: list[Message], using: str, repeat: bool) -> list[Message]:
@@ -578,9 +578,13 @@ async def _acapture_or_store_fully(messages: list[Message], using: str, repeat: 
         repository = await arepository()
     except (RedisError, RedisClusterException) as exc:
         raise _unreachable(messages, exc) from exc
-    return await adrive(
-        repository, _store_steps(messages, repeat), Progress(), partial(_send_cancelled, messages)
-    )
+    return await _astore(repository, messages, repeat)
+
+
+def _astore(repository: RepositoryBase, messages: list[Message], repeat: bool) -> Awaitable[list[Message]]:
+    """The drive of :func:`_store_steps` on this loop (:func:`~outbox.store.asteps.adrive`),
+    a cancellation after the write raised as :class:`SendCancelled`."""
+    return adrive(repository, _store_steps(messages, repeat), Progress(), partial(_send_cancelled, messages))
 
 
 def _send_cancelled(messages: list[Message]) -> SendCancelled:

@@ -32,8 +32,9 @@ async def arepository() -> MessageRepository:
     meanwhile: each of the first view's concurrent ``asend``s started its own build, in
     a thread of its own (the executor growing by a thread for each, ``Thread.start``
     waiting on the loop), and the threads' builds held the GIL the loop needed."""
-    if get_repository.cache_info().currsize:
-        return get_repository()
+    built = built_repository()
+    if built is not None:
+        return built
     return await _one_per_loop(_building, _build_repository)
 
 

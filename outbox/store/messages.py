@@ -633,7 +633,7 @@ class MessageStore(RepositoryBase):
         # cap are skipped (they stay due), so the scan stays short when one destination
         # holds the head of the queue.
         o = options
-        args = named(
+        return named(
             prefix=self.keys.prefix,
             parts=self.keys.partitions,
             now=repr(now),
@@ -648,7 +648,6 @@ class MessageStore(RepositoryBase):
             lane="q" if o.quarantine else "",
             **self.payloads_held(partition),
         )
-        return args
 
     def payloads_held(self, partition: int) -> dict[str, str]:
         """A claim's ``have`` input in ``partition``: the events whose payload bodies this

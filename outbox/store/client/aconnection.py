@@ -200,10 +200,11 @@ async def async_connection_for_loop() -> AsyncClient:
         ImproperlyConfigured: as :func:`.connection.get_connection`.
         redis.exceptions.RedisError: a cluster client could not read the slot map.
     """
+    client = loop_client()
+    if client is not None:
+        return client  # the settings did not change since the client was checked
     loop = asyncio.get_running_loop()
     held = _clients.get(loop)
-    if held is not None and _checked.get(loop) == _settings_version[0]:
-        return held[1]  # the settings did not change since the client was checked
     source: object = outbox_settings.cluster
     if source is None:
         source = get_connection().connection_pool
