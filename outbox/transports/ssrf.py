@@ -226,6 +226,55 @@ def environment_proxy(url: str) -> str | None:
     return proxy
 
 
+class _HandedConnectionsKept:
+    """httpcore's connection pool (mixed in before it), whose assignment pass never
+    closes a connection it has handed to a request that is still using it.
+
+    httpcore 1.0.9 hands an idle connection to a waiting request, and the request starts
+    on it only when its thread wakes; a pass made meanwhile by another thread (a response
+    closed, a request added) still sees the connection idle, and closes it when it finds
+    it expired (``keepalive_expiry``) or surplus (``max_keepalive_connections``). The close
+    runs after the pass, by when the request may have been sent: its read then fails
+    ("Bad file descriptor") after the receiver accepted it, and the retry delivers it a
+    second time (encode/httpcore#1110; a fix proposed upstream, #1111, not released).
+
+    Here every connection held by a request of the pool (handed to it, or in use) is kept
+    out of each pass and put back after it, under the pool's lock: the pass neither closes
+    it nor hands it to a second request. It is cleaned up by the first pass after its
+    request is done (expired: closed then). Those connections do not count toward
+    ``max_connections`` during a pass, so the pool may open up to that many more than its
+    cap while they are held (a worker's attempts in flight bound it). With an httpcore
+    whose pool lacks the two lists this reads, the pass is httpcore's own.
+    """
+
+    _connections: list[Any]
+    _requests: list[Any]
+
+    def _assign_requests_to_connections(self) -> list[Any]:
+        pass_of_httpcore = super()._assign_requests_to_connections  # type: ignore[misc]
+        connections = getattr(self, "_connections", None)
+        requests = getattr(self, "_requests", None)
+        if not isinstance(connections, list) or not isinstance(requests, list):
+            return pass_of_httpcore()  # type: ignore[no-any-return]
+        held = {id(c): c for c in (getattr(r, "connection", None) for r in requests) if c is not None}
+        if not held:
+            return pass_of_httpcore()  # type: ignore[no-any-return]
+        kept = [c for c in connections if id(c) in held]
+        connections[:] = [c for c in connections if id(c) not in held]
+        try:
+            return pass_of_httpcore()  # type: ignore[no-any-return]
+        finally:
+            connections.extend(kept)
+
+
+class _ConnectionPool(_HandedConnectionsKept, httpcore.ConnectionPool):
+    """``httpcore.ConnectionPool`` with :class:`_HandedConnectionsKept`'s pass."""
+
+
+class _ProxyPool(_HandedConnectionsKept, httpcore.HTTPProxy):
+    """``httpcore.HTTPProxy`` with :class:`_HandedConnectionsKept`'s pass."""
+
+
 class _PoolOptions(TypedDict):
     """The arguments :class:`GuardedTransport` gives both httpcore pools (direct and proxied)."""
 
@@ -276,12 +325,12 @@ class GuardedTransport(httpx.HTTPTransport):
             "network_backend": self.backend,
         }
         if proxy is None:
-            self._pool = httpcore.ConnectionPool(**common)
+            self._pool = _ConnectionPool(**common)
             return
         parsed = httpx.Proxy(url=proxy)
         if parsed.url.scheme not in ("http", "https"):
             raise ValueError(f"only http:// and https:// proxies are supported, not {parsed.url.scheme}://")
-        self._pool = httpcore.HTTPProxy(
+        self._pool = _ProxyPool(
             proxy_url=httpcore.URL(
                 scheme=parsed.url.raw_scheme,
                 host=parsed.url.raw_host,

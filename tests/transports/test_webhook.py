@@ -13,6 +13,8 @@ import os
 import time
 from email.utils import formatdate
 
+import httpcore
+import httpx
 import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -518,3 +520,44 @@ def test_a_run_to_a_slow_receiver_stops_claiming_when_half_its_lease_is_spent(re
     assert not [a.error for a in attempts if "JobTimeoutException" in a.error], (
         "the job's timeout blamed on a message"
     )
+
+
+def test_the_pool_never_closes_a_connection_it_handed_to_a_request_not_yet_started(receiver):
+    """httpcore 1.0.9's pool hands an idle connection to a waiting request, which starts
+    on it only when its thread wakes; meanwhile another thread's pass (a response closed,
+    a request added) found the connection expired (``keepalive_expiry``) or surplus and
+    closed it, under the request that had by then been sent: its read failed with "Bad
+    file descriptor" after the receiver had accepted it, and the retry delivered it twice
+    (the fault suite's ``cluster`` run, once in 3,000; encode/httpcore#1110). The
+    destination's pool keeps a connection handed to a request out of every pass until the
+    request is done with it. Here: a real connection past its keep-alive expiry, handed to
+    a request, then another pass."""
+    import importlib
+
+    from outbox.transports.ssrf import GuardedTransport
+
+    PoolRequest = getattr(importlib.import_module("httpcore._sync.connection_pool"), "PoolRequest", None)
+    if PoolRequest is None:
+        pytest.skip(f"httpcore {httpcore.__version__}'s pool has other internals (this drives 1.0.5+'s)")
+
+    url = receiver.on("/pool", 200)
+    transport = GuardedTransport(verify=True, block_private=False, limits=httpx.Limits(keepalive_expiry=0.05))
+    client = httpx.Client(transport=transport)
+    try:
+        assert client.post(url, content=b"{}").status_code == 200
+        pool = transport._pool
+        (connection,) = pool.connections
+        time.sleep(0.1)  # idle past its keep-alive expiry
+        handed = PoolRequest(httpcore.Request("POST", url))
+        with pool._optional_thread_lock:
+            pool._requests.append(handed)
+            handed.assign_to_connection(connection)  # a pass before the expiry chose it
+            closing = pool._assign_requests_to_connections()  # another thread's pass
+        assert connection not in closing, "the pool closed a connection it had handed to a request"
+        assert connection in pool.connections
+        with pool._optional_thread_lock:
+            pool._requests.remove(handed)
+            closing = pool._assign_requests_to_connections()  # released: expired, closed now
+        assert connection in closing
+    finally:
+        client.close()
