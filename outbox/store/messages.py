@@ -1108,10 +1108,11 @@ class MessageStore(RepositoryBase):
         if not wanted:
             return
         held = self.payload_bodies
-        found: dict[str, bytes | None] = {}
+        # the bodies read from Redis now (the claim's reply, then HGET below)
+        read: dict[str, bytes | None] = {k: known[k] for k in wanted if k in known} if known else {}
+        found = dict(read)
         for key in wanted:
-            body = known.get(key) if known and key in known else held.get(key)
-            if body is not None or (known and key in known):
+            if key not in found and (body := held.get(key)) is not None:
                 found[key] = body
         set_payloads({key: wanted[key] for key in found}, list(found.values()))
         rest = {key: refs for key, refs in wanted.items() if key not in found}
@@ -1121,9 +1122,9 @@ class MessageStore(RepositoryBase):
                 pipe.hget(key, "body")
             bodies = pipe.execute()  # HGET per record
             set_payloads(rest, bodies)
-            found.update(zip(rest, bodies, strict=True))
-        if remember:
-            for key, body in found.items():
+            read.update(zip(rest, bodies, strict=True))
+        if remember:  # a held body keeps the time it was read from Redis
+            for key, body in read.items():
                 if body is not None:
                     held.put(key, body)
 

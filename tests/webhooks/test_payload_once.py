@@ -356,3 +356,26 @@ def test_a_workers_claims_read_an_events_payload_once():
         bodies += [m.body for m in claim.messages]
     assert [json.loads(b) for b in bodies] == [LARGE] * 6
     assert _payload_hgets(repo) - before == 1
+
+
+def test_a_held_body_keeps_the_time_it_was_read_from_redis():
+    """A body a claim took from the worker's memory is not kept again: it keeps the time
+    it was read from Redis, so ``MAX_AGE`` bounds how long it stays (an erased payload
+    leaves no copy for longer), however often claims use it."""
+    import time as clock
+
+    from outbox.records import partition_of
+    from outbox.store.messages import ClaimOptions
+
+    _app(3)
+    event = outbox.publish("order.paid", LARGE, application="acme")
+    repo = get_repository()
+    partition = partition_of(event.deliveries[0].id) if repo.keys.partitioned else 0
+    stamps = []
+    for _ in range(3):
+        now = clock.time()
+        claim = repo.claim("outbox", now + 1, partition, ClaimOptions(lease="t", deadline=now + 60, limit=1))
+        assert len(claim.messages) == 1
+        (stamp,) = [at for at, _ in repo.payload_bodies._bodies.values()]
+        stamps.append(stamp)
+    assert stamps == [stamps[0]] * 3
