@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -94,13 +94,17 @@ def attempt(message: Message) -> Outcome:
     return outcome
 
 
-def prepare(destinations: Iterable[str]) -> None:
+def prepare(
+    destinations: Iterable[str], states: Mapping[str, tuple[str, str, str | None]] | None = None
+) -> None:
     """Load the configurations of the endpoints among ``destinations`` (a claim's) that
-    this process lacks, together: one query and one round trip instead of one each
+    this process lacks, together: one query instead of one each, and check them against
+    ``states``, their state in Redis as the claim's gate read it (``Claim.states``), with
+    no read of their own
     (:meth:`~outbox.destinations.config.EndpointCache.preload`). Never raises: what is
     not loaded here is loaded when its attempt starts."""
     try:
-        endpoint_cache.preload(destinations)
+        endpoint_cache.preload(destinations, states)
     except Exception:
         logger.debug("outbox: loading endpoint configurations together failed", exc_info=True)
 

@@ -258,7 +258,7 @@ def merge_claims(claims: Sequence[Claim]) -> Claim:
     """The claims of one round trip (one per partition asked) as one :class:`Claim`:
     messages in due order (as one partition's claim gives them: by next attempt time,
     then id), ``held`` summed, ``capped`` joined, the earliest due times, the first
-    claim's destination events."""
+    claim's destination events, the endpoints' states their gates read together."""
     if len(claims) == 1:
         return claims[0]
     capped: list[str] = []
@@ -273,6 +273,7 @@ def merge_claims(claims: Sequence[Claim]) -> Claim:
         events=claims[0].events,
         capped=capped,
         next_suspect=min(suspects) if suspects else None,
+        states={name: state for c in claims for name, state in c.states.items()},
     )
 
 
@@ -323,6 +324,9 @@ class WorkerRun:
         # when claims look only for their freed slots (see :meth:`want`).
         self.capped: set[str] = set()
         self.capped_until = 0.0
+        # The endpoints' states in Redis the last claim's gate read (Claim.states), for
+        # start() to check against their rows.
+        self.states: dict[str, tuple[str, str, str | None]] = {}
         self.limits, self.lendable = _in_flight_limits()
         # Every other destination's share (endpoints registered at runtime), or None.
         self.others = _endpoint_share()
@@ -605,6 +609,7 @@ class WorkerRun:
             self.plan.earliest_suspect,
         )
         self.note_claim(want, claim.messages, claim.capped)
+        self.states = claim.states
         if want and not self.capped and len(claim.messages) < want and claim.capped:
             # A claim for every destination came up short at caps: narrow (see want()).
             self.capped, self.capped_until = set(claim.capped), now + IDLE_POLL
@@ -737,7 +742,9 @@ class WorkerRun:
                     )
 
     def start(self, messages: Sequence[Message]) -> None:
-        attempts.prepare(m.destination for m in messages)  # endpoints' configurations: together
+        # endpoints' configurations: together, checked against the states the claim's gate read
+        attempts.prepare([m.destination for m in messages], self.states)
+        self.states = {}
         for index, message in enumerate(messages):
             seconds = attempts.deadline_of(message.destination)  # transports are built once and kept
             try:

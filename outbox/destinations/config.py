@@ -42,7 +42,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar, cast
@@ -86,6 +86,9 @@ ORDERING_POLICIES = ("block", "skip")
 
 logger = logging.getLogger("outbox")
 T = TypeVar("T")
+#: An endpoint's state in Redis: (admin state, its reason, limits field or None), as
+#: :func:`outbox.store.endpoint_versions.admin_state` and a claim's gate read it.
+AdminState = tuple[str, str, str | None]
 _transports: dict[str, Transport] = {}
 
 
@@ -561,9 +564,11 @@ class EndpointCache:
     the counter was never bumped (the process that changed it died right after its
     commit, or Redis was unreachable then).
 
-    Each load also brings the endpoint's state in Redis in line with the database (a
+    Each copy also brings the endpoint's state in Redis in line with the database (a
     disabled endpoint's messages parked; its limits), so a change whose on-commit step
-    was lost is applied by the first worker that meets its deliveries. Thread-safe.
+    was lost is applied by the first worker that meets its deliveries: checked against
+    the state a claim's gate read (:meth:`preload`), or read when it is loaded alone
+    (:meth:`get`). Thread-safe.
     """
 
     def __init__(self) -> None:
@@ -577,6 +582,8 @@ class EndpointCache:
         self._generation = 0  # moved by every forgetting: a read that spans one is not kept
         # applications whose endpoints preload() loaded together: uid -> when (monotonic)
         self._applications: dict[str, float] = {}
+        # copies preload() kept before a claim reported their state: name -> (config, limits)
+        self._unchecked: dict[str, tuple[Any, list[float] | None]] = {}
 
     def clear(self) -> None:
         """Forget every copy (and the counter: the next lookup reads it)."""
@@ -585,6 +592,7 @@ class EndpointCache:
             self._views.clear()
             self._tagged.clear()
             self._applications.clear()
+            self._unchecked.clear()
             self._generation += 1
             self._version = 0
             self._checked = 0.0
@@ -605,6 +613,7 @@ class EndpointCache:
         self._generation += 1
         for name in names:
             self._entries.pop(name, None)
+            self._unchecked.pop(name, None)
             for key in self._tagged.pop(name, ()):
                 self._views.pop(key, None)
 
@@ -666,6 +675,7 @@ class EndpointCache:
             if version != self._version:
                 if names is None:
                     self._entries.clear()
+                    self._unchecked.clear()
                     self._views.clear()
                     self._tagged.clear()
                     self._generation += 1
@@ -686,24 +696,45 @@ class EndpointCache:
             config = exc
         return self._keep(name, config, now)
 
-    def preload(self, names: Iterable[str]) -> None:
+    def preload(self, names: Iterable[str], states: Mapping[str, AdminState] | None = None) -> None:
         """Load the copies of the endpoints among ``names`` that this process lacks (or
-        whose copy expired) together: their rows in one query, their states in Redis
-        read in one round trip (a worker's claim names many endpoints; one by one, each
-        cost a query and a round trip in the run's loop). With them, the other enabled
-        endpoints of their applications that this process has not loaded in the last
-        ``CACHE_TTL`` seconds, up to :data:`SIBLINGS_MOST` (one query more, once per
-        application and ``CACHE_TTL``): a published event's deliveries fan out to an
-        application's endpoints, and the claims after this one meet them. Best effort:
+        whose copy expired) together: their rows in one query (a worker's claim names
+        many endpoints; one by one, each cost a query in the run's loop). With them, the
+        other enabled endpoints of their applications that this process has not loaded
+        in the last ``CACHE_TTL`` seconds, up to :data:`SIBLINGS_MOST` (one query more,
+        once per application and ``CACHE_TTL``): a published event's deliveries fan out
+        to an application's endpoints, and the claims after this one meet them.
+
+        ``states``: the state in Redis of the endpoints the claim's gate read
+        (``Claim.states``: name -> ``(admin state, its reason, limits field or None)``).
+        Each copy is checked against its endpoint's state there once (:meth:`_reconcile`),
+        when a claim first reports that state: no read of its own (a pipelined read of
+        every loaded endpoint's state cost a command per endpoint and ``CACHE_TTL``; at
+        2 deliveries per endpoint, half a command per delivery). An endpoint the gate
+        found not active (parked, paused) is loaded too, so an enable whose on-commit
+        step was lost is applied when its next delivery meets the gate. Best effort:
         what fails here is loaded by :meth:`get` as before, one at a time."""
         now = time.monotonic()
         self._check_version(now)
         ttl = float(endpoint_setting("CACHE_TTL"))
+        states = states or {}
+        met = [*names, *(name for name, state in states.items() if state[0] != "active")]
         wanted = [
-            name for name in dict.fromkeys(names) if is_endpoint(name) and not self._fresh(name, now, ttl)
+            name for name in dict.fromkeys(met) if is_endpoint(name) and not self._fresh(name, now, ttl)
         ]
-        if not wanted:
-            return
+        if wanted:
+            self._load_together(wanted, now, ttl, states)
+        for name, state in states.items():  # copies loaded before a claim reported their state
+            with self._lock:
+                unchecked = self._unchecked.pop(name, None)
+            if unchecked is not None:
+                self._reconcile(name, *unchecked, state)
+
+    def _load_together(
+        self, wanted: Sequence[str], now: float, ttl: float, states: Mapping[str, AdminState]
+    ) -> None:
+        """:meth:`preload`'s load of ``wanted`` (and their siblings), one query each; a
+        copy whose state ``states`` lacks is checked when a claim reports it."""
         from django.db import DatabaseError  # Django's database layer: only when endpoints are loaded
 
         from outbox.destinations import endpoints  # Django models (see _load)
@@ -727,25 +758,21 @@ class EndpointCache:
         except DatabaseError:
             return
         asked = set(wanted)
-        loaded = [*wanted, *(name for name in configs if name not in asked)]
-        try:
-            states = endpoint_versions.admin_states(get_repository(), loaded)
-        except (RedisError, RedisClusterException):
-            states = {}
-        for name in loaded:
-            self._keep(name, configs.get(name), now, states.get(name))
+        for name in [*wanted, *(name for name in configs if name not in asked)]:
+            self._keep(name, configs.get(name), now, states.get(name), later=True)
 
     def _fresh(self, name: str, now: float, ttl: float) -> bool:
         entry = self._entries.get(name)
         return entry is not None and now - entry[0] < ttl
 
     def _keep(
-        self, name: str, config: Any, now: float, state: tuple[str, str, str | None] | None = None
+        self, name: str, config: Any, now: float, state: AdminState | None = None, *, later: bool = False
     ) -> tuple[float, Destination | None, Transport | None, Exception | None]:
         """Keep the copy of endpoint ``name`` made from ``config`` (its
         :class:`~outbox.destinations.endpoints.EndpointConfig`, None: no such endpoint,
-        or the :class:`SecretUnreadable` its secrets raised); ``state``: its admin state
-        in Redis, when read already."""
+        or the :class:`SecretUnreadable` its secrets raised), checked against its admin
+        state in Redis: ``state`` when read already; else read now, or (``later``) when
+        a claim reports it (:meth:`preload`)."""
         from outbox.destinations import endpoints  # Django models (see _load)
 
         destination: Destination | None = None
@@ -761,7 +788,14 @@ class EndpointCache:
             destination = endpoint_as_destination(config)
             transport = EndpointTransport(name, **destination.options)
             limits = endpoints.limits_of(config.rate_limit, config.max_concurrency)
-            self._reconcile(name, config, limits, state)
+            if state is None and later:
+                with self._lock:
+                    self._unchecked.pop(name, None)
+                    if len(self._unchecked) >= ENDPOINT_CACHE_SIZE:
+                        self._unchecked.pop(next(iter(self._unchecked)))
+                    self._unchecked[name] = (config, limits)
+            else:
+                self._reconcile(name, config, limits, state)
             if config.disabled:
                 error = EndpointUnavailable(
                     f"endpoint {name} is disabled ({config.disabled_reason or 'manual'})"
@@ -781,7 +815,7 @@ class EndpointCache:
 
     @staticmethod
     def _reconcile(
-        name: str, config: Any, limits: list[float] | None, state: tuple[str, str, str | None] | None = None
+        name: str, config: Any, limits: list[float] | None, state: AdminState | None = None
     ) -> None:
         """Bring ``name``'s state in Redis (``state``: as read already, else read now) in
         line with ``config`` (best effort)."""

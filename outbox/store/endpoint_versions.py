@@ -128,19 +128,3 @@ def admin_state(repo: RepositoryBase, name: str) -> tuple[str, str, str | None]:
     admin, reason, limits = repo.connection.hmget(repo.keys.dest(name), "admin", "admin_reason", "limits")
     text = [v.decode() if isinstance(v, bytes) else v for v in (admin, reason, limits)]
     return text[0] or "active", text[1] or "", text[2]
-
-
-def admin_states(repo: RepositoryBase, names: Sequence[str]) -> dict[str, tuple[str, str, str | None]]:
-    """:func:`admin_state` of each of ``names``, in one round trip.
-
-    Raises:
-        redis.exceptions.RedisError: Redis unreachable.
-    """
-    pipe = repo.connection.pipeline(transaction=False)
-    for name in names:
-        pipe.hmget(repo.keys.dest(name), "admin", "admin_reason", "limits")
-    found = {}
-    for name, values in zip(names, pipe.execute(), strict=True):
-        admin, reason, limits = (v.decode() if isinstance(v, bytes) else v for v in values)
-        found[name] = (admin or "active", reason or "", limits)
-    return found

@@ -53,7 +53,15 @@ from outbox.store.base import ScriptCall, first_of, queue_first
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.destination_state import DestinationState, RunMark, health_args
 from outbox.store.keys import Keys
-from outbox.store.messages import Change, ChangeResult, Claim, ClaimOptions, MessageStore, with_holding
+from outbox.store.messages import (
+    Change,
+    ChangeResult,
+    Claim,
+    ClaimOptions,
+    MessageStore,
+    parse_states,
+    with_holding,
+)
 from outbox.store.scripts import named
 
 logger = logging.getLogger("outbox")
@@ -225,6 +233,7 @@ class Exchange:
         self.answers: dict[str, tuple[str, str]] = {}  # id -> the gate's (action, at)
         self.unused: dict[str, list[str]] = defaultdict(list)  # destination -> ids whose grant goes back
         self.applied: dict[int, Any] = {}  # partition -> claim_apply's reply
+        self.states: dict[str, tuple[str, str, str | None]] = {}  # endpoints' states the gates read
 
     def run(self) -> ExchangeReply:
         """The exchange: one round trip with one partition, else the five steps."""
@@ -433,8 +442,10 @@ class Exchange:
                     if may_have_run(reply):
                         self.unused[d].append(mid)
                 continue
-            for (_, mid, _), j in zip(self.candidates[d], range(0, len(reply), 2), strict=True):
-                self.answers[mid] = (reply[j].decode(), reply[j + 1].decode())
+            *answers, states = reply
+            self.states.update(parse_states(states))
+            for (_, mid, _), j in zip(self.candidates[d], range(0, len(answers), 2), strict=True):
+                self.answers[mid] = (answers[j].decode(), answers[j + 1].decode())
 
     def apply_claims(self) -> None:
         """Step 4: each picked partition's plan, with the gates' answers, applied by
@@ -510,6 +521,7 @@ class Exchange:
             if p in self.applied:
                 reply = self.applied[p]
                 claim = self.store.parse_claim(reply[:6])
+                claim.states = self.states
                 claim.capped += sorted(self.picked[p].capped - set(claim.capped))
                 for mid in reply[6]:
                     self.unused[destination_of[mid.decode()]].append(mid.decode())

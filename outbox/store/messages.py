@@ -42,8 +42,27 @@ from outbox.store.steps import drive
 CreateReply = list[Any]
 #: claim.lua: (message record ([id, string or a hash's HGETALL]: lua/lib/message.lua),
 #: resend HGETALL, ... per claimed message; next due score or None; messages a limit
-#: rescheduled; destinations skipped at their cap; next due score of the quarantine index or None).
-ClaimReply = tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None, list[Any]]
+#: rescheduled; destinations skipped at their cap; next due score of the quarantine index or None;
+#: payload records, flat; and from claim.lua, the endpoints' states its gate read, flat:
+#: :func:`parse_states`).
+ClaimReply = (
+    tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None, list[Any]]
+    | tuple[list[list[Any]], bytes | None, int, list[bytes], bytes | None, list[Any], list[bytes]]
+)
+
+
+def parse_states(flat: Sequence[bytes]) -> dict[str, tuple[str, str, str | None]]:
+    """The endpoints' states a claim's gate read (``lua/lib/gate.lua`` ``gate_states``:
+    flat, per endpoint its name, ``admin``, ``admin_reason``, ``limits``, "" for a field
+    absent) as destination name -> ``(admin state, its reason, limits field or None)``,
+    the shape of :func:`outbox.store.endpoint_versions.admin_state`."""
+    found = {}
+    for i in range(0, len(flat), 4):
+        name, admin, reason, limits = (v.decode() for v in flat[i : i + 4])
+        found[name] = (admin or "active", reason, limits or None)
+    return found
+
+
 #: transition.lua, per change: (applied 0|1, status after, queue of the key's next message
 #: promoted to its head or b""[, message record, resend HGETALL]).
 TransitionRow = tuple[int, bytes, bytes] | tuple[int, bytes, bytes, list[Any], list[bytes]]
@@ -312,6 +331,10 @@ class Claim:
         error: with more than one partition, the outage the partition's pick or claim met
             (:data:`.outages.PARTITION_UNAVAILABLE`: a slot moving, a primary away), when
             it could not be claimed from now (its messages stay due); None otherwise.
+        states: the state in Redis of each endpoint the claim's gate read (taken, parked
+            or held): name -> ``(admin state, its reason, limits field or None)``
+            (:func:`parse_states`), so the worker checks it against the endpoint's row
+            with no read of its own (:meth:`outbox.destinations.config.EndpointCache.preload`).
     """
 
     messages: list[Message]
@@ -321,6 +344,7 @@ class Claim:
     capped: list[str] = field(default_factory=list)
     next_suspect: float | None = None
     error: Exception | None = None
+    states: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
 
     @property
     def unavailable(self) -> bool:
@@ -694,7 +718,7 @@ class MessageStore(RepositoryBase):
         payload records the reply carries (:meth:`attach_payloads`: a record that is gone
         is logged, its messages' body left b""; one the script could not read, on a slot
         half-moved by a legacy migration, is read in a round trip of its own)."""
-        flat, next_due, rescheduled, capped, next_suspect, payloads = reply
+        flat, next_due, rescheduled, capped, next_suspect, payloads = reply[:6]
         messages = [message_from_flat(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
         self.attach_payloads(
             messages,
@@ -707,6 +731,7 @@ class MessageStore(RepositoryBase):
             int(rescheduled),
             capped=[d.decode() for d in capped],
             next_suspect=float(next_suspect) if next_suspect else None,
+            states=parse_states(reply[6]) if len(reply) > 6 else {},
         )
 
     def transition_args(self, changes: Sequence[Change], now: float) -> list[Any]:

@@ -62,7 +62,7 @@
 --     index at the same score, not claimed: it is attempted alone, never in a batch.
 --   have (optional): ids of the events whose payload bodies the caller holds,
 --     comma-separated: their records are not read again (lib/claimed.lua)
--- Returns {claimed, next_due, held, capped, next_suspect, payloads}: claimed is a flat
+-- Returns {claimed, next_due, held, capped, next_suspect, payloads, states}: claimed is a flat
 -- list of the message record ({id, record}: lib/message.lua) and resend HGETALL (read before the claim, the claim's
 -- own fields appended: later pairs win) per claimed message; next_due is the score of
 -- the earliest entry left in the due index (a string), or false when it is empty; held
@@ -74,7 +74,9 @@
 -- the quarantine index (a string), or false; payloads is flat: per payload record the
 -- claimed deliveries of published events reference (lib/keys.lua K.payload, in this
 -- partition), its key and its body (false: the record is gone), so the caller reads no
--- payload in a round trip of its own.
+-- payload in a round trip of its own; states is flat: per endpoint the call gated, its
+-- name, admin state, its reason and limits as its state hash holds them (lib/gate.lua
+-- gate_states: read by the gate's HMGET, no command more).
 -- Index writes and the message reads are made once per index for the whole call
 -- (lib/writes.lua, MGET): a claim of N messages costs two commands per message (the
 -- resend record's HGETALL and HSET), one HGET per payload record, and a few per call.
@@ -133,4 +135,6 @@ if limit > 0 then
   end
 end
 gate_flush()
-return claim_reply()
+local reply = claim_reply()
+reply[#reply + 1] = gate_states()
+return reply

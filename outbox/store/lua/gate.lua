@@ -18,7 +18,8 @@
 --   claim's lease token), deadline (the lease deadline), limits (JSON: as claim.lua's, for this destination), cap (most it
 --   may take, "" = no cap); then per candidate: id, score
 -- Returns, per candidate, flat: action ("take", "probe", "park", "later", "hold",
---   "cap"), at ("" unless later).
+--   "cap"), at ("" unless later); then, last, the destination's state as lib/gate.lua's
+--   gate_states gives it (empty unless it is an endpoint).
 --! include args
 --! include keys
 --! include gate
@@ -52,4 +53,5 @@ for i = pos, #ARGV, 2 do
 end
 gate_flush()
 if lapsed then redis.call('ZREMRANGEBYSCORE', inflight, '-inf', '(' .. now_s) end
+out[#out + 1] = gate_states()
 return out

@@ -19,9 +19,15 @@
 --   (caps, in-flight count, GCRA TAT).
 -- gate_probe(dest, id): the probe was claimed: breaker half_open, probe_id, probe_deadline.
 -- gate_flush(): writes the release counters and GCRA TATs this call moved, once each.
+-- gate_states(): flat, per endpoint (a destination named "endpoint:...") this call gated,
+--   in the order met: its name and, as its state hash holds them, 'admin', 'admin_reason'
+--   and 'limits' ("" for a field absent). The worker compares them with the endpoint's row
+--   (outbox/destinations/config.py, EndpointCache) and repairs a change whose on-commit
+--   step was lost, without a read of its own: the gate's HMGET reads them anyway.
 -- Needs lib/keys.lua included before it.
 local GATE = {}
 local gates = {}
+local gated = {}         -- destinations this call gated, in the order met
 local tat_changed = {}   -- destinations whose TAT this call moved, in first-changed order
 local ramp_changed = {}  -- destinations whose release counter (ramp_k) this call moved
 local CONCURRENCY_DELAY = 0.2  -- seconds a message over MAX_CONCURRENCY waits before it is looked at again
@@ -43,9 +49,12 @@ local function gate(dest)
   if g then return g end
   local now = GATE.now
   local v = redis.call('HMGET', K.dest(GATE.prefix, dest), 'admin', 'breaker', 'next_probe_at',
-                       'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k', 'ramp_tat', 'limits')
+                       'probe_deadline', 'blocked_until', 'ramp_of', 'ramp_k', 'ramp_tat', 'limits',
+                       'admin_reason')
   g = {admin = v[1] or 'active', breaker = v[2] or 'closed', next_probe = tonumber(v[3] or '0'),
-       probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = GATE.limits[dest], spaced = 0}
+       probe_deadline = tonumber(v[4] or '0'), blocked = tonumber(v[5] or '0'), lim = GATE.limits[dest], spaced = 0,
+       stored = {v[1] or '', v[10] or '', v[9] or ''}}
+  gated[#gated + 1] = dest
   if g.lim == nil and v[9] then
     -- an endpoint registered at runtime keeps its limits in its state hash (written when
     -- it changes: outbox/store/endpoint_versions.py), so the call's limits JSON does not
@@ -167,4 +176,20 @@ local function gate_flush()
     local tat = gates[dest].tat
     redis.call('SET', K.gcra(GATE.prefix, dest), string.format('%.6f', tat), 'PX', math.ceil((tat - GATE.now) * 1000) + 1000)
   end
+end
+
+local ENDPOINT_PREFIX = 'endpoint:'  -- outbox/endpoint_names.py ENDPOINT_PREFIX
+
+local function gate_states()
+  local out = {}
+  for _, dest in ipairs(gated) do
+    if string.sub(dest, 1, #ENDPOINT_PREFIX) == ENDPOINT_PREFIX then
+      local stored = gates[dest].stored
+      out[#out + 1] = dest
+      out[#out + 1] = stored[1]
+      out[#out + 1] = stored[2]
+      out[#out + 1] = stored[3]
+    end
+  end
+  return out
 end
