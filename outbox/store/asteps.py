@@ -140,7 +140,7 @@ def aperform(
     """One operation (:mod:`.steps`) on the asyncio client ``client``, to await
     (``on_sent``: called when a :class:`.steps.Batch` is written, see
     :func:`.aconnection.arun_batch`): a batch's awaitable as it is (on one server the
-    call's future: no coroutine around it), the other operations' coroutine."""
+    call itself, a future of its own: no coroutine around it), the other operations' coroutine."""
     if isinstance(op, Batch):
         return arun_batch(client, op.commands, on_sent)
     return _aperform_other(repository, client, op)

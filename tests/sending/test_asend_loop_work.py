@@ -188,3 +188,39 @@ async def test_concurrent_asends_that_meet_noscript_load_the_scripts_once(monkey
     assert len(loads) == 1, f"loaded {len(loads)} times"
     assert get_repository().count() == 51
     await aclose()
+
+
+@pytest.mark.single_server("the round trips shared by concurrent asends (the Multiplexer) are of one server")
+@pytest.mark.asyncio
+async def test_a_call_in_flight_holds_no_extracted_stack_in_debug_mode():
+    """In asyncio's debug mode an ``asyncio.Future`` extracts its creator's stack when it
+    is made: the future of each ``asend``'s replies held about a dozen objects while in
+    flight, and their collections were most of the slowest callbacks of issue 33's
+    measure (``benchmarks.bench_async``). The call's own awaitable keeps none, and still
+    behaves as a future to the tasks that await it."""
+    from outbox.store.client.aconnection import arun_batch, async_connection_for_loop
+
+    loop = asyncio.get_running_loop()
+    debug = loop.get_debug()
+    loop.set_debug(True)
+    try:
+        client = await async_connection_for_loop()
+        call = arun_batch(client, [("PING",), ("ECHO", "x")])
+        assert getattr(call, "_source_traceback", None) is None
+        assert asyncio.isfuture(call)
+        assert await call == [b"PONG", b"x"]
+        assert await asyncio.wait_for(arun_batch(client, [("PING",)]), 5) == [b"PONG"]
+
+        waiting = asyncio.create_task(_awaited(arun_batch(client, [("PING",)])))
+        await asyncio.sleep(0)  # the task awaits the call
+        waiting.cancel("gone")
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert await arun_batch(client, [("ECHO", "after")]) == [b"after"]  # the replies stay in step
+    finally:
+        loop.set_debug(debug)
+        await aclose()
+
+
+async def _awaited(awaitable):
+    return await awaitable

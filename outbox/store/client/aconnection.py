@@ -31,7 +31,7 @@ import math
 import sys
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
 from functools import cache
 from typing import Any, TypeVar, cast
 
@@ -252,10 +252,11 @@ def arun_batch(
     a pipeline without ``MULTI`` (a cluster client's routes each command by its keys and
     follows redirects); a ``ResponseError`` is that command's reply. On one server,
     through this loop's :class:`Multiplexer` (the round trip shared with concurrent
-    calls): then the awaitable is the call's future itself, no coroutine around it (each
-    layer of one is an object for the collector and, in asyncio's debug mode, a frame of
-    every stack extracted below it). ``on_sent`` is called once the commands are (about
-    to be) written: a cancellation before it means they never were.
+    calls): then the awaitable is the call itself (a future of its own, :class:`_Call`),
+    no coroutine around it (each layer of one is an object for the collector and, in
+    asyncio's debug mode, a frame of every stack extracted below it). ``on_sent`` is
+    called once the commands are (about to be) written: a cancellation before it means
+    they never were.
 
     Raises:
         redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: as redis-py
@@ -321,20 +322,120 @@ async def _cluster_batch(
             ) from exc
 
 
-class _Call:
-    """One caller's commands in a :class:`Multiplexer`, and the future of their replies."""
+_PENDING, _DONE, _CANCELLED = 0, 1, 2
 
-    __slots__ = ("commands", "future", "on_sent")
+
+class _Call:
+    """One caller's commands in a :class:`Multiplexer`, and the awaitable of their replies.
+
+    A future of its own, not an ``asyncio.Future``: what a Task needs of a future-like
+    object to await it (``_asyncio_future_blocking``, ``get_loop``,
+    ``add_done_callback``, ``result``, ``cancel``: the protocol of
+    ``asyncio.futures.Future`` that ``asyncio.Task`` and ``asyncio.isfuture`` read,
+    CPython's ``Modules/_asynciomodule.c``), the multiplexer's ``set_result`` and
+    ``set_exception``, and ``__await__``. Every ``asend`` makes one, and in asyncio's
+    debug mode an ``asyncio.Future`` extracts its creator's stack when it is made (about
+    a dozen objects for the collector per call in flight: ``docs/benchmarks.md``, "Async
+    views"); this one keeps nothing but its state. Callbacks run as a Future's do: each
+    scheduled with ``call_soon`` in its context when the call is done (issue 33).
+    """
+
+    __slots__ = (
+        "_asyncio_future_blocking",
+        "_callbacks",
+        "_loop",
+        "_message",
+        "_state",
+        "_value",
+        "commands",
+        "on_sent",
+    )
 
     def __init__(
         self,
         commands: Sequence[tuple[Any, ...]],
-        future: asyncio.Future[list[Any]],
+        loop: asyncio.AbstractEventLoop,
         on_sent: Callable[[], None] | None,
     ) -> None:
         self.commands = commands
-        self.future = future
         self.on_sent = on_sent
+        self._loop = loop
+        self._state = _PENDING
+        self._value: Any = None  # the replies, or the exception
+        self._message: Any = None  # a cancellation's message
+        self._callbacks: list[tuple[Callable[[Any], Any], Any]] = []
+        self._asyncio_future_blocking = False
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def cancel(self, msg: Any = None) -> bool:
+        """Cancel the call (its awaiter was cancelled): a connection's task that has not
+        taken it skips it; one that has reads its replies for nothing. False when done."""
+        if self._state != _PENDING:
+            return False
+        self._state, self._message = _CANCELLED, msg
+        self._schedule()
+        return True
+
+    def set_result(self, replies: list[Any]) -> None:
+        self._state, self._value = _DONE, replies
+        self._schedule()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._state, self._value = _DONE, exc
+        self._schedule()
+
+    def result(self) -> list[Any]:
+        """The replies; raises the call's exception, or ``CancelledError`` when cancelled
+        (``InvalidStateError`` while pending)."""
+        if self._state == _CANCELLED:
+            raise asyncio.CancelledError(*(() if self._message is None else (self._message,)))
+        if self._state == _PENDING:
+            raise asyncio.InvalidStateError("the call is not done")
+        if isinstance(self._value, BaseException):
+            raise self._value
+        return cast(list[Any], self._value)
+
+    def exception(self) -> BaseException | None:
+        if self._state == _CANCELLED:
+            raise asyncio.CancelledError(*(() if self._message is None else (self._message,)))
+        if self._state == _PENDING:
+            raise asyncio.InvalidStateError("the call is not done")
+        return self._value if isinstance(self._value, BaseException) else None
+
+    def add_done_callback(self, fn: Callable[[Any], Any], *, context: Any = None) -> None:
+        if self._state != _PENDING:
+            self._loop.call_soon(fn, self, context=context)
+        else:
+            self._callbacks.append((fn, context))
+
+    def remove_done_callback(self, fn: Callable[[Any], Any]) -> int:
+        kept = [(f, c) for f, c in self._callbacks if f != fn]
+        removed = len(self._callbacks) - len(kept)
+        self._callbacks[:] = kept
+        return removed
+
+    def _schedule(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for fn, context in callbacks:
+            self._loop.call_soon(fn, self, context=context)
+
+    def __await__(self) -> Generator[Any, None, list[Any]]:
+        if self._state == _PENDING:
+            self._asyncio_future_blocking = True
+            yield self  # the Task adds its wake-up as a done callback
+        if self._state == _PENDING:
+            raise RuntimeError("await wasn't used with the call")
+        return self.result()
+
+    __iter__ = __await__
 
 
 class Multiplexer:
@@ -360,16 +461,14 @@ class Multiplexer:
         self.tasks: set[asyncio.Task[None]] = set()
         self.busy = 0  # tasks in a round trip (the others are about to take from the queue)
 
-    def submit(
-        self, commands: Sequence[tuple[Any, ...]], on_sent: Callable[[], None] | None
-    ) -> asyncio.Future[list[Any]]:
-        """Queue ``commands``; the future of their replies (see :func:`arun_batch`). A
-        cancellation of its awaiter cancels the future: a task that has not taken the
-        call yet skips it."""
-        call = _Call(commands, asyncio.get_running_loop().create_future(), on_sent)
+    def submit(self, commands: Sequence[tuple[Any, ...]], on_sent: Callable[[], None] | None) -> _Call:
+        """Queue ``commands``; the awaitable of their replies (see :func:`arun_batch`). A
+        cancellation of its awaiter cancels it: a task that has not taken the call yet
+        skips it."""
+        call = _Call(commands, asyncio.get_running_loop(), on_sent)
         self.queue.append(call)
         self._spawn()
-        return call.future
+        return call
 
     def _spawn(self) -> None:
         """A new connection's task when calls are queued, no task is about to take them
@@ -385,7 +484,7 @@ class Multiplexer:
         count = 0
         while self.queue and (not taken or count + len(self.queue[0].commands) <= PIPELINE_MOST):
             call = self.queue.popleft()
-            if call.future.done():
+            if call.done():
                 continue
             taken.append(call)
             count += len(call.commands)
@@ -411,8 +510,8 @@ class Multiplexer:
     @staticmethod
     def _fail(calls: Sequence[_Call], exc: BaseException) -> None:
         for call in calls:
-            if not call.future.done():
-                call.future.set_exception(copy.copy(exc))
+            if not call.done():
+                call.set_exception(copy.copy(exc))
 
     async def _serve(self) -> None:
         """A connection's task: write and read until the queue is empty. It leaves
@@ -434,7 +533,7 @@ class Multiplexer:
                     finally:
                         self.busy -= 1
         except Exception as exc:  # could not connect: nothing of the queued calls was written
-            calls = [call for call in self.queue if not call.future.done()]
+            calls = [call for call in self.queue if not call.done()]
             self.queue.clear()
             self._fail(calls, _not_connected(exc))
         finally:
@@ -485,8 +584,8 @@ async def _read_replies(connection: Any, calls: list[_Call]) -> None:
                         replies.append(await connection.read_response(timeout=math.inf))
                     except ResponseError as exc:  # this command's reply
                         replies.append(exc)
-                if not call.future.done():
-                    call.future.set_result(replies)
+                if not call.done():
+                    call.set_result(replies)
     except asyncio.TimeoutError as exc:
         raise RedisTimeoutError(
             f"Timeout reading the replies of {len(calls)} call(s) written together ({timeout} s socket timeout)"
