@@ -21,6 +21,7 @@ from outbox.destinations.config import endpoint_cache, get_transport
 from outbox.exceptions import DeliveryError, EndpointUnavailable, PermanentDeliveryError, UnknownDestination
 from outbox.records import Message, Outcome
 from outbox.redaction import redact_message_text
+from outbox.store.endpoint_versions import AdminState
 from outbox.transports import deadlines
 
 logger = logging.getLogger("outbox")
@@ -94,9 +95,7 @@ def attempt(message: Message) -> Outcome:
     return outcome
 
 
-def prepare(
-    destinations: Iterable[str], states: Mapping[str, tuple[str, str, str | None]] | None = None
-) -> None:
+def prepare(destinations: Iterable[str], states: Mapping[str, AdminState] | None = None) -> None:
     """Load the configurations of the endpoints among ``destinations`` (a claim's) that
     this process lacks, together: one query instead of one each, and check them against
     ``states``, their state in Redis as the claim's gate read it (``Claim.states``), with

@@ -79,6 +79,7 @@ from outbox.store import (
 from outbox.store.background import wakeups
 from outbox.store.client.outages import CLUSTER_IN_FLUX
 from outbox.store.decisions import Decision, change_of
+from outbox.store.endpoint_versions import AdminState
 from outbox.transports import deadlines
 
 logger = logging.getLogger("outbox")
@@ -326,7 +327,7 @@ class WorkerRun:
         self.capped_until = 0.0
         # The endpoints' states in Redis the last claim's gate read (Claim.states), for
         # start() to check against their rows.
-        self.states: dict[str, tuple[str, str, str | None]] = {}
+        self.states: dict[str, AdminState] = {}
         self.limits, self.lendable = _in_flight_limits()
         # Every other destination's share (endpoints registered at runtime), or None.
         self.others = _endpoint_share()

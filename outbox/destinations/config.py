@@ -63,6 +63,7 @@ from outbox.forks import renew_lock_after_fork
 from outbox.retry import RetryPolicy
 from outbox.store import endpoint_versions, get_repository
 from outbox.store.background import wakeups
+from outbox.store.endpoint_versions import AdminState
 from outbox.transports import Transport, transport_class
 from outbox.transports.endpoint import EndpointTransport, close_shared_pools
 
@@ -86,9 +87,6 @@ ORDERING_POLICIES = ("block", "skip")
 
 logger = logging.getLogger("outbox")
 T = TypeVar("T")
-#: An endpoint's state in Redis: (admin state, its reason, limits field or None), as
-#: :func:`outbox.store.endpoint_versions.admin_state` and a claim's gate read it.
-AdminState = tuple[str, str, str | None]
 _transports: dict[str, Transport] = {}
 
 
@@ -725,6 +723,8 @@ class EndpointCache:
         if wanted:
             self._load_together(wanted, now, ttl, states)
         for name, state in states.items():  # copies loaded before a claim reported their state
+            if name not in self._unchecked:
+                continue
             with self._lock:
                 unchecked = self._unchecked.pop(name, None)
             if unchecked is not None:
@@ -778,6 +778,8 @@ class EndpointCache:
         destination: Destination | None = None
         transport: Transport | None = None
         error: Exception | None = None
+        with self._lock:  # an older copy's check waiting for a claim's report is this copy's now
+            self._unchecked.pop(name, None)
         try:
             if isinstance(config, SecretUnreadable):
                 raise config
@@ -790,7 +792,6 @@ class EndpointCache:
             limits = endpoints.limits_of(config.rate_limit, config.max_concurrency)
             if state is None and later:
                 with self._lock:
-                    self._unchecked.pop(name, None)
                     if len(self._unchecked) >= ENDPOINT_CACHE_SIZE:
                         self._unchecked.pop(next(iter(self._unchecked)))
                     self._unchecked[name] = (config, limits)

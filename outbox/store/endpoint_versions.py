@@ -22,6 +22,9 @@ from collections.abc import Sequence
 
 from outbox.store.base import RepositoryBase
 
+#: An endpoint's state in Redis, as :func:`admin_state` and a claim's gate
+#: (``Claim.states``) read it: (admin state, its reason, limits field or None).
+AdminState = tuple[str, str, str | None]
 #: Changed names kept in ``outbox:endpoints:changed``.
 KEPT = 10_000
 #: Health minutes and error hours a destination's state spans (lua/health.lua expires
@@ -118,7 +121,7 @@ def write_limits(repo: RepositoryBase, name: str, limits: Sequence[float] | None
         repo.connection.hset(key, "limits", json.dumps(list(limits), separators=(",", ":")))
 
 
-def admin_state(repo: RepositoryBase, name: str) -> tuple[str, str, str | None]:
+def admin_state(repo: RepositoryBase, name: str) -> AdminState:
     """``(admin state, its reason, limits field)`` of destination ``name``: ``"active"``,
     ``"paused"`` or ``"disabled"`` (``lua/admin.lua``).
 

@@ -52,6 +52,7 @@ from typing import Any
 from outbox.store.base import ScriptCall, first_of, queue_first
 from outbox.store.client.outages import PARTITION_UNAVAILABLE, may_have_run
 from outbox.store.destination_state import DestinationState, RunMark, health_args
+from outbox.store.endpoint_versions import AdminState
 from outbox.store.keys import Keys
 from outbox.store.messages import (
     Change,
@@ -233,7 +234,7 @@ class Exchange:
         self.answers: dict[str, tuple[str, str]] = {}  # id -> the gate's (action, at)
         self.unused: dict[str, list[str]] = defaultdict(list)  # destination -> ids whose grant goes back
         self.applied: dict[int, Any] = {}  # partition -> claim_apply's reply
-        self.states: dict[str, tuple[str, str, str | None]] = {}  # endpoints' states the gates read
+        self.states: dict[str, AdminState] = {}  # endpoints' states the gates read
 
     def run(self) -> ExchangeReply:
         """The exchange: one round trip with one partition, else the five steps."""

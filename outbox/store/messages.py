@@ -31,6 +31,7 @@ from outbox.store.codec import (
 )
 from outbox.store.created import Created, CreateResult, create_groups
 from outbox.store.creating import create_steps, partitioned_steps
+from outbox.store.endpoint_versions import AdminState
 from outbox.store.keys import Keys
 from outbox.store.scripts import field_names, named
 from outbox.store.steps import drive
@@ -51,7 +52,7 @@ ClaimReply = (
 )
 
 
-def parse_states(flat: Sequence[bytes]) -> dict[str, tuple[str, str, str | None]]:
+def parse_states(flat: Sequence[bytes]) -> dict[str, AdminState]:
     """The endpoints' states a claim's gate read (``lua/lib/gate.lua`` ``gate_states``:
     flat, per endpoint its name, ``admin``, ``admin_reason``, ``limits``, "" for a field
     absent) as destination name -> ``(admin state, its reason, limits field or None)``,
@@ -344,7 +345,7 @@ class Claim:
     capped: list[str] = field(default_factory=list)
     next_suspect: float | None = None
     error: Exception | None = None
-    states: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
+    states: dict[str, AdminState] = field(default_factory=dict)
 
     @property
     def unavailable(self) -> bool:

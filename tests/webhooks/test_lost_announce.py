@@ -132,3 +132,30 @@ def test_the_endpoints_a_worker_loads_are_checked_without_a_read_of_their_own(re
     assert seen["hmget"] == 0, seen
     stored = endpoint_versions.admin_state(get_repository(), endpoints[7].destination)[2]
     assert json.loads(stored) == limits_of("100/s", None)
+
+
+def test_a_newer_copy_drops_the_pending_check_of_an_older_one(settings):
+    """A copy loaded with its application's others waits for a claim to report its state
+    before it is checked. A newer copy of that endpoint (the old one expired) is checked
+    with its own row, and the older copy's check is dropped: made later against the
+    state the newer row explains, the older row (enabled) enabled again an endpoint
+    disabled meanwhile (in Redis and in its row, the announcement lost)."""
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "ENDPOINTS": {**settings.OUTBOX.get("ENDPOINTS", {}), "CACHE_TTL": 0},
+    }
+    webhooks.create_event_type("order.paid")
+    webhooks.create_application("acme")
+    met = webhooks.create_endpoint("acme", "https://93.184.215.14/a").endpoint
+    other = webhooks.create_endpoint("acme", "https://93.184.215.14/b").endpoint
+    endpoint_cache.clear()
+    endpoint_cache.preload(
+        [met.destination], {met.destination: ("active", "", None)}
+    )  # `other` with it, unchecked
+    repo = get_repository()
+    repo.destination_action(other.destination, "disable", time.time(), "410 Gone")  # a worker elsewhere ...
+    Endpoint.objects.filter(pk=other.pk).update(
+        disabled=True, disabled_reason="410 Gone"
+    )  # ... announced nothing
+    endpoint_cache.preload([], {other.destination: endpoint_versions.admin_state(repo, other.destination)})
+    assert endpoint_versions.admin_state(repo, other.destination)[:2] == ("disabled", "410 Gone")
