@@ -409,7 +409,19 @@ class WorkerRun:
         met = {m.destination for m in claimed}.union(capped)
         if self.lent is not None and met - {self.lent}:
             self.lent = None  # another destination's message is due: it gets its share
-        if want and len(claimed) < want and len(met) == 1 and len(capped) == 1 and self.may_lend(capped[0]):
+        # A claim narrowed to the slots capped destinations freed (see want()) scans a few
+        # entries at the head of the queue: meeting one of them there does not show that
+        # the others have nothing due (they were capped, so they had), and lending to it
+        # took their share (two busy destinations, one past its cap).
+        narrowed_to_others = bool(self.capped - met)
+        if (
+            want
+            and len(claimed) < want
+            and len(met) == 1
+            and len(capped) == 1
+            and not narrowed_to_others
+            and self.may_lend(capped[0])
+        ):
             self.lent = capped[0]
 
     def may_lend(self, destination: str) -> bool:

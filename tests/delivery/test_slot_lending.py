@@ -168,3 +168,25 @@ def test_the_caps_entry_of_unnamed_destinations_is_no_destination_name():
     with with_destinations("locmem", **{OTHERS: {}}):
         assert any("'*' is reserved" in e for e in config.configuration_errors())
         assert OTHERS not in config.usable_destinations()
+
+
+def test_a_narrowed_claim_that_meets_one_busy_destination_lends_it_nothing(repo):
+    """After a claim came up short at two destinations' caps, the run's claims ask only for
+    the slots they free and scan a few entries at the head of the queue. One such claim
+    that met only the other destination's messages (capped) does not show that the first
+    has nothing due: lending it the idle slots took the first one's share (seen in
+    ``test_two_busy_destinations_each_keep_to_their_share``: 25 in flight against a share
+    of 16, about once in 25 runs). A claim that met one destination alone outside that
+    narrowing still lends, as before."""
+    with with_destinations(
+        "webhook",
+        a={"OPTIONS": {"url": "http://127.0.0.1:9/a"}},
+        b={"OPTIONS": {"url": "http://127.0.0.1:9/b"}},
+    ):
+        run = delivery.WorkerRun(outbox_settings.queue_name(None), repo, 1.0)
+        run.capped, run.capped_until = {"a", "b"}, time.time() + 60  # both were capped
+        run.note_claim(2, [], ["b"])  # a freed 2 slots; the claim met only b's messages
+        assert run.lent is None
+        run.capped.clear()  # no narrowing: b alone was met, all of it past its cap
+        run.note_claim(8, [], ["b"])
+        assert run.lent == "b"
