@@ -718,20 +718,16 @@ class _Publish:
     using: str
 
 
-def _resolve(request: _Publish) -> tuple[_Event, list[registry.Subscriber]]:
+def _resolve(request: _Publish) -> tuple[_Event, Sequence[registry.Subscriber]]:
     """The checked event of a publish and its subscribers (see :func:`publish`): what
     reads the database (or this process's view of it), in the caller's thread."""
     using, event_type = request.using, request.event_type
     atomic, fresh = registry.transaction_state(using)  # fresh: read its own rows, keep nothing
-    app = registry.publishing_application(request.application, using, fresh=fresh)
-    registry.check_published_type(event_type, using, fresh=fresh)
     event_channels = registry.clean_channels(request.channels)
+    app, endpoints = registry.publication(request.application, event_type, event_channels, using, fresh=fresh)
     key = clean_idempotency_key(request.idempotency_key)
     clean_ordering_key(request.ordering_key)
     data, content_type = _payload(request.payload)
-    endpoints = [
-        s for s in registry.audience(app, using, fresh=fresh) if s.matches(event_type, event_channels)
-    ]
     event = _Event(
         app,
         event_type,
@@ -865,7 +861,7 @@ def _explained(exc: OutboxUnavailable, event: _Event, count: int) -> OutboxUnava
 def _published(
     event: _Event, endpoints: Sequence[registry.Subscriber], stored: Sequence[Message]
 ) -> PublishedEvent:
-    deliveries = tuple(Delivery(e.pk, e.destination, m) for e, m in zip(endpoints, stored, strict=True))
+    deliveries = tuple([Delivery(e.pk, e.destination, m) for e, m in zip(endpoints, stored, strict=True)])
     return PublishedEvent(event.id, event.event_type, event.app.uid, deliveries)
 
 

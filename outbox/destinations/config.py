@@ -467,6 +467,8 @@ def limits_json() -> str:
 
 
 # -- endpoints registered at runtime ---------------------------------------------------------
+#: A key of :meth:`EndpointCache.view`: a tuple, its kind first.
+ViewKey = tuple[Hashable, ...]
 #: The transport of every endpoint (they share one HTTP client pool).
 ENDPOINT_TRANSPORT = "outbox.transports.endpoint.EndpointTransport"
 #: Most endpoint configurations one process keeps (the oldest loaded is dropped first).
@@ -574,9 +576,10 @@ class EndpointCache:
         self._entries: dict[str, tuple[float, Destination | None, Transport | None, Exception | None]] = {}
         self._version = 0
         self._checked = 0.0
-        # publish()'s copies (:meth:`view`): key -> (read at, value), and name -> keys
-        self._views: dict[Hashable, tuple[float, Any]] = {}
-        self._tagged: dict[str, set[Hashable]] = {}
+        # publish()'s copies (:meth:`view`): kind -> key -> (read at, value, tags), and
+        # tag -> keys
+        self._views: dict[Hashable, dict[ViewKey, tuple[float, Any, Sequence[str]]]] = {}
+        self._tagged: dict[str, set[ViewKey]] = {}
         self._generation = 0  # moved by every forgetting: a read that spans one is not kept
         # applications whose endpoints preload() loaded together: uid -> when (monotonic)
         self._applications: dict[str, float] = {}
@@ -613,33 +616,76 @@ class EndpointCache:
             self._entries.pop(name, None)
             self._unchecked.pop(name, None)
             for key in self._tagged.pop(name, ()):
-                self._views.pop(key, None)
+                pool = self._views.get(key[0])
+                old = pool.pop(key, None) if pool is not None else None
+                if old is not None:
+                    self._untag(key, old[2])  # its other tags
 
-    def view(self, key: Hashable, load: Callable[[], tuple[T, Sequence[str]]], *, keep: bool = True) -> T:
+    def view(
+        self,
+        key: ViewKey,
+        load: Callable[[], tuple[T, Sequence[str]] | tuple[T, Sequence[str], float]],
+        *,
+        keep: bool = True,
+        read_at: list[float] | None = None,
+    ) -> T:
         """A value :func:`outbox.publish` reads from the database (an application, its
-        enabled endpoints, an event type's state), kept by this process under ``key``
-        with the bound of the endpoints' copies: at most ``CACHE_TTL`` seconds, and
-        forgotten within ``VERSION_CHECK`` seconds of an announced change of one of the
-        names ``load`` tags it with (:func:`outbox.store.endpoint_versions.bump`; at once
-        for a change committed by this process). ``load()`` returns ``(value, tags)``;
-        an exception it raises is not kept. ``keep=False``: the value read is not kept
-        (a read inside a transaction that changed endpoints: uncommitted rows)."""
+        enabled endpoints, an event type's state, the subscribers of an event), kept by
+        this process under ``key`` with the bound of the endpoints' copies: at most
+        ``CACHE_TTL`` seconds, and forgotten within ``VERSION_CHECK`` seconds of an
+        announced change of one of the names ``load`` tags it with
+        (:func:`outbox.store.endpoint_versions.bump`; at once for a change committed by
+        this process).
+
+        ``key`` is a tuple whose first item names its kind: each kind keeps at most
+        ``ENDPOINT_CACHE_SIZE`` values (the oldest kept is dropped first), so one kind
+        never pushes out another's. ``load()`` returns ``(value, tags)``, or ``(value,
+        tags, read_at)`` for a value built from other kept values (``time.monotonic()``
+        when the oldest of them was read: a value is as old as its oldest part); an
+        exception it raises is not kept. ``keep=False``: the value read is not kept (a
+        read inside a transaction that changed endpoints: uncommitted rows). ``read_at``:
+        a list the value's read time is appended to (for such a ``load``)."""
         now = time.monotonic()
         self._check_version(now)
-        entry = self._views.get(key)
+        pool = self._views.get(key[0])
+        entry = pool.get(key) if pool is not None else None
         if entry is not None and now - entry[0] < float(endpoint_setting("CACHE_TTL")):
+            if read_at is not None:
+                read_at.append(entry[0])
             return cast(T, entry[1])
         generation = self._generation
-        value, tags = load()
+        loaded = load()
+        value, tags = loaded[0], loaded[1]
+        at = min(now, loaded[2]) if len(loaded) > 2 else now
+        if read_at is not None:
+            read_at.append(at)
         if keep:
             with self._lock:
                 if generation == self._generation:  # nothing was forgotten while it was read
-                    if len(self._views) >= ENDPOINT_CACHE_SIZE:
-                        self._views.pop(next(iter(self._views)))
-                    self._views[key] = (now, value)
-                    for tag in tags:
-                        self._tagged.setdefault(tag, set()).add(key)
+                    self._keep_view(key, at, value, tags)
         return value
+
+    def _keep_view(self, key: ViewKey, at: float, value: Any, tags: Sequence[str]) -> None:
+        pool = self._views.setdefault(key[0], {})
+        old = pool.pop(key, None)
+        if old is None and len(pool) >= ENDPOINT_CACHE_SIZE:
+            dropped = next(iter(pool))
+            old = pool.pop(dropped)
+            self._untag(dropped, old[2])
+        elif old is not None:
+            self._untag(key, old[2])
+        pool[key] = (at, value, tags)
+        for tag in tags:
+            self._tagged.setdefault(tag, set()).add(key)
+
+    def _untag(self, key: ViewKey, tags: Sequence[str]) -> None:
+        """Forget ``key`` under its tags (a view dropped: its tags must not keep it)."""
+        for tag in tags:
+            keys = self._tagged.get(tag)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._tagged[tag]
 
     def get(self, name: str) -> tuple[Destination, Transport]:
         """The destination and transport of endpoint ``name``.

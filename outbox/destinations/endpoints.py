@@ -937,10 +937,57 @@ class Subscriber:
         return not self.channels or not self.channels.isdisjoint(channels)
 
 
+def publication(
+    application: Application | str,
+    event_type: str,
+    channels: Sequence[str],
+    using: str = DEFAULT_DB_ALIAS,
+    *,
+    fresh: bool = False,
+) -> tuple[Application, tuple[Subscriber, ...]]:
+    """What :func:`outbox.publish` resolves before its fan-out: the application and its
+    enabled endpoints subscribed to ``event_type`` and ``channels`` (cleaned: a list of
+    distinct names), oldest first, after refusing a malformed, unknown or archived type.
+
+    Kept by this process per (application uid, type, channels) as one value built from the
+    three kept below (:func:`publishing_application`, :func:`check_published_type`,
+    :func:`audience`), tagged with their tags and as old as the oldest of them: a warm
+    publish looks up one value, not three, and filters nothing. Each kind keeps its own
+    values (``EndpointCache.view``), so an application with many types and channels does
+    not push out the applications and endpoints the other values are built from.
+    ``fresh`` (or an :class:`Application` given): the three, each as it says.
+
+    Raises:
+        UnknownApplication, InvalidEndpoint, UnknownEventType: as the three.
+    """
+
+    def resolve(read_at: list[float] | None = None) -> tuple[Application, tuple[Subscriber, ...]]:
+        app = publishing_application(application, using, fresh=fresh, read_at=read_at)
+        check_published_type(event_type, using, fresh=fresh, read_at=read_at)
+        found = audience(app, using, fresh=fresh, read_at=read_at)
+        return app, tuple([s for s in found if s.matches(event_type, channels)])
+
+    if fresh or not isinstance(application, str):
+        return resolve()
+
+    def load() -> tuple[tuple[Application, tuple[Subscriber, ...]], list[str], float]:
+        parts: list[float] = []
+        app, found = resolve(parts)
+        tags = [application_tag(app.pk), application_uid_tag(app.uid), event_type_tag(event_type)]
+        return (app, found), tags, min(parts, default=time.monotonic())
+
+    return kept.view(("publication", using, application, event_type, tuple(channels)), load)
+
+
 def publishing_application(
-    application: Application | str, using: str = DEFAULT_DB_ALIAS, *, fresh: bool = False
+    application: Application | str,
+    using: str = DEFAULT_DB_ALIAS,
+    *,
+    fresh: bool = False,
+    read_at: list[float] | None = None,
 ) -> Application:
-    """:func:`get_application`, kept by this process (``fresh``: read now, not kept).
+    """:func:`get_application`, kept by this process (``fresh``: read now, not kept;
+    ``read_at``: as ``EndpointCache.view``'s).
 
     Raises:
         UnknownApplication: no application has this uid.
@@ -952,12 +999,19 @@ def publishing_application(
         app = get_application(application, using)
         return app, [application_tag(app.pk), application_uid_tag(app.uid)]
 
-    return kept.view(("application", using, application), load)
+    return kept.view(("application", using, application), load, read_at=read_at)
 
 
-def check_published_type(event_type: str, using: str = DEFAULT_DB_ALIAS, *, fresh: bool = False) -> None:
+def check_published_type(
+    event_type: str,
+    using: str = DEFAULT_DB_ALIAS,
+    *,
+    fresh: bool = False,
+    read_at: list[float] | None = None,
+) -> None:
     """Refuse a malformed, unknown or archived event type (see :func:`outbox.publish`);
-    the catalogue's answer kept by this process (``fresh``: read now, not kept).
+    the catalogue's answer kept by this process (``fresh``: read now, not kept;
+    ``read_at``: as ``EndpointCache.view``'s).
 
     Raises:
         InvalidEndpoint, UnknownEventType: as said.
@@ -977,17 +1031,21 @@ def check_published_type(event_type: str, using: str = DEFAULT_DB_ALIAS, *, fres
             )
         return bool(archived), [event_type_tag(event_type)]
 
-    archived = load()[0] if fresh else kept.view(("event-type", using, event_type), load)
+    archived = load()[0] if fresh else kept.view(("event-type", using, event_type), load, read_at=read_at)
     if archived:
         raise UnknownEventType(f"event type {event_type!r} is archived", field="event_type")
 
 
 def audience(
-    application: Application, using: str = DEFAULT_DB_ALIAS, *, fresh: bool = False
+    application: Application,
+    using: str = DEFAULT_DB_ALIAS,
+    *,
+    fresh: bool = False,
+    read_at: list[float] | None = None,
 ) -> tuple[Subscriber, ...]:
     """The enabled endpoints of ``application``, oldest first (one query, without model
     instances), kept by this process (``fresh``: read now, in the caller's transaction,
-    not kept)."""
+    not kept; ``read_at``: as ``EndpointCache.view``'s)."""
 
     def load() -> tuple[tuple[Subscriber, ...], list[str]]:
         rows = (
@@ -1004,7 +1062,7 @@ def audience(
 
     if fresh:
         return load()[0]
-    return kept.view(("audience", using, application.pk), load)
+    return kept.view(("audience", using, application.pk), load, read_at=read_at)
 
 
 # Applications and event types changed by any means that saves or deletes a model (the

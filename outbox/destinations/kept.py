@@ -14,7 +14,14 @@ T = TypeVar("T")
 class Cache(Protocol):
     def forget(self, names: Iterable[str]) -> None: ...
 
-    def view(self, key: Hashable, load: Callable[[], tuple[T, Sequence[str]]], *, keep: bool = True) -> T: ...
+    def view(
+        self,
+        key: tuple[Hashable, ...],
+        load: Callable[[], tuple[T, Sequence[str]] | tuple[T, Sequence[str], float]],
+        *,
+        keep: bool = True,
+        read_at: list[float] | None = None,
+    ) -> T: ...
 
 
 _cache: list[Cache] = []
@@ -31,12 +38,18 @@ def forget(names: Iterable[str]) -> None:
         cache.forget(names)
 
 
-def view(key: Hashable, load: Callable[[], tuple[T, Sequence[str]]], *, keep: bool = True) -> T:
+def view(
+    key: tuple[Hashable, ...],
+    load: Callable[[], tuple[T, Sequence[str]] | tuple[T, Sequence[str], float]],
+    *,
+    keep: bool = True,
+    read_at: list[float] | None = None,
+) -> T:
     """:meth:`EndpointCache.view <outbox.destinations.config.EndpointCache.view>`
     (no cache registered: ``load()``'s value, kept nowhere)."""
     if not _cache:
         return load()[0]
-    return _cache[0].view(key, load, keep=keep)
+    return _cache[0].view(key, load, keep=keep, read_at=read_at)
 
 
 __all__ = ["Cache", "forget", "register", "view"]

@@ -6,6 +6,8 @@ uncommitted rows and keeps nothing of them."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.db import transaction
 
@@ -153,3 +155,52 @@ def test_fan_out_deliveries_are_separate_messages(app):
     assert all(m.headers["Outbox-Event-Id"] == event.id for m in messages)
     again = outbox.publish("order.paid", {"n": 1}, application="acme", idempotency_key="k-1")
     assert [d.id for d in again.deliveries] == [m.id for m in messages]
+
+
+def _on(app_uid, channels):
+    event = outbox.publish("order.paid", {"n": 1}, application=app_uid, channels=channels)
+    return {d.destination for d in event.deliveries}
+
+
+def test_a_publication_is_as_old_as_the_oldest_copy_it_was_built_from(app, settings):
+    # publish() keeps what it resolves per (application, type, channels), built from the
+    # kept application, type and endpoints: built later than they were read, it must
+    # still expire when they do (CACHE_TTL after the oldest read), not CACHE_TTL after
+    # it was built
+    settings.OUTBOX = {**settings.OUTBOX, "ENDPOINTS": {**settings.OUTBOX["ENDPOINTS"], "CACHE_TTL": 2.0}}
+    webhooks.create_event_type("order.shipped")
+    first = webhooks.create_endpoint(app, URL).endpoint
+    t0 = time.monotonic()
+    assert _to("acme") == {first.destination}  # the application and its endpoints read now
+    time.sleep(1.0)
+    assert _to("acme", "order.shipped") == {first.destination}  # built now, from copies 1 s old
+    Endpoint.objects.filter(pk=first.pk).update(disabled=True)  # its announcement lost
+    time.sleep(max(0.0, t0 + 2.4 - time.monotonic()))
+    assert _to("acme", "order.shipped") == set()  # those copies expired, and what was built from them
+
+
+def test_each_kind_of_kept_value_keeps_its_own_room(app, monkeypatch, django_assert_num_queries):
+    # an application published to on many channels keeps many publications: they must
+    # not push out the application and endpoints every other publication is built from
+    from outbox.destinations import config
+
+    monkeypatch.setattr(config, "ENDPOINT_CACHE_SIZE", 3)
+    first = webhooks.create_endpoint(app, URL).endpoint
+    for n in range(6):
+        assert _on("acme", [f"c{n}"]) == {first.destination}
+    with django_assert_num_queries(0):
+        assert _on("acme", ["c-new"]) == {first.destination}
+
+
+def test_values_pushed_out_leave_nothing_under_their_tags(app, monkeypatch):
+    # per-user channels make a new publication per call: the tags of those pushed out
+    # must go with them, or this process's memory grows with every channel ever used
+    from outbox.destinations import config
+
+    monkeypatch.setattr(config, "ENDPOINT_CACHE_SIZE", 3)
+    webhooks.create_endpoint(app, URL)
+    for n in range(50):
+        _on("acme", [f"user-{n}"])
+    tagged = sum(len(keys) for keys in config.endpoint_cache._tagged.values())
+    # 3 publications (3 tags each); the application (2), the type (1), the endpoints (1)
+    assert tagged <= 3 * 3 + 4, tagged
