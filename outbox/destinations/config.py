@@ -668,12 +668,11 @@ class EndpointCache:
     def _keep_view(self, key: ViewKey, at: float, value: Any, tags: Sequence[str]) -> None:
         pool = self._views.setdefault(key[0], {})
         old = pool.pop(key, None)
-        if old is None and len(pool) >= ENDPOINT_CACHE_SIZE:
-            dropped = next(iter(pool))
-            old = pool.pop(dropped)
-            self._untag(dropped, old[2])
-        elif old is not None:
+        if old is not None:
             self._untag(key, old[2])
+        elif len(pool) >= ENDPOINT_CACHE_SIZE:  # the oldest kept of its kind makes room
+            oldest = next(iter(pool))
+            self._untag(oldest, pool.pop(oldest)[2])
         pool[key] = (at, value, tags)
         for tag in tags:
             self._tagged.setdefault(tag, set()).add(key)

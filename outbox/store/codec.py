@@ -94,8 +94,9 @@ _PLAIN_MEMBERS = re.compile(f'{_PLAIN}":"{_PLAIN}(?:","{_PLAIN}":"{_PLAIN})*')
 
 
 def _header_head(destination: str, content_type: str) -> bytes:
-    """The start of a message record's header line, through ``"created_at":``, kept for
-    the next 1,024 pairs met (a fan-out to 1,000 endpoints writes 1,000 of them)."""
+    """The start of a message record's header line, through ``"created_at":``; the first
+    1,024 (destination, content type) pairs met are kept (a fan-out to 1,000 endpoints
+    writes 1,000 of them), the others built each time (about 1 µs)."""
     if _PLAIN_TEXT.fullmatch(destination + content_type) is not None:
         text = '{"destination":"' + destination + '","content_type":"' + content_type + '","created_at":'
     else:
