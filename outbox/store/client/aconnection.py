@@ -395,15 +395,14 @@ class _Call:
     def result(self) -> list[Any]:
         """The replies; raises the call's exception, or ``CancelledError`` when cancelled
         (``InvalidStateError`` while pending)."""
-        if self._state == _CANCELLED:
-            raise asyncio.CancelledError(*(() if self._message is None else (self._message,)))
-        if self._state == _PENDING:
-            raise asyncio.InvalidStateError("the call is not done")
-        if isinstance(self._value, BaseException):
-            raise self._value
+        exc = self.exception()
+        if exc is not None:
+            raise exc
         return cast(list[Any], self._value)
 
     def exception(self) -> BaseException | None:
+        """The call's exception, or None (``CancelledError`` when cancelled,
+        ``InvalidStateError`` while pending)."""
         if self._state == _CANCELLED:
             raise asyncio.CancelledError(*(() if self._message is None else (self._message,)))
         if self._state == _PENDING:
