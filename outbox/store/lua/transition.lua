@@ -229,8 +229,12 @@ for i = 1, n do
   out[i] = row
 end
 flush_writes()
+-- A minute's outcome counter is kept 2 h after the minute's end (seconds from now, so a
+-- worker's clock apart from the server's moves it no further), its time to live given
+-- once, when the INCRBY made it (it answers its own increment: the counters only grow),
+-- not again by every call that counts in that minute (an EXPIRE per call before).
+local keep = math.ceil((minute + 1) * 60 + 7200 - now)
 for skey, n in pairs(stats) do
-  redis.call('INCRBY', skey, n)
-  redis.call('EXPIRE', skey, 7200)
+  if redis.call('INCRBY', skey, n) == n then redis.call('EXPIRE', skey, keep) end
 end
 return out
