@@ -77,6 +77,14 @@ def commandstats(conn) -> dict[str, int]:
     return {k: int(v["calls"]) for k, v in conn.info("commandstats").items()}
 
 
+def server_cpu(conn) -> float:
+    """CPU seconds the Redis server's main thread has used (``INFO cpu``:
+    ``used_cpu_user_main_thread`` + ``used_cpu_sys_main_thread``, Redis 6.2+ and Valkey),
+    where commands and scripts run: a delta over a run is the server's cost of it."""
+    info = conn.info("cpu")
+    return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
+
+
 def use_profile(profile: str) -> None:
     """Pick the destinations' ``MAX_IN_FLIGHT`` (``benchmarks.compare_settings``): before
     Django starts in this case's process; its worker processes inherit it."""

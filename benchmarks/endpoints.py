@@ -13,7 +13,9 @@ with its own private Redis and SQLite file:
   too), drained the same way; the order of the two alternates by round. Each request is
   verified at the receiver with its endpoint's own secret (the receiver answers after
   ``RECEIVER_DELAY``, 50 ms, as the other webhook rows). Rate: as the receiver saw it;
-  Redis commands: ``INFO commandstats`` during the drain, per delivery;
+  Redis commands: ``INFO commandstats`` during the drain, per delivery, and the server's
+  CPU for them (``INFO cpu``, its main thread: a script call and a ``ZREM`` count one
+  command each, not the same work);
 * ``publish()`` to an application with one endpoint against ``send()`` to ``hook``:
   alternating blocks of calls, calls per second, median of the blocks;
 * ``publish()`` of one event to 1,000 subscribed endpoints: milliseconds, median;
@@ -159,21 +161,23 @@ def drain(n: int, receiver: Any) -> dict[str, float]:
     """One burst worker delivers the n due messages: the receiver's rate and the Redis
     commands per delivery during the run; the recovery sweep, made just before (:func:`sweep`),
     counted apart (commands per sweep)."""
-    from benchmarks.common import commandstats, outbox_burst, receiver_rate, stats_delta
+    from benchmarks.common import commandstats, outbox_burst, receiver_rate, server_cpu, stats_delta
     from outbox.store import get_repository
     from outbox.store.client.connection import get_connection
 
     conn = get_connection()
     receiver.answered.clear()
     swept = sweep()
-    before = commandstats(conn)
+    before, cpu_before = commandstats(conn), server_cpu(conn)
     outbox_burst(n)
+    cpu = server_cpu(conn) - cpu_before
     commands = sum(stats_delta(before, commandstats(conn)).values())
     counts = get_repository().counts()
     assert counts["succeeded"] >= n and not counts["pending"], counts
     return {
         "per_s": receiver_rate(receiver),
         "cmds_per_msg": commands / n,
+        "server_us_per_msg": cpu * 1e6 / n,
         "sweep": swept,
     }
 
@@ -340,6 +344,7 @@ def endpoints_run(rounds: int, n: int, out: str) -> None:
 
     rate = m("endpoints_per_s") / m("hook_per_s")
     cmds = m("endpoints_cmds_per_msg") / m("hook_cmds_per_msg")
+    server = m("endpoints_server_us_per_msg") / m("hook_server_us_per_msg")
     calls = m("publish_per_s") / m("send_per_s")
     mem = m("large_bytes") / m("small_bytes")
     lines = [
@@ -365,6 +370,9 @@ def endpoints_run(rounds: int, n: int, out: str) -> None:
             vals("endpoints_cmds_per_msg"), vals("hook_cmds_per_msg"), "within 10 %", abs(cmds - 1) <= 0.10,
             "settings destination",
         ),
+        f"| Redis server CPU per delivered message (µs; `INFO cpu`, main thread, during the drain: "
+        f"what the commands cost, scripts included) | {med(vals('endpoints_server_us_per_msg'))} | settings "
+        f"destination: {med(vals('hook_server_us_per_msg'))} | {server:.2f}× | (context) | |",
         f"| recovery sweep (leases, purge, destination summary), once per RECOVERY_INTERVAL across the "
         f"workers, made just before each drain: commands per sweep | {med(vals('endpoints_sweep'))} | "
         f"settings destination: {med(vals('hook_sweep'))} | | (apart) | |",
