@@ -70,20 +70,23 @@ class EndpointUnavailable(OutboxError):
 
 
 class MessageTooLarge(InvalidMessage):
-    """The encoded body is larger than ``OUTBOX["MAX_BODY_BYTES"]``.
+    """The encoded body is larger than ``OUTBOX["MAX_BODY_BYTES"]`` (a published event's
+    payload: than ``OUTBOX["ENDPOINTS"]["MAX_PAYLOAD_BYTES"]`` when that is set).
 
     Attributes:
         size: the encoded body size in bytes.
         limit: the configured limit in bytes.
+        setting: the setting that holds the limit, as written in settings.py.
     """
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(
-            f"message body is {size} bytes, over the limit of {limit} bytes (OUTBOX['MAX_BODY_BYTES'])",
-            field="body",
-        )
+    def __init__(
+        self, size: int, limit: int, setting: str = "OUTBOX['MAX_BODY_BYTES']", field: str = "body"
+    ) -> None:
+        what = "message body" if field == "body" else field
+        super().__init__(f"{what} is {size} bytes, over the limit of {limit} bytes ({setting})", field=field)
         self.size = size
         self.limit = limit
+        self.setting = setting
 
 
 class MessageNotFound(OutboxError, KeyError):

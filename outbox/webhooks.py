@@ -55,6 +55,7 @@ from outbox.destinations import secrets as secret_store
 from outbox.destinations.config import endpoint_cache, endpoint_template
 from outbox.endpoint_names import endpoint_id
 from outbox.exceptions import (
+    IdempotencyConflict,
     InvalidEndpoint,
     InvalidMessage,
     MessageTooLarge,
@@ -697,6 +698,8 @@ async def apublish(
     except OutboxUnavailable as exc:  # a SendCancelled too: it stays a CancelledError
         _explained(exc, event, len(messages))
         raise
+    except IdempotencyConflict as exc:
+        raise _conflict(exc, event) from exc
     return _published(event, endpoints, stored)
 
 
@@ -750,9 +753,11 @@ def _payload(payload: Any) -> tuple[bytes, str]:
         InvalidMessage, MessageTooLarge: otherwise.
     """
     data, content_type = encode_body(payload, None)
-    limit = endpoint_setting("MAX_PAYLOAD_BYTES") or outbox_settings.MAX_BODY_BYTES
+    own = endpoint_setting("MAX_PAYLOAD_BYTES")
+    limit = own or outbox_settings.MAX_BODY_BYTES
     if len(data) > int(limit):
-        raise MessageTooLarge(len(data), int(limit))
+        setting = "OUTBOX['ENDPOINTS']['MAX_PAYLOAD_BYTES']" if own else "OUTBOX['MAX_BODY_BYTES']"
+        raise MessageTooLarge(len(data), int(limit), setting, field="payload")
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
@@ -827,6 +832,8 @@ def _fan_out(event: _Event, endpoints: Sequence[registry.Subscriber], using: str
     except OutboxUnavailable as exc:
         _explained(exc, event, len(messages))
         raise
+    except IdempotencyConflict as exc:
+        raise _conflict(exc, event) from exc
     return _published(event, endpoints, stored)
 
 
@@ -856,6 +863,23 @@ def _explained(exc: OutboxUnavailable, event: _Event, count: int) -> OutboxUnava
         *exc.args[1:],
     )
     return exc
+
+
+def _conflict(exc: IdempotencyConflict, event: _Event) -> IdempotencyConflict:
+    """The caller's :class:`IdempotencyConflict` for ``exc``, a delivery's (whose key is
+    derived from the event's): in the caller's words, its key, application and event;
+    ``existing_id`` is the event's id, ``stored`` as ``exc``'s."""
+    stored = (
+        f"{len(exc.stored)} delivery(ies) in other partitions were stored (exc.stored)"
+        if exc.stored
+        else "nothing was stored for this one"
+    )
+    return IdempotencyConflict(
+        f"idempotency_key {event.key!r} was already used for application {event.app.uid!r} with a different "
+        f"payload (event {event.id}): the first event stands, {stored}",
+        existing_id=event.id,
+        stored=exc.stored,
+    )
 
 
 def _published(

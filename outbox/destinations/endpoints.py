@@ -119,7 +119,11 @@ def clean_url(url: object, *, check_address: bool = True) -> str:
     ``OUTBOX["ENDPOINTS"]["ALLOW_PRIVATE_NETWORKS"]`` or ``OUTBOX["BLOCK_PRIVATE_NETWORKS"]``
     is off, every address its host resolves to now must be public (the guard that runs
     on every connection of a delivery, :mod:`outbox.transports.ssrf`, also here: a
-    customer learns at once, and an internal address never enters the table).
+    customer learns at once, and an internal address never enters the table). A host
+    that does not resolve now (a name not yet in DNS, a resolver down or slow, a machine
+    without DNS) is accepted, with a warning logged: nothing is known to refuse, and the
+    delivery's guard checks every address it connects to (as Svix and Hookdeck accept a
+    URL without resolving it).
 
     Raises:
         InvalidEndpoint: naming the rule broken (``field="url"``).
@@ -156,7 +160,13 @@ def clean_url(url: object, *, check_address: bool = True) -> str:
         try:
             addresses = resolve(host, port or (443 if parts.scheme == "https" else 80), RESOLVE_TIMEOUT)
         except Exception as exc:  # httpcore's ConnectError / ConnectTimeout
-            raise InvalidEndpoint(f"url's host {host!r} does not resolve: {exc}", field="url") from None
+            logger.warning(
+                "outbox: endpoint url's host %r does not resolve now (%s): registered; every delivery's "
+                "connection is checked against non-public addresses",
+                host,
+                exc,
+            )
+            return url
         private = [a for a in addresses if not is_public_address(a)]
         if private or not addresses:
             raise InvalidEndpoint(

@@ -96,6 +96,7 @@ class EndpointTransport(WebhookTransport):
         ImproperlyConfigured: from ``__init__``, for any invalid option.
     """
 
+    allow_private_hint = "OUTBOX['ENDPOINTS']['ALLOW_PRIVATE_NETWORKS'] = True allows it for every endpoint"
     options: tuple[str, ...] = (
         "url",
         "secret",

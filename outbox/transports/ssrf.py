@@ -52,8 +52,7 @@ class PrivateAddressRefused(OutboxError):
     def __init__(self, host: str, addresses: list[str]) -> None:
         super().__init__(
             f"refused to connect to {host!r}: it resolves to {', '.join(addresses) or 'no address'}, "
-            "a loopback, private, link-local or otherwise non-public address (OUTBOX['BLOCK_PRIVATE_NETWORKS']; "
-            "set the destination's OPTIONS['allow_private_networks'] = True to allow it)"
+            "a loopback, private, link-local or otherwise non-public address (OUTBOX['BLOCK_PRIVATE_NETWORKS'])"
         )
         self.host = host
         self.addresses = addresses

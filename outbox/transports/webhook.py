@@ -169,6 +169,8 @@ class WebhookTransport(Transport):
         ImproperlyConfigured: from ``__init__``, for any invalid option.
     """
 
+    #: How to allow a refused address, said in a ``blocked_address`` failure's error.
+    allow_private_hint = "set the destination's OPTIONS['allow_private_networks'] = True to allow it"
     options: tuple[str, ...] = (
         "url",
         "secret",
@@ -363,7 +365,7 @@ class WebhookTransport(Transport):
                 excerpt = _read_some(response)
         except PrivateAddressRefused as exc:
             raise PermanentDeliveryError(
-                redact(f"{exc}{self._to}", secrets=secrets), error_class="blocked_address"
+                redact(f"{exc}; {self.allow_private_hint}{self._to}", secrets=secrets), error_class="blocked_address"
             ) from exc
         except httpx.TimeoutException as exc:
             elapsed = time.monotonic() - started

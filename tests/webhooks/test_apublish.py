@@ -64,9 +64,11 @@ async def test_apublish_refuses_what_publish_refuses(spread):
         await outbox.apublish("order.nope", {}, application="acme")
     with pytest.raises(outbox.MessageTooLarge):
         await outbox.apublish("order.paid", "x" * 2_000_000, application="acme")
-    await outbox.apublish("order.paid", {"a": 1}, application="acme", idempotency_key="k")
-    with pytest.raises(outbox.IdempotencyConflict):
+    first = await outbox.apublish("order.paid", {"a": 1}, application="acme", idempotency_key="k")
+    with pytest.raises(outbox.IdempotencyConflict) as conflict:
         await outbox.apublish("order.paid", {"a": 2}, application="acme", idempotency_key="k")
+    assert "'k'" in str(conflict.value) and first.id in str(conflict.value), str(conflict.value)
+    assert conflict.value.existing_id == first.id
     await sync_to_async(webhooks.create_application)("empty")
     none = await outbox.apublish("order.paid", {"a": 3}, application="empty")
     assert none.deliveries == () and none.application == "empty"

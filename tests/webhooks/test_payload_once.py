@@ -220,9 +220,14 @@ def test_a_conflicting_publish_writes_no_payload():
     _app(2)
     first = outbox.publish("order.paid", SMALL, application="acme", idempotency_key="k")
     before = _refs()
-    with pytest.raises(outbox.IdempotencyConflict):
+    with pytest.raises(outbox.IdempotencyConflict) as conflict:
         outbox.publish("order.paid", LARGE, application="acme", idempotency_key="k")
     assert _refs() == before == dict(_live([first]))
+    # the caller's key, application and event, not a delivery's internal key
+    text = str(conflict.value)
+    assert "'k'" in text and "'acme'" in text and first.id in text, text
+    assert "send_many" not in text and "evt:" not in text and "endpoint:" not in text, text
+    assert conflict.value.existing_id == first.id and conflict.value.field == "idempotency_key"
 
 
 def test_publish_inside_a_transaction_is_captured_with_its_body_and_pushed_with_a_reference():

@@ -226,3 +226,42 @@ def test_event_ids_are_base32_random_without_a_key_and_derived_as_before_with_on
     assert all({i[4 + pos] for i in ids} == alphabet for pos in range(26))
     digest = hashlib.sha256(f"{app.pk}\x00order-7".encode()).digest()
     assert webhooks.event_id(app, "order-7") == "evt_" + base64.b32encode(digest).decode().lower()[:26]
+
+
+def test_an_endpoint_refused_by_the_private_network_guard_names_the_endpoints_setting(settings):
+    """A delivery the guard refuses (its receiver on loopback, the endpoints' private
+    networks not allowed) is a dead letter at once; its error says how to allow it for
+    endpoints, not a settings destination's OPTIONS, which an endpoint has none of."""
+    _catalogue()
+    webhooks.create_application("acme")
+    with receiving() as rx:
+        webhooks.create_endpoint("acme", rx.url)  # registered while private networks are allowed
+        settings.OUTBOX = {
+            **settings.OUTBOX,
+            "BLOCK_PRIVATE_NETWORKS": True,
+            "ENDPOINTS": {**settings.OUTBOX["ENDPOINTS"], "ALLOW_PRIVATE_NETWORKS": False},
+        }
+        event = outbox.publish("order.paid", {"a": 1}, application="acme")
+        run_worker(simple=True)
+        assert rx.requests == []
+    got = outbox.get(event.deliveries[0].id)
+    assert (got.status, got.retry_count) == ("failed", 0), (got.status, got.last_error)
+    assert "OUTBOX['ENDPOINTS']['ALLOW_PRIVATE_NETWORKS']" in got.last_error, got.last_error
+    assert "OPTIONS" not in got.last_error, got.last_error
+
+
+def test_a_text_or_bytes_event_verifies_as_the_guide_says():
+    """docs/webhooks.md: an event published as text or bytes is signed over its bytes;
+    ``verify(body, headers, json_parse=False)`` accepts it (``verify`` alone parses JSON)."""
+    _catalogue()
+    webhooks.create_application("acme")
+    with receiving() as rx:
+        secret = webhooks.create_endpoint("acme", rx.url).secret
+        outbox.publish("order.paid", "plain text, not JSON", application="acme")
+        outbox.publish("order.paid", "bytes: é".encode(), application="acme")
+        run_worker(simple=True)
+    assert sorted(r.body for r in rx.requests) == sorted([b"plain text, not JSON", "bytes: é".encode()])
+    for r in rx.requests:
+        assert Webhook(secret).verify(r.body, r.headers, json_parse=False) is None
+        with pytest.raises(ValueError):  # JSONDecodeError: the default parses the body
+            Webhook(secret).verify(r.body, r.headers)

@@ -53,6 +53,22 @@ def test_the_private_network_guard_runs_at_registration(app, settings):
         with pytest.raises(InvalidEndpoint, match="non-public"):
             webhooks.create_endpoint(app, url)
     webhooks.create_endpoint(app, "https://93.184.215.14/hook")  # a public literal: no lookup
+    with pytest.raises(InvalidEndpoint, match="non-public"):
+        webhooks.create_endpoint(app, "http://localhost:8000/hook")  # a name, resolved (/etc/hosts)
+
+
+def test_a_host_that_does_not_resolve_yet_is_registered_with_a_warning(app, settings, caplog):
+    """Nothing is known to refuse (a name not yet in DNS, a resolver down): the URL is kept,
+    a warning logged, and every delivery's connection is checked by the guard (the
+    README's first endpoint, ``https://acme.example/hooks``, was refused before)."""
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "ENDPOINTS": {**settings.OUTBOX["ENDPOINTS"], "ALLOW_PRIVATE_NETWORKS": False},
+    }
+    with caplog.at_level("WARNING", logger="outbox"):
+        created = webhooks.create_endpoint(app, "https://hooks.nowhere.invalid/in")
+    assert created.endpoint.url == "https://hooks.nowhere.invalid/in"
+    assert "'hooks.nowhere.invalid' does not resolve now" in caplog.text, caplog.text
 
 
 def test_unknown_or_archived_event_types_and_unknown_applications_are_refused(app, settings):
@@ -77,8 +93,11 @@ def test_payload_limit_and_bad_secrets(app, settings):
         **settings.OUTBOX,
         "ENDPOINTS": {**settings.OUTBOX["ENDPOINTS"], "MAX_PAYLOAD_BYTES": 100},
     }
-    with pytest.raises(MessageTooLarge):
+    with pytest.raises(MessageTooLarge) as too_large:
         outbox.publish("order.paid", {"x": "y" * 200}, application=app)
+    # the error names the limit that applied, not the settings destinations' MAX_BODY_BYTES
+    assert "OUTBOX['ENDPOINTS']['MAX_PAYLOAD_BYTES']" in str(too_large.value), str(too_large.value)
+    assert too_large.value.field == "payload" and too_large.value.limit == 100
     for secret in ("nope", "whsec_" + "A" * 8, "whsec_***"):
         with pytest.raises(InvalidEndpoint) as info:
             webhooks.create_endpoint(app, "https://93.184.215.14/", secret=secret)
