@@ -365,7 +365,8 @@ class WebhookTransport(Transport):
                 excerpt = _read_some(response)
         except PrivateAddressRefused as exc:
             raise PermanentDeliveryError(
-                redact(f"{exc}; {self.allow_private_hint}{self._to}", secrets=secrets), error_class="blocked_address"
+                redact(f"{exc}; {self.allow_private_hint}{self._to}", secrets=secrets),
+                error_class="blocked_address",
             ) from exc
         except httpx.TimeoutException as exc:
             elapsed = time.monotonic() - started

@@ -123,7 +123,11 @@ def test_a_minutes_outcome_counter_is_given_its_time_to_live_once(repo):
     minute_hashes = list(conn.scan_iter(match=f"{repo.keys.prefix}:*health:*"))
     assert counters
     # each counter once; with partitions a destination's minute hash once too (health.lua)
-    assert used["expire"] <= len(counters) + len(minute_hashes), (used["expire"], len(counters), used.most_common(8))
+    assert used["expire"] <= len(counters) + len(minute_hashes), (
+        used["expire"],
+        len(counters),
+        used.most_common(8),
+    )
     now = time.time()
     for key in counters:
         minute = int(key.decode().rsplit(":", 1)[1])
