@@ -43,15 +43,27 @@ from django.contrib import messages as admin_messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
+from django.utils.functional import lazy
 from django.utils.html import format_html
 from redis.exceptions import RedisClusterException, RedisError
 
 from outbox import models, webhooks
-from outbox.admin_views import confirm, dashboard, destinations, detail, endpoints, listing, ordering
+from outbox.admin_views import (
+    confirm,
+    dashboard,
+    destinations,
+    detail,
+    endpoint_secrets,
+    endpoints,
+    listing,
+    ordering,
+)
+from outbox.conf import endpoint_setting
 from outbox.destinations import endpoints as endpoint_registry
 from outbox.destinations import health
+from outbox.destinations.secrets import SecretUnreadable
 from outbox.exceptions import InvalidMessage
 
 if TYPE_CHECKING:
@@ -136,18 +148,74 @@ class MessageAdmin(_ModelAdmin):
 
 # -- webhooks for customers: applications, endpoints, event types (docs/webhooks.md) ---------
 #
-# Every change goes through outbox.webhooks (validation, the secret encrypted, the workers
-# told on commit). The secret is never a form field: it appears once, in the message
-# shown to the user who created the endpoint or rotated its secret (a rotation's only to a
-# user holding outbox.view_endpoint_secret), so the admin's history (LogEntry) names
-# changed fields, never values of secrets.
+# Every change goes through outbox.webhooks / outbox.destinations.endpoints (validation,
+# the secret encrypted, the workers told on commit); each form runs the same checks first,
+# so bad input is a form error. A secret is never a form field nor a message of Django's
+# messages framework (its cookie or session would keep it in plain text): it is shown on
+# the page that answers the request that made it, and on the endpoint's own secret page
+# to a user holding outbox.view_endpoint_secret (outbox.admin_views.endpoint_secrets). The
+# admin's history (LogEntry) says what was done, never a secret.
+
+
+def _form_errors(form: forms.BaseForm, checks: dict[str, Callable[[Any], Any]], data: dict[str, Any]) -> None:
+    """Run each field's check on its cleaned value (the checked value replaces it); an
+    ``InvalidMessage`` becomes that field's form error."""
+    for name, check in checks.items():
+        if name in data:
+            try:
+                data[name] = check(data[name])
+            except InvalidMessage as exc:
+                form.add_error(name, ValidationError(str(exc)))
+
+
+class _RegistryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A registry model's admin: what its form cannot check beforehand (another request's
+    change in between) is refused by the registry in ``save_model``; that becomes an error
+    message on the form's page, with nothing saved (the admin's view is atomic), not a 500."""
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except (InvalidMessage, SecretUnreadable) as exc:
+            self.message_user(request, f"Nothing was saved: {exc}", admin_messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+
+class ApplicationForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = models.Application
+        fields = ("uid", "name", "metadata", "max_endpoints")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        _form_errors(
+            self, {"uid": endpoint_registry.clean_uid, "metadata": endpoint_registry.clean_metadata}, data
+        )
+        return data
 
 
 @admin.register(models.Application)
-class ApplicationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ApplicationAdmin(_RegistryAdmin):
+    form = ApplicationForm
     list_display = ("uid", "name", "max_endpoints", "created_at")
     search_fields = ("uid", "name")
     readonly_fields = ("created_at", "updated_at")
+
+    def save_model(self, request: HttpRequest, obj: models.Application, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        endpoint_registry.save_application(
+            obj,
+            uid=data["uid"],
+            name=data["name"],
+            metadata=data["metadata"],
+            max_endpoints=data["max_endpoints"],
+        )
 
     def delete_model(self, request: HttpRequest, obj: models.Application) -> None:
         webhooks.delete_application(obj)
@@ -157,8 +225,29 @@ class ApplicationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             webhooks.delete_application(app)
 
 
+def _clean_schema(schema: Any) -> Any:
+    if schema is not None and not isinstance(schema, dict):
+        raise InvalidMessage("schema must be a JSON Schema (an object) or empty", field="schema")
+    return schema
+
+
+class EventTypeForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = models.EventType
+        fields = ("name", "description", "schema", "example", "archived")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        checks: dict[str, Callable[[Any], Any]] = {"schema": _clean_schema}
+        if "name" in self.fields:  # a new type (the name of one that exists is read-only)
+            checks["name"] = lambda name: endpoint_registry.clean_event_type_name(name, "name")
+        _form_errors(self, checks, data)
+        return data
+
+
 @admin.register(models.EventType)
-class EventTypeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class EventTypeAdmin(_RegistryAdmin):
+    form = EventTypeForm
     list_display = ("name", "description", "archived", "updated_at")
     list_filter = ("archived",)
     search_fields = ("name", "description")
@@ -168,14 +257,22 @@ class EventTypeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return (*self.readonly_fields, "name") if obj is not None else self.readonly_fields
 
     def save_model(self, request: HttpRequest, obj: models.EventType, form: Any, change: bool) -> None:
-        if not change:
-            endpoint_registry.clean_event_type_name(obj.name, "name")
-        obj.save()
+        data = form.cleaned_data
+        saved = endpoint_registry.save_event_type(
+            obj.name,
+            description=data["description"],
+            schema=data["schema"],
+            example=data["example"],
+            archived=data["archived"],
+            create=not change,
+        )
+        obj.pk, obj._state.adding = saved.pk, False
 
 
 class EndpointForm(forms.ModelForm):  # type: ignore[type-arg]
     """The endpoint's fields, checked by :mod:`outbox.destinations.endpoints` (the URL
-    with the private-network guard, event types in the catalogue, headers, limits)."""
+    with the private-network guard, event types in the catalogue, headers, limits,
+    metadata, the application's room for one more)."""
 
     class Meta:
         model = models.Endpoint
@@ -199,17 +296,21 @@ class EndpointForm(forms.ModelForm):  # type: ignore[type-arg]
             "filter_types": endpoint_registry.clean_filter_types,
             "channels": endpoint_registry.clean_channels,
             "headers": endpoint_registry.clean_endpoint_headers,
+            "metadata": endpoint_registry.clean_metadata,
         }
-        for name, check in checks.items():
-            if name in data and name in self.changed_data:
-                try:
-                    data[name] = check(data[name])
-                except InvalidMessage as exc:
-                    self.add_error(name, ValidationError(str(exc)))
+        _form_errors(
+            self, {k: v for k, v in checks.items() if k in self.changed_data or k == "metadata"}, data
+        )
         try:
             endpoint_registry.limits_of(data.get("rate_limit") or "", data.get("max_concurrency"))
         except InvalidMessage as exc:
             self.add_error("rate_limit", ValidationError(str(exc)))
+        app = data.get("application")
+        if self.instance._state.adding and app is not None:
+            try:
+                endpoint_registry.check_room(app, app.endpoints.count())
+            except InvalidMessage as exc:
+                self.add_error("application", ValidationError(str(exc)))
         return data
 
 
@@ -239,10 +340,24 @@ def _when(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _overlap_text() -> str:
+    """``ENDPOINTS["SECRET_OVERLAP"]`` in words, for the rotate action's label."""
+    seconds = endpoint_setting("SECRET_OVERLAP")
+    seconds = seconds.total_seconds() if hasattr(seconds, "total_seconds") else float(seconds)
+    if seconds <= 0:
+        return "replaced at once"
+    if seconds % 3600 == 0:
+        return f"signs {int(seconds // 3600)} hour(s) more"
+    return f"signs {seconds:g} s more"
+
+
 @admin.register(models.Endpoint)
-class EndpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class EndpointAdmin(_RegistryAdmin):
     """Endpoints: their state, last success and failure (from Redis, one round trip per
-    page of at most 100), filters by application and state, search by URL and uid."""
+    page of at most 100), filters by application and state, search by URL and uid. The
+    actions need the change permission; rotating a secret also ``view_endpoint_secret``
+    (the new secret is shown to the user who rotated it: one nobody could see would be of
+    no use to the customer). An endpoint's application is set when it is added."""
 
     form = EndpointForm
     list_display = (
@@ -259,13 +374,54 @@ class EndpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = (("disabled", admin.BooleanFieldListFilter), "application")
     list_select_related = ("application",)
     search_fields = ("url", "uid", "application__uid")
-    readonly_fields = ("id", "destination", "disabled", "disabled_reason", "created_at", "updated_at")
+    readonly_fields = (
+        "id",
+        "destination",
+        "signing_secret",
+        "disabled",
+        "disabled_reason",
+        "created_at",
+        "updated_at",
+    )
     actions = ("enable", "disable", "send_test_event", "rotate_secret")
     list_per_page = 100
     list_max_show_all = 100  # "show all" reads the health of every row: at most a page's worth
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return EndpointChangeList
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # moving an endpoint to another application would move a customer's endpoint,
+        # its secret and its deliveries to another tenant: register a new one there
+        return (*self.readonly_fields, "application") if obj is not None else self.readonly_fields
+
+    def get_urls(self) -> list[URLPattern]:
+        def secret(request: HttpRequest, object_id: str) -> HttpResponse:
+            return endpoint_secrets.show_secret_view(self, request, object_id)
+
+        return [
+            path(
+                "<path:object_id>/secret/", self.admin_site.admin_view(secret), name="outbox_endpoint_secret"
+            ),
+            *super().get_urls(),
+        ]
+
+    def has_rotate_secret_permission(self, request: HttpRequest) -> bool:
+        """Change the endpoint and see its secret (Django's action permissions are "any of")."""
+        return self.has_change_permission(request) and bool(
+            request.user.has_perm(endpoint_secrets.SECRET_PERMISSION)
+        )
+
+    @admin.display(description="signing secret")
+    def signing_secret(self, obj: models.Endpoint) -> str:
+        if obj.pk is None:
+            return "generated when the endpoint is saved, and shown then"
+        link = reverse(f"{self.admin_site.name}:outbox_endpoint_secret", args=[obj.pk])
+        return format_html(
+            '<a href="{}">{}</a> (needs the permission “Can see an endpoint\'s signing secret”)',
+            link,
+            "show it",
+        )
 
     @admin.display(description="state")
     def state(self, obj: models.Endpoint) -> str:
@@ -302,10 +458,24 @@ class EndpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         created = webhooks.create_endpoint(obj.application, **values)
         obj.pk = created.endpoint.pk
         obj._state.adding = False
-        self.message_user(
+        request._outbox_created = created  # type: ignore[attr-defined]  # shown by response_add
+
+    def response_add(
+        self, request: HttpRequest, obj: models.Endpoint, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        """The page that shows the new endpoint's secret (once), instead of a redirect
+        whose message would carry it in the messages cookie or the session."""
+        created = getattr(request, "_outbox_created", None)
+        if created is None:
+            return super().response_add(request, obj, post_url_continue)
+        change = reverse(f"{self.admin_site.name}:outbox_endpoint_change", args=[obj.pk])
+        return endpoint_secrets.secret_page(
+            self,
             request,
-            f"Endpoint {created.endpoint} created. Its signing secret, shown this once: {created.secret}",
-            admin_messages.WARNING,
+            f"Endpoint {created.endpoint} added",
+            [endpoint_secrets.Shown(created.endpoint, created.secret)],
+            note="Give the secret to the endpoint's owner: it verifies every request with it.",
+            continue_url=change,
         )
 
     def delete_model(self, request: HttpRequest, obj: models.Endpoint) -> None:
@@ -315,29 +485,54 @@ class EndpointAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         for endpoint in queryset:
             webhooks.delete_endpoint(endpoint)
 
-    @admin.action(description="Enable selected endpoints")
+    @admin.action(description="Enable selected endpoints", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
         for endpoint in queryset:
             webhooks.enable_endpoint(endpoint)
+            self.log_change(request, endpoint, "Enabled")
         self.message_user(request, f"{queryset.count()} endpoint(s) enabled.")
 
-    @admin.action(description="Disable selected endpoints")
+    @admin.action(description="Disable selected endpoints", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
+        reason = f"disabled in the admin by {request.user}"
         for endpoint in queryset:
-            webhooks.disable_endpoint(endpoint, reason=f"disabled in the admin by {request.user}")
+            webhooks.disable_endpoint(endpoint, reason=reason)
+            self.log_change(request, endpoint, f"Disabled ({reason})")
         self.message_user(request, f"{queryset.count()} endpoint(s) disabled.")
 
-    @admin.action(description="Send a test event")
+    @admin.action(description="Send a test event", permissions=["change"])
     def send_test_event(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
-        sent = [webhooks.send_test_event(endpoint) for endpoint in queryset]
+        sent = []
+        for endpoint in queryset:
+            event = webhooks.send_test_event(endpoint)
+            sent.append(event)
+            self.log_change(request, endpoint, f"Sent the test event {event.id}")
         self.message_user(request, f"{len(sent)} test event(s) sent: {', '.join(e.id for e in sent)}.")
 
-    @admin.action(description="Rotate the signing secret (the old one signs 24 hours more)")
-    def rotate_secret(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> None:
-        show = request.user.has_perm("outbox.view_endpoint_secret")
-        for endpoint in queryset:
-            secret = webhooks.rotate_secret(endpoint)
-            text = f"Secret of endpoint {endpoint} rotated" + (
-                f"; the new one, shown this once: {secret}" if show else "."
-            )
-            self.message_user(request, text, admin_messages.WARNING if show else admin_messages.INFO)
+    @admin.action(
+        description=lazy(lambda: f"Rotate the signing secret (the old one {_overlap_text()})", str)(),
+        permissions=["rotate_secret"],
+    )
+    def rotate_secret(self, request: HttpRequest, queryset: QuerySet[models.Endpoint]) -> HttpResponse | None:
+        """Each endpoint's secret rotated; the new ones shown on the page this answers
+        with (never in a message); an endpoint whose stored secret no key decrypts is
+        left as it is, named in an error message."""
+        shown = []
+        for endpoint in queryset.select_related("application"):
+            try:
+                secret = webhooks.rotate_secret(endpoint)
+            except SecretUnreadable as exc:
+                self.message_user(request, f"Endpoint {endpoint}: not rotated: {exc}", admin_messages.ERROR)
+                continue
+            self.log_change(request, endpoint, f"Rotated the signing secret (the old one {_overlap_text()})")
+            shown.append(endpoint_secrets.Shown(endpoint, secret))
+        if not shown:
+            return None
+        return endpoint_secrets.secret_page(
+            self,
+            request,
+            f"Signing secret of {len(shown)} endpoint(s) rotated",
+            shown,
+            note=f"The old secret of each {_overlap_text()}: give the new one to the endpoint's owner now.",
+            continue_url=request.get_full_path(),
+        )

@@ -38,6 +38,7 @@ from outbox.admin_views.base import (
     console_view,
     context,
     list_url,
+    problem_page,
     require_view,
     url,
     user_id,
@@ -265,6 +266,15 @@ def destination_page(model_admin: ModelAdmin, request: HttpRequest, name: str) -
     404 for a name neither configured nor ever used."""
     require_view(model_admin, request)
     if not known(name):
+        if is_endpoint(name):  # a page that says why (Django's own 404 page shows no reason)
+            return problem_page(
+                model_admin,
+                request,
+                404,
+                _("No such endpoint"),
+                _("Endpoint %(name)s was deleted (its deliveries and its state with it) or never registered.")
+                % {"name": name},
+            )
         raise Http404(_("No such destination."))
     now = time.time()
     h = health.get_health(name)

@@ -198,7 +198,7 @@ def clean_channels(channels: object, what: str = "channels") -> list[str]:
     """
     if channels is None:
         return []
-    if isinstance(channels, str) or not isinstance(channels, Iterable):
+    if isinstance(channels, (str, bytes, Mapping)) or not isinstance(channels, Iterable):
         raise InvalidEndpoint(f"{what} must be a list of str", field=what)
     found = list(dict.fromkeys(channels))
     if len(found) > MAX_CHANNELS:
@@ -240,7 +240,7 @@ def clean_filter_types(names: object) -> list[str]:
     """
     if names is None:
         return []
-    if isinstance(names, str) or not isinstance(names, Iterable):
+    if isinstance(names, (str, bytes, Mapping)) or not isinstance(names, Iterable):
         raise InvalidEndpoint("filter_types must be a list of event type names", field="filter_types")
     found = [clean_event_type_name(n, "filter_types") for n in dict.fromkeys(names)]
     if len(found) > MAX_FILTER_TYPES:
@@ -533,6 +533,19 @@ ENDPOINT_FIELDS = (
 )
 
 
+def check_room(app: Application, endpoints: int) -> None:
+    """Refuse one more endpoint of ``app``, which has ``endpoints``, at its ``max_endpoints``.
+
+    Raises:
+        InvalidEndpoint: ``field="application"``.
+    """
+    if app.max_endpoints is not None and endpoints >= app.max_endpoints:
+        raise InvalidEndpoint(
+            f"application {app.uid!r} has {app.max_endpoints} endpoint(s), its most (max_endpoints)",
+            field="application",
+        )
+
+
 def save_endpoint(
     endpoint: Endpoint,
     changes: Mapping[str, Any],
@@ -585,11 +598,8 @@ def save_endpoint(
     with transaction.atomic(using=using):
         app = Application.objects.using(using).select_for_update().get(pk=endpoint.application_id)
         others = Endpoint.objects.using(using).filter(application_id=app.pk).exclude(pk=endpoint.pk)
-        if endpoint._state.adding and app.max_endpoints is not None and others.count() >= app.max_endpoints:
-            raise InvalidEndpoint(
-                f"application {app.uid!r} has {app.max_endpoints} endpoint(s), its most (max_endpoints)",
-                field="application",
-            )
+        if endpoint._state.adding:
+            check_room(app, others.count())
         if endpoint.uid is not None and others.filter(uid=endpoint.uid).exists():
             raise InvalidEndpoint(
                 f"application {app.uid!r} has an endpoint with uid {endpoint.uid!r}", field="uid"

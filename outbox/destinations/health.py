@@ -162,8 +162,9 @@ def destination_state(h: DestinationHealth) -> DestinationState:
     * ``failing``: its last ``FAILING_CONSECUTIVE`` (3) or more attempts failed (the
       ``destination.failing`` event's threshold), or its last attempt failed and at least
       half of at least ``FAILING_MIN_ATTEMPTS`` (10) attempts of the window failed;
-    * ``degraded``: its last attempt failed (a run of 1 or 2: ``failing_since`` is set),
-      or it succeeded but at least half of the window's attempts (10 or more) failed;
+    * ``degraded``: its last attempt failed (a run of 1 or 2: ``failing_since`` is set;
+      or no run, after an enable started it afresh, and no success since), or it
+      succeeded but at least half of the window's attempts (10 or more) failed;
     * ``healthy``: its last attempt succeeded and most of the window's did;
     * ``idle``: no attempt in the window (and its last one did not fail).
     """
@@ -196,6 +197,12 @@ def destination_state(h: DestinationHealth) -> DestinationState:
         return DestinationState("failing", f"its last attempts failed: {in_a_row}{most}")
     if run or h.failing_since:
         return DestinationState("degraded", f"its last attempt failed: {in_a_row}")
+    if w.attempts and h.last_failure_at and (h.last_success_at or 0) < h.last_failure_at:
+        # no failure run, yet the last attempt failed: an enable started the run afresh
+        # (lua/admin.lua); nothing has succeeded since, so it is not said to have
+        return DestinationState(
+            "degraded", "its last attempt failed, before it was enabled again; none since"
+        )
     if mostly_failed:
         return DestinationState(
             "degraded",

@@ -86,8 +86,12 @@ class SecretSet:
             each signs beside ``current`` until then.
     """
 
-    current: str
-    previous: tuple[tuple[str, float], ...] = field(default=())
+    current: str = field(repr=False)
+    previous: tuple[tuple[str, float], ...] = field(default=(), repr=False)
+
+    def __repr__(self) -> str:
+        """No secret: a debug page's or a reporter's frame locals print reprs."""
+        return f"SecretSet(current='whsec_***', previous={len(self.previous)})"
 
     def signing(self, now: float) -> list[str]:
         """The secrets requests are signed with at ``now`` (epoch seconds): the current

@@ -26,12 +26,26 @@ def _message(page) -> str:
     return page.locator("ul.messagelist").inner_text()
 
 
-def _act(page, base: str, endpoint: Endpoint, action: str) -> str:
+def _act(page, base: str, endpoint: Endpoint, action: str) -> None:
     page.goto(f"{base}/admin/outbox/endpoint/")
     page.check(f'input[name="_selected_action"][value="{endpoint.pk}"]')
     page.select_option('select[name="action"]', action)
     page.click('button[name="index"]')
-    return _message(page)
+
+
+def _shown_secret(page) -> str:
+    """The secret on the page that shows it (never in a message: its cookie would keep it)."""
+    page.wait_for_selector("#endpoint-secret-1", timeout=TIMEOUT_MS)
+    assert page.locator("ul.messagelist").count() == 0 or not SECRET.findall(
+        page.locator("ul.messagelist").inner_text()
+    )
+    return page.locator("#endpoint-secret-1").inner_text()
+
+
+def _no_secret_in_cookies(page, *secrets: str) -> None:
+    for cookie in page.context.cookies():
+        for secret in secrets:
+            assert secret not in cookie["value"], cookie["name"]
 
 
 def test_applications_and_endpoints_in_the_admin(live_server, django_user_model, tmp_path, monkeypatch):
@@ -56,11 +70,11 @@ def test_applications_and_endpoints_in_the_admin(live_server, django_user_model,
         page.fill("#id_url", URL)
         page.fill("#id_filter_types", '["order.paid"]')
         page.click('input[name="_save"]')
-        created = _message(page)
-        (secret,) = SECRET.findall(created)  # shown this once
+        secret = _shown_secret(page)  # shown this once, on the page the save answers with
         endpoint = Endpoint.objects.get(uid="main")
         assert webhooks.endpoint_secret(endpoint) == secret
         shot(page, screenshots, "admin-endpoint-created", full_page=False)
+        _no_secret_in_cookies(page, secret)
 
         page.goto(f"{base}/admin/outbox/endpoint/{endpoint.pk}/change/")
         assert secret not in page.content()  # never again
@@ -69,14 +83,21 @@ def test_applications_and_endpoints_in_the_admin(live_server, django_user_model,
         row = page.locator("#result_list tbody tr").first
         assert "never" in row.inner_text() and "enabled" in row.inner_text()
 
-        rotated = _act(page, base, endpoint, "rotate_secret")
-        (new,) = SECRET.findall(rotated)
+        _act(page, base, endpoint, "rotate_secret")
+        new = _shown_secret(page)
         assert new != secret and webhooks.endpoint_secret(endpoint) == new
+        _no_secret_in_cookies(page, secret, new)
 
-        sent = _act(page, base, endpoint, "send_test_event")
-        assert "1 test event(s) sent: evt_" in sent
-        disabled = _act(page, base, endpoint, "disable")
-        assert "1 endpoint(s) disabled" in disabled
+        page.goto(f"{base}/admin/outbox/endpoint/{endpoint.pk}/change/")
+        page.click("text=show it")  # the secret page: a button first, the secret after a POST
+        page.click("#show-secret")
+        assert _shown_secret(page) == new and secret in page.content()  # the old one still signs
+        _no_secret_in_cookies(page, secret, new)
+
+        _act(page, base, endpoint, "send_test_event")
+        assert "1 test event(s) sent: evt_" in _message(page)
+        _act(page, base, endpoint, "disable")
+        assert "1 endpoint(s) disabled" in _message(page)
         assert Endpoint.objects.get(pk=endpoint.pk).disabled
 
         page.goto(f"{base}/admin/outbox/endpoint/?disabled__exact=1")

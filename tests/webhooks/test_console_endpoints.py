@@ -84,6 +84,9 @@ def test_a_deleted_endpoint_s_page_says_so_and_refuses_its_buttons(superuser_cli
         f"/admin/outbox/message/destinations/{name}/state/", {"action": "pause", "post": "yes"}
     )
     assert refused.status_code == 404
+    webhooks.forget_endpoint_state(name)  # its state gone too: a 404 that still says why
+    gone = _page(superuser_client, name)
+    assert gone.status_code == 404 and b"deleted" in gone.content, gone.content[:300]
 
 
 def test_the_admin_s_endpoint_list_shows_state_last_success_and_failure_from_redis(
