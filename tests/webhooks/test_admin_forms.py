@@ -169,8 +169,10 @@ def test_the_current_secret_is_shown_to_a_user_holding_the_permission_on_a_post(
     support = staff(django_user_model, "support", "view_endpoint", "change_endpoint")
     client.force_login(support)
     assert client.post(show).status_code == 403
+    assert show not in client.get(f"{LIST}{created.endpoint.pk}/change/").content.decode()  # no link
     secops = staff(django_user_model, "secops", "view_endpoint", "view_endpoint_secret")
     client.force_login(secops)
+    assert show in client.get(f"{LIST}{created.endpoint.pk}/change/").content.decode()
     page = client.get(show)
     assert page.status_code == 200 and created.secret not in page.content.decode()  # a button, not the secret
     shown = client.post(show)
