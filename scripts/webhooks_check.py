@@ -245,10 +245,14 @@ try:
     admin = Client(HTTP_HOST="localhost")
     admin.force_login(get_user_model().objects.create_superuser("staff", "staff@example.com", pysecrets.token_hex(8)))
 
+    # a secret on the page that shows it (never a message: its cookie would keep it)
+    SHOWN = re.compile(r'id="endpoint-secret-\d+">(whsec_[A-Za-z0-9+/=]+)<')
+
     def admin_add(model, data):
         r = admin.post(f"/admin/outbox/{model}/add/", data, follow=True)
         page = r.content.decode()
-        if r.status_code != 200 or "errorlist" in page or not r.redirect_chain:
+        # saved: a redirect, or (an endpoint) the page that shows its secret
+        if r.status_code != 200 or "errorlist" in page or not (r.redirect_chain or 'id="endpoint-secret-1"' in page):
             errors = re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', page, re.S)
             sys.exit(f"the admin's {model} add form refused {data}: status {r.status_code}, {errors or page[-1500:]}")
         return page
@@ -274,9 +278,9 @@ try:
                     "channels": json.dumps(channels or []), "rate_limit": "", "max_concurrency": "",
                     "headers": "{}", "metadata": "{}",
                 })
-                found = re.findall(r"shown this once: (whsec_[A-Za-z0-9+/=]+)", page)
-                if len(found) != 1:
-                    sys.exit(f"the admin did not show the new endpoint's secret once: {found}")
+                found = SHOWN.findall(page)
+                if len(found) != 1 or any(found[0] in c.value for c in admin.cookies.values()):
+                    sys.exit(f"the admin did not show the new endpoint's secret once, on its page only: {found}")
                 row.update(via="admin", secret=found[0], pk=Endpoint.objects.get(uid=f"{uid}-{n}").pk)
             else:
                 created = webhooks.create_endpoint(uid, base + path, uid=f"{uid}-{n}", filter_types=types,
@@ -331,8 +335,8 @@ try:
     new_api = webhooks.rotate_secret(rotated_api["pk"], overlap=3600)
     r = admin.post("/admin/outbox/endpoint/", {"action": "rotate_secret", "_selected_action": [str(rotated_admin["pk"])]},
                    follow=True)
-    found = re.findall(r"shown this once: (whsec_[A-Za-z0-9+/=]+)", r.content.decode())
-    if r.status_code != 200 or len(found) != 1:
+    found = SHOWN.findall(r.content.decode())
+    if r.status_code != 200 or len(found) != 1 or any(found[0] in c.value for c in admin.cookies.values()):
         sys.exit(f"the admin's rotate action: status {r.status_code}, secrets shown {found}")
     new_admin = found[0]
     new_replaced = webhooks.rotate_secret(replaced["pk"], overlap=0)
