@@ -95,6 +95,23 @@ def staff(django_user_model, username: str, *codenames: str):
     return user
 
 
+def endpoint_form(app, url: str = "https://93.184.215.14/hook", **over: str) -> dict:
+    """The admin's endpoint add (or change) form, as a browser posts it, for ``app``."""
+    data = {
+        "application": app.pk,
+        "url": url,
+        "uid": "",
+        "description": "",
+        "filter_types": "[]",
+        "channels": "[]",
+        "rate_limit": "",
+        "headers": "{}",
+        "metadata": "{}",
+    }
+    data.update(over)
+    return data
+
+
 def u(name: str, *args: str) -> str:
     """``reverse("admin:outbox_<name>")``."""
     return reverse(f"admin:outbox_{name}", args=args)

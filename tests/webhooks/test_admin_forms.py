@@ -18,7 +18,7 @@ import outbox
 from outbox import webhooks
 from outbox.destinations import health
 from outbox.models import Application, Endpoint, EventType
-from tests.support.console import staff
+from tests.support.console import endpoint_form, staff
 from tests.support.http import receiving
 from tests.support.messages import run_worker
 
@@ -30,19 +30,7 @@ LIST = "/admin/outbox/endpoint/"
 
 
 def _form(app: Application, **over) -> dict:
-    data = {
-        "application": app.pk,
-        "url": URL,
-        "uid": "",
-        "description": "",
-        "filter_types": "[]",
-        "channels": "[]",
-        "rate_limit": "",
-        "headers": "{}",
-        "metadata": "{}",
-    }
-    data.update(over)
-    return data
+    return endpoint_form(app, URL, **over)
 
 
 @pytest.fixture

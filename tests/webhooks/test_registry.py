@@ -12,6 +12,7 @@ import outbox
 from outbox import webhooks
 from outbox.exceptions import InvalidEndpoint, MessageTooLarge, UnknownApplication, UnknownEventType
 from outbox.models import Endpoint
+from tests.support.console import endpoint_form
 
 pytestmark = pytest.mark.django_db
 
@@ -226,19 +227,6 @@ def test_admin_lists_filters_and_acts_on_endpoints(superuser_client, app):
     from django.contrib.admin.models import LogEntry
 
     assert not any(created.secret in (e.change_message or "") for e in LogEntry.objects.all())
-    added = superuser_client.post(
-        "/admin/outbox/endpoint/add/",
-        {
-            "application": app.pk,
-            "url": "http://127.0.0.1:1/x",
-            "uid": "",
-            "description": "",
-            "filter_types": "[]",
-            "channels": "[]",
-            "rate_limit": "",
-            "headers": "{}",
-            "metadata": "{}",
-        },
-    )
+    added = superuser_client.post("/admin/outbox/endpoint/add/", endpoint_form(app, "http://127.0.0.1:1/x"))
     assert added.status_code == 200  # the page that shows its secret, once
     assert Endpoint.objects.count() == 2
