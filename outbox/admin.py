@@ -228,7 +228,7 @@ class ApplicationAdmin(_RegistryAdmin):
 def _clean_schema(schema: Any) -> Any:
     if schema is not None and not isinstance(schema, dict):
         raise InvalidMessage("schema must be a JSON Schema (an object) or empty", field="schema")
-    return schema
+    return endpoint_registry.clean_json(schema, "schema")
 
 
 class EventTypeForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -238,7 +238,10 @@ class EventTypeForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        checks: dict[str, Callable[[Any], Any]] = {"schema": _clean_schema}
+        checks: dict[str, Callable[[Any], Any]] = {
+            "schema": _clean_schema,
+            "example": lambda example: endpoint_registry.clean_json(example, "example"),
+        }
         if "name" in self.fields:  # a new type (the name of one that exists is read-only)
             checks["name"] = lambda name: endpoint_registry.clean_event_type_name(name, "name")
         _form_errors(self, checks, data)
@@ -292,6 +295,7 @@ class EndpointForm(forms.ModelForm):  # type: ignore[type-arg]
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         checks: dict[str, Callable[[Any], Any]] = {
+            "uid": lambda uid: None if uid in (None, "") else endpoint_registry.clean_uid(uid),
             "url": endpoint_registry.clean_url,
             "filter_types": endpoint_registry.clean_filter_types,
             "channels": endpoint_registry.clean_channels,
@@ -304,13 +308,21 @@ class EndpointForm(forms.ModelForm):  # type: ignore[type-arg]
         try:
             endpoint_registry.limits_of(data.get("rate_limit") or "", data.get("max_concurrency"))
         except InvalidMessage as exc:
-            self.add_error("rate_limit", ValidationError(str(exc)))
-        app = data.get("application")
-        if self.instance._state.adding and app is not None:
+            field = exc.field if exc.field in self.fields else "rate_limit"
+            self.add_error(field, ValidationError(str(exc)))
+        app = data.get("application") if self.instance._state.adding else self.instance.application
+        if app is not None and self.instance._state.adding:
             try:
                 endpoint_registry.check_room(app, app.endpoints.count())
             except InvalidMessage as exc:
                 self.add_error("application", ValidationError(str(exc)))
+        uid = data.get("uid")
+        if app is not None and uid and "uid" not in self.errors:
+            taken = models.Endpoint.objects.filter(application=app, uid=uid).exclude(pk=self.instance.pk)
+            if taken.exists():
+                self.add_error(
+                    "uid", ValidationError(f"application {app.uid!r} has an endpoint with uid {uid!r}")
+                )
         return data
 
 

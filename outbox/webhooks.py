@@ -227,7 +227,7 @@ def create_event_type(
     )
 
 
-def update_event_type(name: str, *, using: str = DEFAULT_DB_ALIAS, **changes: Any) -> EventType:
+def update_event_type(name: str, /, *, using: str = DEFAULT_DB_ALIAS, **changes: Any) -> EventType:
     """Change an event type's ``description``, ``schema``, ``example`` or ``archived``
     (an archived type is refused by :func:`publish` and by new subscriptions; endpoints
     subscribed to it keep their subscription).
@@ -235,6 +235,12 @@ def update_event_type(name: str, *, using: str = DEFAULT_DB_ALIAS, **changes: An
     Raises:
         UnknownEventType: no such type. InvalidEndpoint: a bad field.
     """
+    if "name" in changes:
+        raise InvalidEndpoint(
+            "an event type's name does not change (endpoints subscribe by it): create the new name, "
+            "archive the old one",
+            field="name",
+        )
     unknown = set(changes) - {"description", "schema", "example", "archived"}
     if unknown:
         raise InvalidEndpoint(
@@ -305,7 +311,7 @@ def create_endpoint(
         "headers": headers,
         "metadata": metadata,
     }
-    if disabled:
+    if registry.clean_flag(disabled, "disabled"):
         changes["disabled"] = True
     with transaction.atomic(using=using):
         registry.save_endpoint(endpoint, changes, secrets=secret_store.SecretSet(chosen), using=using)
@@ -336,10 +342,13 @@ def update_endpoint(
         InvalidEndpoint, UnknownEventType: bad input; nothing saved.
     """
     row = registry.get_endpoint(endpoint, using)
-    if "disabled" in changes or "secret" in changes or "disabled_reason" in changes:
-        raise InvalidEndpoint(
-            "use disable_endpoint()/enable_endpoint() and rotate_secret() for these", field="disabled"
-        )
+    for name, instead in (
+        ("secret", "rotate_secret()"),
+        ("disabled", "disable_endpoint()/enable_endpoint()"),
+        ("disabled_reason", "disable_endpoint(reason=...)"),
+    ):
+        if name in changes:
+            raise InvalidEndpoint(f"{name} is changed by {instead}, not update_endpoint()", field=name)
     return registry.save_endpoint(row, changes, using=using)
 
 
@@ -355,6 +364,7 @@ def disable_endpoint(
     Raises:
         InvalidEndpoint: no such endpoint.
     """
+    registry.clean_text(reason, "reason", 200)
     row = registry.get_endpoint(endpoint, using)
     with transaction.atomic(using=using):
         registry.save_endpoint(row, {"disabled": True, "disabled_reason": reason}, using=using)
@@ -425,7 +435,7 @@ def rotate_secret(
         new = secret_store.generate_secret() if secret is None else secret_store.check_secret(secret)
     except ValueError as exc:
         raise InvalidEndpoint(str(exc), field="secret") from None
-    seconds = endpoint_setting("SECRET_OVERLAP") if overlap is None else overlap
+    seconds = endpoint_setting("SECRET_OVERLAP") if overlap is None else _overlap(overlap)
     seconds = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
     with transaction.atomic(using=using):
         locked = Endpoint.objects.using(using).select_for_update().get(pk=row.pk)
@@ -437,6 +447,26 @@ def rotate_secret(
         )
         registry.save_endpoint(locked, {}, secrets=secrets, using=using)
     return new
+
+
+#: The longest overlap :func:`rotate_secret` takes: a rotation whose old secret signs
+#: longer is not a rotation (Svix keeps the old one 24 hours).
+MAX_OVERLAP = 30 * 86400.0
+
+
+def _overlap(value: object) -> float:
+    """Seconds of ``rotate_secret``'s ``overlap``: a number or timedelta from 0 to
+    :data:`MAX_OVERLAP` (not a bool, a str, NaN or infinity).
+
+    Raises:
+        InvalidEndpoint: otherwise.
+    """
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_OVERLAP:
+        raise InvalidEndpoint(
+            f"overlap must be seconds (or a timedelta) from 0 to {MAX_OVERLAP:g} (30 days)", field="overlap"
+        )
+    return float(seconds)
 
 
 def endpoint_secret(endpoint: Endpoint | str | uuid.UUID, *, using: str = DEFAULT_DB_ALIAS) -> str:
@@ -752,7 +782,12 @@ def _payload(payload: Any) -> tuple[bytes, str]:
     Raises:
         InvalidMessage, MessageTooLarge: otherwise.
     """
-    data, content_type = encode_body(payload, None)
+    try:
+        data, content_type = encode_body(payload, None)
+    except MessageTooLarge as exc:  # named as publish() names it
+        raise MessageTooLarge(exc.size, exc.limit, exc.setting, field="payload") from None
+    except InvalidMessage as exc:
+        raise InvalidMessage(str(exc).replace("body", "payload", 1), field="payload") from None
     own = endpoint_setting("MAX_PAYLOAD_BYTES")
     limit = own or outbox_settings.MAX_BODY_BYTES
     if len(data) > int(limit):
@@ -900,6 +935,8 @@ def send_test_event(
     Raises:
         InvalidEndpoint: no such endpoint.
     """
+    if event_type is not None and event_type != TEST_EVENT_TYPE:  # as publish() checks it
+        registry.check_published_type(registry.clean_event_type_name(event_type), using, fresh=True)
     row = registry.get_endpoint(endpoint, using)
     name = event_type or (row.filter_types[0] if row.filter_types else TEST_EVENT_TYPE)
     example = EventType.objects.using(using).filter(name=name).values_list("example", flat=True).first()
@@ -922,8 +959,10 @@ def subscribed(
     Raises:
         UnknownApplication: no such application.
     """
+    registry.clean_event_type_name(event_type)
+    event_channels = registry.clean_channels(channels)  # refuses a str, as publish() does
     app = registry.get_application(application, using)
-    return registry.subscribers(app, event_type, registry.clean_channels(list(channels)), using)
+    return registry.subscribers(app, event_type, event_channels, using)
 
 
 __all__ = [

@@ -50,7 +50,10 @@ class Shown:
 
 
 def _utc(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a time past datetime's year 9999
+        return "a time past the year 9999"
 
 
 def secret_page(

@@ -20,6 +20,7 @@ functions that need it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -61,6 +62,11 @@ logger = logging.getLogger("outbox")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 MAX_CHANNEL = 128
 MAX_CHANNELS = 10  # per endpoint and per event (Svix's limit)
+#: The largest count a row holds (``max_endpoints``, ``max_concurrency``): PostgreSQL's
+#: ``integer``, what Django's ``PositiveIntegerField`` is there.
+MAX_COUNT = 2**31 - 1
+#: Characters of ``rate_limit`` (its column's length).
+MAX_RATE_LIMIT = 40
 MAX_FILTER_TYPES = 500
 #: Seconds the registration's name lookup may take (the private-network guard).
 RESOLVE_TIMEOUT = 2.0
@@ -200,7 +206,10 @@ def clean_channels(channels: object, what: str = "channels") -> list[str]:
         return []
     if isinstance(channels, (str, bytes, Mapping)) or not isinstance(channels, Iterable):
         raise InvalidEndpoint(f"{what} must be a list of str", field=what)
-    found = list(dict.fromkeys(channels))
+    given = list(channels)
+    if not all(isinstance(c, str) for c in given):
+        raise InvalidEndpoint(f"{what} must be a list of str", field=what)
+    found = list(dict.fromkeys(given))
     if len(found) > MAX_CHANNELS:
         raise InvalidEndpoint(f"at most {MAX_CHANNELS} {what}, not {len(found)}", field=what)
     for c in found:
@@ -242,7 +251,8 @@ def clean_filter_types(names: object) -> list[str]:
         return []
     if isinstance(names, (str, bytes, Mapping)) or not isinstance(names, Iterable):
         raise InvalidEndpoint("filter_types must be a list of event type names", field="filter_types")
-    found = [clean_event_type_name(n, "filter_types") for n in dict.fromkeys(names)]
+    given = [clean_event_type_name(n, "filter_types") for n in names]
+    found = list(dict.fromkeys(given))
     if len(found) > MAX_FILTER_TYPES:
         raise InvalidEndpoint(f"at most {MAX_FILTER_TYPES} filter_types", field="filter_types")
     check_event_types(found)
@@ -287,16 +297,74 @@ def limits_of(rate_limit: str, max_concurrency: int | None) -> list[float] | Non
     return [rl.interval if rl else 0, rl.tolerance if rl else 0, mc or 0]
 
 
-def clean_metadata(value: object, what: str = "metadata") -> dict[str, Any]:
-    """A JSON object (dict) of the project's, or {} for None.
+def clean_json(value: object, what: str) -> Any:
+    """``value`` if JSON holds it as it is: it survives ``json.dumps`` (RFC 8259: no NaN
+    or infinity, ``allow_nan=False``) and ``json.loads`` unchanged (str keys only, lists
+    not tuples, no bytes, sets or other objects), so the database's JSON column stores
+    what was given, not a coerced copy.
 
     Raises:
-        InvalidEndpoint: not a dict.
+        InvalidEndpoint: otherwise, naming ``what``.
+    """
+    try:
+        same = json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError, RecursionError):
+        same = False
+    if not same:
+        raise InvalidEndpoint(
+            f"{what} must be JSON: str keys, lists, str, finite numbers, true/false/null (no NaN, bytes, "
+            "tuples or other objects)",
+            field=what,
+        )
+    return value
+
+
+def clean_metadata(value: object, what: str = "metadata") -> dict[str, Any]:
+    """A JSON object (dict) of the project's, or {} for None (:func:`clean_json`).
+
+    Raises:
+        InvalidEndpoint: not a dict, or not JSON as it is.
     """
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise InvalidEndpoint(f"{what} must be a dict", field=what)
+    clean_json(value, what)
+    return value
+
+
+def clean_count(value: object, what: str, least: int) -> int | None:
+    """None, or an int from ``least`` to :data:`MAX_COUNT` (not a bool).
+
+    Raises:
+        InvalidEndpoint: otherwise.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_COUNT:
+        raise InvalidEndpoint(f"{what} must be None or an integer from {least} to {MAX_COUNT}", field=what)
+    return value
+
+
+def clean_flag(value: object, what: str) -> bool:
+    """``value`` if it is a bool (a str such as "false" is refused, not read as true).
+
+    Raises:
+        InvalidEndpoint: otherwise.
+    """
+    if not isinstance(value, bool):
+        raise InvalidEndpoint(f"{what} must be True or False", field=what)
+    return value
+
+
+def clean_text(value: object, what: str, most: int) -> str:
+    """A str of at most ``most`` characters without control characters.
+
+    Raises:
+        InvalidEndpoint: otherwise.
+    """
+    if not isinstance(value, str) or len(value) > most or not value.isprintable():
+        raise InvalidEndpoint(f"{what} must be a str of at most {most} printable characters", field=what)
     return value
 
 
@@ -406,8 +474,8 @@ def clean_uid(uid: object, what: str = "uid") -> str:
     Raises:
         InvalidEndpoint: otherwise.
     """
-    if not isinstance(uid, str) or not uid or len(uid) > 200 or not uid.isprintable():
-        raise InvalidEndpoint(f"{what} must be 1 to 200 printable characters", field=what)
+    if not isinstance(uid, str) or not uid.strip() or len(uid) > 200 or not uid.isprintable():
+        raise InvalidEndpoint(f"{what} must be 1 to 200 printable characters, not only spaces", field=what)
     return uid
 
 
@@ -418,7 +486,14 @@ def get_application(application: Application | str, using: str = DEFAULT_DB_ALIA
         UnknownApplication: no application has this uid.
     """
     if isinstance(application, Application):
-        return application
+        # read again: a row deleted since the object was read (or never saved) must not
+        # come back through it, nor a change refused on it be saved by a later call
+        try:
+            return Application.objects.using(using).get(pk=application.pk)
+        except Application.DoesNotExist:
+            raise UnknownApplication(
+                f"application {application.uid[:200]!r} was deleted or never saved", field="application"
+            ) from None
     if not isinstance(application, str):
         raise UnknownApplication(
             f"application must be an Application or its uid (str), not {type(application).__name__}",
@@ -452,17 +527,11 @@ def save_application(
     if uid is not None or application is None:
         app.uid = clean_uid(uid)
     if name is not None:
-        if not isinstance(name, str) or len(name) > 200:
-            raise InvalidEndpoint("name must be a str of at most 200 characters", field="name")
-        app.name = name
+        app.name = clean_text(name, "name", 200)
     if metadata is not None or application is None:
         app.metadata = clean_metadata(metadata)
     if max_endpoints is not ...:
-        if max_endpoints is not None and (
-            isinstance(max_endpoints, bool) or not isinstance(max_endpoints, int) or max_endpoints < 0
-        ):
-            raise InvalidEndpoint("max_endpoints must be None or an int >= 0", field="max_endpoints")
-        app.max_endpoints = max_endpoints
+        app.max_endpoints = clean_count(max_endpoints, "max_endpoints", 0)
     with transaction.atomic(using=using):
         if Application.objects.using(using).filter(uid=app.uid).exclude(pk=app.pk).exists():
             raise InvalidEndpoint(f"an application with uid {app.uid!r} exists", field="uid")
@@ -508,11 +577,11 @@ def save_event_type(
     if schema is not ...:
         if schema is not None and not isinstance(schema, dict):
             raise InvalidEndpoint("schema must be a JSON Schema (a dict) or None", field="schema")
-        event_type.schema = schema
+        event_type.schema = clean_json(schema, "schema")
     if example is not ...:
-        event_type.example = example
+        event_type.example = clean_json(example, "example")
     if archived is not None:
-        event_type.archived = bool(archived)
+        event_type.archived = clean_flag(archived, "archived")
     event_type.save(using=using)
     return event_type
 
@@ -580,19 +649,25 @@ def save_endpoint(
     if "channels" in changes:
         endpoint.channels = clean_channels(changes["channels"])
     if "rate_limit" in changes:
-        endpoint.rate_limit = changes["rate_limit"] or ""
+        rate = changes["rate_limit"]
+        if rate is not None and (not isinstance(rate, str) or len(rate) > MAX_RATE_LIMIT):
+            raise InvalidEndpoint(
+                f"rate_limit must be a str such as '100/s' (at most {MAX_RATE_LIMIT} characters)",
+                field="rate_limit",
+            )
+        endpoint.rate_limit = rate or ""
     if "max_concurrency" in changes:
-        endpoint.max_concurrency = changes["max_concurrency"]
-    limits_of(endpoint.rate_limit, endpoint.max_concurrency)  # refuses a bad limit
+        endpoint.max_concurrency = clean_count(changes["max_concurrency"], "max_concurrency", 1)
+    if "rate_limit" in changes or "max_concurrency" in changes:
+        limits_of(endpoint.rate_limit, endpoint.max_concurrency)  # refuses a bad limit
     if "headers" in changes:
         endpoint.headers = clean_endpoint_headers(changes["headers"])
     if "metadata" in changes:
         endpoint.metadata = clean_metadata(changes["metadata"])
     if "disabled" in changes:
-        endpoint.disabled = bool(changes["disabled"])
-        endpoint.disabled_reason = str(
-            changes.get("disabled_reason") or ("manual" if endpoint.disabled else "")
-        )[:200]
+        endpoint.disabled = clean_flag(changes["disabled"], "disabled")
+        reason = changes.get("disabled_reason") or ("manual" if endpoint.disabled else "")
+        endpoint.disabled_reason = clean_text(reason, "reason", 200)
     if secrets is not None:
         endpoint.secrets = secret_store.encrypt(secrets)
     with transaction.atomic(using=using):
@@ -616,7 +691,11 @@ def get_endpoint(endpoint: Endpoint | str | uuid.UUID, using: str = DEFAULT_DB_A
         InvalidEndpoint: no such endpoint.
     """
     if isinstance(endpoint, Endpoint):
-        return endpoint
+        # read again (as get_application): a deleted row must not come back through an
+        # object read before, nor a change refused on it be saved by a later call
+        endpoint = endpoint.pk
+        if endpoint is None:
+            raise InvalidEndpoint("the endpoint given was never saved", field="endpoint")
     key: Any = (
         endpoint_id(endpoint) if isinstance(endpoint, str) and endpoint.startswith("endpoint:") else endpoint
     )
@@ -1012,7 +1091,15 @@ def publishing_application(
     Raises:
         UnknownApplication: no application has this uid.
     """
-    if fresh or isinstance(application, Application) or not isinstance(application, str):
+    if isinstance(application, Application) and not fresh:
+        pk = application.pk  # kept by pk: read again (deleted, renamed) like a uid's
+
+        def by_pk() -> tuple[Application, list[str]]:
+            app = get_application(application, using)
+            return app, [application_tag(app.pk), application_uid_tag(app.uid)]
+
+        return kept.view(("application-pk", using, pk), by_pk, read_at=read_at)
+    if fresh or not isinstance(application, str):
         return get_application(application, using)
 
     def load() -> tuple[Application, list[str]]:

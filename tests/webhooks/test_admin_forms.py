@@ -211,3 +211,35 @@ def test_an_endpoint_enabled_again_after_failures_is_not_said_to_have_succeeded(
         outbox.publish("order.paid", {"n": 4}, application=app)
         run_worker(simple=True)
         assert health.destination_state(health.get_health(name)).name == "healthy"
+
+
+def test_an_endpoints_uid_limits_and_json_are_form_errors_on_their_fields(superuser_client, app):
+    webhooks.create_endpoint(app, URL, uid="taken")
+    other = webhooks.create_endpoint(app, URL, uid="mine").endpoint
+    for data, field in (
+        (_form(app, uid="a\x01"), "uid"),
+        (_form(app, uid="taken"), "uid"),
+        (_form(app, max_concurrency="0"), "max_concurrency"),
+        (_form(app, metadata='{"a": NaN}'), "metadata"),
+        (_form(app, channels='[["a"]]'), "channels"),
+        (_form(app, filter_types='[["order.paid"]]'), "filter_types"),
+    ):
+        response = superuser_client.post(ADD, data)
+        assert response.status_code == 200 and f'id="id_{field}_error"' in response.content.decode(), (
+            data,
+            response.status_code,
+        )
+    change = superuser_client.post(f"{LIST}{other.pk}/change/", _form(app, uid="taken"))
+    assert change.status_code == 200 and 'id="id_uid_error"' in change.content.decode()
+    assert Endpoint.objects.count() == 2 and Endpoint.objects.get(pk=other.pk).uid == "mine"
+
+
+def test_json_an_application_or_event_type_cannot_hold_is_a_form_error(superuser_client):
+    for url, data in (
+        ("/admin/outbox/application/add/", {"uid": "m", "name": "", "metadata": '{"a": Infinity}'}),
+        ("/admin/outbox/eventtype/add/", {"name": "t.x", "description": "", "example": "NaN"}),
+        ("/admin/outbox/eventtype/add/", {"name": "t.y", "description": "", "schema": '{"a": NaN}'}),
+    ):
+        response = superuser_client.post(url, data)
+        assert response.status_code == 200 and "errorlist" in response.content.decode(), (url, data)
+    assert not Application.objects.exists() and not EventType.objects.exists()
